@@ -1,0 +1,153 @@
+/* Bank convolution: NV filters at once, UNROLL outputs per work-item along the fastest axis.
+ *
+ * After M. Broxvall's register-blocked kernel (seed 003): every input value loaded feeds every
+ * unrolled output it touches, for all NV filters at once through a floatNV accumulator, and
+ * the loop over the fastest-axis kernel offsets is expanded by macros whose conditions are
+ * compile-time constants, so the compiler keeps only the multiply-adds that exist.
+ *
+ * The input is a padded slab (P0, P1, P2) already extended by the boundary mode (pad.cl), the
+ * filters are flipped by the host, so this computes a "valid" correlation whose output
+ * (D, NY, NZ) is exactly scipy.ndimage.convolve of the unpadded data.
+ *
+ * Build options (-D), all compile-time invariants:
+ *   KX, KY, KZ   filter extents along axes 0, 1, 2 (axis 2 is the fastest in memory)
+ *   NV           filters per pass: 1, 2, 4, 8 or 16 (the accumulator vector width)
+ *   UNROLL       outputs per work-item along axis 2, 1..32, KZ + UNROLL - 1 <= 64
+ *   IN_T         element type of the padded slab (uchar, char, ushort, short, float)
+ *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
+ */
+#pragma OPENCL FP_CONTRACT ON
+
+#if NV == 1
+typedef float vecf;
+#elif NV == 2
+typedef float2 vecf;
+#elif NV == 4
+typedef float4 vecf;
+#elif NV == 8
+typedef float8 vecf;
+#elif NV == 16
+typedef float16 vecf;
+#else
+#error "NV must be 1, 2, 4, 8 or 16"
+#endif
+
+#if UNROLL < 1 || UNROLL > 32 || KZ + UNROLL - 1 > 64
+#error "UNROLL must be 1..32 with KZ + UNROLL - 1 <= 64"
+#endif
+
+#define NTAPS (KX * KY * KZ)
+
+#if FILT_LOCAL
+#define FILT_SPACE __local
+#else
+#define FILT_SPACE __global
+#endif
+
+/* One multiply-add of the input value at z-offset `pos` into output `u`: it exists only when
+ * 0 <= pos - u < KZ, which the compiler decides, so no branch survives. */
+#define MAD(u, pos)                                                      \
+    if ((u) < UNROLL && (pos) - (u) >= 0 && (pos) - (u) < KZ) {          \
+        acc[(u)] += raw * filt[foff + (pos) - (u)];                      \
+    }
+
+#define MADS(pos)                                                                      \
+    if ((pos) < KZ + UNROLL - 1) {                                                     \
+        const float raw = (float)row[(pos)];                                           \
+        MAD(0, pos) MAD(1, pos) MAD(2, pos) MAD(3, pos) MAD(4, pos) MAD(5, pos)        \
+        MAD(6, pos) MAD(7, pos) MAD(8, pos) MAD(9, pos) MAD(10, pos) MAD(11, pos)      \
+        MAD(12, pos) MAD(13, pos) MAD(14, pos) MAD(15, pos) MAD(16, pos) MAD(17, pos)  \
+        MAD(18, pos) MAD(19, pos) MAD(20, pos) MAD(21, pos) MAD(22, pos) MAD(23, pos)  \
+        MAD(24, pos) MAD(25, pos) MAD(26, pos) MAD(27, pos) MAD(28, pos) MAD(29, pos)  \
+        MAD(30, pos) MAD(31, pos)                                                      \
+    }
+
+#define MADS8(p)                                                                       \
+    MADS(p) MADS(p + 1) MADS(p + 2) MADS(p + 3) MADS(p + 4) MADS(p + 5) MADS(p + 6)    \
+    MADS(p + 7)
+
+/* Store lane `i` of every unrolled output to the plane of filter f0 + i. */
+#define STORE_LANE(i, lane)                                                            \
+    if ((i) < NV && (i) < nreal) {                                                     \
+        __global float *dst = out + (long)(f0 + (i)) * plane + base;                   \
+        for (int u = 0; u < UNROLL; u++) {                                             \
+            if (z0 + u < nz) dst[u] = lane(acc[u]);                                    \
+        }                                                                              \
+    }
+
+#if NV == 1
+#define L0(v) (v)
+#else
+#define L0(v) (v).s0
+#define L1(v) (v).s1
+#endif
+#if NV >= 4
+#define L2(v) (v).s2
+#define L3(v) (v).s3
+#endif
+#if NV >= 8
+#define L4(v) (v).s4
+#define L5(v) (v).s5
+#define L6(v) (v).s6
+#define L7(v) (v).s7
+#endif
+#if NV >= 16
+#define L8(v) (v).s8
+#define L9(v) (v).s9
+#define L10(v) (v).sa
+#define L11(v) (v).sb
+#define L12(v) (v).sc
+#define L13(v) (v).sd
+#define L14(v) (v).se
+#define L15(v) (v).sf
+#endif
+
+__kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P1, P2) */
+                        __global float *restrict out,      /* responses (N, D, NY, NZ) */
+                        __global const vecf *restrict filt_g, /* NTAPS flipped filters */
+                        const int D, const int ny, const int nz,
+                        const int P1, const int P2,
+                        const long plane,                  /* D * ny * nz */
+                        const int f0,                      /* first filter of this pass */
+                        const int nreal)                   /* real filters in this pass */
+{
+#if FILT_LOCAL
+    __local vecf filt[NTAPS];
+    event_t ev = async_work_group_copy(filt, filt_g, NTAPS, 0);
+    wait_group_events(1, &ev);
+#else
+    __global const vecf *filt = filt_g;
+#endif
+
+    const int z0 = (int)get_global_id(0) * UNROLL;
+    const int y = (int)get_global_id(1);
+    const int x = (int)get_global_id(2);
+    if (z0 >= nz || y >= ny || x >= D) return;
+
+    vecf acc[UNROLL];
+    for (int u = 0; u < UNROLL; u++) acc[u] = (vecf)(0.0f);
+
+    for (int dx = 0; dx < KX; dx++) {
+        for (int dy = 0; dy < KY; dy++) {
+            __global const IN_T *row = in + ((x + dx) * P1 + (y + dy)) * P2 + z0;
+            const int foff = (dx * KY + dy) * KZ;
+            MADS8(0) MADS8(8) MADS8(16) MADS8(24) MADS8(32) MADS8(40) MADS8(48) MADS8(56)
+        }
+    }
+
+    const long base = ((long)x * ny + y) * nz + z0;
+    STORE_LANE(0, L0)
+#if NV >= 2
+    STORE_LANE(1, L1)
+#endif
+#if NV >= 4
+    STORE_LANE(2, L2) STORE_LANE(3, L3)
+#endif
+#if NV >= 8
+    STORE_LANE(4, L4) STORE_LANE(5, L5) STORE_LANE(6, L6) STORE_LANE(7, L7)
+#endif
+#if NV >= 16
+    STORE_LANE(8, L8) STORE_LANE(9, L9) STORE_LANE(10, L10) STORE_LANE(11, L11)
+    STORE_LANE(12, L12) STORE_LANE(13, L13) STORE_LANE(14, L14) STORE_LANE(15, L15)
+#endif
+}

@@ -1,0 +1,82 @@
+"""The `volconv` command line (typer).
+
+Exit status: 0 done; 2 the user's mistake (one clear line, no traceback); 1 anything else,
+with the cause. ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from volconv.device import NoDeviceError, list_devices, missing_platform_help, select_device
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Banks of 3D/4D convolution filters on OpenCL, exactly scipy.ndimage.convolve.",
+)
+console = Console()
+err = Console(stderr=True)
+
+
+class UserError(Exception):
+    """A mistake of the user's: exit status 2 and one line naming the file, key or value."""
+
+
+_state = {"debug": False}
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
+    _state["debug"] = debug
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+@app.command()
+def devices() -> None:
+    """Every OpenCL platform and device with its theoretical FP32 peak."""
+    found = list_devices()
+    if not found:
+        raise NoDeviceError(missing_platform_help())
+    auto = select_device("auto")
+    for d in found:
+        chosen = (
+            "  (auto)"
+            if d.name == auto.name.strip() and d.platform == auto.platform.name.strip()
+            else ""
+        )
+        console.print(f"[bold]{d.spec}  {d.name}[/bold]  [{d.kind}]{chosen}", highlight=False)
+        console.print(f"      platform   {d.platform} (driver {d.driver})", highlight=False)
+        console.print(f"      compute    {d.compute_units} units at {d.clock_mhz} MHz")
+        console.print(
+            f"      memory     {_gib(d.global_mem)} global, {_gib(d.max_alloc)} max allocation, "
+            f"{d.local_mem // 1024} KiB local"
+        )
+        console.print(f"      FP32 peak  {d.peak}  ({d.peak.how})", highlight=False)
+
+
+def main() -> None:
+    """Entry point: map exceptions to the exit statuses SPEC.md promises."""
+    try:
+        app()  # typer reports bad options itself (exit 2) and exits through SystemExit
+    except UserError as e:
+        if _state["debug"]:
+            raise
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(2)
+    except NoDeviceError as e:
+        if _state["debug"]:
+            raise
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        sys.exit(1)
+    except Exception as e:  # the cause, in one line; --debug for the traceback
+        if _state["debug"]:
+            raise
+        err.print(f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False)
+        sys.exit(1)

@@ -1,0 +1,293 @@
+"""The OpenCL side: one build path for kernels/*.cl, buffers, launches, per-stage timing.
+
+`BankConvolver` applies a bank of N kernels to a 3D volume slab by slab along axis 0. A slab of
+output rows ``[a, b)`` needs the source rows `source_rows(a, b)`; the caller reads them (from an
+array, a memory map, a NIfTI or HDF5 file) and `convolve_slab` returns the N responses.
+`convolve_bank` is the whole-array API on top of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.boundary import MODES, extend_indices
+from volconv.device import context_for, select_device
+from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
+
+
+@cache
+def kernel_source(name: str) -> str:
+    """The text of kernels/``name``: installed as the data package volconv.kernels, or read
+    from the checkout's kernels/ when volconv is imported from a source tree."""
+    try:
+        folder = resources.files("volconv.kernels")
+    except ModuleNotFoundError:
+        folder = Path(__file__).resolve().parent.parent / "kernels"
+    return folder.joinpath(name).read_text()
+
+
+@cache
+def build(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]) -> cl.Program:
+    """Build kernels/``name`` with ``-D`` defines; pyopencl caches the binary on disk."""
+    options = [f"-D{k}={v}" for k, v in defines]
+    return cl.Program(ctx, kernel_source(name)).build(options=options)
+
+
+def as_kernel_bank(kernels: object) -> np.ndarray:
+    """Validate ``kernels`` as a real (N, kx, ky, kz) bank and return it as float64."""
+    arr = np.asarray(kernels)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"kernels must be real numbers; got dtype {arr.dtype}")
+    if arr.ndim != 4:
+        raise ValueError(f"kernels must have shape (N, kx, ky, kz); got shape {arr.shape}")
+    n, *ext = arr.shape
+    if not 1 <= n <= MAX_FILTERS:
+        raise ValueError(f"kernels: N must be 1..{MAX_FILTERS}; got {n}")
+    if not all(1 <= k <= MAX_EXTENT for k in ext):
+        raise ValueError(f"kernels: every extent must be 1..{MAX_EXTENT}; got {tuple(ext)}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("kernels must be finite (no NaN or inf)")
+    return arr.astype(np.float64)
+
+
+def native_volume(volume: np.ndarray) -> np.ndarray:
+    """The volume in a type the kernels read: native byte order, else float32."""
+    dt = volume.dtype.newbyteorder("=")
+    if dt in CL_TYPES:
+        return volume.astype(dt, copy=False)
+    if volume.dtype.kind == "b":
+        return volume.astype(np.uint8)
+    return volume.astype(np.float32)
+
+
+def _check_volume_dtype(dtype: np.dtype) -> None:
+    if np.dtype(dtype).kind not in "biuf":
+        raise TypeError(f"volume must be real numbers; got dtype {np.dtype(dtype)}")
+
+
+def _check_mode(mode: str, cval: float) -> float:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    try:
+        cval = float(cval)
+    except (TypeError, ValueError):
+        raise TypeError(f"cval must be a number; got {cval!r}") from None
+    if not np.isfinite(cval):
+        raise ValueError(f"cval must be finite; got {cval}")
+    return cval
+
+
+class BankConvolver:
+    """A planned, compiled bank convolution for volumes of one shape and type.
+
+    Parameters
+    ----------
+    kernels : (N, kx, ky, kz) array
+        The filters, applied as scipy.ndimage.convolve applies them.
+    shape, dtype
+        Shape and element type of the 3D volumes to filter.
+    mode, cval
+        scipy.ndimage boundary mode and constant value.
+    device
+        A ``pyopencl.Device``, or a device spec (see `volconv.device.select_device`).
+    **overrides
+        Plan knobs (``slab_depth``, ``memory_budget``, ``unroll``, ``vector_width``,
+        ``local_size``); see `volconv.plan.make_plan`.
+    """
+
+    def __init__(
+        self,
+        kernels: object,
+        shape: tuple[int, int, int],
+        dtype: np.dtype,
+        mode: str = "reflect",
+        cval: float = 0.0,
+        *,
+        device: cl.Device | str | None = None,
+        **overrides: object,
+    ) -> None:
+        bank = as_kernel_bank(kernels)
+        cval = _check_mode(mode, cval)
+        _check_volume_dtype(dtype)
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
+        self.device = device if isinstance(device, cl.Device) else select_device(device)
+        self.ctx, self.queue = context_for(self.device)
+        src = native_volume(np.empty(0, dtype)).dtype
+        self.plan: Plan = make_plan(
+            tuple(int(s) for s in shape), src, bank.shape[1:], bank.shape[0], mode, cval,
+            self.device, **overrides,
+        )  # fmt: skip
+        self.kernels = bank
+        self.timings = dict.fromkeys(("upload", "pad", "kernel", "download"), 0.0)
+        self._setup()
+
+    # -- set-up ------------------------------------------------------------------------
+    def _setup(self) -> None:
+        plan, ctx = self.plan, self.ctx
+        mf = cl.mem_flags
+        pad_defines = (("SRC_T", CL_TYPES[plan.src_dtype]), ("DST_T", CL_TYPES[plan.pad_dtype]))
+        self._pad = cl.Kernel(build(ctx, "pad.cl", pad_defines), "pad")
+        # The kernel correlates, so it gets each filter flipped; lanes beyond a pass's
+        # filters stay zero. Layout (taps, width) matches the kernel's vecf array.
+        flipped = self.kernels[:, ::-1, ::-1, ::-1].reshape(plan.n_filters, -1)
+        self._passes = []
+        for p in plan.passes:
+            coeffs = np.zeros((flipped.shape[1], p.width), np.float32)
+            coeffs[:, : p.count] = flipped[p.first : p.first + p.count].T
+            buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=coeffs)
+            defines = tuple(plan.build_options(p.width).items())
+            self._passes.append(
+                (p, cl.Kernel(build(ctx, "bank_conv.cl", defines), "bank_conv"), buf)
+            )
+        ny, nz = plan.shape[1:]
+        p2 = plan.padded_yz[1]
+        m1 = extend_indices(ny, -plan.halo_lo[1], ny + plan.halo_hi[1], plan.mode)
+        m2 = np.full(p2, -1, np.int64)
+        m2[: nz + plan.extents[2] - 1] = extend_indices(
+            nz, -plan.halo_lo[2], nz + plan.halo_hi[2], plan.mode
+        )
+        self._m1 = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=m1.astype(np.int32))
+        self._m2 = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=m2.astype(np.int32))
+        sizes = plan.slab_bytes(plan.slab_depth)
+        src_rows_max = min(plan.shape[0], plan.slab_depth + plan.extents[0] - 1)
+        self._src = cl.Buffer(ctx, mf.READ_ONLY, src_rows_max * ny * nz * plan.src_dtype.itemsize)
+        self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
+        self._out = cl.Buffer(ctx, mf.WRITE_ONLY, sizes["responses"])
+        self._m0 = cl.Buffer(ctx, mf.READ_ONLY, (plan.slab_depth + plan.extents[0]) * 4)
+
+    # -- slabs -------------------------------------------------------------------------
+    def slabs(self) -> Iterator[tuple[int, int]]:
+        """Output row ranges ``[a, b)`` along axis 0, in order."""
+        n0, depth = self.plan.shape[0], self.plan.slab_depth
+        for a in range(0, n0, depth):
+            yield a, min(a + depth, n0)
+
+    def _row_map(self, a: int, b: int) -> np.ndarray:
+        plan = self.plan
+        return extend_indices(plan.shape[0], a - plan.halo_lo[0], b + plan.halo_hi[0], plan.mode)
+
+    def source_rows(self, a: int, b: int) -> np.ndarray:
+        """Sorted source rows (axis 0) that output rows ``[a, b)`` read."""
+        m0 = self._row_map(a, b)
+        return np.unique(m0[m0 >= 0])
+
+    def convolve_slab(
+        self, a: int, b: int, rows: np.ndarray, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Responses ``(N, b - a, ny, nz)`` of output rows ``[a, b)``.
+
+        ``rows`` holds the volume at `source_rows(a, b)`, in that order. ``out``, if given,
+        is a float32 array of that shape (or a view with contiguous filter planes).
+        """
+        plan, queue = self.plan, self.queue
+        ny, nz = plan.shape[1:]
+        p1, p2 = plan.padded_yz
+        depth = b - a
+        m0 = self._row_map(a, b)
+        needed = np.unique(m0[m0 >= 0])
+        local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
+        rows = np.ascontiguousarray(native_volume(np.asarray(rows)), dtype=plan.src_dtype)
+        if rows.shape != (len(needed), ny, nz):
+            raise ValueError(f"rows: expected the source rows of [{a}, {b}); got {rows.shape}")
+        t_up = [
+            cl.enqueue_copy(queue, self._m0, local, is_blocking=False),
+            cl.enqueue_copy(queue, self._src, rows, is_blocking=False),
+        ]
+        p0 = depth + plan.extents[0] - 1
+        self._pad.set_args(
+            self._src, self._padded, self._m0, self._m1, self._m2,
+            np.int32(p0), np.int32(p1), np.int32(p2), np.int32(ny), np.int32(nz),
+            np.float32(plan.cval),
+        )  # fmt: skip
+        t_pad = cl.enqueue_nd_range_kernel(queue, self._pad, (p2, p1, p0), None)
+        plane = depth * ny * nz
+        lz, ly, _ = plan.local_size
+        gz = -(-nz // plan.unroll)
+        glob = (-(-gz // lz) * lz, -(-ny // ly) * ly, depth)
+        t_conv = []
+        for p, knl, coeffs in self._passes:
+            knl.set_args(
+                self._padded, self._out, coeffs, np.int32(depth), np.int32(ny), np.int32(nz),
+                np.int32(p1), np.int32(p2), np.int64(plane), np.int32(p.first),
+                np.int32(p.count),
+            )  # fmt: skip
+            t_conv.append(cl.enqueue_nd_range_kernel(queue, knl, glob, (lz, ly, 1)))
+        if out is None:
+            out = np.empty((plan.n_filters, depth, ny, nz), np.float32)
+        t_down = [
+            cl.enqueue_copy(queue, out[f], self._out, src_offset=f * plane * 4, is_blocking=False)
+            for f in range(plan.n_filters)
+        ]
+        cl.wait_for_events(t_down)
+        for stage, events in (("upload", t_up), ("pad", [t_pad]), ("kernel", t_conv),
+                              ("download", t_down)):  # fmt: skip
+            self.timings[stage] += sum(e.profile.end - e.profile.start for e in events) * 1e-9
+        return out
+
+    @property
+    def gflop(self) -> float:
+        """GFLOP of one volume, counted as SPEC.md says: 2 * N * prod(extent) * voxels."""
+        plan = self.plan
+        return 2 * plan.n_filters * np.prod(plan.extents) * np.prod(plan.shape) / 1e9
+
+
+def convolve_bank(
+    volume: np.ndarray,
+    kernels: object,
+    mode: str = "reflect",
+    cval: float = 0.0,
+    *,
+    device: cl.Device | str | None = None,
+    slab_depth: int | None = None,
+    memory_budget: int | None = None,
+    **overrides: object,
+) -> np.ndarray:
+    """Apply a bank of N kernels to a volume, each exactly as scipy.ndimage.convolve does.
+
+    Parameters
+    ----------
+    volume : (x, y, z) or (x, y, z, t) array
+        Any real dtype; uint8, int8, uint16, int16 and float32 are read as they are, others
+        converted to float32. A 4D volume is filtered as t independent 3D volumes.
+    kernels : (N, kx, ky, kz) array
+        1 <= N <= 64 filters, extents 1..31 (odd or even), centred as scipy centres them.
+    mode : {'reflect', 'mirror', 'nearest', 'constant', 'wrap'}
+        scipy.ndimage's boundary modes; ``cval`` fills outside in ``constant`` mode.
+    device
+        A ``pyopencl.Device`` or a spec: ``auto``, ``gpu``, ``cpu``, a name fragment or
+        ``"platform:device"``; default ``PYOPENCL_CTX``, else the device of highest peak.
+    slab_depth, memory_budget
+        Force the slab depth along axis 0, or bound the device memory used (bytes).
+
+    Returns
+    -------
+    (N, *volume.shape) float32 array
+    """
+    if not isinstance(volume, np.ndarray):
+        raise TypeError(f"volume must be a numpy array; got {type(volume).__name__}")
+    _check_volume_dtype(volume.dtype)
+    if volume.ndim not in (3, 4):
+        raise ValueError(f"volume must be 3D or 4D; got shape {volume.shape}")
+    if slab_depth is not None and (not isinstance(slab_depth, int | np.integer) or slab_depth < 1):
+        raise ValueError(f"slab_depth must be a positive integer; got {slab_depth!r}")
+    conv = BankConvolver(
+        kernels, volume.shape[:3], volume.dtype, mode, cval, device=device,
+        slab_depth=slab_depth, memory_budget=memory_budget, **overrides,
+    )  # fmt: skip
+    out = np.empty((conv.plan.n_filters, *volume.shape), np.float32)
+    frames = [volume] if volume.ndim == 3 else [volume[..., t] for t in range(volume.shape[3])]
+    for t, frame in enumerate(frames):
+        target = out if volume.ndim == 3 else None
+        for a, b in conv.slabs():
+            if target is not None:
+                conv.convolve_slab(a, b, frame[conv.source_rows(a, b)], target[:, a:b])
+            else:
+                out[:, a:b, ..., t] = conv.convolve_slab(a, b, frame[conv.source_rows(a, b)])
+    return out

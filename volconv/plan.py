@@ -1,0 +1,201 @@
+"""Plan a bank convolution once from device limits: passes, unroll, work-group, slab depth.
+
+Everything the kernel needs at compile time (extents, vector width, unroll, element type) and
+every size the host allocates is fixed here, so the engine only launches. Tests and benchmarks
+override any knob; the defaults come from measurements (DESIGN.md, benchmarks/).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.boundary import halo
+
+MAX_FILTERS = 64
+MAX_EXTENT = 31
+VECTOR_WIDTHS = (1, 2, 4, 8, 16)
+MAX_UNROLL = 32
+MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must fit
+
+# Relative throughput of one pass of each vector width (fraction of peak on the H100, seed
+# kernel at UNROLL 16; DESIGN.md measured 4 and 8, the others are estimates to be replaced by
+# `volconv bench`). Choosing passes by cost = width / efficiency keeps wide vectors for big
+# banks and avoids paying for zero filters.
+PASS_EFFICIENCY = {1: 0.25, 2: 0.45, 4: 0.69, 8: 0.67, 16: 0.45}
+
+# Element types the kernels read natively; anything else is converted to float32 on the host.
+CL_TYPES = {
+    np.dtype(np.uint8): "uchar",
+    np.dtype(np.int8): "char",
+    np.dtype(np.uint16): "ushort",
+    np.dtype(np.int16): "short",
+    np.dtype(np.float32): "float",
+}
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One launch of bank_conv: filters ``first .. first + count`` in a vector of ``width``."""
+
+    first: int
+    count: int
+    width: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every compile-time constant and size of one bank convolution."""
+
+    shape: tuple[int, int, int]
+    extents: tuple[int, int, int]
+    n_filters: int
+    mode: str
+    cval: float
+    src_dtype: np.dtype
+    pad_dtype: np.dtype
+    passes: tuple[Pass, ...]
+    unroll: int
+    local_size: tuple[int, int, int]
+    slab_depth: int
+    filt_local: bool
+    halo_lo: tuple[int, int, int] = field(init=False)
+    halo_hi: tuple[int, int, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        lo, hi = zip(*(halo(k) for k in self.extents), strict=True)
+        object.__setattr__(self, "halo_lo", tuple(lo))
+        object.__setattr__(self, "halo_hi", tuple(hi))
+
+    @property
+    def padded_yz(self) -> tuple[int, int]:
+        """(P1, P2) of the padded slab; P2 covers the last work-item's unrolled reads."""
+        ny, nz = self.shape[1:]
+        ky, kz = self.extents[1:]
+        return ny + ky - 1, math.ceil(nz / self.unroll) * self.unroll + kz - 1
+
+    @property
+    def n_slabs(self) -> int:
+        return math.ceil(self.shape[0] / self.slab_depth)
+
+    def slab_bytes(self, depth: int) -> dict[str, int]:
+        """Device bytes of each buffer for a slab of ``depth`` output rows."""
+        ny, nz = self.shape[1:]
+        p1, p2 = self.padded_yz
+        rows = depth + self.extents[0] - 1
+        return {
+            "source": rows * ny * nz * self.src_dtype.itemsize,
+            "padded": rows * p1 * p2 * self.pad_dtype.itemsize,
+            "responses": self.n_filters * depth * ny * nz * 4,
+        }
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(self.slab_bytes(self.slab_depth).values())
+
+    def build_options(self, width: int) -> dict[str, object]:
+        return {
+            "KX": self.extents[0], "KY": self.extents[1], "KZ": self.extents[2],
+            "NV": width, "UNROLL": self.unroll, "IN_T": CL_TYPES[self.pad_dtype],
+            "FILT_LOCAL": int(self.filt_local),
+        }  # fmt: skip
+
+
+def split_passes(n: int, width: int | None = None) -> tuple[Pass, ...]:
+    """Cheapest sequence of vector passes covering ``n`` filters (or all of one ``width``)."""
+    widths = (width,) if width else VECTOR_WIDTHS
+    cost = [0.0] + [math.inf] * n
+    choice = [0] * (n + 1)
+    for m in range(1, n + 1):
+        for w in widths:
+            c = cost[max(0, m - w)] + w / PASS_EFFICIENCY[w]
+            if c < cost[m]:
+                cost[m], choice[m] = c, w
+    passes, m = [], n
+    while m > 0:
+        w = choice[m]
+        passes.append(w)
+        m = max(0, m - w)
+    out, first = [], 0
+    for w in sorted(passes, reverse=True):
+        count = min(w, n - first)
+        out.append(Pass(first, count, w))
+        first += count
+    return tuple(out)
+
+
+def pad_dtype_for(src: np.dtype, mode: str, cval: float) -> np.dtype:
+    """The padded slab keeps the source type unless cval does not fit in it."""
+    if mode == "constant" and src.kind in "iu":
+        info = np.iinfo(src)
+        if not (float(cval).is_integer() and info.min <= cval <= info.max):
+            return np.dtype(np.float32)
+    return src
+
+
+def make_plan(
+    shape: tuple[int, int, int],
+    src_dtype: np.dtype,
+    extents: tuple[int, int, int],
+    n_filters: int,
+    mode: str,
+    cval: float,
+    device: cl.Device,
+    *,
+    slab_depth: int | None = None,
+    memory_budget: int | None = None,
+    unroll: int | None = None,
+    vector_width: int | None = None,
+    local_size: tuple[int, int] | None = None,
+) -> Plan:
+    """Plan from the device's limits; keyword arguments override the choices (tests, bench)."""
+    kz = extents[2]
+    nz = shape[2]
+    passes = split_passes(n_filters, vector_width)
+    widest = max(p.width for p in passes)
+    if unroll is None:
+        unroll = 8 if widest >= 16 else 16  # 16 x float16 accumulators spill (DESIGN.md)
+        unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
+    unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
+    taps = extents[0] * extents[1] * kz
+    filt_local = taps * widest * 4 <= device.local_mem_size // 2
+    if local_size is None:
+        lz = min(16, 1 << max(0, math.ceil(math.log2(math.ceil(nz / unroll)))))
+        ly = max(1, min(128 // lz, 1 << max(0, math.ceil(math.log2(shape[1])))))
+        local_size = (lz, ly)
+    lz, ly = local_size
+    while lz * ly > device.max_work_group_size:
+        ly, lz = (ly // 2, lz) if ly > 1 else (ly, lz // 2)
+
+    plan = Plan(
+        shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
+        src_dtype=src_dtype, pad_dtype=pad_dtype_for(src_dtype, mode, cval), passes=passes,
+        unroll=unroll, local_size=(lz, ly, 1), slab_depth=shape[0], filt_local=filt_local,
+    )  # fmt: skip
+    if slab_depth is None:
+        slab_depth = _deepest_slab(plan, device, memory_budget)
+    slab_depth = max(1, min(int(slab_depth), shape[0]))
+    return replace(plan, slab_depth=slab_depth)
+
+
+def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> int:
+    """Deepest slab whose buffers fit the budget, each one allocation, and int indexing."""
+    budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
+    one = plan.slab_bytes(1)
+    per_row = sum(one.values())
+    fixed = plan.slab_bytes(0)
+    depth = (budget - sum(fixed.values())) // per_row
+    for name, size in one.items():
+        if size:
+            depth = min(depth, (device.max_mem_alloc_size - fixed[name]) // size)
+    p1, p2 = plan.padded_yz
+    depth = min(depth, (2**31 - 1) // (p1 * p2) - plan.extents[0])
+    if depth < 1:
+        raise ValueError(
+            f"memory_budget: {budget} bytes hold no slab of a {plan.shape} volume "
+            f"with {plan.n_filters} filters (one output row needs {per_row} bytes)"
+        )
+    return int(min(depth, plan.shape[0]))
