@@ -208,17 +208,7 @@ class BankConvolver:
         )  # fmt: skip
         t_pad = cl.enqueue_nd_range_kernel(queue, self._pad, (p2, p1, p0), None)
         plane = depth * ny * nz
-        lz, ly, _ = plan.local_size
-        gz = -(-nz // plan.unroll)
-        glob = (-(-gz // lz) * lz, -(-ny // ly) * ly, depth)
-        t_conv = []
-        for p, knl, coeffs in self._passes:
-            knl.set_args(
-                self._padded, self._out, coeffs, np.int32(depth), np.int32(ny), np.int32(nz),
-                np.int32(p1), np.int32(p2), np.int64(plane), np.int32(p.first),
-                np.int32(p.count),
-            )  # fmt: skip
-            t_conv.append(cl.enqueue_nd_range_kernel(queue, knl, glob, (lz, ly, 1)))
+        t_conv = self._launch_passes(depth)
         if out is None:
             out = np.empty((plan.n_filters, depth, ny, nz), np.float32)
         t_down = [
@@ -230,6 +220,37 @@ class BankConvolver:
                               ("download", t_down)):  # fmt: skip
             self.timings[stage] += sum(e.profile.end - e.profile.start for e in events) * 1e-9
         return out
+
+    def _launch_passes(self, depth: int) -> list[cl.Event]:
+        """Enqueue one bank_conv launch per pass over the padded slab of ``depth`` rows."""
+        plan = self.plan
+        ny, nz = plan.shape[1:]
+        p1, p2 = plan.padded_yz
+        lz, ly, _ = plan.local_size
+        gz = -(-nz // plan.unroll)
+        glob = (-(-gz // lz) * lz, -(-ny // ly) * ly, depth)
+        events = []
+        for p, knl, coeffs in self._passes:
+            knl.set_args(
+                self._padded, self._out, coeffs, np.int32(depth), np.int32(ny), np.int32(nz),
+                np.int32(p1), np.int32(p2), np.int64(depth * ny * nz), np.int32(p.first),
+                np.int32(p.count),
+            )  # fmt: skip
+            events.append(cl.enqueue_nd_range_kernel(self.queue, knl, glob, (lz, ly, 1)))
+        return events
+
+    def time_kernel(self, a: int, b: int, repeats: int = 10) -> np.ndarray:
+        """Seconds of the bank passes alone for output rows ``[a, b)``, once per repeat.
+
+        Re-launches the passes over the padded slab the last `convolve_slab` (for the same
+        ``[a, b)``) left on the device; for benchmarks, which time the kernel apart from I/O.
+        """
+        seconds = np.empty(repeats)
+        for r in range(repeats):
+            events = self._launch_passes(b - a)
+            cl.wait_for_events(events)
+            seconds[r] = sum(e.profile.end - e.profile.start for e in events) * 1e-9
+        return seconds
 
     @property
     def gflop(self) -> float:
