@@ -61,6 +61,14 @@ def devices() -> None:
         console.print(f"      FP32 peak  {d.peak}  ({d.peak.how})", highlight=False)
 
 
+@app.command()
+def filters() -> None:
+    """The filter types of [[bank.filter]] tables, their keys and defaults."""
+    from volconv.bank import describe_types
+
+    console.print(describe_types(), highlight=False, markup=False, soft_wrap=True)
+
+
 def main() -> None:
     """Entry point: map exceptions to the exit statuses SPEC.md promises."""
     try:
