@@ -221,6 +221,21 @@ class BankConvolver:
             self.timings[stage] += sum(e.profile.end - e.profile.start for e in events) * 1e-9
         return out
 
+    def pinned_slab(self) -> np.ndarray:
+        """A float32 ``(N, slab_depth, ny, nz)`` array in page-locked host memory.
+
+        Pass ``out=pinned[:, : b - a]`` to `convolve_slab`: downloads into pinned memory run
+        at the bus's speed, into fresh pageable memory at a fraction of it (2.5 GB/s on the
+        H100 node). The mapping lives as long as the array.
+        """
+        plan = self.plan
+        shape = (plan.n_filters, plan.slab_depth, *plan.shape[1:])
+        mf = cl.mem_flags
+        buf = cl.Buffer(self.ctx, mf.READ_WRITE | mf.ALLOC_HOST_PTR, 4 * int(np.prod(shape)))
+        flags = cl.map_flags.READ | cl.map_flags.WRITE
+        array, _ = cl.enqueue_map_buffer(self.queue, buf, flags, 0, shape, np.float32)
+        return array
+
     def _launch_passes(self, depth: int) -> list[cl.Event]:
         """Enqueue one bank_conv launch per pass over the padded slab of ``depth`` rows."""
         plan = self.plan

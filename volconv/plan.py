@@ -21,11 +21,11 @@ VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 MAX_UNROLL = 32
 MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must fit
 
-# Relative throughput of one pass of each vector width (fraction of peak on the H100, seed
-# kernel at UNROLL 16; DESIGN.md measured 4 and 8, the others are estimates to be replaced by
-# `volconv bench`). Choosing passes by cost = width / efficiency keeps wide vectors for big
-# banks and avoids paying for zero filters.
-PASS_EFFICIENCY = {1: 0.25, 2: 0.45, 4: 0.69, 8: 0.67, 16: 0.45}
+# Fraction of peak one pass of each vector width reaches, and the unroll that reached it:
+# H100, 256^3 uint8, 7^3 filters (benchmarks/results/; width 2 interpolated). Choosing passes
+# by cost = width / efficiency keeps wide vectors for big banks and avoids zero filters.
+PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
+DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at more unroll
 
 # Element types the kernels read natively; anything else is converted to float32 on the host.
 CL_TYPES = {
@@ -157,7 +157,7 @@ def make_plan(
     passes = split_passes(n_filters, vector_width)
     widest = max(p.width for p in passes)
     if unroll is None:
-        unroll = 8 if widest >= 16 else 16  # 16 x float16 accumulators spill (DESIGN.md)
+        unroll = DEFAULT_UNROLL[widest]
         unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
     unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
     taps = extents[0] * extents[1] * kz

@@ -1,0 +1,153 @@
+"""convolve_bank against scipy.ndimage.convolve (float64) at SPEC.md's tolerance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import assert_spec_close, reference
+
+from volconv import BankConvolver, convolve_bank
+from volconv.boundary import MODES
+
+RNG = np.random.default_rng(20261122)
+
+
+def random_volume(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return RNG.standard_normal(shape).astype(dt) * 50
+    info = np.iinfo(dt)
+    return RNG.integers(max(info.min, -3000), min(info.max, 3000), shape, endpoint=True).astype(dt)
+
+
+def random_bank(n: int, extents: tuple[int, int, int]) -> np.ndarray:
+    return RNG.standard_normal((n, *extents))
+
+
+def check(volume, kernels, mode, cval=0.0, **kwargs):
+    out = convolve_bank(volume, kernels, mode, cval, **kwargs)
+    assert out.dtype == np.float32
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, cval))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32"])
+@pytest.mark.parametrize("shape", [(1, 7, 33), (17, 29, 40)])
+def test_every_mode_dtype_and_awkward_shape(device, mode, dtype, shape):
+    check(random_volume(shape, dtype), random_bank(3, (3, 5, 7)), mode, cval=1.5, device=device)
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 13, 16, 33])
+def test_bank_sizes(device, n):
+    check(
+        random_volume((11, 13, 21), "float32"), random_bank(n, (3, 3, 3)), "reflect", device=device
+    )
+
+
+@pytest.mark.parametrize("extents", [(1, 1, 1), (2, 2, 2), (3, 3, 3), (4, 4, 4), (7, 7, 7),
+                                     (3, 5, 7), (2, 1, 4), (5, 4, 1)])  # fmt: skip
+@pytest.mark.parametrize("mode", ["mirror", "constant", "wrap"])
+def test_odd_even_and_mixed_extents(device, extents, mode):
+    check(
+        random_volume((9, 12, 19), "uint8"), random_bank(2, extents), mode, cval=-4, device=device
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("slab_depth", [1, 2, 3, 5])
+def test_slab_seams_inside_the_kernel(device, mode, slab_depth):
+    """Forced slab depths put seams inside a 7-deep kernel: the result must not change."""
+    volume = random_volume((13, 10, 12), "int16")
+    check(volume, random_bank(4, (7, 3, 4)), mode, cval=2.0, device=device, slab_depth=slab_depth)
+
+
+def test_64_cube_bank_of_8(device):
+    check(random_volume((64, 64, 64), "uint8"), random_bank(8, (7, 7, 7)), "reflect", device=device)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "wrap"])
+def test_4d_is_t_independent_volumes(device, mode):
+    volume = random_volume((9, 10, 11, 3), "uint16")
+    kernels = random_bank(3, (3, 2, 5))
+    out = convolve_bank(volume, kernels, mode, device=device, slab_depth=4)
+    assert out.shape == (3, 9, 10, 11, 3)
+    for t in range(3):
+        frame = volume[..., t]
+        assert_spec_close(out[..., t], frame, kernels, reference(frame, kernels, mode))
+
+
+@pytest.mark.parametrize("cval", [0.5, -1.0, 300.0])
+def test_cval_outside_the_input_type(device, cval):
+    """A uint8 volume with a cval uint8 cannot hold is padded in float32."""
+    check(
+        random_volume((6, 7, 8), "uint8"),
+        random_bank(2, (3, 3, 3)),
+        "constant",
+        cval,
+        device=device,
+    )
+
+
+@pytest.mark.parametrize("dtype", [">i2", ">f4", "float64", "int32", "int8", "bool"])
+def test_other_dtypes_and_byte_orders(device, dtype):
+    volume = random_volume((8, 9, 10), "int16").astype(dtype)
+    check(volume, random_bank(2, (3, 3, 3)), "reflect", device=device)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [{"unroll": 1}, {"unroll": 5}, {"unroll": 32}, {"vector_width": 16}, {"vector_width": 1},
+     {"local_size": (1, 1)}, {"local_size": (8, 4)}],
+)  # fmt: skip
+def test_plan_overrides_keep_the_result(device, knobs):
+    check(
+        random_volume((7, 9, 45), "float32"),
+        random_bank(5, (3, 3, 5)),
+        "mirror",
+        device=device,
+        **knobs,
+    )
+
+
+def test_memory_budget_splits_into_slabs(device):
+    volume = random_volume((24, 16, 16), "uint8")
+    kernels = random_bank(4, (5, 5, 5))
+    conv = BankConvolver(kernels, volume.shape, volume.dtype, device=device, memory_budget=40_000)
+    assert conv.plan.n_slabs > 1
+    check(volume, kernels, "reflect", device=device, memory_budget=40_000)
+
+
+def test_timings_and_gflop(device):
+    volume = random_volume((8, 8, 8), "uint8")
+    conv = BankConvolver(random_bank(8, (3, 3, 3)), volume.shape, volume.dtype, device=device)
+    for a, b in conv.slabs():
+        conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
+    assert conv.gflop == pytest.approx(2 * 8 * 27 * 512 / 1e9)
+    assert all(conv.timings[k] > 0 for k in ("upload", "pad", "kernel", "download"))
+    assert np.all(conv.time_kernel(0, 8, 2) > 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "names"),
+    [
+        (([1, 2, 3], np.ones((1, 3, 3, 3))), {}, TypeError, "volume"),
+        ((np.zeros((4, 4)), np.ones((1, 3, 3, 3))), {}, ValueError, "volume"),
+        ((np.zeros((4, 4, 4), complex), np.ones((1, 3, 3, 3))), {}, TypeError, "volume"),
+        ((np.zeros((4, 4, 4)), np.ones((3, 3, 3))), {}, ValueError, "kernels"),
+        ((np.zeros((4, 4, 4)), np.ones((65, 1, 1, 1))), {}, ValueError, "kernels"),
+        ((np.zeros((4, 4, 4)), np.ones((1, 32, 1, 1))), {}, ValueError, "kernels"),
+        ((np.zeros((4, 4, 4)), np.full((1, 3, 3, 3), np.nan)), {}, ValueError, "kernels"),
+        ((np.zeros((4, 4, 4)), np.ones((1, 3, 3, 3)), "bogus"), {}, ValueError, "mode"),
+        ((np.zeros((4, 4, 4)), np.ones((1, 3, 3, 3)), "constant", "x"), {}, TypeError, "cval"),
+        ((np.zeros((4, 4, 4)), np.ones((1, 3, 3, 3))), {"slab_depth": 0}, ValueError, "slab_depth"),
+        (
+            (np.zeros((4, 4, 4)), np.ones((1, 3, 3, 3))),
+            {"device": "no-such"},
+            RuntimeError,
+            "no-such",
+        ),
+    ],
+)
+def test_bad_arguments_name_the_argument(args, kwargs, error, names):
+    with pytest.raises(error, match=names):
+        convolve_bank(*args, **kwargs)
