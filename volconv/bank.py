@@ -244,7 +244,7 @@ class _Context:
     """What building a filter needs beyond its own table."""
 
     size: tuple[int, int, int]
-    voxel_size: object
+    voxel_size: object  # checked where units = "mm" needs it
     base_dir: Path
 
 
@@ -285,9 +285,9 @@ class _Spec:
         return FILTER_TYPES[self.type].params[name].default
 
     def size(self) -> tuple[int, int, int]:
-        return (
-            _size(self.key("size"), self.table["size"]) if "size" in self.table else self.ctx.size
-        )
+        if "size" in self.table:
+            return _size(self.key("size"), self.table["size"])
+        return self.ctx.size
 
     def scale(self) -> np.ndarray:
         """Length of a voxel along each axis in `units`."""
@@ -298,15 +298,16 @@ class _Spec:
             )
         if units == "voxels":
             return np.ones(3)
-        vs = self.ctx.voxel_size
-        if not (
-            isinstance(vs, Sequence) and len(vs) == 3 and all(_is_number(v) and v > 0 for v in vs)
-        ):
+        try:
+            vs = np.asarray(self.ctx.voxel_size, np.float64)
+        except (TypeError, ValueError):
+            vs = np.full(1, np.nan)
+        if vs.shape != (3,) or not np.all(vs > 0) or not np.all(np.isfinite(vs)):
             raise BankError(
                 f'{self.key("units")}: "mm" needs the voxel size of the input, three numbers '
-                f"> 0; got {_show(vs)}"
+                f"> 0; got {self.ctx.voxel_size!r}"
             )
-        return np.asarray(vs, np.float64)
+        return vs
 
     def sigma(self, name: str = "sigma", value: object = None) -> np.ndarray:
         """A positive standard deviation per axis, in voxels."""
@@ -332,20 +333,20 @@ class _Spec:
 
 # -- the types ----------------------------------------------------------------------------
 
-Kernels = list[tuple[str, np.ndarray]]  # (suffix of the filter's name, kernel)
+_Kernels = list[tuple[str, np.ndarray]]  # (suffix of the filter's name, kernel)
 
 
-def _gaussian(s: _Spec) -> Kernels:
+def _gaussian(s: _Spec) -> _Kernels:
     return [("", gaussian_kernel(s.sigma(), s.integers("order", 0, 2), s.size()))]
 
 
-def _log(s: _Spec) -> Kernels:
+def _log(s: _Spec) -> _Kernels:
     sigma, size = s.sigma(), s.size()
     second = ((2, 0, 0), (0, 2, 0), (0, 0, 2))  # gaussian_laplace sums these
     return [("", sum(gaussian_kernel(sigma, order, size) for order in second))]
 
 
-def _dog(s: _Spec) -> Kernels:
+def _dog(s: _Spec) -> _Kernels:
     sigma = s.sigma()
     # the default is 1.6 * sigma as written, in the same units
     given = s.table.get("sigma2", [1.6 * v for v in _per_axis(s.key("sigma"), s.get("sigma"))])
@@ -357,12 +358,12 @@ def _dog(s: _Spec) -> Kernels:
     return [("", gaussian_kernel(sigma, flat, size) - gaussian_kernel(sigma2, flat, size))]
 
 
-def _box(s: _Spec) -> Kernels:
+def _box(s: _Spec) -> _Kernels:
     size = s.size()
     return [("", np.full(size, 1.0 / math.prod(size)))]
 
 
-def _sobel(s: _Spec) -> Kernels:
+def _sobel(s: _Spec) -> _Kernels:
     axis = s.get("axis")
     if not (_is_number(axis, integer=True) and 0 <= axis <= 2):
         raise _fail(s.key("axis"), "0, 1 or 2", axis)
@@ -373,7 +374,7 @@ def _sobel(s: _Spec) -> Kernels:
     return [("", reduce(np.multiply.outer, taps))]
 
 
-def _gabor(s: _Spec) -> Kernels:
+def _gabor(s: _Spec) -> _Kernels:
     sigma, scale = s.sigma(), s.scale()
     f = s.number("frequency")
     unit = "voxel" if s.get("units") == "voxels" else "mm"
@@ -389,7 +390,7 @@ def _gabor(s: _Spec) -> Kernels:
     return [("_real", real), ("_imag", imag)]
 
 
-def _custom(s: _Spec) -> Kernels:
+def _custom(s: _Spec) -> _Kernels:
     value = s.get("path")
     key = s.key("path")
     if not isinstance(value, str) or not value:
@@ -428,7 +429,7 @@ def _load(key: str, path: Path) -> np.ndarray:
         ) from None
 
 
-_BUILDERS: dict[str, Callable[[_Spec], Kernels]] = {
+_BUILDERS: dict[str, Callable[[_Spec], _Kernels]] = {
     "gaussian": _gaussian,
     "log": _log,
     "dog": _dog,
