@@ -151,3 +151,12 @@ def test_timings_and_gflop(device):
 def test_bad_arguments_name_the_argument(args, kwargs, error, names):
     with pytest.raises(error, match=names):
         convolve_bank(*args, **kwargs)
+
+
+def test_convolve_slab_rejects_a_range_that_is_not_a_slab(device):
+    conv = BankConvolver(
+        random_bank(1, (3, 3, 3)), (10, 4, 4), np.uint8, device=device, slab_depth=4
+    )
+    volume = np.zeros((10, 4, 4), np.uint8)
+    with pytest.raises(ValueError, match="slab"):
+        conv.convolve_slab(0, 10, volume)

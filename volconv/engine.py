@@ -190,6 +190,11 @@ class BankConvolver:
         ny, nz = plan.shape[1:]
         p1, p2 = plan.padded_yz
         depth = b - a
+        if not 0 <= a < b <= plan.shape[0] or depth > plan.slab_depth:
+            raise ValueError(
+                f"[a, b) = [{a}, {b}) is not a slab of at most {plan.slab_depth} rows in "
+                f"[0, {plan.shape[0]})"
+            )
         m0 = self._row_map(a, b)
         needed = np.unique(m0[m0 >= 0])
         local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
