@@ -37,6 +37,12 @@ def test_every_mode_dtype_and_awkward_shape(device, mode, dtype, shape):
     check(random_volume(shape, dtype), random_bank(3, (3, 5, 7)), mode, cval=1.5, device=device)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [1, 8, 16])
+def test_every_mode_for_vector_widths(device, mode, n):
+    check(random_volume((10, 11, 35), "uint8"), random_bank(n, (3, 4, 5)), mode, 7.0, device=device)
+
+
 @pytest.mark.parametrize("n", [1, 3, 8, 13, 16, 33])
 def test_bank_sizes(device, n):
     check(
