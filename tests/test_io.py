@@ -1,0 +1,223 @@
+"""The read stage: every input format gives the oracle's voxels, row by row, and every bad
+input an `InputError` that names the file."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from pathlib import Path
+
+import h5py
+import nibabel as nib
+import numpy as np
+import pytest
+
+from volconv.io import InputError, expand_inputs, open_volume
+
+SHAPE = (9, 7, 5)
+AFFINE = np.diag([1.5, 2.0, 3.0, 1.0])
+# Rows in runs and out of order, as reflect boundaries and slabs ask for them.
+ROWS = np.array([2, 1, 0, 0, 1, 2, 3, 4, 7, 8])
+
+
+def volume(shape: tuple[int, ...] = SHAPE, dtype: str = "int16") -> np.ndarray:
+    """Distinct, signed values, so a misplaced row or a byte swap shows."""
+    return (np.arange(np.prod(shape)).reshape(shape) * 7 % 1000 - 300).astype(dtype)
+
+
+def save_nifti(cls: type, path: Path, data: np.ndarray, endianness: str = "<") -> Path:
+    header = cls.header_class(endianness=endianness)
+    img = cls(data, AFFINE, header=header)
+    img.set_data_dtype(data.dtype.newbyteorder(endianness))
+    nib.save(img, path)
+    return path
+
+
+def save_scaled(path: Path, data: np.ndarray) -> Path:
+    img = nib.Nifti1Image(data, AFFINE)
+    img.header.set_slope_inter(0.25, -3.0)
+    nib.save(img, path)
+    return path
+
+
+def save_h5(path: Path, name: str, data: np.ndarray, **attrs: object) -> Path:
+    with h5py.File(path, "a") as f:
+        f.create_dataset(name, data=data)
+        f[name].attrs.update(attrs)
+    return path
+
+
+# (file name, writer, spec suffix); every writer stores `volume()` (4D where the name says).
+FORMATS = {
+    "nifti1": ("a.nii", lambda p, v: save_nifti(nib.Nifti1Image, p, v), ""),
+    "nifti1-gz": ("a.nii.gz", lambda p, v: save_nifti(nib.Nifti1Image, p, v), ""),
+    "nifti2": ("a.nii", lambda p, v: save_nifti(nib.Nifti2Image, p, v), ""),
+    "nifti2-gz": ("a.nii.gz", lambda p, v: save_nifti(nib.Nifti2Image, p, v), ""),
+    "nifti1-big-endian": ("a.nii", lambda p, v: save_nifti(nib.Nifti1Image, p, v, ">"), ""),
+    "nifti1-scaled": ("a.nii", save_scaled, ""),
+    "analyze": ("a.img", lambda p, v: nib.save(nib.AnalyzeImage(v, AFFINE), p), ""),
+    "mgh": ("a.mgz", lambda p, v: nib.save(nib.MGHImage(v.astype(np.float32), AFFINE), p), ""),
+    "npy": ("a.npy", lambda p, v: np.save(p, v), ""),
+    "npy-big-endian-fortran": ("a.npy", lambda p, v: np.save(p, np.asfortranarray(v, ">i2")), ""),
+    "hdf5": ("a.h5", lambda p, v: save_h5(p, "data", v), ":/data"),
+    "hdf5-no-slash": ("a.h5", lambda p, v: save_h5(p, "data", v), ":data"),
+    "hdf5-group": ("a.hdf5", lambda p, v: save_h5(p, "g/vol", v.astype(">f4")), ":/g/vol"),
+}
+
+
+def oracle(file: Path, spec: str) -> np.ndarray:
+    """The voxels SPEC.md filters: nibabel's get_fdata, numpy.load, or the HDF5 dataset."""
+    if spec.endswith(".npy"):
+        return np.load(file)
+    if ":" in spec:
+        with h5py.File(file) as f:
+            return f[spec.split(":", 1)[1]][()]
+    return nib.load(file).get_fdata()
+
+
+@pytest.mark.parametrize("ndim", [3, 4])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_read_rows_equal_the_oracles_rows(tmp_path: Path, fmt: str, ndim: int) -> None:
+    name, save, suffix = FORMATS[fmt]
+    shape = SHAPE if ndim == 3 else (*SHAPE, 3)
+    file = tmp_path / "scans" / name
+    file.parent.mkdir()
+    save(file, volume(shape))
+    spec = f"{file}{suffix}"
+    full = oracle(file, spec)
+
+    vol = open_volume(spec)
+    assert vol.path == spec
+    assert vol.shape == shape and vol.n_frames == (1 if ndim == 3 else 3)
+    assert vol.dtype.isnative and vol.dtype.kind in "iuf"
+    assert (vol.stem, vol.parent) == ("a", "scans")
+    for t in range(vol.n_frames):
+        rows = vol.read_rows(ROWS, frame=t)
+        assert rows.dtype == vol.dtype and rows.dtype.isnative
+        expected = full[ROWS] if ndim == 3 else full[ROWS, ..., t]
+        np.testing.assert_array_equal(rows, expected)
+    assert vol.read_rows(np.arange(SHAPE[0])).shape == SHAPE
+
+
+def test_scaled_nifti_reads_as_get_fdata(tmp_path: Path) -> None:
+    file = save_scaled(tmp_path / "s.nii", volume())
+    vol = open_volume(file)
+    assert vol.dtype == np.float64  # what nibabel's scaling gives, exactly get_fdata's values
+    np.testing.assert_array_equal(vol.read_rows(ROWS), nib.load(file).get_fdata()[ROWS])
+
+
+def test_geometry_and_checksum(tmp_path: Path) -> None:
+    nii = save_nifti(nib.Nifti1Image, tmp_path / "sub-01_T1w.nii.gz", volume())
+    vol = open_volume(nii)
+    assert vol.stem == "sub-01_T1w" and vol.parent == tmp_path.name
+    np.testing.assert_array_equal(vol.affine, AFFINE)
+    assert vol.voxel_size == (1.5, 2.0, 3.0)
+    assert vol.sha256() == hashlib.sha256(nii.read_bytes()).hexdigest()
+
+    h5 = save_h5(tmp_path / "scan.v2.h5", "data", volume(), affine=AFFINE)
+    vol = open_volume(f"{h5}:/data")
+    assert vol.stem == "scan.v2"
+    np.testing.assert_array_equal(vol.affine, AFFINE)
+    assert vol.voxel_size == (1.5, 2.0, 3.0)
+    assert vol.sha256() == hashlib.sha256(h5.read_bytes()).hexdigest()
+
+    npy = tmp_path / "plain.npy"
+    np.save(npy, volume())
+    vol = open_volume(npy)
+    np.testing.assert_array_equal(vol.affine, np.eye(4))
+    assert vol.voxel_size == (1.0, 1.0, 1.0)
+
+
+def test_trailing_unit_axes_beyond_the_fourth_are_dropped(tmp_path: Path) -> None:
+    data = volume((*SHAPE, 2, 1))
+    file = tmp_path / "five.npy"
+    np.save(file, data)
+    vol = open_volume(file)
+    assert vol.shape == (*SHAPE, 2) and vol.n_frames == 2
+    np.testing.assert_array_equal(vol.read_rows(ROWS, frame=1), data[ROWS, :, :, 1, 0])
+
+
+def bad_inputs(tmp: Path) -> dict[str, tuple[str, str]]:
+    """Each bad input: (spec, a fragment of the message besides the file name)."""
+    np.save(tmp / "flat.npy", np.zeros((4, 4)))
+    np.save(tmp / "five.npy", np.zeros((2, 2, 2, 2, 2)))
+    np.save(tmp / "empty.npy", np.zeros((0, 4, 4)))
+    np.save(tmp / "complex.npy", np.zeros((2, 2, 2), complex))
+    np.save(tmp / "bool.npy", np.zeros((2, 2, 2), bool))
+    np.save(tmp / "objects.npy", np.array([None, 1], dtype=object), allow_pickle=True)
+    nib.save(nib.Nifti1Image(np.zeros((4, 4), np.int16), np.eye(4)), tmp / "flat.nii")
+    (tmp / "text.nii").write_text("not a NIfTI file")
+    (tmp / "notes.txt").write_text("hello")
+    (tmp / "folder.nii").mkdir()
+    save_h5(tmp / "f.h5", "data", volume())
+    save_h5(tmp / "f.h5", "labels", np.zeros((2, 2, 2), bool))
+    (tmp / "broken.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
+    return {
+        "missing": (str(tmp / "absent.nii.gz"), "no such file"),
+        "missing-h5": (f"{tmp / 'absent.h5'}:/data", "no such file"),
+        "folder": (str(tmp / "folder.nii"), "folder"),
+        "2D": (str(tmp / "flat.npy"), "3D or 4D"),
+        "2D-nifti": (str(tmp / "flat.nii"), "3D or 4D"),
+        "5D": (str(tmp / "five.npy"), "3D or 4D"),
+        "empty": (str(tmp / "empty.npy"), "empty"),
+        "complex": (str(tmp / "complex.npy"), "complex128"),
+        "bool": (str(tmp / "bool.npy"), "bool"),
+        "objects": (str(tmp / "objects.npy"), "cannot read"),
+        "not-a-nifti": (str(tmp / "text.nii"), "cannot read"),
+        "unknown-format": (str(tmp / "notes.txt"), "cannot read"),
+        "h5-missing-dataset": (f"{tmp / 'f.h5'}:/volume", "/data, /labels"),
+        "h5-no-dataset": (str(tmp / "f.h5"), "/data, /labels"),
+        "h5-bool": (f"{tmp / 'f.h5'}:/labels", "bool"),
+        "h5-broken": (f"{tmp / 'broken.h5'}:/data", "cannot read"),
+    }
+
+
+BAD = [
+    "missing", "missing-h5", "folder", "2D", "2D-nifti", "5D", "empty", "complex", "bool",
+    "objects", "not-a-nifti", "unknown-format", "h5-missing-dataset", "h5-no-dataset",
+    "h5-bool", "h5-broken",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_inputs_name_the_file(tmp_path: Path, case: str) -> None:
+    spec, fragment = bad_inputs(tmp_path)[case]
+    with pytest.raises(InputError) as info:
+        open_volume(spec)
+    message = str(info.value)
+    assert Path(spec.split(".h5:")[0]).name in message and fragment in message, message
+
+
+def test_truncated_data_fails_on_read_naming_the_file(tmp_path: Path) -> None:
+    file = save_nifti(nib.Nifti1Image, tmp_path / "cut.nii.gz", volume((40, 30, 20)))
+    whole = gzip.decompress(file.read_bytes())
+    file.write_bytes(gzip.compress(whole[: len(whole) // 2]))
+    vol = open_volume(file)  # the header and the first voxel are intact
+    with pytest.raises(InputError, match=r"cut\.nii\.gz"):
+        vol.read_rows(np.arange(40))
+
+
+def test_read_rows_refuses_rows_and_frames_outside(tmp_path: Path) -> None:
+    np.save(tmp_path / "v.npy", volume())
+    vol = open_volume(tmp_path / "v.npy")
+    with pytest.raises(IndexError):
+        vol.read_rows(np.array([SHAPE[0]]))
+    with pytest.raises(IndexError):
+        vol.read_rows(np.array([0]), frame=1)
+
+
+def test_expand_inputs(tmp_path: Path) -> None:
+    for name in ("b.nii.gz", "a.nii.gz", "sub/c.nii.gz", "x.h5", "y.h5"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).touch()
+    (tmp_path / "d.nii.gz").mkdir()  # a folder that matches the glob is not an input
+    found = expand_inputs(["*.nii.gz", "a.nii.gz", "**/c.nii.gz", "*.h5:/data"], tmp_path)
+    names = [str(Path(p).relative_to(tmp_path)) for p in found]
+    assert names == ["a.nii.gz", "b.nii.gz", "sub/c.nii.gz", "x.h5:/data", "y.h5:/data"]
+    assert expand_inputs([str(tmp_path / "x.h5") + ":data"], Path("/elsewhere")) == [
+        f"{tmp_path / 'x.h5'}:/data"
+    ]
+    with pytest.raises(InputError, match=r"scans/\*\.nii: matches no file"):
+        expand_inputs(["a.nii.gz", "scans/*.nii"], tmp_path)
+    with pytest.raises(InputError, match=r"nothing\.npy: no such file"):
+        expand_inputs(["nothing.npy"], tmp_path)

@@ -1,0 +1,314 @@
+"""The read stage: input volumes opened lazily and read a slab of rows at a time.
+
+`open_volume` understands everything nibabel loads (NIfTI-1/2, MINC, Analyze, MGH), ``.npy``
+files (memory-mapped) and HDF5 datasets named ``file.h5:/dataset``. A `Volume` knows its shape,
+type and geometry without reading the voxels; `Volume.read_rows` reads only the rows along
+axis 0 that a slab needs. `expand_inputs` turns the pipeline's paths and globs into inputs.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+
+import h5py
+import nibabel as nib
+import numpy as np
+
+# "file.h5:/group/data" -> ("file.h5", "/group/data"); the suffix keeps Windows drives and
+# colons in folder names out of it.
+_HDF5_SPEC = re.compile(r"^(?P<file>.+\.(?:h5|hdf5)):(?P<dataset>.*)$", re.IGNORECASE)
+_COMPRESSED = {".gz", ".bz2", ".zst"}
+_GLOB = re.compile(r"[*?\[]")
+# What nibabel, numpy and h5py raise for a file they cannot read (missing, truncated, corrupt).
+_READ_ERRORS = (
+    OSError, EOFError, ValueError, TypeError, KeyError, zlib.error,
+    nib.filebasedimages.ImageFileError, nib.spatialimages.HeaderDataError,
+)  # fmt: skip
+
+
+class InputError(ValueError):
+    """An input the user named cannot be used; the message names the file and the reason."""
+
+
+@dataclass(eq=False)  # identity, not the value of an array field, makes two volumes equal
+class Volume:
+    """A 3D (x, y, z) or 4D (x, y, z, t) input volume, opened without reading its voxels.
+
+    Attributes
+    ----------
+    path : str
+        The input as given, e.g. ``"scans/a.nii.gz"`` or ``"f.h5:/data"``.
+    shape : tuple of int
+        ``(x, y, z)`` or ``(x, y, z, t)``.
+    dtype : numpy.dtype
+        The element type `read_rows` returns, in native byte order: the on-disk type, or the
+        float type nibabel's scaling gives where a NIfTI's ``scl_slope``/``scl_inter`` apply.
+    affine : (4, 4) array
+        Voxel to world; identity for ``.npy``, and for HDF5 unless the dataset has an
+        ``affine`` attribute.
+    voxel_size : tuple of float
+        Voxel extent along x, y, z (header zooms, else the affine's column norms).
+    n_frames : int
+        ``t`` for a 4D input, 1 for a 3D one.
+    stem, parent : str
+        File name without its extensions, and the name of its folder (output templates).
+    file : Path
+        The file on disk (without the ``:/dataset`` of an HDF5 input).
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    affine: np.ndarray
+    voxel_size: tuple[float, float, float]
+    n_frames: int
+    stem: str
+    parent: str
+    file: Path = field(repr=False)
+    # Yields an array-like (nibabel proxy, h5py dataset, memmap) that slices like the volume.
+    _open: Callable[[], AbstractContextManager] = field(repr=False, compare=False)
+    # Indices appended after (x, y, z[, t]) for trailing length-1 axes of the file.
+    _extra_axes: int = field(default=0, repr=False, compare=False)
+
+    def read_rows(self, rows: np.ndarray, frame: int = 0) -> np.ndarray:
+        """The volume at ``rows`` along axis 0, reading only those rows.
+
+        Parameters
+        ----------
+        rows : 1D array of int
+            Row indices along axis 0, in any order; each run of consecutive rows is read
+            as one slice.
+        frame : int
+            Which volume of a 4D input; 0 for a 3D one.
+
+        Returns
+        -------
+        (len(rows), y, z) array of `dtype`, native byte order.
+        """
+        rows = np.asarray(rows, dtype=np.intp).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"{self.path}: rows must lie in 0..{self.shape[0] - 1}")
+        if not 0 <= frame < self.n_frames:
+            raise IndexError(f"{self.path}: frame must lie in 0..{self.n_frames - 1}")
+        tail = ((frame,) if len(self.shape) == 4 else ()) + (0,) * self._extra_axes
+        out = np.empty((rows.size, *self.shape[1:3]), self.dtype)
+        with _reading(self.path), self._open() as data:
+            for start, stop in _runs(rows):
+                first = int(rows[start])
+                index = (slice(first, first + stop - start), slice(None), slice(None), *tail)
+                out[start:stop] = data[index]  # the assignment makes the byte order native
+        return out
+
+    def sha256(self) -> str:
+        """SHA-256 of the file's bytes (the HDF5 file for ``file.h5:/dataset``), streamed."""
+        with open(self.file, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _runs(rows: np.ndarray) -> Iterator[tuple[int, int]]:
+    """``[start, stop)`` positions in ``rows`` of each run of consecutive increasing rows."""
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    edges = [0, *breaks.tolist(), rows.size]
+    for start, stop in pairwise(edges):
+        if stop > start:
+            yield start, stop
+
+
+def split_spec(spec: str | Path) -> tuple[str, str | None]:
+    """``"f.h5:/ds"`` -> ``("f.h5", "/ds")``; any other input -> ``(spec, None)``."""
+    m = _HDF5_SPEC.match(str(spec))
+    if m is None:
+        return str(spec), None
+    dataset = m["dataset"].strip()
+    return m["file"], ("/" + dataset.lstrip("/")) if dataset else None
+
+
+def _stem(file: Path) -> str:
+    """File name without extensions: ``a.nii.gz`` -> ``a``, ``sub-1.v2.npy`` -> ``sub-1.v2``."""
+    name = file.name
+    if Path(name).suffix.lower() in _COMPRESSED:
+        name = Path(name).stem
+    return Path(name).stem or name
+
+
+def open_volume(spec: str | Path) -> Volume:
+    """Open an input volume without reading its voxels.
+
+    Parameters
+    ----------
+    spec : str or Path
+        A file nibabel loads (NIfTI-1/2 ``.nii``/``.nii.gz``, MINC, Analyze, MGH), a ``.npy``
+        file, or an HDF5 dataset as ``file.h5:/dataset`` (or ``.hdf5``). 4D inputs hold T
+        volumes along their last axis; trailing axes of length 1 beyond the fourth are
+        dropped.
+
+    Raises
+    ------
+    InputError
+        The file is missing or unreadable, or the volume is not a non-empty 3D/4D array of
+        integers or floats (bool and complex are refused); for HDF5, also a missing dataset
+        (the message lists the datasets the file holds).
+    """
+    path = str(spec)
+    name, dataset = split_spec(path)
+    file = Path(name)
+    if not file.exists():
+        raise InputError(f"{name}: no such file")
+    if file.is_dir():
+        raise InputError(f"{name}: is a folder, not a volume file")
+    with _reading(path):
+        if dataset is not None or file.suffix.lower() in (".h5", ".hdf5"):
+            return _open_hdf5(path, file, dataset)
+        if file.suffix.lower() == ".npy":
+            return _open_npy(path, file)
+        return _open_nibabel(path, file)
+
+
+@contextmanager
+def _reading(path: str) -> Iterator[None]:
+    """Turn what the readers raise for a bad file into an `InputError` naming it."""
+    try:
+        yield
+    except InputError:
+        raise
+    except _READ_ERRORS as e:
+        reason = " ".join(str(e).split())  # one line, whatever the reader's message holds
+        raise InputError(f"{path}: cannot read it ({type(e).__name__}: {reason})") from e
+
+
+def _check(path: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """Refuse what the engine cannot filter: wrong ndim, empty, non-numeric types."""
+    if len(shape) not in (3, 4):
+        raise InputError(f"{path}: a 3D or 4D volume is needed; it has shape {shape}")
+    if min(shape) < 1:
+        raise InputError(f"{path}: the volume is empty (shape {shape})")
+    if np.dtype(dtype).kind not in "iuf":
+        raise InputError(
+            f"{path}: element type {np.dtype(dtype)} is not supported (integers and floats only)"
+        )
+
+
+def _squeeze_tail(shape: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """Drop trailing length-1 axes beyond the fourth: (x, y, z, t, 1) is a 4D volume."""
+    shape, extra = tuple(int(s) for s in shape), 0
+    while len(shape) > 4 and shape[-1] == 1:
+        shape, extra = shape[:-1], extra + 1
+    return shape, extra
+
+
+def _volume(
+    path: str,
+    file: Path,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    affine: object,
+    voxel_size: tuple[float, ...] | None,
+    opener: Callable[[], AbstractContextManager],
+    extra_axes: int,
+) -> Volume:
+    """Build the `Volume`; ``voxel_size`` None takes the affine's column norms."""
+    affine = np.asarray(affine, dtype=np.float64)
+    if affine.shape != (4, 4) or not np.all(np.isfinite(affine)):
+        raise InputError(f"{path}: the affine must be a finite 4x4 array; got {affine.shape}")
+    if voxel_size is None:
+        voxel_size = nib.affines.voxel_sizes(affine)
+    return Volume(
+        path=path,
+        shape=shape,
+        dtype=np.dtype(dtype).newbyteorder("="),
+        affine=affine,
+        voxel_size=tuple(float(v) for v in voxel_size[:3]),
+        n_frames=shape[3] if len(shape) == 4 else 1,
+        stem=_stem(file),
+        parent=file.absolute().parent.name,
+        file=file,
+        _open=opener,
+        _extra_axes=extra_axes,
+    )
+
+
+def _open_nibabel(path: str, file: Path) -> Volume:
+    img = nib.load(file)
+    proxy = img.dataobj
+    shape, extra = _squeeze_tail(img.shape)
+    _check(path, shape, img.get_data_dtype())
+    # scl_slope/inter make the proxy return floats: ask it for one voxel to learn which.
+    dtype = np.asarray(proxy[(0,) * len(img.shape)]).dtype
+    zooms = tuple(img.header.get_zooms()[:3])
+    return _volume(path, file, shape, dtype, img.affine, zooms, lambda: nullcontext(proxy), extra)
+
+
+def _open_npy(path: str, file: Path) -> Volume:
+    arr = np.load(file, mmap_mode="r", allow_pickle=False)
+    shape, extra = _squeeze_tail(arr.shape)
+    _check(path, shape, arr.dtype)
+    # A fresh memory map per read, so no mapping outlives the slab that needed it.
+    opener = lambda: nullcontext(np.load(file, mmap_mode="r"))  # noqa: E731
+    return _volume(path, file, shape, arr.dtype, np.eye(4), None, opener, extra)
+
+
+def _open_hdf5(path: str, file: Path, dataset: str | None) -> Volume:
+    with h5py.File(file, "r") as f:
+        obj = f.get(dataset) if dataset else None
+        if not isinstance(obj, h5py.Dataset):
+            held = ", ".join(_datasets(f)) or "none"
+            what = f"no dataset {dataset}" if dataset else "name a dataset as file.h5:/dataset"
+            raise InputError(f"{path}: {what}; the file's datasets: {held}")
+        shape, extra = _squeeze_tail(obj.shape)
+        _check(path, shape, obj.dtype)
+        dtype, affine = obj.dtype, obj.attrs.get("affine", np.eye(4))
+
+    @contextmanager
+    def opener() -> Iterator[h5py.Dataset]:
+        with h5py.File(file, "r") as f:
+            yield f[dataset]
+
+    return _volume(path, file, shape, dtype, affine, None, opener, extra)
+
+
+def _datasets(f: h5py.File) -> list[str]:
+    """Every dataset in an HDF5 file, by absolute name."""
+    names: list[str] = []
+    f.visititems(lambda n, obj: names.append(f"/{n}") if isinstance(obj, h5py.Dataset) else None)
+    return names
+
+
+def expand_inputs(patterns: list[str], base_dir: Path) -> list[str]:
+    """Input files named by paths and globs, sorted and without duplicates.
+
+    Parameters
+    ----------
+    patterns : list of str
+        Files or globs (``*``, ``?``, ``[...]``, ``**``), relative to ``base_dir`` unless
+        absolute; an HDF5 dataset suffix (``"scans/*.h5:/data"``) is kept on every match.
+    base_dir : Path
+        The folder relative paths start from (the pipeline file's folder).
+
+    Raises
+    ------
+    InputError
+        A pattern matches no file.
+    """
+    found: set[str] = set()
+    for pattern in patterns:
+        name, dataset = split_spec(pattern)
+        full = os.path.join(base_dir, os.path.expanduser(name))
+        if _GLOB.search(name):
+            matches = [m for m in glob.glob(full, recursive=True) if os.path.isfile(m)]
+        else:
+            matches = [full] if os.path.isfile(full) else []
+        if not matches:
+            what = "matches no file" if _GLOB.search(name) else "no such file"
+            raise InputError(f"{pattern}: {what} (looked in {base_dir})")
+        suffix = f":{dataset}" if dataset else ""
+        found.update(os.path.normpath(m) + suffix for m in matches)
+    return sorted(found)
