@@ -1,0 +1,255 @@
+"""The write stage: the output file of SPEC.md, written under a temporary name, complete last."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import xarray as xr
+
+from volconv.writer import (
+    ROOT_ATTRS,
+    OutputError,
+    OutputExistsError,
+    ResponseWriter,
+    chunk_shape,
+    is_complete,
+    temp_path,
+)
+
+NAMES = ["smooth", "dx", "blob"]
+SHAPE = (10, 6, 5)
+KERNELS = np.random.default_rng(1).random((3, 3, 5, 1))
+
+
+def attrs() -> dict:
+    """Every root attribute SPEC.md lists, as the pipeline passes them."""
+    return {
+        "affine": np.diag([1.5, 2.0, 3.0, 1.0]),
+        "voxel_size": (1.5, 2.0, 3.0),
+        "source": "scans/a.nii.gz",
+        "source_sha256": "0" * 64,
+        "pipeline": "[input]\npaths = ['scans/*.nii.gz']\n",
+        "volconv_version": "0.1.0",
+        "device": "PoCL CPU",
+        "gflop": 1.5,
+        "kernel_seconds": 0.5,
+        "wall_seconds": 2.0,
+        "gflops": 3.0,
+        "peak_gflops": 100.0,
+        "fraction_of_peak": 0.03,
+    }
+
+
+def responses(shape: tuple[int, ...] = SHAPE, scale: float = 100.0) -> np.ndarray:
+    return (np.random.default_rng(0).standard_normal((len(NAMES), *shape)) * scale).astype(
+        np.float32
+    )
+
+
+def writer(path: Path, shape: tuple[int, ...] = SHAPE, **options: object) -> ResponseWriter:
+    options = {"boundary": "reflect", "cval": 0.0, "slab_depth": 4, **options}
+    return ResponseWriter(path, shape, NAMES, KERNELS, **options)
+
+
+def write(path: Path, data: np.ndarray, **options: object) -> Path:
+    """Write ``data`` (N, x, y, z[, t]) slab by slab, frame by frame, and finish."""
+    depth = options.get("slab_depth", 4)
+    shape = data.shape[1:]
+    with writer(path, shape, **options) as w:
+        for t in range(shape[3] if len(shape) == 4 else 1):
+            for a in range(0, shape[0], depth):
+                b = min(a + depth, shape[0])
+                slab = data[:, a:b] if len(shape) == 3 else data[:, a:b, ..., t]
+                w.write_slab(a, b, slab.copy(), frame=t if len(shape) == 4 else None)
+        return w.finish(attrs())
+
+
+# HDF5 filter ids: 1 deflate (gzip), 2 shuffle, 32000 lzf, 32015 zstd (hdf5plugin).
+FILTERS = {"none": set(), "gzip": {1, 2}, "gzip-6": {1, 2}, "lzf": {2, 32000}, "zstd": {32015}}
+
+
+def filter_ids(ds: h5py.Dataset) -> set[int]:
+    plist = ds.id.get_create_plist()
+    return {plist.get_filter(i)[0] for i in range(plist.get_nfilters())}
+
+
+@pytest.mark.parametrize("compression", FILTERS)
+def test_float32_round_trip(tmp_path: Path, compression: str) -> None:
+    if compression == "zstd":
+        pytest.importorskip("hdf5plugin")
+    data = responses()
+    path = write(tmp_path / "out" / "a.h5", data, compression=compression)
+    with h5py.File(path) as f:
+        r = f["responses"]
+        assert r.dtype == np.float32 and r.shape == (3, *SHAPE)
+        np.testing.assert_array_equal(r[()], data)
+        assert filter_ids(r) == FILTERS[compression]
+        assert r.chunks == (1, 4, 6, 5)
+        assert r.attrs["boundary"] == "reflect" and r.attrs["cval"] == 0.0
+        k = f["kernels"]
+        assert k.dtype == np.float32
+        np.testing.assert_array_equal(k[()], KERNELS.astype(np.float32))
+        expected = attrs()
+        for key in ROOT_ATTRS:
+            np.testing.assert_array_equal(f.attrs[key], expected[key])
+        assert list(f.attrs)[-1] == "complete" and f.attrs["complete"]
+
+
+def test_float16_rounds_and_saturates(tmp_path: Path) -> None:
+    data = responses()
+    data[0, 0, 0, :3] = [1e6, -1e6, np.inf]
+    with h5py.File(write(tmp_path / "h.h5", data, dtype="float16")) as f:
+        stored = f["responses"][()]
+    assert stored.dtype == np.float16
+    assert list(stored[0, 0, 0, :3]) == [65504, -65504, 65504]
+    stored, data = stored.astype(np.float32), data.copy()
+    data[0, 0, 0, :3] = stored[0, 0, 0, :3]
+    np.testing.assert_allclose(stored, data, rtol=2**-11)
+
+
+def test_uint8_quantises_with_scale_and_offset(tmp_path: Path) -> None:
+    scale, offset = 0.5, -20.0
+    data = responses(scale=30.0)
+    data[0, 0, 0, :3] = [-1e3, 1e3, np.nan]  # saturate low and high; NaN is stored as 0
+    path = write(tmp_path / "u.h5", data, dtype="uint8", scale=scale, offset=offset)
+    with h5py.File(path) as f:
+        r = f["responses"]
+        stored = r[()]
+        assert (r.attrs["scale"], r.attrs["offset"]) == (scale, offset)
+    assert stored.dtype == np.uint8
+    assert list(stored[0, 0, 0, :3]) == [0, 255, 0]
+    value = stored * scale + offset
+    clipped = np.clip(data, offset, 255 * scale + offset)
+    ok = np.isfinite(data)
+    assert np.all(np.abs(value - clipped)[ok] <= scale * (0.5 + 1e-4))
+    assert np.any((stored > 0) & (stored < 255))  # not all saturated
+    # CF's scale_factor/add_offset: xarray decodes the stored values to SPEC's value.
+    with xr.open_dataset(path, engine="h5netcdf") as ds:
+        np.testing.assert_allclose(ds.responses.values, value, rtol=1e-6)
+
+
+def test_xarray_opens_named_dimensions(tmp_path: Path) -> None:
+    data = responses((*SHAPE, 2))
+    path = write(tmp_path / "four.h5", data)
+    with xr.open_dataset(path, engine="h5netcdf") as ds:
+        assert ds.responses.dims == ("filter", "x", "y", "z", "t")
+        assert list(ds["filter"].values) == NAMES
+        assert ds.sizes["t"] == 2 and list(ds["x"].values) == list(range(SHAPE[0]))
+        np.testing.assert_array_equal(ds.responses.sel(filter="dx").values, data[1])
+        assert ds.kernels.dims == ("filter", "kx", "ky", "kz")
+        assert ds.attrs["source"] == "scans/a.nii.gz" and bool(ds.attrs["complete"])
+    with h5py.File(path) as f:
+        assert f["responses"].chunks == (1, 4, 6, 5, 1)
+
+
+def test_chunks_are_filled_by_whole_slabs() -> None:
+    assert chunk_shape((8, 128, 128, 128), 32, 4) == (1, 32, 128, 128)
+    assert chunk_shape((8, 128, 128, 128, 3), 200, 4) == (1, 128, 128, 128, 1)
+    # 16 MiB planes: at most 4 fit in 64 MiB, and the depth must divide the slab of 10.
+    assert chunk_shape((2, 100, 2048, 2048), 10, 4) == (1, 2, 2048, 2048)
+    assert chunk_shape((2, 100, 2048, 2048), 10, 1) == (1, 10, 2048, 2048)
+    assert chunk_shape((2, 100, 8192, 8192), 10, 4) == (1, 1, 8192, 8192)
+
+
+def test_temp_file_until_finished_then_renamed(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "out.h5"
+    data = responses()
+    with writer(path) as w:
+        temp = temp_path(path)
+        assert temp.parent == path.parent and temp.name.startswith(".out.h5.partial-")
+        for a in range(0, SHAPE[0], 4):
+            w.write_slab(a, min(a + 4, SHAPE[0]), data[:, a : a + 4].copy())
+        assert temp.exists() and not path.exists() and not is_complete(temp)
+        assert w.finish(attrs()) == path
+    assert is_complete(path) and list(path.parent.iterdir()) == [path]
+    assert w.write_seconds > 0
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_an_exception_leaves_no_file(tmp_path: Path, error: type[BaseException]) -> None:
+    path = tmp_path / "out.h5"
+    with pytest.raises(error), writer(path) as w:
+        w.write_slab(0, 4, responses()[:, :4].copy())
+        raise error
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_rows_are_never_marked_complete(tmp_path: Path) -> None:
+    path = tmp_path / "out.h5"
+    with pytest.raises(RuntimeError, match="row 4 of frame 0"), writer(path) as w:
+        w.write_slab(0, 4, responses()[:, :4].copy())
+        w.finish(attrs())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_thread_errors_raise_in_the_caller(tmp_path: Path) -> None:
+    path = tmp_path / "out.h5"
+    unwritable = np.full((3, 4, *SHAPE[1:]), "text", dtype=object)
+    with pytest.raises(RuntimeError, match="writing failed"), writer(path) as w:
+        w.write_slab(0, 4, unwritable)
+        w.finish(attrs())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_files_need_overwrite(tmp_path: Path) -> None:
+    path = tmp_path / "out.h5"
+    path.write_text("someone's notes")
+    with pytest.raises(OutputExistsError, match="not a complete volconv output") as info:
+        writer(path)
+    assert isinstance(info.value, FileExistsError | ValueError) and str(path) in str(info.value)
+    assert path.read_text() == "someone's notes" and list(tmp_path.iterdir()) == [path]
+
+    write(path, responses(), overwrite=True)
+    assert is_complete(path)
+    with pytest.raises(OutputExistsError, match="already complete"):
+        writer(path)
+    data = responses() + 1
+    write(path, data, overwrite=True)
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["responses"][()], data)
+
+
+def test_bad_options_name_the_value(tmp_path: Path) -> None:
+    with pytest.raises(OutputError, match="'brotli'"):
+        writer(tmp_path / "a.h5", compression="brotli")
+    with pytest.raises(OutputError, match="'int32'"):
+        writer(tmp_path / "a.h5", dtype="int32")
+    with pytest.raises(OutputError, match="scale"):
+        writer(tmp_path / "a.h5", dtype="uint8", scale=0.0)
+    (tmp_path / "dir.h5").mkdir()
+    with pytest.raises(OutputError, match=r"dir\.h5"):
+        writer(tmp_path / "dir.h5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.h5"]
+
+
+def test_write_slab_and_finish_check_their_arguments(tmp_path: Path) -> None:
+    path = tmp_path / "a.h5"
+    with pytest.raises(RuntimeError, match="without finish"), writer(path, (*SHAPE, 2)) as w:
+        with pytest.raises(ValueError, match="shape"):
+            w.write_slab(0, 4, np.zeros((3, 3, 6, 5), np.float32), frame=0)
+        with pytest.raises(ValueError, match="frame"):
+            w.write_slab(0, 4, np.zeros((3, 4, 6, 5), np.float32))
+        with pytest.raises(ValueError, match="rows"):
+            w.write_slab(8, 12, np.zeros((3, 4, 6, 5), np.float32), frame=1)
+    with pytest.raises(ValueError, match="missing root attributes device"), writer(path) as w:
+        for a in range(0, SHAPE[0], 4):
+            w.write_slab(a, min(a + 4, SHAPE[0]), responses()[:, a : a + 4].copy())
+        w.finish({k: v for k, v in attrs().items() if k != "device"})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stale_temp_files_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    path = tmp_path / "out.h5"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    ours = temp_path(path).name
+    stale = path.with_name(ours.replace(f"-{os.getpid()}.", f"-{dead.stdout.strip()}."))
+    stale.write_bytes(b"left by a killed run")
+    write(path, responses())
+    assert list(tmp_path.iterdir()) == [path]
