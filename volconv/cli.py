@@ -69,6 +69,57 @@ def filters() -> None:
     console.print(describe_types(), highlight=False, markup=False, soft_wrap=True)
 
 
+# -- run and validate: volconv.pipeline does the work ------------------------------------
+_PIPELINE = typer.Argument(..., metavar="PIPELINE.toml", help="The pipeline file.")
+_SET = typer.Option(
+    None, "--set", metavar="KEY=VALUE",
+    help="Override a key of the pipeline file, e.g. --set bank.boundary=nearest or "
+    "--set 'input.paths=[\"a.nii\"]'; the value is TOML, else text. Repeatable.",
+)  # fmt: skip
+_OVERWRITE = typer.Option(False, "--overwrite", help="Recompute outputs that already exist.")
+_DEVICE = typer.Option(
+    None, "--device", help="auto, gpu, cpu, a name fragment or platform:device ([run] device)."
+)
+
+
+@app.command()
+def run(
+    pipeline: str = _PIPELINE,
+    set_: list[str] | None = _SET,
+    overwrite: bool = _OVERWRITE,
+    device: str | None = _DEVICE,
+    report: str | None = typer.Option(None, "--report", metavar="FILE", help="Also as JSON."),
+) -> None:
+    """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
+    from rich.markup import escape
+
+    from volconv import pipeline as pl
+
+    try:
+        cfg = pl.load(pipeline, set_ or (), device=device)
+        pl.run_and_report(cfg, console, overwrite=overwrite, report=report)
+    except pl.USER_ERRORS as e:  # the pipeline's, bank's, inputs' and writer's: exit 2
+        raise UserError(escape(str(e))) from e  # main() prints markup: keep [input] as text
+
+
+@app.command()
+def validate(
+    pipeline: str = _PIPELINE,
+    set_: list[str] | None = _SET,
+    overwrite: bool = _OVERWRITE,
+    device: str | None = _DEVICE,
+) -> None:
+    """Check the pipeline, its bank and every input without computing; print the plan."""
+    from rich.markup import escape
+
+    from volconv import pipeline as pl
+
+    try:
+        pl.show_plan(pl.load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
+    except pl.USER_ERRORS as e:
+        raise UserError(escape(str(e))) from e
+
+
 def main() -> None:
     """Entry point: map exceptions to the exit statuses SPEC.md promises."""
     try:

@@ -1,0 +1,315 @@
+"""`volconv run` and `volconv validate` as users meet them: exit statuses, one-line messages for
+every mistake, and interrupted runs (SIGINT, SIGKILL) that leave nothing complete-looking and
+resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
+
+from volconv import convolve_bank
+from volconv.cli import UserError
+from volconv.pipeline import dump_toml
+
+BOX = [{"type": "box"}]
+
+
+def one_line_error(code: int, out: str, err: str, *words: str) -> str:
+    """Exit status 2, one line on stderr naming ``words``, no traceback."""
+    assert code == 2, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err + out
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def scan(tmp_path) -> Path:
+    np.save(tmp_path / "scan.npy", random_volume((6, 5, 4), "uint8"))
+    return tmp_path / "scan.npy"
+
+
+# -- every mistake a user makes: exit 2 and one line --------------------------------------
+TOML_MISTAKES = {
+    "bad TOML syntax": ("[input]\npaths = [scan.npy\n", ["not valid TOML", "line"]),
+    "unknown section": ("[inputs]\npaths = []\n", ["[inputs]", "did you mean [input]"]),
+    "no [input]": ("[bank]\n[[bank.filter]]\ntype = 'box'\n", ["missing section [input]"]),
+    "no input.paths": ("[input]\n[bank]\n[[bank.filter]]\ntype = 'box'\n", ["input.paths"]),
+}
+
+
+@pytest.mark.parametrize("case", TOML_MISTAKES, ids=list(TOML_MISTAKES))
+def test_broken_files(tmp_path, capsys, case):
+    text, words = TOML_MISTAKES[case]
+    (tmp_path / "p.toml").write_text(text)
+    for command in ("run", "validate"):
+        one_line_error(*volconv(command, tmp_path / "p.toml", capsys=capsys), "p.toml", *words)
+
+
+MISTAKES = {
+    # name: (filters, sections, --set items, words in the message)
+    "unknown key, suggested": (
+        BOX,
+        {"bank": {"boundry": "wrap"}},
+        [],
+        ["bank.boundry", "did you mean bank.boundary"],
+    ),
+    "unknown key in a filter": (
+        [{"type": "box", "szie": 3}],
+        {},
+        [],
+        ["bank.filter[0].szie", "size"],
+    ),
+    "unknown boundary": (
+        BOX,
+        {"bank": {"boundary": "reflective"}},
+        [],
+        ["bank.boundary", "'reflective'", "reflect"],
+    ),
+    "cval NaN": (BOX, {"bank": {"cval": float("nan")}}, [], ["bank.cval", "nan"]),
+    "cval not a number": (BOX, {"bank": {"cval": "zero"}}, [], ["bank.cval", "'zero'"]),
+    "empty bank": ([], {}, [], ["bank.filter", "empty"]),
+    "duplicate names": (
+        [{"name": "a", "type": "box"}, {"name": "a", "type": "log", "sigma": 1}],
+        {},
+        [],
+        ["bank.filter[1].name", "duplicate", "'a'"],
+    ),
+    "negative sigma": ([{"type": "gaussian", "sigma": -1}], {}, [], ["bank.filter[0].sigma", "-1"]),
+    "unknown filter type": (
+        [{"type": "gauss", "sigma": 1}],
+        {},
+        [],
+        ["bank.filter[0].type", "gaussian"],
+    ),
+    "even size": (BOX, {"bank": {"size": 4}}, [], ["bank.size", "odd"]),
+    "missing custom kernel": (
+        [{"type": "custom", "path": "nope.npy"}],
+        {},
+        [],
+        ["bank.filter[0].path", "nope.npy"],
+    ),
+    "missing input": (
+        BOX,
+        {"input": {"paths": ["nope.nii.gz"]}},
+        [],
+        ["nope.nii.gz", "no such file"],
+    ),
+    "glob matches nothing": (
+        BOX,
+        {"input": {"paths": ["scans/*.nii"]}},
+        [],
+        ["scans/*.nii", "matches no file"],
+    ),
+    "not a volume": (BOX, {"input": {"paths": ["pipeline.toml"]}}, [], ["pipeline.toml", "read"]),
+    "missing HDF5 dataset": (
+        BOX,
+        {"input": {"paths": ["v.h5:/nope"]}},
+        [],
+        ["v.h5", "/nope", "/data"],
+    ),
+    "bad output dtype": (
+        BOX,
+        {"output": {"dtype": "float64"}},
+        [],
+        ["output.dtype", "float64", "uint8"],
+    ),
+    "bad compression": (BOX, {"output": {"compression": "zip"}}, [], ["output.compression", "zip"]),
+    "scale without uint8": (BOX, {"output": {"scale": 2.0}}, [], ["output.scale", "uint8"]),
+    "zero scale": (BOX, {"output": {"dtype": "uint8", "scale": 0}}, [], ["output.scale", "0"]),
+    "unknown template field": (
+        BOX,
+        {"output": {"path": "out/{name}.h5"}},
+        [],
+        ["output.path", "{name}", "{stem}"],
+    ),
+    "unbalanced brace": (
+        BOX,
+        {"output": {"path": "out/{stem.h5"}},
+        [],
+        ["output.path", "out/{stem.h5"],
+    ),
+    "one output for two inputs": (
+        BOX,
+        {"input": {"paths": ["*.npy"]}, "output": {"path": "out.h5"}},
+        [],
+        ["output.path", "out.h5", "{stem}"],
+    ),
+    "output is a folder": (BOX, {"output": {"path": "folder"}}, [], ["folder"]),
+    "bad slab_depth": (BOX, {"run": {"slab_depth": 0}}, [], ["run.slab_depth", "0"]),
+    "unknown device": (BOX, {}, ["run.device=no-such-device"], ["run.device", "no-such-device"]),
+    "bad --set syntax": (BOX, {}, ["bank.boundary"], ["--set", "SECTION.KEY=VALUE"]),
+    "--set without section": (BOX, {}, ["boundary=wrap"], ["--set", "SECTION.KEY=VALUE"]),
+    "--set of a missing filter": (
+        BOX,
+        {},
+        ["bank.filter[3].sigma=1"],
+        ["bank.filter[3]", "1 entries"],
+    ),
+    "--set unknown key": (BOX, {}, ["output.pth=x.h5"], ["output.pth", "output.path"]),
+}
+
+
+@pytest.mark.parametrize("case", MISTAKES, ids=list(MISTAKES))
+def test_every_mistake_is_exit_2_and_one_line(tmp_path, scan, capsys, case):
+    filters, sections, sets, words = MISTAKES[case]
+    np.save(tmp_path / "other.npy", np.zeros((3, 3, 3), np.uint8))
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f["data"] = np.zeros((3, 3, 3), np.float32)
+    (tmp_path / "folder").mkdir()
+    sections = {"input": {"paths": ["scan.npy"]}, **sections}
+    pipeline = write_pipeline(tmp_path, filters, **sections)
+    args = [a for s in sets for a in ("--set", s)]
+    one_line_error(*volconv("validate", pipeline, *args, capsys=capsys), *words)
+    one_line_error(*volconv("run", pipeline, *args, capsys=capsys), *words)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_missing_pipeline_file_and_bad_device_option(tmp_path, scan, capsys):
+    one_line_error(*volconv("run", tmp_path / "nope.toml", capsys=capsys), "nope.toml", "not found")
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    one_line_error(*volconv("run", pipeline, "--device", "9:9", capsys=capsys), "--device '9:9'")
+    words = ("--report", "no/such/folder")
+    report = tmp_path / "no/such/folder/r.json"
+    one_line_error(*volconv("run", pipeline, "--report", report, capsys=capsys), *words)
+
+
+def test_a_file_that_is_not_a_volconv_output_is_kept(tmp_path, scan, capsys):
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out/scan.h5").write_text("my notes")
+    for command in ("validate", "run"):
+        code, out, err = volconv(command, pipeline, capsys=capsys)
+        one_line_error(
+            code, out, err, "out/scan.h5", "not a complete volconv output", "--overwrite"
+        )
+    assert (tmp_path / "out/scan.h5").read_text() == "my notes"
+    code, _, err = volconv("run", pipeline, "--overwrite", capsys=capsys)
+    assert code == 0, err
+    check_output(tmp_path / "out/scan.h5", np.load(scan).astype(np.float64)).close()
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    (tmp_path / "p.toml").write_text("[input\n")
+    with pytest.raises(UserError, match="not valid TOML"):  # main() lets it through
+        volconv("--debug", "run", tmp_path / "p.toml", capsys=capsys)
+
+
+def test_validate_prints_the_plan(tmp_path, scan, capsys):
+    np.save(tmp_path / "t.npy", random_volume((4, 5, 6, 3), "int16"))
+    filters = [
+        {"name": "s", "type": "gaussian", "sigma": 1, "size": 5},
+        {"type": "sobel", "axis": 1},
+    ]
+    pipeline = write_pipeline(tmp_path, filters, run={"slab_depth": 2})
+    code, out, err = volconv("validate", pipeline, capsys=capsys)
+    assert code == 0, err
+    for words in ("N = 2", "s, sobel_1", "scan.npy", "6x5x4 uint8", "t.npy", "4x5x6x3 int16",
+                  "kernels 5x5x5", "slab depth 2", "(3 slabs)", "(6 slabs)", "MiB", "(new)",
+                  str(tmp_path / "out/scan.h5"), str(tmp_path / "out/t.h5")):  # fmt: skip
+        assert words in out, words
+    assert not (tmp_path / "out").exists()  # nothing computed, nothing written
+
+
+# -- interrupted runs ---------------------------------------------------------------------
+def slow_pipeline(tmp_path: Path) -> Path:
+    """Two inputs: a.npy (quick) then b.npy (600 slabs of one row: a second or so)."""
+    np.save(tmp_path / "a.npy", random_volume((6, 5, 4), "uint8"))
+    np.save(tmp_path / "b.npy", random_volume((600, 48, 48), "uint8"))
+    filters = [{"type": "gaussian", "sigma": 2, "order": [0, 0, i % 3]} for i in range(8)]
+    for i, f in enumerate(filters):
+        f["name"] = f"g{i}"
+    data = {
+        "input": {"paths": ["a.npy", "b.npy"]},
+        "bank": {"size": 7, "filter": filters},
+        "output": {"path": "out/{stem}.h5"},
+        "run": {"device": DEVICE, "slab_depth": 1},
+    }
+    path = tmp_path / "slow.toml"
+    path.write_text(dump_toml(data))
+    return path
+
+
+def says_complete(path: Path) -> bool:
+    """Whether ``path`` opens as HDF5 with ``complete = True`` (a killed writer's file may
+    not open at all, or holds half-written objects)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return bool(f.attrs.get("complete", False))
+    except (OSError, KeyError, ValueError):
+        return False
+
+
+def start(pipeline: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "volconv", "run", str(pipeline)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_for_b_in_progress(proc: subprocess.Popen, out: Path, timeout: float = 60) -> None:
+    """Until a.h5 is complete and b.npy's temporary file exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        if (out / "a.h5").exists() and list(out.glob(".b.h5.partial-*")):
+            return
+        time.sleep(0.02)
+    proc.kill()
+    pytest.fail("the run did not reach b.npy")
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_interrupted_run_leaves_nothing_complete_and_resumes(tmp_path, capsys, how):
+    pipeline = slow_pipeline(tmp_path)
+    out = tmp_path / "out"
+    proc = start(pipeline)
+    wait_for_b_in_progress(proc, out)
+    proc.send_signal(how)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "Traceback" not in err
+    assert not (out / "b.h5").exists()  # nothing that looks finished
+    temps = list(out.glob(".b.h5.partial-*"))
+    if how == signal.SIGINT:
+        assert temps == []  # an interrupted run cleans up after itself
+    else:
+        (temp,) = temps  # a killed one cannot; its file does not say complete
+        assert not says_complete(temp)
+
+    code, text, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 0, err
+    assert "skipped" in text and "a.npy" in text and "done " in text and "b.npy" in text
+    with h5py.File(out / "b.h5") as f:  # scipy is slow at this size; the engine is tested
+        assert f.attrs["complete"]
+        whole = convolve_bank(np.load(tmp_path / "b.npy"), f["kernels"][()], device=DEVICE)
+        np.testing.assert_array_equal(f["responses"][()], whole)
+    assert list(out.glob(".*partial*")) == []  # the killed run's leftover is gone too
+    assert sorted(p.name for p in out.iterdir()) == ["a.h5", "b.h5"]
+
+
+def test_python_m_volconv(tmp_path, scan):
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    env = {**os.environ, "COLUMNS": "200"}
+    run = subprocess.run(
+        [sys.executable, "-m", "volconv", "run", str(pipeline)],
+        cwd=ROOT, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "of peak" in run.stdout and "GFLOP/s" in run.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "volconv", "run", str(pipeline), "--set", "bank.size=x"],
+        cwd=ROOT, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bank.size" in bad.stderr

@@ -1,0 +1,331 @@
+"""`volconv run`: pipeline files to HDF5 outputs equal to scipy.ndimage.convolve (SPEC.md).
+
+Every stored response is checked against scipy.ndimage.convolve (float64) of the input with
+the kernel stored beside it, at SPEC.md's tolerance, through the CLI as users run it: every
+example pipeline, 3D and 4D inputs, integer and float types, big-endian NIfTI, HDF5 and .npy
+inputs, forced slab depths, float16 and uint8 outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import h5py
+import nibabel as nib
+import numpy as np
+import pytest
+import scipy.ndimage as ndi
+from conftest import SPEC_ATOL, SPEC_RTOL, assert_spec_close, reference
+
+from volconv import cli
+from volconv.pipeline import dump_toml, load, parse_set
+
+ROOT = Path(__file__).resolve().parent.parent
+PIPELINES = sorted((ROOT / "pipelines").glob("*.toml"))
+DEVICE = os.environ.get("VOLCONV_TEST_DEVICE", "cpu")
+RNG = np.random.default_rng(20261122)
+
+
+# -- helpers shared with test_cli.py ------------------------------------------------------
+def volconv(*args: str, capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    """Run the CLI in this process as ``volconv ARGS``: (exit status, stdout, stderr)."""
+    argv, soft_wrap = sys.argv, cli.err.soft_wrap
+    sys.argv = ["volconv", *map(str, args)]
+    # An error is one line; off a terminal rich would break it at 80 columns unless told.
+    cli.err.soft_wrap = True
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, cli.err.soft_wrap = argv, soft_wrap
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def random_volume(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return (RNG.standard_normal(shape) * 40).astype(dt)
+    info = np.iinfo(dt)
+    lo, hi = max(info.min, -2000), min(info.max, 2000)
+    return RNG.integers(lo, hi, shape, endpoint=True).astype(dt)
+
+
+def write_pipeline(folder: Path, filters: list[dict], **sections: dict) -> Path:
+    """A pipeline file in ``folder`` with the given filters; sections override the rest."""
+    data = {
+        "input": {"paths": ["*.npy"]},
+        "bank": {"size": 3, "boundary": "reflect", "filter": filters},
+        "output": {"path": "out/{stem}.h5"},
+        "run": {"device": DEVICE},
+    }
+    for name, body in sections.items():
+        data[name] = {**data.get(name, {}), **body}
+    path = folder / "pipeline.toml"
+    path.write_text(dump_toml(data))
+    return path
+
+
+def load_input(path: Path) -> np.ndarray:
+    """The input as SPEC.md's oracle reads it."""
+    if path.suffix == ".npy":
+        return np.load(path).astype(np.float64)
+    return nib.load(path).get_fdata()
+
+
+def check_output(
+    out_path: Path, volume: np.ndarray, boundary: str = "reflect", cval: float = 0.0
+) -> h5py.File:
+    """Every response of ``out_path`` equals scipy's convolution with the stored kernel."""
+    f = h5py.File(out_path, "r")
+    assert f.attrs["complete"]
+    responses, kernels = f["responses"], f["kernels"][()].astype(np.float64)
+    assert responses.shape == (len(kernels), *volume.shape)
+    assert responses.attrs["boundary"] == boundary
+    frames = [volume] if volume.ndim == 3 else [volume[..., t] for t in range(volume.shape[3])]
+    for t, frame in enumerate(frames):
+        stored = responses[()] if volume.ndim == 3 else responses[..., t]
+        ref = reference(frame, kernels, boundary, cval)
+        check_stored(stored, ref, frame, kernels, responses.attrs)
+    return f
+
+
+def check_stored(stored, ref, volume, kernels, attrs) -> None:
+    """SPEC tolerance for float32; for float16 and uint8 also their own rounding."""
+    if stored.dtype == np.float32:
+        assert_spec_close(stored, volume, kernels, ref)
+        return
+    vmax = float(np.max(np.abs(volume)))
+    for k, kernel in enumerate(kernels):
+        tol = SPEC_RTOL * float(np.sum(np.abs(kernel))) * vmax + SPEC_ATOL
+        if stored.dtype == np.float16:
+            err = np.abs(stored[k].astype(np.float64) - ref[k])
+            assert np.all(err <= tol + np.abs(ref[k]) * 2.0**-11 + 2.0**-24), k
+        else:  # uint8: value = stored * scale + offset, saturating
+            scale, offset = float(attrs["scale"]), float(attrs["offset"])
+            want = np.clip((ref[k] - offset) / scale, 0, 255)
+            err = np.abs(stored[k].astype(np.float64) - want)
+            assert np.all(err <= 0.5 + tol / scale + 1e-6), k
+
+
+# -- every example pipeline ---------------------------------------------------------------
+@pytest.mark.parametrize("pipeline", PIPELINES, ids=[p.stem for p in PIPELINES])
+def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
+    # small: scipy's float64 reference of 52 filters of 25^3 is the slow part
+    volume = random_volume((5, 6, 7), "uint8")
+    np.save(tmp_path / "scan.npy", volume)
+    sets = [
+        "--set", f'input.paths=["{tmp_path / "scan.npy"}"]',
+        "--set", f"output.path={tmp_path}/out/{{stem}}.h5",
+    ]  # fmt: skip
+    code, out, err = volconv("validate", pipeline, *sets, "--device", DEVICE, capsys=capsys)
+    assert code == 0, err
+    assert "scan.npy" in out and "(new)" in out
+    report = tmp_path / "report.json"
+    code, out, err = volconv(
+        "run", pipeline, *sets, "--device", DEVICE, "--report", report, capsys=capsys
+    )
+    assert code == 0, err
+    assert "of peak" in out and "kernel" in out
+    cfg = tomllib.loads(pipeline.read_text())
+    boundary = cfg["bank"].get("boundary", "reflect")
+    with check_output(tmp_path / "out" / "scan.h5", volume.astype(np.float64), boundary) as f:
+        names = [n.decode() for n in f["filter"][()]]
+        assert len(names) == len(f["kernels"]) == len(set(names))
+        stored = tomllib.loads(f.attrs["pipeline"])  # the pipeline after --set, re-runnable
+        assert stored["input"]["paths"] == [str(tmp_path / "scan.npy")]
+        assert stored["bank"] == cfg["bank"]
+        assert (
+            f.attrs["source_sha256"]
+            == hashlib.sha256((tmp_path / "scan.npy").read_bytes()).hexdigest()
+        )
+        gflop = 2 * len(names) * math.prod(f["kernels"].shape[1:]) * volume.size / 1e9
+        assert f.attrs["gflop"] == pytest.approx(gflop)
+        assert f.attrs["gflops"] == pytest.approx(gflop / f.attrs["kernel_seconds"])
+        peak = f.attrs["peak_gflops"]
+        assert math.isnan(peak) or f.attrs["fraction_of_peak"] == pytest.approx(
+            f.attrs["gflops"] / peak
+        )
+    doc = json.loads(report.read_text())
+    (entry,) = doc["inputs"]
+    assert entry["status"] == "done" and entry["gflop"] == pytest.approx(gflop)
+    assert set(entry["stages"]) == {
+        "read", "upload", "pad", "kernel", "download", "write", "wall"
+    }  # fmt: skip
+
+
+# -- inputs: dimensions, types, byte orders, formats, slab depths -------------------------
+@pytest.mark.parametrize(
+    ("shape", "dtype", "slab_depth", "boundary"),
+    [
+        ((11, 9, 10), "uint8", None, "reflect"),
+        ((11, 9, 10), "int16", 2, "mirror"),
+        ((7, 8, 9), "float32", 3, "wrap"),
+        ((6, 7, 8, 3), "float64", None, "nearest"),  # 4D: T frames along the last axis
+        ((6, 7, 8, 2), "uint16", 1, "constant"),
+    ],
+)
+def test_inputs_of_every_kind(tmp_path, capsys, shape, dtype, slab_depth, boundary):
+    volume = random_volume(shape, dtype)
+    np.save(tmp_path / "vol.npy", volume)
+    filters = [
+        {"type": "gaussian", "sigma": 1.0, "order": [0, 1, 0]},
+        {"type": "custom", "path": "k.npy"},
+    ]
+    kernel = RNG.standard_normal((2, 3, 4))
+    np.save(tmp_path / "k.npy", kernel)
+    run = {"slab_depth": slab_depth} if slab_depth else {}
+    pipeline = write_pipeline(
+        tmp_path, filters, input={"paths": ["vol.npy"]}, bank={"boundary": boundary, "cval": -3.5},
+        run=run,
+    )  # fmt: skip
+    code, _, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 0, err
+    cval = -3.5 if boundary == "constant" else 0.0
+    with check_output(tmp_path / "out/vol.h5", volume.astype(np.float64), boundary, cval) as f:
+        np.testing.assert_array_equal(f["kernels"][1, :, :, :], _padded(kernel, (3, 3, 4)))
+        assert f["responses"].dims[0].label == "filter"
+
+
+def _padded(kernel: np.ndarray, extent: tuple[int, ...]) -> np.ndarray:
+    """``kernel`` zero-padded to ``extent`` with its centre (k // 2) kept (stack_kernels)."""
+    out = np.zeros(extent, np.float32)
+    start = [e // 2 - k // 2 for e, k in zip(extent, kernel.shape, strict=True)]
+    out[tuple(slice(s, s + k) for s, k in zip(start, kernel.shape, strict=True))] = kernel
+    return out
+
+
+def test_big_endian_scaled_nifti_and_hdf5_inputs(tmp_path, capsys):
+    data = random_volume((10, 9, 8), "int16")
+    header = nib.Nifti1Header(endianness=">")
+    header.set_data_dtype(np.int16)
+    img = nib.Nifti1Image(data, np.diag([0.8, 0.8, 2.5, 1.0]), header)
+    img.header.set_slope_inter(0.5, 10.0)  # scaled: the oracle is get_fdata()
+    nib.save(img, tmp_path / "be.nii")
+    assert nib.load(tmp_path / "be.nii").header.endianness == ">"
+    with h5py.File(tmp_path / "vols.h5", "w") as f:
+        f["group/data"] = data.astype(">f4")
+    filters = [{"name": "smooth_mm", "type": "gaussian", "sigma": 2.0, "units": "mm"}]
+    pipeline = write_pipeline(
+        tmp_path, filters, input={"paths": ["be.nii", "vols.h5:/group/data"]},
+        bank={"size": 5}, output={"path": "out/{parent}_{stem}.h5"},
+    )  # fmt: skip
+    code, _, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 0, err
+    stem = tmp_path.name
+    with check_output(tmp_path / f"out/{stem}_be.h5", load_input(tmp_path / "be.nii")) as f:
+        np.testing.assert_allclose(f.attrs["affine"], np.diag([0.8, 0.8, 2.5, 1.0]))
+        np.testing.assert_allclose(f.attrs["voxel_size"], [0.8, 0.8, 2.5])
+        # sigma 2 mm is 2.5, 2.5 and 0.8 voxels: the kernel is built for this input's voxels
+        k = f["kernels"][0]
+        assert np.argmax(k[2, 2, :]) == 2 and k[2, 2, 0] < 0.1 * k[2, 0, 2]
+    with check_output(tmp_path / f"out/{stem}_vols.h5", data.astype(np.float64)) as f:
+        assert f.attrs["source"].endswith("vols.h5:/group/data")
+
+
+def test_generated_gaussian_derivatives_equal_gaussian_filter(tmp_path, capsys):
+    """SPEC: gaussian with order equals gaussian_filter(..., order, truncate) in constant mode."""
+    volume = random_volume((12, 11, 10), "float32")
+    np.save(tmp_path / "v.npy", volume)
+    filters = [{"type": "gaussian", "sigma": [1.0, 1.5, 0.8], "order": [0, 1, 2]}]
+    pipeline = write_pipeline(tmp_path, filters, bank={"size": 7, "boundary": "constant"})
+    code, _, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 0, err
+    ref = ndi.gaussian_filter(
+        volume.astype(np.float64), [1.0, 1.5, 0.8], order=[0, 1, 2], mode="constant",
+        truncate=3, radius=3,
+    )  # fmt: skip
+    with h5py.File(tmp_path / "out/v.h5") as f:
+        kernels = f["kernels"][()].astype(np.float64)
+        assert_spec_close(f["responses"][()], volume, kernels, ref[None])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "extra"), [("float16", {}), ("uint8", {"scale": 0.5, "offset": -20.0})]
+)
+def test_float16_and_uint8_outputs(tmp_path, capsys, dtype, extra):
+    volume = random_volume((9, 8, 7), "int16") // 40
+    np.save(tmp_path / "v.npy", volume)
+    filters = [{"type": "box"}, {"type": "sobel", "axis": 0}]
+    pipeline = write_pipeline(
+        tmp_path, filters, output={"dtype": dtype, "compression": "gzip", **extra}
+    )
+    code, _, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 0, err
+    with check_output(tmp_path / "out/v.h5", volume.astype(np.float64)) as f:
+        assert f["responses"].dtype == np.dtype(dtype)
+        if dtype == "uint8":
+            assert f["responses"].attrs["scale"] == 0.5
+            assert f["responses"].attrs["offset"] == -20.0
+
+
+def test_xarray_opens_the_output_with_named_dims(tmp_path, capsys):
+    xr = pytest.importorskip("xarray")
+    np.save(tmp_path / "v.npy", random_volume((5, 6, 7, 2), "uint8"))
+    pipeline = write_pipeline(tmp_path, [{"name": "a", "type": "box"}, {"type": "log", "sigma": 1}])
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    with xr.open_dataset(tmp_path / "out/v.h5", engine="h5netcdf") as ds:
+        assert ds["responses"].dims == ("filter", "x", "y", "z", "t")
+        assert list(ds["filter"].values) == ["a", "log_1"]
+        assert ds["responses"].sel(filter="a").shape == (5, 6, 7, 2)
+
+
+# -- several inputs, resuming, reports ----------------------------------------------------
+def test_rerun_skips_complete_outputs_and_overwrite_recomputes(tmp_path, capsys):
+    for name in ("a", "b"):
+        np.save(tmp_path / f"{name}.npy", random_volume((6, 5, 4), "uint8"))
+    pipeline = write_pipeline(tmp_path, [{"type": "box"}])
+    code, out, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 0, err
+    assert out.count("done ") == 2 and "total" in out
+    (tmp_path / "out/a.h5").unlink()
+    before = (tmp_path / "out/b.h5").stat().st_mtime_ns
+    code, out, _ = volconv("run", pipeline, "--report", tmp_path / "r.json", capsys=capsys)
+    assert code == 0
+    assert "skipped" in out and "b.npy" in out and out.count("done ") == 1
+    assert (tmp_path / "out/b.h5").stat().st_mtime_ns == before
+    statuses = {Path(e["source"]).name: e["status"] for e in json.loads(
+        (tmp_path / "r.json").read_text())["inputs"]}  # fmt: skip
+    assert statuses == {"a.npy": "done", "b.npy": "skipped"}
+    code, out, _ = volconv("run", pipeline, "--overwrite", capsys=capsys)
+    assert code == 0 and out.count("done ") == 2
+    assert (tmp_path / "out/b.h5").stat().st_mtime_ns != before
+    code, out, _ = volconv("validate", pipeline, capsys=capsys)
+    assert code == 0 and out.count("complete: skipped") == 2
+
+
+# -- the pipeline file itself -------------------------------------------------------------
+def test_set_values_are_toml_else_text():
+    assert parse_set("bank.size=[3, 5, 7]") == (["bank", "size"], [3, 5, 7])
+    assert parse_set("bank.cval=-1.5") == (["bank", "cval"], -1.5)
+    assert parse_set("run.device=0:1") == (["run", "device"], "0:1")
+    assert parse_set("input.paths=scans/*.nii.gz") == (["input", "paths"], "scans/*.nii.gz")
+    assert parse_set('output.path="x = {stem}.h5"') == (["output", "path"], "x = {stem}.h5")
+    assert parse_set("bank.filter[2].sigma=2") == (["bank", "filter", 2, "sigma"], 2)
+
+
+def test_dump_toml_round_trips_every_example():
+    for path in PIPELINES:
+        data = tomllib.loads(path.read_text())
+        assert tomllib.loads(dump_toml(data)) == data, path
+    odd = {"a": {"k y": 'q"\\\n', "n": [1.5, float("inf")], "t": {"x": True}}, "b": {"c": []}}
+    assert tomllib.loads(dump_toml(odd)) == odd
+
+
+def test_relative_paths_and_overrides(tmp_path):
+    (tmp_path / "sub").mkdir()
+    pipeline = write_pipeline(tmp_path / "sub", [{"type": "box"}, {"type": "box", "size": 5}])
+    cfg = load(pipeline, ["bank.filter[1].size=3", "bank.filter[0].name=first", "run.slab_depth=4"])
+    assert cfg.base_dir == (tmp_path / "sub").resolve()
+    assert cfg.filters[1]["size"] == 3 and cfg.filters[0]["name"] == "first"
+    assert cfg.slab_depth == 4
+    assert tomllib.loads(cfg.text)["bank"]["filter"][1]["size"] == 3
+    assert load(pipeline, device="cpu").device == "cpu"

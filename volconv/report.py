@@ -1,0 +1,181 @@
+"""The throughput record (SPEC.md "Throughput"), per-stage seconds and how a run shows them.
+
+`throughput` makes the record stored on every output's root; `VolumeReport` is one input's
+record plus seconds per stage; `summary_line`, `summary_table` and `report_json` show the
+same numbers on a terminal and in ``--report FILE``. An unknown peak is NaN in the file, null in
+JSON and "unknown" on screen, never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.box import SIMPLE_HEAD
+from rich.table import Table
+
+# Seconds per stage: host reading, the device's four (OpenCL profiling), host writing, wall.
+STAGES = ("read", "upload", "pad", "kernel", "download", "write", "wall")
+
+
+def throughput(
+    gflop: float,
+    kernel_seconds: float,
+    wall_seconds: float,
+    peak_gflops: float | None,
+    measured_peak_gflops: float | None = None,
+) -> dict[str, float]:
+    """The record SPEC.md stores: GFLOP counted 2·N·|K|·voxels, GFLOP/s over kernel time."""
+    gflops = gflop / kernel_seconds if kernel_seconds > 0 else math.nan
+    peak = math.nan if peak_gflops is None else float(peak_gflops)
+    record = {
+        "gflop": float(gflop),
+        "kernel_seconds": float(kernel_seconds),
+        "wall_seconds": float(wall_seconds),
+        "gflops": float(gflops),
+        "peak_gflops": peak,
+        "fraction_of_peak": gflops / peak if peak > 0 else math.nan,
+    }
+    if measured_peak_gflops is not None:
+        record["measured_peak_gflops"] = float(measured_peak_gflops)
+    return record
+
+
+@dataclass
+class VolumeReport:
+    """One input of a run: where it went, the throughput record and seconds per stage."""
+
+    source: str
+    output: str
+    shape: tuple[int, ...]
+    n_filters: int
+    status: str  # "done" | "skipped"
+    dtype: str = ""
+    extents: tuple[int, ...] = ()
+    slab_depth: int = 0
+    n_slabs: int = 0
+    gflop: float = math.nan
+    kernel_seconds: float = math.nan
+    wall_seconds: float = math.nan
+    gflops: float = math.nan
+    peak_gflops: float = math.nan
+    fraction_of_peak: float = math.nan
+    measured_peak_gflops: float | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def skipped(cls, source: str, output: str, shape: tuple[int, ...], n: int) -> VolumeReport:
+        return cls(source, output, tuple(int(s) for s in shape), n, "skipped")
+
+
+def fmt_gflops(v: float) -> str:
+    if not math.isfinite(v):
+        return "unknown"
+    return f"{v / 1000:.2f} TFLOP/s" if v >= 1000 else f"{v:.1f} GFLOP/s"
+
+
+def fmt_fraction(v: float) -> str:
+    return f"{100 * v:.1f} %" if math.isfinite(v) else "unknown"
+
+
+def fmt_seconds(v: float) -> str:
+    if not math.isfinite(v):
+        return "-"
+    return f"{v * 1000:.1f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def summary_line(r: VolumeReport) -> str:
+    """One line per volume: path, shape, N, seconds, GFLOP/s, fraction of peak."""
+    shape = "x".join(map(str, r.shape))
+    if r.status == "skipped":
+        return f"skipped {r.source}: {r.output} is complete (--overwrite recomputes it)"
+    return (
+        f"done {r.source} ({shape} {r.dtype}, N={r.n_filters}, "
+        f"{'x'.join(map(str, r.extents))}) -> {r.output}: {r.wall_seconds:.2f} s, "
+        f"{fmt_gflops(r.gflops)}, {fmt_fraction(r.fraction_of_peak)} of peak"
+    )
+
+
+def _labels(reports: list[VolumeReport]) -> list[str]:
+    """File names where they tell the inputs apart, else the paths as given."""
+    names = [Path(r.source).name for r in reports]
+    return names if len(set(names)) == len(names) else [r.source for r in reports]
+
+
+def summary_table(reports: list[VolumeReport], device: str, peak_gflops: float | None) -> Table:
+    """Per input: GFLOP, GFLOP/s, fraction of peak and seconds per stage."""
+    peak = fmt_gflops(math.nan if peak_gflops is None else peak_gflops)
+    table = Table(caption=f"on {device}; FP32 peak {peak}", caption_justify="left", box=SIMPLE_HEAD)
+    table.add_column("input", overflow="fold")
+    for name in ("GFLOP", "GFLOP/s", "of peak", *STAGES):
+        table.add_column(name, justify="right")
+    measured = any(r.measured_peak_gflops is not None for r in reports)
+    if measured:
+        table.add_column("of measured", justify="right")
+    done = [r for r in reports if r.status == "done"]
+    for r, label in zip(reports, _labels(reports), strict=True):
+        if r.status != "done":
+            table.add_row(label, "skipped", *[""] * (len(STAGES) + 1 + measured))
+            continue
+        row = [
+            label, f"{r.gflop:.1f}", _gflops_cell(r.gflops),
+            fmt_fraction(r.fraction_of_peak), *(fmt_seconds(r.stages[s]) for s in STAGES),
+        ]  # fmt: skip
+        if measured:
+            m = r.measured_peak_gflops
+            row.append(fmt_fraction(r.gflops / m) if m else "unknown")
+        table.add_row(*row)
+    if len(done) > 1:
+        total = totals(done)
+        row = [
+            "total", f"{total['gflop']:.1f}", _gflops_cell(total["gflops"]),
+            fmt_fraction(total["fraction_of_peak"]),
+            *(fmt_seconds(total["stages"][s]) for s in STAGES),
+        ]  # fmt: skip
+        if measured:
+            row.append("")
+        table.add_row(*row, style="bold")
+    return table
+
+
+def _gflops_cell(v: float) -> str:
+    return f"{v:.1f}" if math.isfinite(v) else "unknown"
+
+
+def totals(done: list[VolumeReport]) -> dict[str, Any]:
+    """The run's sums: GFLOP, seconds per stage; GFLOP/s over the summed kernel time."""
+    gflop = sum(r.gflop for r in done)
+    stages = {s: sum(r.stages.get(s, 0.0) for r in done) for s in STAGES}
+    peak = next((r.peak_gflops for r in done), math.nan)
+    record = throughput(gflop, stages["kernel"], stages["wall"], peak)
+    return {**record, "stages": stages}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def report_json(
+    reports: list[VolumeReport], meta: dict[str, Any], path: str | Path | None = None
+) -> dict[str, Any]:
+    """The run as a JSON document (unknown numbers are null); written to ``path`` if given."""
+    done = [r for r in reports if r.status == "done"]
+    doc = {
+        **meta,
+        "stages": list(STAGES),
+        "inputs": [asdict(r) for r in reports],
+        "total": totals(done) if done else None,
+    }
+    doc = _jsonable(doc)
+    if path is not None:
+        Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
