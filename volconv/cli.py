@@ -78,7 +78,7 @@ _SET = typer.Option(
 )  # fmt: skip
 _OVERWRITE = typer.Option(False, "--overwrite", help="Recompute outputs that already exist.")
 _DEVICE = typer.Option(
-    None, "--device", help="auto, gpu, cpu, a name fragment or platform:device ([run] device)."
+    None, "--device", help="auto, gpu, cpu, a name fragment or platform:device (over run.device)."
 )
 
 
@@ -88,7 +88,9 @@ def run(
     set_: list[str] | None = _SET,
     overwrite: bool = _OVERWRITE,
     device: str | None = _DEVICE,
-    report: str | None = typer.Option(None, "--report", metavar="FILE", help="Also as JSON."),
+    report: str | None = typer.Option(
+        None, "--report", metavar="FILE", help="Also write the summary table as JSON to FILE."
+    ),
 ) -> None:
     """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
     from rich.markup import escape

@@ -42,7 +42,7 @@ from volconv.boundary import MODES
 from volconv.device import NoDeviceError, list_devices, select_device
 from volconv.engine import BankConvolver, native_volume
 from volconv.io import InputError, Volume, expand_inputs, open_volume
-from volconv.peak import theoretical_peak
+from volconv.peak import measured_peak, theoretical_peak
 from volconv.plan import Plan, make_plan
 from volconv.report import (
     VolumeReport,
@@ -417,6 +417,18 @@ def output_path(cfg: Config, volume: Volume) -> Path:
     return path if path.is_absolute() else cfg.base_dir / path
 
 
+# Slabs per frame the pipeline aims for: with one slab nothing overlaps (read, then compute,
+# then write); with several, reading slab i + 1, computing slab i and writing slab i - 1 run
+# at once. Smaller slabs cost only the halo rows read twice and more launches.
+STREAM_SLABS = 4
+MIN_STREAM_DEPTH = 32
+
+
+def streaming_depth(rows: int) -> int:
+    """The slab depth the pipeline streams ``rows`` rows in (the plan's, where shallower)."""
+    return max(MIN_STREAM_DEPTH, math.ceil(rows / STREAM_SLABS))
+
+
 def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> list[Job]:
     """Open every input's header, build its bank, plan it and check its output path."""
     try:
@@ -443,6 +455,8 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
                 shape3, native_volume(np.empty(0, volume.dtype)).dtype, kernels.shape[1:],
                 kernels.shape[0], cfg.boundary, cfg.cval, device, slab_depth=cfg.slab_depth,
             )  # fmt: skip
+            if cfg.slab_depth is None and plan.slab_depth > streaming_depth(plan.shape[0]):
+                plan = replace(plan, slab_depth=streaming_depth(plan.shape[0]))
         except ValueError as e:
             raise PipelineError(f"{spec}: {e}") from None
         out = output_path(cfg, volume)
@@ -472,6 +486,7 @@ class RunResult:
     device: cl.Device
     peak_gflops: float | None
     peak_how: str
+    measured_peak_gflops: float | None
     reports: list[VolumeReport] = field(default_factory=list)
 
 
@@ -509,7 +524,7 @@ def run(
     device = choose_device(cfg)
     jobs = plan_jobs(cfg, device, overwrite=overwrite)
     peak = theoretical_peak(device)
-    result = RunResult(device, peak.gflops, peak.how)
+    result = RunResult(device, peak.gflops, peak.how, measured_peak(device))  # probe: cached
     if on_plan:
         on_plan(jobs)
     convolvers = _Convolvers(cfg, device)
@@ -519,9 +534,7 @@ def run(
                 report = VolumeReport.skipped(job.spec, str(job.output), job.volume.shape,
                                               len(job.filters))  # fmt: skip
             else:
-                report = _run_job(
-                    cfg, job, overwrite, convolvers.get(job), pool, peak.gflops, on_slab
-                )
+                report = _run_job(cfg, job, overwrite, convolvers.get(job), pool, result, on_slab)
             result.reports.append(report)
             if on_volume:
                 on_volume(report)
@@ -538,7 +551,7 @@ def _run_job(
     overwrite: bool,
     conv: BankConvolver,
     pool: ThreadPoolExecutor,
-    peak_gflops: float | None,
+    peaks: RunResult,
     on_slab: Callable[[Job], None] | None,
 ) -> VolumeReport:
     t_start = time.perf_counter()
@@ -581,7 +594,8 @@ def _run_job(
             gflop=conv.gflop * frames,
             kernel_seconds=stages["kernel"],
             wall_seconds=time.perf_counter() - t_start,
-            peak_gflops=peak_gflops,
+            peak_gflops=peaks.peak_gflops,
+            measured_peak_gflops=peaks.measured_peak_gflops,
         )
         attrs = {
             "affine": np.asarray(volume.affine, np.float64),
@@ -634,12 +648,13 @@ def run_and_report(
         result = run(cfg, overwrite=overwrite, on_plan=on_plan, on_slab=on_slab,
                      on_volume=on_volume)  # fmt: skip
     name = device_name(result.device)
-    table = summary_table(result.reports, name, result.peak_gflops)
+    table = summary_table(result.reports, name, result.peak_gflops, result.measured_peak_gflops)
     _wide(console).print(table)
     if report is not None:
         meta = {
             "pipeline": str(cfg.source), "volconv_version": volconv.__version__,
             "device": name, "peak_gflops": result.peak_gflops, "peak_how": result.peak_how,
+            "measured_peak_gflops": result.measured_peak_gflops,
         }  # fmt: skip
         report_json(result.reports, meta, report)
     return result

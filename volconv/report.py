@@ -39,8 +39,10 @@ def throughput(
         "peak_gflops": peak,
         "fraction_of_peak": gflops / peak if peak > 0 else math.nan,
     }
-    if measured_peak_gflops is not None:
-        record["measured_peak_gflops"] = float(measured_peak_gflops)
+    # beside it, as SPEC.md says: what an FMA probe reached on this device (NaN: unknown)
+    measured = math.nan if measured_peak_gflops is None else float(measured_peak_gflops)
+    record["measured_peak_gflops"] = measured
+    record["fraction_of_measured_peak"] = gflops / measured if measured > 0 else math.nan
     return record
 
 
@@ -63,7 +65,8 @@ class VolumeReport:
     gflops: float = math.nan
     peak_gflops: float = math.nan
     fraction_of_peak: float = math.nan
-    measured_peak_gflops: float | None = None
+    measured_peak_gflops: float = math.nan
+    fraction_of_measured_peak: float = math.nan
     stages: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -105,14 +108,22 @@ def _labels(reports: list[VolumeReport]) -> list[str]:
     return names if len(set(names)) == len(names) else [r.source for r in reports]
 
 
-def summary_table(reports: list[VolumeReport], device: str, peak_gflops: float | None) -> Table:
+def summary_table(
+    reports: list[VolumeReport],
+    device: str,
+    peak_gflops: float | None,
+    measured_peak_gflops: float | None = None,
+) -> Table:
     """Per input: GFLOP, GFLOP/s, fraction of peak and seconds per stage."""
     peak = fmt_gflops(math.nan if peak_gflops is None else peak_gflops)
-    table = Table(caption=f"on {device}; FP32 peak {peak}", caption_justify="left", box=SIMPLE_HEAD)
+    caption = f"on {device}; FP32 peak {peak}"
+    if measured_peak_gflops is not None:
+        caption += f", measured by an FMA probe {fmt_gflops(measured_peak_gflops)}"
+    table = Table(caption=caption, caption_justify="left", box=SIMPLE_HEAD)
     table.add_column("input", overflow="fold")
     for name in ("GFLOP", "GFLOP/s", "of peak", *STAGES):
         table.add_column(name, justify="right")
-    measured = any(r.measured_peak_gflops is not None for r in reports)
+    measured = any(math.isfinite(r.measured_peak_gflops) for r in reports)
     if measured:
         table.add_column("of measured", justify="right")
     done = [r for r in reports if r.status == "done"]
@@ -125,8 +136,7 @@ def summary_table(reports: list[VolumeReport], device: str, peak_gflops: float |
             fmt_fraction(r.fraction_of_peak), *(fmt_seconds(r.stages[s]) for s in STAGES),
         ]  # fmt: skip
         if measured:
-            m = r.measured_peak_gflops
-            row.append(fmt_fraction(r.gflops / m) if m else "unknown")
+            row.append(fmt_fraction(r.fraction_of_measured_peak))
         table.add_row(*row)
     if len(done) > 1:
         total = totals(done)
@@ -136,7 +146,7 @@ def summary_table(reports: list[VolumeReport], device: str, peak_gflops: float |
             *(fmt_seconds(total["stages"][s]) for s in STAGES),
         ]  # fmt: skip
         if measured:
-            row.append("")
+            row.append(fmt_fraction(total["fraction_of_measured_peak"]))
         table.add_row(*row, style="bold")
     return table
 
@@ -150,7 +160,8 @@ def totals(done: list[VolumeReport]) -> dict[str, Any]:
     gflop = sum(r.gflop for r in done)
     stages = {s: sum(r.stages.get(s, 0.0) for r in done) for s in STAGES}
     peak = next((r.peak_gflops for r in done), math.nan)
-    record = throughput(gflop, stages["kernel"], stages["wall"], peak)
+    measured = next((r.measured_peak_gflops for r in done), math.nan)
+    record = throughput(gflop, stages["kernel"], stages["wall"], peak, measured)
     return {**record, "stages": stages}
 
 
