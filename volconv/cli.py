@@ -122,6 +122,97 @@ def validate(
         raise UserError(escape(str(e))) from e
 
 
+# -- bench: volconv.bench does the work ---------------------------------------------------
+@app.command()
+def bench(
+    size: str = typer.Option("256", help="Volume edge, or three edges: 256 or 256,256,128."),
+    n: int = typer.Option(8, "--n", help="Filters in the bank."),
+    extent: str = typer.Option("7", help="Kernel extent, or three: 7 or 7,7,5."),
+    mode: str = typer.Option("reflect", help="Boundary mode (scipy.ndimage's names)."),
+    dtype: str = typer.Option("uint8", help="Voxel type: uint8, int8, uint16, int16, float32."),
+    device: str | None = typer.Option(
+        None, "--device", help="auto, gpu, cpu, a name fragment or platform:device."
+    ),
+    repeats: int = typer.Option(10, min=1, help="Timed launches per point (median)."),
+    sweep_n: str = typer.Option("1,2,4,8,13,16,32", help="N values, plan's own knobs ('' skips)."),
+    sweep_unroll: str = typer.Option(
+        "1,2,4,8,16,24,32", help="CONV_UNROLL values at --n ('' skips)."
+    ),
+    sweep_local: str = typer.Option(
+        "8x8,16x8,16x16,32x4", help="Work-group shapes z x y, crossed with --sweep-unroll."
+    ),
+    peers: bool = typer.Option(False, "--peers", help="Also time scipy, torch and cupyx."),
+    peer_size: int = typer.Option(64, min=1, help="Volume edge for scipy (it is slow)."),
+    json_path: str | None = typer.Option(None, "--json", metavar="FILE", help="Write JSON."),
+    plot: str | None = typer.Option(None, "--plot", metavar="PREFIX", help="PREFIX-*.png."),
+    refresh_peak: bool = typer.Option(False, "--refresh-peak", help="Run the FMA probe again."),
+    peak_only: bool = typer.Option(False, "--peak-only", help="Only the device's peaks."),
+) -> None:
+    """Kernel throughput on a synthetic volume as a fraction of the device's peak."""
+    from volconv import bench as b  # loaded for this command only
+    from volconv.boundary import MODES
+    from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, MAX_UNROLL
+
+    try:
+        work = b.Work(
+            b.parse_shape(size, "--size"), n, b.parse_shape(extent, "--extent", hi=MAX_EXTENT),
+            mode, dtype,
+        )  # fmt: skip
+        ns = b.parse_ints(sweep_n, "--sweep-n", hi=MAX_FILTERS)
+        unrolls = b.parse_ints(sweep_unroll, "--sweep-unroll", hi=MAX_UNROLL)
+        locals_ = b.parse_local_sizes(sweep_local, "--sweep-local")
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    if not 1 <= n <= MAX_FILTERS:
+        raise UserError(f"--n: {n} is outside 1..{MAX_FILTERS}")
+    if mode not in MODES:
+        raise UserError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+    if dtype not in {str(t) for t in CL_TYPES}:
+        raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(map(str, CL_TYPES))}")
+
+    dev = select_device(device)
+    if peak_only:
+        peaks = b.peaks_of(dev, refresh=refresh_peak)
+        result = {"device": b.device_record(dev), "peak": b.peak_record(peaks)}
+    else:
+
+        def progress(section: str, result: dict) -> None:
+            if section == "peers":
+                for p in result["peers"]:
+                    console.print(
+                        f"peer         {b.peer_line(p)}",
+                        highlight=False,
+                        markup=False,
+                        soft_wrap=True,
+                    )
+            else:
+                last = result[section] if section == "default" else result[section][-1]
+                console.print(
+                    f"{section:<13}{b.point_line(last)}",
+                    highlight=False,
+                    markup=False,
+                    soft_wrap=True,
+                )
+            if json_path:
+                b.write_json(result, json_path)  # after every point: a cut run keeps its data
+
+        console.print(
+            f"volconv bench on {dev.name.strip()}: {work}", highlight=False, soft_wrap=True
+        )
+        result = b.run_bench(
+            work, device=dev, repeats=repeats, sweep_n=ns, sweep_unroll=unrolls,
+            sweep_local=locals_, peers=peers, scipy_size=peer_size, refresh_peak=refresh_peak,
+            progress=progress,
+        )  # fmt: skip
+        if plot:
+            for path in b.write_plots(result, plot):
+                console.print(f"wrote {path}", highlight=False)
+    if json_path:
+        b.write_json(result, json_path)
+        console.print(f"wrote {json_path}", highlight=False)
+    console.print(b.summary(result), highlight=False, markup=False, soft_wrap=True)
+
+
 def main() -> None:
     """Entry point: map exceptions to the exit statuses SPEC.md promises."""
     try:
