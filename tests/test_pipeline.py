@@ -35,17 +35,15 @@ RNG = np.random.default_rng(20261122)
 # -- helpers shared with test_cli.py ------------------------------------------------------
 def volconv(*args: str, capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
     """Run the CLI in this process as ``volconv ARGS``: (exit status, stdout, stderr)."""
-    argv, soft_wrap = sys.argv, cli.err.soft_wrap
+    argv = sys.argv
     sys.argv = ["volconv", *map(str, args)]
-    # An error is one line; off a terminal rich would break it at 80 columns unless told.
-    cli.err.soft_wrap = True
     try:
         cli.main()
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
-        sys.argv, cli.err.soft_wrap = argv, soft_wrap
+        sys.argv = argv
     out, err = capsys.readouterr()
     return code, out, err
 

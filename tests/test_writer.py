@@ -253,3 +253,24 @@ def test_stale_temp_files_of_dead_processes_are_removed(tmp_path: Path) -> None:
     stale.write_bytes(b"left by a killed run")
     write(path, responses())
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_release_is_called_once_per_slab_even_after_an_error(tmp_path: Path) -> None:
+    """Reused (pinned) buffers come back to the caller whether their slab was written or not."""
+    released: list[int] = []
+    data = responses()
+    with writer(tmp_path / "ok.h5") as w:
+        for a in range(0, SHAPE[0], 4):
+            b = min(a + 4, SHAPE[0])
+            w.write_slab(a, b, data[:, a:b], release=lambda a=a: released.append(a))
+        path = w.finish(attrs())
+    assert sorted(released) == [0, 4, 8]
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["responses"][...], data)
+
+    released.clear()
+    unwritable = np.full((3, 4, *SHAPE[1:]), "text", dtype=object)
+    with pytest.raises(RuntimeError, match="writing failed"), writer(tmp_path / "bad.h5") as w:
+        w.write_slab(0, 4, unwritable, release=lambda: released.append(0))
+        w.finish(attrs())
+    assert released == [0]

@@ -93,15 +93,13 @@ def run(
     ),
 ) -> None:
     """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
-    from rich.markup import escape
-
     from volconv import pipeline as pl
 
     try:
         cfg = pl.load(pipeline, set_ or (), device=device)
         pl.run_and_report(cfg, console, overwrite=overwrite, report=report)
     except pl.USER_ERRORS as e:  # the pipeline's, bank's, inputs' and writer's: exit 2
-        raise UserError(escape(str(e))) from e  # main() prints markup: keep [input] as text
+        raise UserError(str(e)) from e
 
 
 @app.command()
@@ -112,14 +110,12 @@ def validate(
     device: str | None = _DEVICE,
 ) -> None:
     """Check the pipeline, its bank and every input without computing; print the plan."""
-    from rich.markup import escape
-
     from volconv import pipeline as pl
 
     try:
         pl.show_plan(pl.load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
     except pl.USER_ERRORS as e:
-        raise UserError(escape(str(e))) from e
+        raise UserError(str(e)) from e
 
 
 # -- bench: volconv.bench does the work ---------------------------------------------------
@@ -213,22 +209,30 @@ def bench(
     console.print(b.summary(result), highlight=False, markup=False, soft_wrap=True)
 
 
+def _fail(message: str, status: int) -> None:
+    # Messages name keys such as [input]: print them as text, never as rich markup, and on
+    # one line whatever the width, so logs and tests read them whole.
+    err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    sys.exit(status)
+
+
 def main() -> None:
     """Entry point: map exceptions to the exit statuses SPEC.md promises."""
     try:
         app()  # typer reports bad options itself (exit 2) and exits through SystemExit
+    except KeyboardInterrupt:
+        if _state["debug"]:
+            raise
+        _fail("interrupted; outputs not marked complete are left unfinished, rerun to resume", 130)
     except UserError as e:
         if _state["debug"]:
             raise
-        err.print(f"[red]error:[/red] {e}", highlight=False)
-        sys.exit(2)
+        _fail(str(e), 2)
     except NoDeviceError as e:
         if _state["debug"]:
             raise
-        err.print(f"[red]error:[/red] {e}", highlight=False)
-        sys.exit(1)
+        _fail(str(e), 1)
     except Exception as e:  # the cause, in one line; --debug for the traceback
         if _state["debug"]:
             raise
-        err.print(f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False)
-        sys.exit(1)
+        _fail(f"{type(e).__name__}: {e}", 1)

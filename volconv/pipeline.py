@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any
 
 import numpy as np
@@ -490,21 +492,32 @@ class RunResult:
     reports: list[VolumeReport] = field(default_factory=list)
 
 
+# Page-locked slab buffers per convolver: one the device downloads into while the writer
+# holds up to two (its queue), so downloads run at the bus's speed rather than page-faulting
+# fresh memory (2.5 GB/s on the H100 node).
+PINNED_BUFFERS = 3
+
+
 class _Convolvers:
-    """One BankConvolver per (shape, dtype, bank): reused for every frame and file."""
+    """One BankConvolver per (shape, dtype, bank), with its pinned slab buffers: reused for
+    every frame and file."""
 
     def __init__(self, cfg: Config, device: cl.Device) -> None:
         self.cfg, self.device = cfg, device
-        self._cache: dict[tuple[object, ...], BankConvolver] = {}
+        self._cache: dict[tuple[object, ...], tuple[BankConvolver, SimpleQueue]] = {}
 
-    def get(self, job: Job) -> BankConvolver:
+    def get(self, job: Job) -> tuple[BankConvolver, SimpleQueue]:
         key = (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
                job.kernels.tobytes())  # fmt: skip
         if key not in self._cache:
-            self._cache[key] = BankConvolver(
+            conv = BankConvolver(
                 job.kernels, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
                 device=self.device, slab_depth=job.plan.slab_depth,
             )  # fmt: skip
+            buffers: SimpleQueue = SimpleQueue()
+            for _ in range(PINNED_BUFFERS):
+                buffers.put(conv.pinned_slab())
+            self._cache[key] = conv, buffers
         return self._cache[key]
 
 
@@ -534,7 +547,7 @@ def run(
                 report = VolumeReport.skipped(job.spec, str(job.output), job.volume.shape,
                                               len(job.filters))  # fmt: skip
             else:
-                report = _run_job(cfg, job, overwrite, convolvers.get(job), pool, result, on_slab)
+                report = _run_job(cfg, job, overwrite, *convolvers.get(job), pool, result, on_slab)
             result.reports.append(report)
             if on_volume:
                 on_volume(report)
@@ -550,6 +563,7 @@ def _run_job(
     job: Job,
     overwrite: bool,
     conv: BankConvolver,
+    buffers: SimpleQueue,
     pool: ThreadPoolExecutor,
     peaks: RunResult,
     on_slab: Callable[[Job], None] | None,
@@ -582,9 +596,11 @@ def _run_job(
                 rows = pending.result()
                 if i + 1 < len(work):  # prefetch the next slab while the device works
                     pending = pool.submit(read, *work[i + 1])
-                responses = conv.convolve_slab(a, b, rows)
+                buffer = buffers.get()  # free once the writer has written it
+                responses = conv.convolve_slab(a, b, rows, out=buffer[:, : b - a])
                 del rows
-                writer.write_slab(a, b, responses, frame=t if four_d else None)
+                writer.write_slab(a, b, responses, frame=t if four_d else None,
+                                  release=partial(buffers.put, buffer))  # fmt: skip
                 if on_slab:
                     on_slab(job)
         finally:

@@ -15,6 +15,7 @@ import queue
 import re
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter
 from types import TracebackType
@@ -56,7 +57,8 @@ def is_complete(path: Path) -> bool:
     try:
         with h5py.File(path, "r") as f:
             flag = f.attrs.get("complete")
-    except (OSError, ValueError):  # missing, a folder, not HDF5, truncated
+    except (OSError, ValueError, KeyError):  # missing, a folder, not HDF5, truncated (a
+        # killed writer's file can fail with KeyError "bad object header version number")
         return False
     return isinstance(flag, bool | np.bool_) and bool(flag)
 
@@ -310,14 +312,22 @@ class ResponseWriter:
         return responses
 
     # -- writing -----------------------------------------------------------------------
-    def write_slab(self, a: int, b: int, responses: np.ndarray, frame: int | None = None) -> None:
+    def write_slab(
+        self,
+        a: int,
+        b: int,
+        responses: np.ndarray,
+        frame: int | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> None:
         """Queue the responses ``(N, b - a, y, z)`` of rows ``[a, b)`` for writing.
 
         Blocks while two slabs wait, so the device runs at most two slabs ahead of the disk.
-        The writer keeps ``responses`` until it is written: pass a fresh array (as
-        `BankConvolver.convolve_slab` returns by default), not a buffer you reuse.
-        ``frame`` is the volume of a 4D input (None or 0 for 3D). An error of the writer
-        thread is raised here, on the next call.
+        The writer keeps ``responses`` until it is written, then calls ``release`` (from the
+        writer thread; also when the slab is dropped after an error), so a caller can reuse
+        a buffer, e.g. page-locked memory the device downloads into fast. ``frame`` is the
+        volume of a 4D input (None or 0 for 3D). An error of the writer thread is raised
+        here, on the next call.
         """
         self._raise_pending()
         if self._done or self._stop:
@@ -336,22 +346,25 @@ class ResponseWriter:
         else:
             raise ValueError(f"frame must be None for a 3D input; got {frame}")
         self._written[frame or 0, a:b] = True
-        self._queue.put((a, b, frame, responses))
+        self._queue.put((a, b, frame, responses, release))
 
     def _run(self) -> None:
         """The writer thread: write queued slabs until the sentinel None; after an error or
         an abort, keep draining so `write_slab` never blocks on a full queue."""
         while (item := self._queue.get()) is not None:
-            if self._error is not None or self._stop:
-                continue
-            a, b, frame, responses = item
-            start = perf_counter()
+            a, b, frame, responses, release = item
             try:
-                index = (slice(None), slice(a, b), *(() if frame is None else (..., frame)))
-                self._responses[index] = self._encode(responses)
+                if self._error is None and not self._stop:
+                    start = perf_counter()
+                    index = (slice(None), slice(a, b), *(() if frame is None else (..., frame)))
+                    self._responses[index] = self._encode(responses)
+                    self.write_seconds += perf_counter() - start
             except BaseException as e:  # raised again in the caller's thread
                 self._error = e
-            self.write_seconds += perf_counter() - start
+            finally:
+                del responses
+                if release is not None:
+                    release()
 
     def _encode(self, values: np.ndarray) -> np.ndarray:
         """Responses in the stored type."""
