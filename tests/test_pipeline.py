@@ -268,6 +268,7 @@ def test_float16_and_uint8_outputs(tmp_path, capsys, dtype, extra):
 
 def test_xarray_opens_the_output_with_named_dims(tmp_path, capsys):
     xr = pytest.importorskip("xarray")
+    pytest.importorskip("h5netcdf")  # xarray's engine="h5netcdf" needs it
     np.save(tmp_path / "v.npy", random_volume((5, 6, 7, 2), "uint8"))
     pipeline = write_pipeline(tmp_path, [{"name": "a", "type": "box"}, {"type": "log", "sigma": 1}])
     assert volconv("run", pipeline, capsys=capsys)[0] == 0
