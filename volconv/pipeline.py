@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
 import string
 import time
@@ -416,7 +417,8 @@ def output_path(cfg: Config, volume: Volume) -> Path:
     """``output.path`` for ``volume``, relative to the pipeline file's folder."""
     name = cfg.output.format(stem=volume.stem, parent=volume.parent)
     path = Path(name).expanduser()
-    return path if path.is_absolute() else cfg.base_dir / path
+    # normpath folds "pipelines/../out" into "out" for the messages (links are not resolved)
+    return Path(os.path.normpath(path if path.is_absolute() else cfg.base_dir / path))
 
 
 # Slabs per frame the pipeline aims for: with one slab nothing overlaps (read, then compute,
