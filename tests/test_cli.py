@@ -80,6 +80,7 @@ MISTAKES = {
     "cval NaN": (BOX, {"bank": {"cval": float("nan")}}, [], ["bank.cval", "nan"]),
     "cval not a number": (BOX, {"bank": {"cval": "zero"}}, [], ["bank.cval", "'zero'"]),
     "empty bank": ([], {}, [], ["bank.filter", "empty"]),
+    "more than 64 filters": ([{"type": "box"}] * 65, {}, [], ["65 filters", "at most 64"]),
     "duplicate names": (
         [{"name": "a", "type": "box"}, {"name": "a", "type": "log", "sigma": 1}],
         {},

@@ -46,7 +46,7 @@ from volconv.device import NoDeviceError, list_devices, select_device
 from volconv.engine import BankConvolver, native_volume
 from volconv.io import InputError, Volume, expand_inputs, open_volume
 from volconv.peak import measured_peak, theoretical_peak
-from volconv.plan import Plan, make_plan
+from volconv.plan import MAX_FILTERS, Plan, make_plan
 from volconv.report import (
     VolumeReport,
     report_json,
@@ -451,6 +451,11 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
                                      base_dir=cfg.base_dir)  # fmt: skip
             except BankError as e:
                 raise PipelineError(f"{cfg.source}: {e} (for {spec})") from None
+            if len(filters) > MAX_FILTERS:  # gabor entries count twice
+                raise PipelineError(
+                    f"{cfg.source}: bank.filter: {len(filters)} filters; one run takes at most "
+                    f"{MAX_FILTERS} (a gabor entry makes two): split the bank into two pipelines"
+                )
             banks[voxel] = filters, stack_kernels(filters)
         filters, kernels = banks[voxel]
         shape3 = tuple(int(s) for s in volume.shape[:3])
