@@ -26,6 +26,9 @@ MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must f
 # by cost = width / efficiency keeps wide vectors for big banks and avoids zero filters.
 PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
 DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at more unroll
+# CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
+# against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*).
+DEFAULT_UNROLL_CPU = {1: 16, 2: 16, 4: 16, 8: 16, 16: 8}
 
 # Element types the kernels read natively; anything else is converted to float32 on the host.
 CL_TYPES = {
@@ -157,7 +160,8 @@ def make_plan(
     passes = split_passes(n_filters, vector_width)
     widest = max(p.width for p in passes)
     if unroll is None:
-        unroll = DEFAULT_UNROLL[widest]
+        cpu = bool(device.type & cl.device_type.CPU)
+        unroll = (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
         unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
     unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
     taps = extents[0] * extents[1] * kz
