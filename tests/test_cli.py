@@ -225,9 +225,10 @@ def test_validate_prints_the_plan(tmp_path, scan, capsys):
 
 # -- interrupted runs ---------------------------------------------------------------------
 def slow_pipeline(tmp_path: Path) -> Path:
-    """Two inputs: a.npy (quick) then b.npy (600 slabs of one row: a second or so)."""
+    """Two inputs: a.npy (quick) then b.npy (1500 slabs of one row: seconds, so a signal sent
+    once its temporary file shows up lands mid-run even with warm kernel caches)."""
     np.save(tmp_path / "a.npy", random_volume((6, 5, 4), "uint8"))
-    np.save(tmp_path / "b.npy", random_volume((600, 48, 48), "uint8"))
+    np.save(tmp_path / "b.npy", random_volume((1500, 48, 48), "uint8"))
     filters = [{"type": "gaussian", "sigma": 2, "order": [0, 0, i % 3]} for i in range(8)]
     for i, f in enumerate(filters):
         f["name"] = f"g{i}"

@@ -15,12 +15,14 @@ import json
 import math
 import os
 import re
+import signal
 import string
+import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -548,7 +550,7 @@ def run(
     if on_plan:
         on_plan(jobs)
     convolvers = _Convolvers(cfg, device)
-    with ThreadPoolExecutor(2, thread_name_prefix="volconv-read") as pool:
+    with _ctrl_c_between_slabs(), ThreadPoolExecutor(2, thread_name_prefix="volconv-read") as pool:
         for job in jobs:
             if job.complete and not overwrite:
                 report = VolumeReport.skipped(job.spec, str(job.output), job.volume.shape,
@@ -559,6 +561,35 @@ def run(
             if on_volume:
                 on_volume(report)
     return result
+
+
+_STOP = threading.Event()
+
+
+@contextmanager
+def _ctrl_c_between_slabs() -> Iterator[None]:
+    """Ctrl-C stops the run at the next slab, where the writer removes its temporary file.
+
+    Raised wherever Python happens to be, KeyboardInterrupt can be lost (inside a finaliser,
+    which swallows it: seen with pyopencl's event and mapping finalisers) or land before the
+    writer's clean-up is armed. A second Ctrl-C interrupts at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        _STOP.set()
+        signal.signal(signal.SIGINT, previous)
+
+    _STOP.clear()
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if _STOP.is_set():  # after the last slab, before the next input: still an interruption
+        raise KeyboardInterrupt
 
 
 def device_name(device: cl.Device) -> str:
@@ -600,6 +631,8 @@ def _run_job(
         pending = pool.submit(read, *work[0])
         try:
             for i, (t, a, b) in enumerate(work):
+                if _STOP.is_set():
+                    raise KeyboardInterrupt
                 rows = pending.result()
                 if i + 1 < len(work):  # prefetch the next slab while the device works
                     pending = pool.submit(read, *work[i + 1])
