@@ -23,7 +23,7 @@ from volconv.pipeline import dump_toml
 BOX = [{"type": "box"}]
 
 
-def one_line_error(code: int, out: str, err: str, *words: str) -> str:
+def assert_one_line_error(code: int, out: str, err: str, *words: str) -> str:
     """Exit status 2, one line on stderr naming ``words``, no traceback."""
     assert code == 2, (code, out, err)
     lines = err.strip().splitlines()
@@ -54,7 +54,9 @@ def test_broken_files(tmp_path, capsys, case):
     text, words = TOML_MISTAKES[case]
     (tmp_path / "p.toml").write_text(text)
     for command in ("run", "validate"):
-        one_line_error(*volconv(command, tmp_path / "p.toml", capsys=capsys), "p.toml", *words)
+        assert_one_line_error(
+            *volconv(command, tmp_path / "p.toml", capsys=capsys), "p.toml", *words
+        )
 
 
 MISTAKES = {
@@ -172,18 +174,22 @@ def test_every_mistake_is_exit_2_and_one_line(tmp_path, scan, capsys, case):
     sections = {"input": {"paths": ["scan.npy"]}, **sections}
     pipeline = write_pipeline(tmp_path, filters, **sections)
     args = [a for s in sets for a in ("--set", s)]
-    one_line_error(*volconv("validate", pipeline, *args, capsys=capsys), *words)
-    one_line_error(*volconv("run", pipeline, *args, capsys=capsys), *words)
+    assert_one_line_error(*volconv("validate", pipeline, *args, capsys=capsys), *words)
+    assert_one_line_error(*volconv("run", pipeline, *args, capsys=capsys), *words)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_missing_pipeline_file_and_bad_device_option(tmp_path, scan, capsys):
-    one_line_error(*volconv("run", tmp_path / "nope.toml", capsys=capsys), "nope.toml", "not found")
+    assert_one_line_error(
+        *volconv("run", tmp_path / "nope.toml", capsys=capsys), "nope.toml", "not found"
+    )
     pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
-    one_line_error(*volconv("run", pipeline, "--device", "9:9", capsys=capsys), "--device '9:9'")
+    assert_one_line_error(
+        *volconv("run", pipeline, "--device", "9:9", capsys=capsys), "--device '9:9'"
+    )
     words = ("--report", "no/such/folder")
     report = tmp_path / "no/such/folder/r.json"
-    one_line_error(*volconv("run", pipeline, "--report", report, capsys=capsys), *words)
+    assert_one_line_error(*volconv("run", pipeline, "--report", report, capsys=capsys), *words)
 
 
 def test_a_file_that_is_not_a_volconv_output_is_kept(tmp_path, scan, capsys):
@@ -192,7 +198,7 @@ def test_a_file_that_is_not_a_volconv_output_is_kept(tmp_path, scan, capsys):
     (tmp_path / "out/scan.h5").write_text("my notes")
     for command in ("validate", "run"):
         code, out, err = volconv(command, pipeline, capsys=capsys)
-        one_line_error(
+        assert_one_line_error(
             code, out, err, "out/scan.h5", "not a complete volconv output", "--overwrite"
         )
     assert (tmp_path / "out/scan.h5").read_text() == "my notes"

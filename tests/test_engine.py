@@ -24,7 +24,7 @@ def random_bank(n: int, extents: tuple[int, int, int]) -> np.ndarray:
     return RNG.standard_normal((n, *extents))
 
 
-def check(volume, kernels, mode, cval=0.0, **kwargs):
+def assert_matches_scipy(volume, kernels, mode, cval=0.0, **kwargs):
     out = convolve_bank(volume, kernels, mode, cval, **kwargs)
     assert out.dtype == np.float32
     assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, cval))
@@ -34,18 +34,22 @@ def check(volume, kernels, mode, cval=0.0, **kwargs):
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "float32"])
 @pytest.mark.parametrize("shape", [(1, 7, 33), (17, 29, 40)])
 def test_every_mode_dtype_and_awkward_shape(device, mode, dtype, shape):
-    check(random_volume(shape, dtype), random_bank(3, (3, 5, 7)), mode, cval=1.5, device=device)
+    assert_matches_scipy(
+        random_volume(shape, dtype), random_bank(3, (3, 5, 7)), mode, cval=1.5, device=device
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n", [1, 8, 16])
 def test_every_mode_for_vector_widths(device, mode, n):
-    check(random_volume((10, 11, 35), "uint8"), random_bank(n, (3, 4, 5)), mode, 7.0, device=device)
+    assert_matches_scipy(
+        random_volume((10, 11, 35), "uint8"), random_bank(n, (3, 4, 5)), mode, 7.0, device=device
+    )
 
 
 @pytest.mark.parametrize("n", [1, 3, 8, 13, 16, 33])
 def test_bank_sizes(device, n):
-    check(
+    assert_matches_scipy(
         random_volume((11, 13, 21), "float32"), random_bank(n, (3, 3, 3)), "reflect", device=device
     )
 
@@ -54,7 +58,7 @@ def test_bank_sizes(device, n):
                                      (3, 5, 7), (2, 1, 4), (5, 4, 1)])  # fmt: skip
 @pytest.mark.parametrize("mode", ["mirror", "constant", "wrap"])
 def test_odd_even_and_mixed_extents(device, extents, mode):
-    check(
+    assert_matches_scipy(
         random_volume((9, 12, 19), "uint8"), random_bank(2, extents), mode, cval=-4, device=device
     )
 
@@ -64,11 +68,15 @@ def test_odd_even_and_mixed_extents(device, extents, mode):
 def test_slab_seams_inside_the_kernel(device, mode, slab_depth):
     """Forced slab depths put seams inside a 7-deep kernel: the result must not change."""
     volume = random_volume((13, 10, 12), "int16")
-    check(volume, random_bank(4, (7, 3, 4)), mode, cval=2.0, device=device, slab_depth=slab_depth)
+    assert_matches_scipy(
+        volume, random_bank(4, (7, 3, 4)), mode, cval=2.0, device=device, slab_depth=slab_depth
+    )
 
 
 def test_64_cube_bank_of_8(device):
-    check(random_volume((64, 64, 64), "uint8"), random_bank(8, (7, 7, 7)), "reflect", device=device)
+    assert_matches_scipy(
+        random_volume((64, 64, 64), "uint8"), random_bank(8, (7, 7, 7)), "reflect", device=device
+    )
 
 
 @pytest.mark.parametrize("mode", ["nearest", "wrap"])
@@ -85,7 +93,7 @@ def test_4d_is_t_independent_volumes(device, mode):
 @pytest.mark.parametrize("cval", [0.5, -1.0, 300.0])
 def test_cval_outside_the_input_type(device, cval):
     """A uint8 volume with a cval uint8 cannot hold is padded in float32."""
-    check(
+    assert_matches_scipy(
         random_volume((6, 7, 8), "uint8"),
         random_bank(2, (3, 3, 3)),
         "constant",
@@ -97,7 +105,7 @@ def test_cval_outside_the_input_type(device, cval):
 @pytest.mark.parametrize("dtype", [">i2", ">f4", "float64", "int32", "int8", "bool"])
 def test_other_dtypes_and_byte_orders(device, dtype):
     volume = random_volume((8, 9, 10), "int16").astype(dtype)
-    check(volume, random_bank(2, (3, 3, 3)), "reflect", device=device)
+    assert_matches_scipy(volume, random_bank(2, (3, 3, 3)), "reflect", device=device)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +114,7 @@ def test_other_dtypes_and_byte_orders(device, dtype):
      {"local_size": (1, 1)}, {"local_size": (8, 4)}],
 )  # fmt: skip
 def test_plan_overrides_keep_the_result(device, knobs):
-    check(
+    assert_matches_scipy(
         random_volume((7, 9, 45), "float32"),
         random_bank(5, (3, 3, 5)),
         "mirror",
@@ -120,7 +128,7 @@ def test_memory_budget_splits_into_slabs(device):
     kernels = random_bank(4, (5, 5, 5))
     conv = BankConvolver(kernels, volume.shape, volume.dtype, device=device, memory_budget=40_000)
     assert conv.plan.n_slabs > 1
-    check(volume, kernels, "reflect", device=device, memory_budget=40_000)
+    assert_matches_scipy(volume, kernels, "reflect", device=device, memory_budget=40_000)
 
 
 def test_timings_and_gflop(device):
