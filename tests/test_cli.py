@@ -18,7 +18,7 @@ from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, wr
 
 from volconv import convolve_bank
 from volconv.cli import UserError
-from volconv.pipeline import dump_toml
+from volconv.config import dump_toml
 
 BOX = [{"type": "box"}]
 
@@ -222,7 +222,8 @@ def test_validate_prints_the_plan(tmp_path, scan, capsys):
     pipeline = write_pipeline(tmp_path, filters, run={"slab_depth": 2})
     code, out, err = volconv("validate", pipeline, capsys=capsys)
     assert code == 0, err
-    for words in ("N = 2", "s, sobel_1", "scan.npy", "6x5x4 uint8", "t.npy", "4x5x6x3 int16",
+    for words in ("N = 2", "s                gaussian  5x5x5", "sobel_1          sobel     3x3x3",
+                  "scan.npy", "6x5x4 uint8", "t.npy", "4x5x6x3 int16",
                   "kernels 5x5x5", "slab depth 2", "(3 slabs)", "(6 slabs)", "MiB", "(new)",
                   str(tmp_path / "out/scan.h5"), str(tmp_path / "out/t.h5")):  # fmt: skip
         assert words in out, words

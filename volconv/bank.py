@@ -246,6 +246,7 @@ class _Context:
     size: tuple[int, int, int]
     voxel_size: object  # checked where units = "mm" needs it
     base_dir: Path
+    units: str = "voxels"  # [bank] units: the default of filters that take units
 
 
 class _Spec:
@@ -282,6 +283,8 @@ class _Spec:
         """The value given, else the static default (Derived defaults are the caller's)."""
         if name in self.table:
             return self.table[name]
+        if name == "units":
+            return self.ctx.units
         return FILTER_TYPES[self.type].params[name].default
 
     def size(self) -> tuple[int, int, int]:
@@ -448,6 +451,7 @@ def build_bank(
     size: int | Sequence[int] = 7,
     voxel_size: Sequence[float] = (1.0, 1.0, 1.0),
     base_dir: Path = Path("."),
+    units: str = "voxels",
 ) -> list[Filter]:
     """Build and validate a filter bank.
 
@@ -461,6 +465,8 @@ def build_bank(
         The input's voxel size in mm, for filters with ``units = "mm"``.
     base_dir : Path
         Folder that relative ``custom`` paths start from (the pipeline file's).
+    units : {'voxels', 'mm'}
+        ``[bank].units``: the units of filters that do not set their own.
 
     Returns
     -------
@@ -476,7 +482,7 @@ def build_bank(
         raise _fail("bank.filter", "an array of tables ([[bank.filter]])", specs)
     if not specs:
         raise BankError("bank.filter: the bank is empty; add a [[bank.filter]] table")
-    ctx = _Context(_size("bank.size", size), voxel_size, Path(base_dir))
+    ctx = _Context(_size("bank.size", size), voxel_size, Path(base_dir), units)
     filters: list[Filter] = []
     owner: dict[str, int] = {}
     for i, table in enumerate(specs):

@@ -13,7 +13,6 @@ and cupyx.scipy.ndimage.convolve on a GPU.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -25,9 +24,11 @@ import pyopencl as cl
 
 from volconv import __version__
 from volconv.boundary import extend_indices, halo
+from volconv.checks import spec_tolerance
 from volconv.device import select_device
 from volconv.engine import BankConvolver
-from volconv.peak import cpuinfo, format_gflops, measured_peak, theoretical_peak
+from volconv.peak import cpuinfo, fp32_peak, measured_peak
+from volconv.report import format_gflops, work_gflop
 
 DEFAULT_SWEEP_N = (1, 2, 4, 8, 13, 16, 32)
 DEFAULT_SWEEP_UNROLL = (1, 2, 4, 8, 16, 24, 32)
@@ -67,9 +68,8 @@ class Work:
         return f"{shape} {self.dtype}, N={self.n}, {ext} filters, {self.mode}"
 
     def gflop(self, n: int | None = None, shape: Sequence[int] | None = None) -> float:
-        """2 * N * prod(extent) * voxels / 1e9 (SPEC.md, "Throughput")."""
-        voxels = np.prod(shape or self.shape)
-        return 2 * (n or self.n) * float(np.prod(self.extent)) * float(voxels) / 1e9
+        """The work of ``n`` filters over ``shape`` (`volconv.report.work_gflop`)."""
+        return work_gflop([self.extent] * (n or self.n), int(np.prod(shape or self.shape)))
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def _error_ratio(
     vmax = float(np.max(np.abs(volume)))
     worst = 0.0
     for f, k in enumerate(kernels):
-        tol = 1e-5 * float(np.sum(np.abs(k))) * vmax + 1e-6
+        tol = spec_tolerance(k, vmax)
         worst = max(worst, float(np.max(np.abs(out[f].astype(np.float64) - ref[f]))) / tol)
     return worst
 
@@ -345,19 +345,12 @@ def peak_record(peaks: Peaks) -> dict[str, object]:
     }
 
 
-def write_json(result: dict, path: str | Path) -> None:
-    """Write ``result`` to ``path`` atomically: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def peaks_of(device: cl.Device, *, refresh: bool = False) -> Peaks:
-    """Theoretical peak and the (cached) FMA probe's rate."""
-    theory = theoretical_peak(device)
-    return Peaks(theory.gflops, theory.how, measured_peak(device, refresh=refresh))
+    """The FP32 peak fractions are taken against (`volconv.peak.fp32_peak`: the model, or
+    the probe where it measured more) and the (cached) FMA probe's rate."""
+    measured = measured_peak(device, refresh=refresh)
+    peak = fp32_peak(device, measured)
+    return Peaks(peak.gflops, peak.how, measured)
 
 
 def run_bench(

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
+from volconv.checks import MODES, check_mode
+
+__all__ = ["MODES", "extend_indices", "halo"]
 
 
 def halo(extent: int) -> tuple[int, int]:
@@ -25,8 +27,7 @@ def extend_indices(n: int, start: int, stop: int, mode: str) -> np.ndarray:
     Positions outside ``[0, n)`` are folded back by ``mode``; ``-1`` marks a position whose
     value is ``cval`` (constant mode).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    check_mode(mode)
     p = np.arange(start, stop, dtype=np.int64)
     if mode == "constant":
         return np.where((p >= 0) & (p < n), p, -1)

@@ -6,6 +6,7 @@ with the cause. ``--debug`` shows tracebacks.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -16,9 +17,47 @@ from volconv.device import NoDeviceError, list_devices, missing_platform_help, s
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,  # help texts name [[bank.filter]] tables: plain text, not markup
     help="Banks of 3D/4D convolution filters on OpenCL, exactly scipy.ndimage.convolve.",
 )
-console = Console()
+
+
+class _Stdout:
+    """sys.stdout (looked up at each write, as rich does) that goes quiet when its reader
+    leaves (``volconv run ... | head -1``): the run's outputs matter more than its lines, so
+    the work goes on to the end."""
+
+    closed = False  # the reader left
+
+    def _call(self, method: str, *args: str) -> None:
+        if self.closed:
+            return
+        try:
+            getattr(sys.stdout, method)(*args)
+        except BrokenPipeError:
+            self.closed = True
+            # Python would complain again when it flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+    def write(self, text: str) -> int:
+        self._call("write", text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def isatty(self) -> bool:
+        return sys.stdout.isatty()
+
+    def fileno(self) -> int:
+        return sys.stdout.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return sys.stdout.encoding
+
+
+console = Console(file=_Stdout())
 err = Console(stderr=True)
 
 
@@ -93,13 +132,17 @@ def run(
     ),
 ) -> None:
     """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
-    from volconv import pipeline as pl
+    from volconv.config import load
+    from volconv.console import run_and_report
+    from volconv.pipeline import USER_ERRORS
 
     try:
-        cfg = pl.load(pipeline, set_ or (), device=device)
-        pl.run_and_report(cfg, console, overwrite=overwrite, report=report)
-    except pl.USER_ERRORS as e:  # the pipeline's, bank's, inputs' and writer's: exit 2
+        result = run_and_report(load(pipeline, set_ or (), device=device), console,
+                                overwrite=overwrite, report=report)  # fmt: skip
+    except USER_ERRORS as e:  # the pipeline's, bank's, inputs' and writer's: exit 2
         raise UserError(str(e)) from e
+    if result.failed:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -110,11 +153,13 @@ def validate(
     device: str | None = _DEVICE,
 ) -> None:
     """Check the pipeline, its bank and every input without computing; print the plan."""
-    from volconv import pipeline as pl
+    from volconv.config import load
+    from volconv.console import show_plan
+    from volconv.pipeline import USER_ERRORS
 
     try:
-        pl.show_plan(pl.load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
-    except pl.USER_ERRORS as e:
+        show_plan(load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
+    except USER_ERRORS as e:
         raise UserError(str(e)) from e
 
 
@@ -148,6 +193,7 @@ def bench(
     from volconv import bench as b  # loaded for this command only
     from volconv.boundary import MODES
     from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, MAX_UNROLL
+    from volconv.report import write_json
 
     try:
         work = b.Work(
@@ -190,7 +236,7 @@ def bench(
                     soft_wrap=True,
                 )
             if json_path:
-                b.write_json(result, json_path)  # after every point: a cut run keeps its data
+                write_json(result, json_path)  # after every point: a cut run keeps its data
 
         console.print(
             f"volconv bench on {dev.name.strip()}: {work}", highlight=False, soft_wrap=True
@@ -204,7 +250,7 @@ def bench(
             for path in b.write_plots(result, plot):
                 console.print(f"wrote {path}", highlight=False)
     if json_path:
-        b.write_json(result, json_path)
+        write_json(result, json_path)
         console.print(f"wrote {json_path}", highlight=False)
     console.print(b.summary(result), highlight=False, markup=False, soft_wrap=True)
 
@@ -220,10 +266,16 @@ def main() -> None:
     """Entry point: map exceptions to the exit statuses SPEC.md promises."""
     try:
         app()  # typer reports bad options itself (exit 2) and exits through SystemExit
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if _state["debug"]:
             raise
-        _fail("interrupted; outputs not marked complete are left unfinished, rerun to resume", 130)
+        message = str(e) or "interrupted; outputs not marked complete were removed, rerun to resume"
+        err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # At once: a kernel may still run on the device in a worker thread, and waiting for
+        # it (or for the OpenCL driver's clean-up at exit) is what the user interrupted.
+        os._exit(130)
     except UserError as e:
         if _state["debug"]:
             raise

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
+from volconv.report import format_gflops, write_json
+
 log = logging.getLogger(__name__)
 
 # FP32 lanes per streaming multiprocessor by compute capability (CUDA C++ Programming Guide,
@@ -84,15 +86,6 @@ class Peak:
 
     def __str__(self) -> str:
         return format_gflops(self.gflops)
-
-
-def format_gflops(gflops: float | None) -> str:
-    """``66.9 TFLOP/s``, ``332.8 GFLOP/s`` or ``unknown``."""
-    if gflops is None:
-        return "unknown"
-    if gflops >= 1000:
-        return f"{gflops / 1000:.1f} TFLOP/s"
-    return f"{gflops:.1f} GFLOP/s"
 
 
 # -- the arithmetic --------------------------------------------------------------------------
@@ -356,17 +349,25 @@ def _read_cache(path: Path) -> dict[str, dict]:
 
 
 def measured_peak(
-    device: cl.Device, *, refresh: bool = False, cache_dir: Path | None = None
+    device: cl.Device,
+    *,
+    refresh: bool = False,
+    probe: bool = True,
+    cache_dir: Path | None = None,
 ) -> float | None:
     """The FMA probe's FP32 rate of ``device`` in GFLOP/s, or None when the probe fails.
 
     Cached in ``peak.json`` under ``cache_dir`` (`default_cache_dir`) per platform, device,
-    driver and probe source; ``refresh`` measures again and replaces the entry.
+    driver and probe source; ``refresh`` measures again and replaces the entry. With
+    ``probe=False`` only the cache is read (None when it has no entry): `volconv run` records
+    the probe's rate when known and never spends seconds measuring it.
     """
     path = (cache_dir or default_cache_dir()) / "peak.json"
     key = _cache_key(device)
     if not refresh and (hit := _read_cache(path).get(key)):
         return float(hit["gflops"])
+    if not probe:
+        return None
     try:
         entry = probe_fma(device)
     except cl.Error as e:  # a driver that cannot build or run the probe: peak unknown
@@ -375,8 +376,18 @@ def measured_peak(
     entry["measured"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     cache = _read_cache(path)  # re-read: another process may have added a device
     cache[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-    tmp.replace(path)  # atomic: a reader never sees half a file
+    write_json(cache, path)  # atomic: a reader never sees half a file
     return float(entry["gflops"])
+
+
+def fp32_peak(device: cl.Device, measured_gflops: float | None) -> Peak:
+    """The FP32 peak that fractions of peak are taken against: the model, or the FMA probe's
+    rate where the probe reached more (a model built on the base clock a VM reports reads
+    low), so that no FP32 path ever shows more than 100 % of it. ``how`` says which."""
+    model = theoretical_peak(device)
+    if measured_gflops and model.gflops and measured_gflops > model.gflops:
+        return Peak(
+            measured_gflops,
+            f"FMA probe, above the model's {model} ({model.how}): the clock reported is low",
+        )
+    return model

@@ -30,6 +30,12 @@ DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at mo
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*).
 DEFAULT_UNROLL_CPU = {1: 16, 2: 16, 4: 16, 8: 16, 16: 8}
 
+# Slabs per frame a streamed run aims for: with one slab nothing overlaps (read, then compute,
+# then write); with several, reading slab i + 1, computing slab i and writing slab i - 1 run
+# at once. Smaller slabs cost only the halo rows read twice and more launches.
+STREAM_SLABS = 4
+MIN_STREAM_DEPTH = 32
+
 # Element types the kernels read natively; anything else is converted to float32 on the host.
 CL_TYPES = {
     np.dtype(np.uint8): "uchar",
@@ -153,8 +159,14 @@ def make_plan(
     unroll: int | None = None,
     vector_width: int | None = None,
     local_size: tuple[int, int] | None = None,
+    stream: bool = False,
 ) -> Plan:
-    """Plan from the device's limits; keyword arguments override the choices (tests, bench)."""
+    """Plan from the device's limits; keyword arguments override the choices (tests, bench).
+
+    ``stream`` asks for slabs shallow enough that reading, computing and writing overlap
+    (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows), as a pipeline run wants;
+    the whole-array API takes the deepest slab that fits.
+    """
     kz = extents[2]
     nz = shape[2]
     passes = split_passes(n_filters, vector_width)
@@ -183,6 +195,8 @@ def make_plan(
     )  # fmt: skip
     if slab_depth is None:
         slab_depth = _deepest_slab(plan, device, memory_budget)
+        if stream:
+            slab_depth = min(slab_depth, max(MIN_STREAM_DEPTH, math.ceil(shape[0] / STREAM_SLABS)))
     slab_depth = max(1, min(int(slab_depth), shape[0]))
     return replace(plan, slab_depth=slab_depth)
 

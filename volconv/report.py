@@ -1,5 +1,6 @@
 """The throughput record (SPEC.md "Throughput"), per-stage seconds and how a run shows them.
 
+`work_gflop` is the one definition of work (run, bench, validate and the record use it);
 `throughput` makes the record stored on every output's root; `VolumeReport` is one input's
 record plus seconds per stage; `summary_line`, `summary_table` and `report_json` show the
 same numbers on a terminal and in ``--report FILE``. An unknown peak is NaN in the file, null in
@@ -10,15 +11,27 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.box import SIMPLE_HEAD
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.table import Table
 
 # Seconds per stage: host reading, the device's four (OpenCL profiling), host writing, wall.
 STAGES = ("read", "upload", "pad", "kernel", "download", "write", "wall")
+
+
+def work_gflop(extents: Iterable[Sequence[int]], voxels: int) -> float:
+    """The useful work of a bank over ``voxels`` output voxels, in GFLOP (SPEC.md
+    "Throughput"): 2 flops per multiply-add of each filter's own taps, ``2 * voxels *
+    sum_k prod(extent_k)``, where ``extent_k`` is the filter's own extent before any padding
+    to a common one. The same whatever path computes it."""
+    taps = sum(math.prod(int(e) for e in extent) for extent in extents)
+    return 2.0 * float(voxels) * taps / 1e9
 
 
 def throughput(
@@ -27,23 +40,64 @@ def throughput(
     wall_seconds: float,
     peak_gflops: float | None,
     measured_peak_gflops: float | None = None,
-) -> dict[str, float]:
-    """The record SPEC.md stores: GFLOP counted 2·N·|K|·voxels, GFLOP/s over kernel time."""
+    *,
+    executed_gflop: float | None = None,
+    engine: str = "fp32",
+) -> dict[str, Any]:
+    """The record SPEC.md stores.
+
+    ``gflop`` is the useful work (`work_gflop`) and ``gflops`` how fast it came; the fractions
+    of peak count ``executed_gflop``, what the kernels actually computed (the padded bank on
+    the direct path, fewer flops on a separable one), so they say how well the hardware was
+    used. ``executed_gflop`` defaults to ``gflop``.
+    """
+    executed = float(gflop if executed_gflop is None else executed_gflop)
     gflops = gflop / kernel_seconds if kernel_seconds > 0 else math.nan
+    executed_rate = executed / kernel_seconds if kernel_seconds > 0 else math.nan
     peak = math.nan if peak_gflops is None else float(peak_gflops)
-    record = {
+    # beside it, as SPEC.md says: what an FMA probe reached on this device (NaN: unknown)
+    measured = math.nan if measured_peak_gflops is None else float(measured_peak_gflops)
+    return {
         "gflop": float(gflop),
+        "executed_gflop": executed,
         "kernel_seconds": float(kernel_seconds),
         "wall_seconds": float(wall_seconds),
         "gflops": float(gflops),
         "peak_gflops": peak,
-        "fraction_of_peak": gflops / peak if peak > 0 else math.nan,
+        "fraction_of_peak": executed_rate / peak if peak > 0 else math.nan,
+        "measured_peak_gflops": measured,
+        "fraction_of_measured_peak": executed_rate / measured if measured > 0 else math.nan,
+        "engine": engine,
     }
-    # beside it, as SPEC.md says: what an FMA probe reached on this device (NaN: unknown)
-    measured = math.nan if measured_peak_gflops is None else float(measured_peak_gflops)
-    record["measured_peak_gflops"] = measured
-    record["fraction_of_measured_peak"] = gflops / measured if measured > 0 else math.nan
-    return record
+
+
+def format_gflops(gflops: float | None) -> str:
+    """``66.9 TFLOP/s``, ``332.8 GFLOP/s`` or ``unknown``: the one way volconv shows a rate."""
+    if gflops is None or not math.isfinite(gflops):
+        return "unknown"
+    if gflops >= 1000:
+        return f"{gflops / 1000:.1f} TFLOP/s"
+    return f"{gflops:.1f} GFLOP/s"
+
+
+def format_gflop(gflop: float) -> str:
+    """An amount of work with three significant digits, so small volumes do not show 0.0."""
+    return f"{gflop:.3g}" if math.isfinite(gflop) else "-"
+
+
+def write_json(doc: Any, path: str | Path) -> None:
+    """Write ``doc`` as JSON to ``path`` atomically: a reader never sees half a file. The
+    temporary file is created exclusively under a name nobody can predict."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @dataclass
@@ -54,12 +108,13 @@ class VolumeReport:
     output: str
     shape: tuple[int, ...]
     n_filters: int
-    status: str  # "done" | "skipped"
+    status: str  # "done" | "skipped" | "failed"
     dtype: str = ""
     extents: tuple[int, ...] = ()
     slab_depth: int = 0
     n_slabs: int = 0
     gflop: float = math.nan
+    executed_gflop: float = math.nan
     kernel_seconds: float = math.nan
     wall_seconds: float = math.nan
     gflops: float = math.nan
@@ -67,17 +122,21 @@ class VolumeReport:
     fraction_of_peak: float = math.nan
     measured_peak_gflops: float = math.nan
     fraction_of_measured_peak: float = math.nan
+    engine: str = ""
+    reason: str = ""  # why an input was skipped or failed
     stages: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def skipped(cls, source: str, output: str, shape: tuple[int, ...], n: int) -> VolumeReport:
-        return cls(source, output, tuple(int(s) for s in shape), n, "skipped")
+    def skipped(
+        cls, source: str, output: str, shape: tuple[int, ...], n: int, reason: str = ""
+    ) -> VolumeReport:
+        return cls(source, output, tuple(int(s) for s in shape), n, "skipped", reason=reason)
 
-
-def fmt_gflops(v: float) -> str:
-    if not math.isfinite(v):
-        return "unknown"
-    return f"{v / 1000:.2f} TFLOP/s" if v >= 1000 else f"{v:.1f} GFLOP/s"
+    @classmethod
+    def failed(
+        cls, source: str, output: str, shape: tuple[int, ...], n: int, reason: str
+    ) -> VolumeReport:
+        return cls(source, output, tuple(int(s) for s in shape), n, "failed", reason=reason)
 
 
 def fmt_fraction(v: float) -> str:
@@ -94,11 +153,14 @@ def summary_line(r: VolumeReport) -> str:
     """One line per volume: path, shape, N, seconds, GFLOP/s, fraction of peak."""
     shape = "x".join(map(str, r.shape))
     if r.status == "skipped":
-        return f"skipped {r.source}: {r.output} is complete (--overwrite recomputes it)"
+        why = r.reason or "is complete"
+        return f"skipped {r.source}: {r.output} {why} (--overwrite recomputes it)"
+    if r.status == "failed":
+        return f"failed {r.source}: {r.reason}"
     return (
         f"done {r.source} ({shape} {r.dtype}, N={r.n_filters}, "
         f"{'x'.join(map(str, r.extents))}) -> {r.output}: {r.wall_seconds:.2f} s, "
-        f"{fmt_gflops(r.gflops)}, {fmt_fraction(r.fraction_of_peak)} of peak"
+        f"{format_gflops(r.gflops)}, {fmt_fraction(r.fraction_of_peak)} of peak"
     )
 
 
@@ -115,10 +177,13 @@ def summary_table(
     measured_peak_gflops: float | None = None,
 ) -> Table:
     """Per input: GFLOP, GFLOP/s, fraction of peak and seconds per stage."""
-    peak = fmt_gflops(math.nan if peak_gflops is None else peak_gflops)
+    peak = format_gflops(math.nan if peak_gflops is None else peak_gflops)
     caption = f"on {device}; FP32 peak {peak}"
     if measured_peak_gflops is not None:
-        caption += f", measured by an FMA probe {fmt_gflops(measured_peak_gflops)}"
+        caption += f", measured by an FMA probe {format_gflops(measured_peak_gflops)}"
+    from rich.box import SIMPLE_HEAD  # rich only where a table is drawn
+    from rich.table import Table
+
     table = Table(caption=caption, caption_justify="left", box=SIMPLE_HEAD)
     table.add_column("input", overflow="fold")
     for name in ("GFLOP", "GFLOP/s", "of peak", *STAGES):
@@ -129,10 +194,10 @@ def summary_table(
     done = [r for r in reports if r.status == "done"]
     for r, label in zip(reports, _labels(reports), strict=True):
         if r.status != "done":
-            table.add_row(label, "skipped", *[""] * (len(STAGES) + 1 + measured))
+            table.add_row(label, r.status, *[""] * (len(STAGES) + 1 + measured))
             continue
         row = [
-            label, f"{r.gflop:.1f}", _gflops_cell(r.gflops),
+            label, format_gflop(r.gflop), _gflops_cell(r.gflops),
             fmt_fraction(r.fraction_of_peak), *(fmt_seconds(r.stages[s]) for s in STAGES),
         ]  # fmt: skip
         if measured:
@@ -141,7 +206,7 @@ def summary_table(
     if len(done) > 1:
         total = totals(done)
         row = [
-            "total", f"{total['gflop']:.1f}", _gflops_cell(total["gflops"]),
+            "total", format_gflop(total["gflop"]), _gflops_cell(total["gflops"]),
             fmt_fraction(total["fraction_of_peak"]),
             *(fmt_seconds(total["stages"][s]) for s in STAGES),
         ]  # fmt: skip
@@ -158,10 +223,13 @@ def _gflops_cell(v: float) -> str:
 def totals(done: list[VolumeReport]) -> dict[str, Any]:
     """The run's sums: GFLOP, seconds per stage; GFLOP/s over the summed kernel time."""
     gflop = sum(r.gflop for r in done)
+    executed = sum(r.executed_gflop for r in done)
     stages = {s: sum(r.stages.get(s, 0.0) for r in done) for s in STAGES}
     peak = next((r.peak_gflops for r in done), math.nan)
     measured = next((r.measured_peak_gflops for r in done), math.nan)
-    record = throughput(gflop, stages["kernel"], stages["wall"], peak, measured)
+    engines = sorted({r.engine for r in done if r.engine})
+    record = throughput(gflop, stages["kernel"], stages["wall"], peak, measured,
+                        executed_gflop=executed, engine=",".join(engines))  # fmt: skip
     return {**record, "stages": stages}
 
 
@@ -188,5 +256,5 @@ def report_json(
     }
     doc = _jsonable(doc)
     if path is not None:
-        Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(doc, path)
     return doc

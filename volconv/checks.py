@@ -1,0 +1,74 @@
+"""Checks every stage shares, each defined once: boundary modes, positive integers, the
+closest-key hint, and SPEC.md's tolerance.
+
+Messages name the parameter (``mode``, ``slab_depth``, ``bank.boundary``) as the caller gives
+it, so the API, the pipeline file and the CLI say the same thing in their own words.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+# scipy.ndimage's boundary modes, by scipy's names.
+MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
+
+# SPEC.md "Semantics": |stored - reference| <= SPEC_RTOL * sum(|kernel|) * m + SPEC_ATOL, with
+# m = max(|v|) over the finite voxels (and |cval| in constant mode, if larger).
+SPEC_RTOL = 1e-5
+SPEC_ATOL = 1e-6
+
+
+def closest(word: object, valid: Iterable[str]) -> str | None:
+    """The valid name closest to ``word`` (a typo's likely meaning), or None."""
+    close = difflib.get_close_matches(str(word), list(valid), n=1, cutoff=0.5)
+    return close[0] if close else None
+
+
+def suggest(word: object, valid: Iterable[str], prefix: str = "") -> str:
+    """``did you mean PREFIXname?`` for a near miss, else the list of valid names."""
+    valid = list(valid)
+    near = closest(word, valid)
+    return f"did you mean {prefix}{near}?" if near else f"valid: {', '.join(valid)}"
+
+
+def check_mode(mode: object, name: str = "mode") -> str:
+    """``mode`` if it is one of scipy's boundary modes; else a ValueError naming ``name``."""
+    if mode not in MODES:
+        near = closest(mode, MODES)
+        hint = f"; did you mean {near!r}?" if near else ""
+        raise ValueError(f"{name} must be one of {', '.join(MODES)}; got {mode!r}{hint}")
+    return str(mode)
+
+
+def check_cval(cval: object, name: str = "cval") -> float:
+    """``cval`` as a finite float; TypeError for a non-number, ValueError for NaN or inf."""
+    if isinstance(cval, bool):
+        raise TypeError(f"{name} must be a number; got {cval!r}")
+    try:
+        value = float(cval)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number; got {cval!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite; got {value}")
+    return value
+
+
+def is_int(value: object) -> bool:
+    """A true integer: not a bool, not a float that happens to be whole."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def check_positive_int(value: object, name: str) -> int:
+    """``value`` as an int >= 1; else a ValueError naming ``name``."""
+    if not is_int(value) or value < 1:  # type: ignore[operator]
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    return int(value)  # type: ignore[arg-type]
+
+
+def spec_tolerance(kernel: np.ndarray, vmax: float) -> float:
+    """SPEC.md's bound on |stored - reference| for one kernel over data of magnitude ``vmax``."""
+    return SPEC_RTOL * float(np.sum(np.abs(kernel))) * float(vmax) + SPEC_ATOL

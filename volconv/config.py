@@ -1,0 +1,296 @@
+"""Pipeline files: TOML plus ``--set`` -> one validated `Config` (SPEC.md "Pipeline file").
+
+Everything a user can get wrong in a pipeline file is checked here, in `validate_config`, with a
+message that names the file, the key and the value; `volconv.bank` checks each filter itself.
+Nothing here opens an input or an OpenCL device: that is planning (`volconv.pipeline`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+import tomllib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from volconv.bank import UNITS, BankError, build_bank
+from volconv.checks import check_mode, closest, is_int, suggest
+from volconv.writer import COMPRESSIONS, DTYPES, OutputError, compression_options
+
+
+class PipelineError(ValueError):
+    """A mistake in a pipeline file or a ``--set``: the message names the file, key and value."""
+
+
+# Every valid key of every section; `validate_config` suggests the closest for a typo.
+SCHEMA: dict[str, tuple[str, ...]] = {
+    "input": ("paths",),
+    "bank": ("size", "boundary", "cval", "units", "filter"),
+    "output": ("path", "dtype", "compression", "scale", "offset"),
+    "run": ("device", "slab_depth"),
+}
+REQUIRED_SECTIONS = ("input", "bank")
+DEFAULT_OUTPUT = "{stem}.volconv.h5"
+TEMPLATE_FIELDS = ("stem", "parent")
+# Keys whose values are paths: given with --set, a relative one is relative to the folder the
+# user stands in (as on any command line), not to the pipeline file's.
+_PATH_KEYS = {("input", "paths"), ("output", "path"), ("filter", "path")}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated pipeline: what the file (after ``--set``) asks for."""
+
+    source: Path  # the pipeline file
+    base_dir: Path  # relative paths resolve against it: the pipeline file's folder
+    text: str  # the TOML text stored in every output (normalised where --set changed it)
+    data: dict[str, Any]  # the parsed TOML after --set
+    paths: tuple[str, ...]
+    size: int | list[int]
+    boundary: str
+    cval: float
+    units: str
+    filters: tuple[dict[str, Any], ...]
+    output: str  # template with {stem} and {parent}
+    dtype: str
+    compression: str
+    scale: float
+    offset: float
+    device: str
+    slab_depth: int | None
+    device_from_cli: bool = False
+
+
+# -- reading and --set --------------------------------------------------------------------
+def load(path: str | Path, sets: Sequence[str] = (), *, device: str | None = None) -> Config:
+    """Read, override (``--set``) and validate the pipeline file at ``path``."""
+    path = Path(path)
+    if not path.exists():
+        raise PipelineError(f"pipeline file not found: {path}")
+    if not path.is_file():
+        raise PipelineError(f"pipeline file is not a file: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PipelineError(f"{path}: cannot read the pipeline file ({e})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PipelineError(f"{path}: not valid TOML: {e}") from None
+    if sets:
+        for item in sets:
+            keys, value = parse_set(item)
+            _apply_set(data, keys, value, item)
+        text = f"# {path.name} with --set {' --set '.join(sets)}\n" + dump_toml(data)
+    cfg = validate_config(data, path, text)
+    if device is not None:  # --device outranks [run] device; the stored text keeps the file's
+        cfg = replace(cfg, device=device.strip(), device_from_cli=True)
+    return cfg
+
+
+_SET_KEY = re.compile(r"^[A-Za-z0-9_-]+(\[\d+\])?$")
+
+
+def parse_set(item: str) -> tuple[list[str | int], Any]:
+    """``section.key=value`` -> (key path, value); ``bank.filter[2].sigma`` indexes a filter.
+
+    The value is read as a TOML value (``3``, ``1.5``, ``[1, 2, 3]``, ``"text"``, ``true``),
+    else taken as the string it is (``--set input.paths=scan.nii.gz``). Relative paths given
+    for ``input.paths``, ``output.path`` and a filter's ``path`` are made absolute against the
+    working directory, as any path typed on a command line.
+    """
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or len(parts) < 2 or not all(_SET_KEY.match(p) for p in parts):
+        raise PipelineError(
+            f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. --set bank.boundary=nearest"
+        )
+    path: list[str | int] = []
+    for p in parts:
+        name, _, index = p.partition("[")
+        path.append(name)
+        if index:
+            path.append(int(index[:-1]))
+    value = parse_value(raw.strip())
+    names = [k for k in path if isinstance(k, str)]
+    if tuple(names[-2:]) in _PATH_KEYS:
+        value = _from_cwd(value)
+    return path, value
+
+
+def _from_cwd(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_from_cwd(v) for v in value]
+    if isinstance(value, str) and value.strip():
+        p = Path(value).expanduser()
+        return str(p if p.is_absolute() else Path.cwd() / p)
+    return value
+
+
+def parse_value(raw: str) -> Any:
+    """A TOML value, else the string itself."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _apply_set(data: dict[str, Any], keys: list[str | int], value: Any, item: str) -> None:
+    node: Any = data
+    for i, k in enumerate(keys[:-1]):
+        where = _dotted(keys[: i + 1])
+        if isinstance(k, int):
+            if not isinstance(node, list) or not 0 <= k < len(node):
+                size = len(node) if isinstance(node, list) else 0
+                raise PipelineError(f"--set {item!r}: {where} does not exist ({size} entries)")
+            node = node[k]
+        else:
+            if not isinstance(node, dict):
+                raise PipelineError(f"--set {item!r}: {_dotted(keys[:i])} is not a table")
+            node = node.setdefault(k, {})
+    last = keys[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or not 0 <= last < len(node):
+            raise PipelineError(f"--set {item!r}: {_dotted(keys)} does not exist")
+        node[last] = value
+    elif not isinstance(node, dict):
+        raise PipelineError(f"--set {item!r}: {_dotted(keys[:-1])} is not a table")
+    else:
+        node[last] = value
+
+
+def _dotted(keys: Iterable[str | int]) -> str:
+    out = ""
+    for k in keys:
+        out += f"[{k}]" if isinstance(k, int) else (f".{k}" if out else k)
+    return out
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    """TOML text that `tomllib` reads back as ``data``."""
+    return tomli_w.dumps(data)
+
+
+# -- validation: the one place ------------------------------------------------------------
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Config:
+    """Check every section and key of a parsed pipeline; `PipelineError` names what is wrong."""
+
+    def fail(msg: str) -> PipelineError:
+        return PipelineError(f"{source}: {msg}")
+
+    for section, body in data.items():
+        if section not in SCHEMA:
+            near = closest(section, SCHEMA)
+            hint = f"did you mean [{near}]?" if near else f"valid: {', '.join(SCHEMA)}"
+            raise fail(f"unknown section [{section}] ({hint})")
+        if not isinstance(body, dict):
+            raise fail(f"{section} must be a table [{section}]; got {body!r}")
+        for key in body:
+            if key not in SCHEMA[section]:
+                hint = suggest(key, SCHEMA[section], f"{section}.")
+                raise fail(f"unknown key {section}.{key} ({hint})")
+    for section in REQUIRED_SECTIONS:
+        if section not in data:
+            raise fail(f"missing section [{section}]")
+    inp, bank = data["input"], data["bank"]
+    out, run = data.get("output", {}), data.get("run", {})
+
+    # [input]
+    if "paths" not in inp:
+        raise fail('input.paths is missing: give files or globs, e.g. paths = ["scans/*.nii.gz"]')
+    paths = inp["paths"]
+    if isinstance(paths, str):
+        paths = [paths]
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p.strip() for p in paths):
+        raise fail(f"input.paths must be a path or a list of paths; got {inp['paths']!r}")
+    if not paths:
+        raise fail("input.paths is empty")
+
+    # [bank]; each filter is checked by volconv.bank.build_bank
+    size = bank.get("size", 7)  # checked by build_bank, with the filters
+    try:
+        boundary = check_mode(bank.get("boundary", "reflect"), "bank.boundary")
+    except ValueError as e:
+        raise fail(str(e)) from None
+    cval = bank.get("cval", 0.0)
+    if not _is_number(cval) or not math.isfinite(cval):
+        raise fail(f"bank.cval must be a finite number; got {cval!r}")
+    units = bank.get("units", "voxels")
+    if units not in UNITS:
+        raise fail(f"bank.units = {units!r} is not one of {', '.join(UNITS)}")
+    filters = bank.get("filter", [])
+    if not isinstance(filters, list) or not all(isinstance(f, dict) for f in filters):
+        raise fail("bank.filter must be an array of tables: [[bank.filter]]")
+    if not filters:
+        raise fail("bank.filter: the bank is empty; add at least one [[bank.filter]] table")
+    try:  # every filter, at unit voxel size (inputs in mm are built again by plan_jobs)
+        build_bank([dict(f) for f in filters], size, base_dir=source.resolve().parent,
+                   units=units)  # fmt: skip
+    except BankError as e:
+        raise fail(str(e)) from None
+
+    # [output]
+    template = out.get("path", DEFAULT_OUTPUT)
+    if not isinstance(template, str) or not template.strip():
+        raise fail(f"output.path must be a file path; got {template!r}")
+    _check_template(template, fail)
+    dtype = out.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise fail(f"output.dtype = {dtype!r} is not one of {', '.join(DTYPES)}")
+    compression = out.get("compression", "none")
+    if not isinstance(compression, str):
+        raise fail(f"output.compression must be one of {', '.join(COMPRESSIONS)}; "
+                   f"got {compression!r}")  # fmt: skip
+    try:
+        compression_options(compression)
+    except OutputError as e:
+        raise fail(f"output.compression: {e}") from None
+    for key in ("scale", "offset"):
+        if key in out:
+            v = out[key]
+            if dtype != "uint8":
+                raise fail(f'output.{key} applies to dtype = "uint8" only (dtype is {dtype!r})')
+            if not _is_number(v) or not math.isfinite(v) or (key == "scale" and v == 0):
+                what = "a finite non-zero number" if key == "scale" else "a finite number"
+                raise fail(f"output.{key} must be {what}; got {v!r}")
+
+    # [run]
+    device = run.get("device", "auto")
+    if not isinstance(device, str) or not device.strip():
+        raise fail(f"run.device must be auto, gpu, cpu, a name fragment or 'p:d'; got {device!r}")
+    slab_depth = run.get("slab_depth")
+    if slab_depth is not None and (not is_int(slab_depth) or slab_depth < 1):
+        raise fail(f"run.slab_depth must be a positive integer; got {slab_depth!r}")
+
+    return Config(
+        source=source, base_dir=source.resolve().parent, text=text or dump_toml(data),
+        data=data, paths=tuple(paths), size=size, boundary=boundary, cval=float(cval),
+        units=units, filters=tuple(filters), output=template, dtype=dtype,
+        compression=compression, scale=float(out.get("scale", 1.0)),
+        offset=float(out.get("offset", 0.0)), device=device.strip(), slab_depth=slab_depth,
+    )  # fmt: skip
+
+
+def _check_template(template: str, fail: Callable[[str], PipelineError]) -> None:
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise fail(f"output.path = {template!r}: {e} (write {{{{ and }}}} for braces)") from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in TEMPLATE_FIELDS or spec or conversion:
+            raise fail(
+                f"output.path = {template!r}: unknown field {{{name}}}; "
+                f"use {{stem}} (input file name without extensions) or {{parent}} (its folder)"
+            )

@@ -1,0 +1,125 @@
+"""What `volconv run` and `volconv validate` show: the plan, a progress bar, a line per
+input and the final table (numbers from `volconv.report`, work from `volconv.pipeline`)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+import volconv
+from volconv.config import Config, PipelineError
+from volconv.pipeline import Job, RunResult, choose_device, device_name, peaks, plan_jobs, run
+from volconv.report import (
+    VolumeReport,
+    format_gflop,
+    format_gflops,
+    report_json,
+    summary_line,
+    summary_table,
+)
+
+
+def run_and_report(
+    cfg: Config, console: Console, *, overwrite: bool = False, report: str | Path | None = None
+) -> RunResult:
+    """`volconv.pipeline.run` with a progress bar (on a terminal only), a line per input and
+    the final table; ``report`` also gets the table's numbers as JSON."""
+    if report is not None and not Path(report).absolute().parent.is_dir():
+        raise PipelineError(f"--report {report}: folder {Path(report).parent} does not exist")
+    progress = _progress(console) if console.is_terminal else None
+    task = None
+
+    def on_plan(jobs: list[Job]) -> None:
+        nonlocal task
+        if progress is not None:
+            todo = sum(j.n_slabs for j in jobs if overwrite or not j.complete)
+            task = progress.add_task("slabs", total=todo)
+
+    def on_slab(job: Job) -> None:
+        if progress is not None and task is not None:
+            progress.update(task, advance=1, description=job.volume.stem)
+
+    def on_volume(r: VolumeReport) -> None:
+        (progress.console if progress else console).print(
+            summary_line(r), highlight=False, markup=False, soft_wrap=True
+        )
+
+    with progress or nullcontext():
+        result = run(cfg, overwrite=overwrite, on_plan=on_plan, on_slab=on_slab,
+                     on_volume=on_volume)  # fmt: skip
+    name = device_name(result.device)
+    table = summary_table(result.reports, name, result.peak_gflops, result.measured_peak_gflops)
+    wide(console).print(table)
+    if report is not None:
+        meta = {
+            "pipeline": str(cfg.source), "volconv_version": volconv.__version__,
+            "device": name, "peak_gflops": result.peak_gflops, "peak_how": result.peak_how,
+            "measured_peak_gflops": result.measured_peak_gflops,
+        }  # fmt: skip
+        report_json(result.reports, meta, report)
+    return result
+
+
+def wide(console: Console) -> Console:
+    """``console``, or off a terminal (logs, pipes), where rich assumes 80 columns, one as
+    wide as the summary table needs."""
+    if console.is_terminal:
+        return console
+    return Console(file=console.file, width=max(console.width, 150), color_system=None)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("slabs"), TimeElapsedColumn(), TimeRemainingColumn(),
+        console=console, transient=True,
+    )  # fmt: skip
+
+
+def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list[Job]:
+    """Check the pipeline, its bank and every input (headers only) and print the plan."""
+    device = choose_device(cfg)
+    jobs = plan_jobs(cfg, device, overwrite=overwrite)
+    peak, how, _ = peaks(device)
+    first = jobs[0]
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    say(f"pipeline {cfg.source}")
+    say(f"device   {device_name(device)}, FP32 peak {format_gflops(peak)} ({how})")
+    cval = f" (cval {cfg.cval:g})" if cfg.boundary == "constant" else ""
+    say(f"bank     N = {len(first.filters)}, boundary {cfg.boundary}{cval}:")
+    for f in first.filters:
+        say(f"           {f.name:<16} {f.type:<9} {'x'.join(map(str, f.kernel.shape))}")
+    scaled = f", value = stored * {cfg.scale:g} + {cfg.offset:g}" if cfg.dtype == "uint8" else ""
+    say(f"output   {cfg.dtype}, compression {cfg.compression}{scaled}")
+    say(f"inputs   {len(jobs)}")
+    for job in jobs:
+        if job.complete:
+            state = "complete: recomputed" if overwrite else "complete: skipped"
+        elif job.output.exists():
+            state = "exists: replaced"
+        else:
+            state = "new"
+        shape = "x".join(map(str, job.volume.shape))
+        extents = "x".join(map(str, job.kernels.shape[1:]))
+        say(
+            f"  {job.spec}  {shape} {np.dtype(job.volume.dtype)}\n"
+            f"    -> {job.output} ({state})\n"
+            f"    kernels {extents}, {format_gflop(job.gflop)} GFLOP, slab depth "
+            f"{job.plan.slab_depth} ({job.n_slabs} slabs), device memory "
+            f"{job.plan.device_bytes / 2**20:.1f} MiB"
+        )
+    return jobs
