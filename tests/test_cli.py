@@ -4,6 +4,7 @@ resume."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -322,3 +323,124 @@ def test_python_m_volconv(tmp_path, scan):
         cwd=ROOT, capture_output=True, text=True, env=env,
     )  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bank.size" in bad.stderr
+
+
+# -- reruns: what counts as done (SPEC "CLI": same input, bank, boundary, cval, dtype) -----
+def test_a_changed_pipeline_over_a_complete_output_is_exit_2(tmp_path, scan, capsys):
+    pipeline = write_pipeline(tmp_path, BOX)
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    code, out, _ = volconv("run", pipeline, capsys=capsys)
+    assert code == 0 and "skipped" in out  # the same pipeline: done already
+
+    for change, words in (
+        ("bank.boundary=wrap", ("boundary", "'reflect'", "'wrap'")),
+        ("bank.size=5", ("bank",)),
+        ("output.dtype=float16", ("output dtype",)),
+    ):
+        code, out, err = volconv("run", pipeline, "--set", change, capsys=capsys)
+        assert_one_line_error(code, out, err, str(tmp_path / "out" / "scan.h5"), "--overwrite",
+                              *words)  # fmt: skip
+        code, out, err = volconv("validate", pipeline, "--set", change, capsys=capsys)
+        assert_one_line_error(code, out, err, *words)
+
+    code, _, err = volconv("run", pipeline, "--set", "bank.boundary=wrap", "--overwrite",
+                           capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    with check_output(tmp_path / "out" / "scan.h5", np.load(scan).astype(float), "wrap"):
+        pass
+
+    np.save(scan, random_volume((6, 5, 4), "uint8"))  # new voxels under the same name
+    code, out, err = volconv("run", pipeline, "--set", "bank.boundary=wrap", capsys=capsys)
+    assert_one_line_error(code, out, err, "input", "SHA-256")
+
+
+def test_two_runs_of_one_pipeline_at_once_both_succeed(tmp_path):
+    for i in range(6):
+        np.save(tmp_path / f"v{i}.npy", random_volume((24, 20, 16), "uint8"))
+    pipeline = write_pipeline(tmp_path, [{"type": "gaussian", "sigma": 1.0}], run={"slab_depth": 4})
+    runs = [start(pipeline) for _ in range(2)]
+    for proc in runs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [f"v{i}.h5" for i in range(6)]  # no temps
+    for i in range(6):
+        with check_output(out / f"v{i}.h5", np.load(tmp_path / f"v{i}.npy").astype(float)):
+            pass
+
+
+# -- Ctrl-C: at once, saying what was kept -----------------------------------------------
+def test_ctrl_c_stops_within_two_seconds_during_a_long_kernel(tmp_path):
+    # One slab whose single launch takes seconds on a CPU device: the run must not wait for it.
+    np.save(tmp_path / "a.npy", random_volume((8, 8, 8), "uint8"))
+    np.save(tmp_path / "b.npy", random_volume((96, 96, 96), "uint8"))
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        np.save(tmp_path / f"k{i}.npy", rng.random((31, 31, 31)))
+    filters = [{"type": "custom", "name": f"k{i}", "path": f"k{i}.npy"} for i in range(8)]
+    data = {
+        "input": {"paths": ["a.npy", "b.npy"]},
+        "bank": {"filter": filters},
+        "output": {"path": "out/{stem}.h5"},
+        "run": {"device": DEVICE},
+    }
+    pipeline = tmp_path / "long.toml"
+    pipeline.write_text(dump_toml(data))
+    proc = start(pipeline)
+    wait_for_b_in_progress(proc, tmp_path / "out", timeout=120)
+    time.sleep(0.5)  # the kernel is running now
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert took < 2.0, f"stopped {took:.1f} s after Ctrl-C"
+    assert "1 output(s) complete and kept" in err and "run the same command again" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.h5"]
+
+
+# -- smaller things users meet ------------------------------------------------------------
+def test_pyopencl_ctx_naming_no_device_is_exit_2(tmp_path, scan):
+    pipeline = write_pipeline(tmp_path, BOX, run={"device": "auto"})
+    env = {**os.environ, "PYOPENCL_CTX": "7"}
+    run = subprocess.run(
+        [sys.executable, "-m", "volconv", "validate", str(pipeline)],
+        cwd=ROOT, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert_one_line_error(run.returncode, run.stdout, run.stderr, "PYOPENCL_CTX", "'7'")
+
+
+def test_output_name_collision_hint_names_what_is_missing(tmp_path, capsys):
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        np.save(tmp_path / sub / "scan.npy", random_volume((4, 4, 4), "uint8"))
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["*/scan.npy"]})
+    code, out, err = volconv("validate", pipeline, capsys=capsys)
+    line = assert_one_line_error(code, out, err, "{parent}")
+    assert "use {stem}" not in line  # {stem} is already in output.path
+
+
+def test_a_closed_stdout_does_not_stop_the_run(tmp_path):
+    for i in range(3):
+        np.save(tmp_path / f"v{i}.npy", random_volume((6, 5, 4), "uint8"))
+    pipeline = write_pipeline(tmp_path, BOX)
+    proc = start(pipeline)
+    proc.stdout.readline()  # as `volconv run ... | head -1` does
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert err == ""
+    for i in range(3):
+        assert says_complete(tmp_path / "out" / f"v{i}.h5")
+
+
+def test_the_file_and_the_report_record_the_same_wall_time(tmp_path, scan, capsys):
+    pipeline = write_pipeline(tmp_path, BOX)
+    report = tmp_path / "report.json"
+    assert volconv("run", pipeline, "--report", report, capsys=capsys)[0] == 0
+    (entry,) = json.loads(report.read_text())["inputs"]
+    with h5py.File(tmp_path / "out" / "scan.h5") as f:
+        assert f.attrs["wall_seconds"] == entry["wall_seconds"] == entry["stages"]["wall"]
+        assert f"{entry['gflop']:.3g}" != "0"

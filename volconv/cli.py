@@ -141,6 +141,8 @@ def run(
                                 overwrite=overwrite, report=report)  # fmt: skip
     except USER_ERRORS as e:  # the pipeline's, bank's, inputs' and writer's: exit 2
         raise UserError(str(e)) from e
+    except KeyboardInterrupt as e:  # here: typer would turn it into a silent exit 130
+        _interrupted(e)
     if result.failed:
         raise typer.Exit(1)
 
@@ -262,20 +264,25 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
+def _interrupted(e: KeyboardInterrupt) -> None:
+    """Say what Ctrl-C kept and how to resume, and exit 130 at once: a kernel may still run
+    on the device in a worker thread, and waiting for it (or for the OpenCL driver's clean-up
+    at exit) is what the user interrupted."""
+    if _state["debug"]:
+        raise e
+    message = str(e) or "interrupted; outputs not marked complete were removed, rerun to resume"
+    err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
+
+
 def main() -> None:
     """Entry point: map exceptions to the exit statuses SPEC.md promises."""
     try:
         app()  # typer reports bad options itself (exit 2) and exits through SystemExit
-    except KeyboardInterrupt as e:
-        if _state["debug"]:
-            raise
-        message = str(e) or "interrupted; outputs not marked complete were removed, rerun to resume"
-        err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # At once: a kernel may still run on the device in a worker thread, and waiting for
-        # it (or for the OpenCL driver's clean-up at exit) is what the user interrupted.
-        os._exit(130)
+    except KeyboardInterrupt as e:  # outside a command (imports, typer's parsing)
+        _interrupted(e)
     except UserError as e:
         if _state["debug"]:
             raise
