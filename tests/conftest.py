@@ -1,4 +1,9 @@
-"""Shared fixtures: the OpenCL device under test and SPEC.md's tolerance."""
+"""Shared fixtures: the OpenCL devices under test and SPEC.md's tolerance.
+
+Tests that take the ``device`` fixture run once on every OpenCL device present, as pyopencl's
+own tests do; ``VOLCONV_TEST_DEVICE`` (a spec as ``--device`` takes it: ``cpu``, ``nvidia``,
+``0:1``) narrows them to one.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +13,23 @@ import numpy as np
 import pytest
 import scipy.ndimage as ndi
 
-from volconv.device import NoDeviceError, select_device
-
-# SPEC.md: |stored - reference| <= SPEC_RTOL * sum(|kernel|) * max(|v|) + SPEC_ATOL
-SPEC_RTOL = 1e-5
-SPEC_ATOL = 1e-6
+from volconv.checks import spec_tolerance
+from volconv.device import NoDeviceError, list_devices, select_device
 
 
-@pytest.fixture(scope="session")
-def device():
-    """The device the tests run on: VOLCONV_TEST_DEVICE, else PoCL's CPU device, else any."""
-    spec = os.environ.get("VOLCONV_TEST_DEVICE", "cpu")
+def _specs_under_test() -> list[str]:
+    if spec := os.environ.get("VOLCONV_TEST_DEVICE"):
+        return [spec]
+    return [d.spec for d in list_devices()] or ["auto"]
+
+
+@pytest.fixture(scope="session", params=_specs_under_test())
+def device(request):
+    """Each OpenCL device present in turn, or the one VOLCONV_TEST_DEVICE names."""
     try:
-        return select_device(spec)
-    except NoDeviceError as e:
-        pytest.fail(f"no OpenCL device for the tests ({spec!r}): {e}")
+        return select_device(request.param)
+    except (NoDeviceError, ValueError) as e:
+        pytest.fail(f"no OpenCL device for the tests ({request.param!r}): {e}")
 
 
 def reference(volume: np.ndarray, kernels: np.ndarray, mode: str, cval: float = 0.0):
@@ -37,6 +44,6 @@ def assert_spec_close(out: np.ndarray, volume: np.ndarray, kernels: np.ndarray, 
     assert np.all(np.isfinite(out))
     vmax = float(np.max(np.abs(volume))) if np.size(volume) else 0.0
     for f, k in enumerate(np.asarray(kernels)):
-        tol = SPEC_RTOL * float(np.sum(np.abs(k))) * vmax + SPEC_ATOL
+        tol = spec_tolerance(k, vmax)
         err = float(np.max(np.abs(out[f].astype(np.float64) - ref[f])))
         assert err <= tol, f"filter {f}: max error {err:.3g} > tolerance {tol:.3g}"

@@ -204,11 +204,11 @@ def make_plan(
 def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> int:
     """Deepest slab whose buffers fit the budget, each one allocation, and int indexing."""
     budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
-    one = plan.slab_bytes(1)
-    per_row = sum(one.values())
-    fixed = plan.slab_bytes(0)
+    fixed = plan.slab_bytes(0)  # the halo rows every slab carries
+    row = {k: v - fixed[k] for k, v in plan.slab_bytes(1).items()}  # each output row more
+    per_row = sum(row.values())
     depth = (budget - sum(fixed.values())) // per_row
-    for name, size in one.items():
+    for name, size in row.items():
         if size:
             depth = min(depth, (device.max_mem_alloc_size - fixed[name]) // size)
     p1, p2 = plan.padded_yz

@@ -1,0 +1,100 @@
+"""volconv.plan: pass splitting, unroll and work-group choices and slab depth under budgets,
+as pure functions of a device's limits (a stand-in device: no OpenCL needed)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+from volconv.plan import (
+    MIN_STREAM_DEPTH,
+    STREAM_SLABS,
+    VECTOR_WIDTHS,
+    make_plan,
+    pad_dtype_for,
+    split_passes,
+)
+
+GiB = 2**30
+
+
+def fake_device(*, gpu: bool = True, memory: int = 80 * GiB, alloc: int = 20 * GiB,
+                local: int = 48 * 1024, group: int = 1024) -> SimpleNamespace:  # fmt: skip
+    kind = cl.device_type.GPU if gpu else cl.device_type.CPU
+    return SimpleNamespace(type=kind, global_mem_size=memory, max_mem_alloc_size=alloc,
+                           local_mem_size=local, max_work_group_size=group)  # fmt: skip
+
+
+def plan(shape=(256, 256, 256), extents=(7, 7, 7), n=8, device=None, **knobs):
+    return make_plan(shape, np.dtype(np.uint8), extents, n, "reflect", 0.0,
+                     device or fake_device(), **knobs)  # fmt: skip
+
+
+@pytest.mark.parametrize("n", range(1, 65))
+def test_passes_cover_every_filter_once(n):
+    passes = split_passes(n)
+    assert sum(p.count for p in passes) == n
+    assert [p.first for p in passes] == [
+        sum(q.count for q in passes[:i]) for i in range(len(passes))
+    ]
+    assert all(p.width in VECTOR_WIDTHS and 1 <= p.count <= p.width for p in passes)
+
+
+def test_passes_prefer_wide_vectors_and_no_wasted_lanes():
+    assert [p.width for p in split_passes(8)] == [8]
+    assert [p.width for p in split_passes(13)] == [8, 4, 1]
+    assert [p.width for p in split_passes(16)] == [8, 8]  # width 16 measured slower
+    assert [p.width for p in split_passes(5, width=4)] == [4, 4]  # forced width: one spare lane
+
+
+def test_unroll_and_work_group_by_device_kind():
+    gpu, cpu = plan(device=fake_device()), plan(device=fake_device(gpu=False))
+    assert gpu.unroll == 8 and cpu.unroll == 16
+    assert gpu.local_size == (32, 4, 1)
+    small = plan(device=fake_device(group=64))
+    assert math.prod(small.local_size) <= 64
+
+
+def test_slab_depth_fits_the_memory_budget():
+    whole = plan()
+    assert whole.slab_depth == 256  # 80 GiB holds it all (budget 2 GiB)
+    budget = 64 * 2**20
+    p = plan(memory_budget=budget)
+    assert p.device_bytes <= budget < plan(slab_depth=p.slab_depth + 1).device_bytes
+    assert p.n_slabs == math.ceil(256 / p.slab_depth)
+
+
+def test_slab_depth_respects_one_allocation():
+    p = plan(device=fake_device(alloc=100 * 2**20))
+    assert max(p.slab_bytes(p.slab_depth).values()) <= 100 * 2**20
+
+
+def test_no_slab_fits_is_a_clear_error():
+    with pytest.raises(ValueError, match="memory_budget"):
+        plan(memory_budget=1000)
+
+
+def test_streaming_plans_several_slabs_per_frame():
+    p = plan(stream=True)
+    assert p.slab_depth == max(MIN_STREAM_DEPTH, math.ceil(256 / STREAM_SLABS))
+    assert plan(shape=(20, 64, 64), stream=True).slab_depth == 20  # shallow: one slab
+    assert plan(stream=True, slab_depth=7).slab_depth == 7  # forced depth wins
+
+
+def test_padded_type_holds_cval():
+    u8 = np.dtype(np.uint8)
+    assert pad_dtype_for(u8, "constant", 255.0) == u8
+    assert pad_dtype_for(u8, "constant", 0.5) == np.float32
+    assert pad_dtype_for(u8, "constant", -1.0) == np.float32
+    assert pad_dtype_for(u8, "reflect", 0.5) == u8  # cval unused
+
+
+def test_padded_yz_covers_the_last_unrolled_reads():
+    p = plan(shape=(10, 11, 13), extents=(3, 5, 7))
+    p1, p2 = p.padded_yz
+    assert p1 == 11 + 4
+    assert p2 >= math.ceil(13 / p.unroll) * p.unroll + 6
