@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import h5py
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
@@ -444,3 +445,29 @@ def test_the_file_and_the_report_record_the_same_wall_time(tmp_path, scan, capsy
     with h5py.File(tmp_path / "out" / "scan.h5") as f:
         assert f.attrs["wall_seconds"] == entry["wall_seconds"] == entry["stages"]["wall"]
         assert f"{entry['gflop']:.3g}" != "0"
+
+
+def test_show_draws_every_response(tmp_path, scan, capsys):
+    pipeline = write_pipeline(tmp_path, [{"type": "box"}, {"type": "gaussian", "sigma": 1}])
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    code, out, err = volconv("show", tmp_path / "out" / "scan.h5", capsys=capsys)
+    assert code == 0, err
+    png = tmp_path / "out" / "scan.png"
+    assert f"wrote {png}" in out
+    image = plt.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 300  # a row per filter, 3 columns
+    assert image[..., :3].std() > 0.05  # slices drawn, not a blank page
+    code, out, err = volconv("show", tmp_path / "missing.h5", capsys=capsys)
+    assert_one_line_error(code, out, err, "missing.h5", "no such file")
+    code, out, err = volconv("show", scan, capsys=capsys)
+    assert_one_line_error(code, out, err, "scan.npy")
+
+
+def test_devices_shows_the_probe_only_when_asked_or_cached(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
+    code, out, _ = volconv("devices", capsys=capsys)
+    assert code == 0 and "FP32 peak" in out and "FMA probe" not in out  # no probe by itself
+    code, out, _ = volconv("devices", "--probe", capsys=capsys)
+    assert code == 0 and "FMA probe" in out and "measured now" in out
+    code, out, _ = volconv("devices", capsys=capsys)
+    assert code == 0 and "(cached; --probe measures again)" in out

@@ -78,8 +78,15 @@ def _gib(n: int) -> str:
 
 
 @app.command()
-def devices() -> None:
+def devices(
+    probe: bool = typer.Option(
+        False, "--probe", help="Measure each device's FP32 rate with the FMA probe (seconds)."
+    ),
+) -> None:
     """Every OpenCL platform and device with its theoretical FP32 peak."""
+    from volconv.peak import measured_peak
+    from volconv.report import format_gflops
+
     found = list_devices()
     if not found:
         raise NoDeviceError(missing_platform_help())
@@ -90,14 +97,26 @@ def devices() -> None:
             if d.name == auto.name.strip() and d.platform == auto.platform.name.strip()
             else ""
         )
-        console.print(f"[bold]{d.spec}  {d.name}[/bold]  [{d.kind}]{chosen}", highlight=False)
-        console.print(f"      platform   {d.platform} (driver {d.driver})", highlight=False)
-        console.print(f"      compute    {d.compute_units} units at {d.clock_mhz} MHz")
+        console.print(
+            f"[bold]{d.spec}  {d.name}[/bold]  [{d.kind}]{chosen}", highlight=False, soft_wrap=True
+        )
+        console.print(
+            f"      platform   {d.platform} (driver {d.driver})", highlight=False, soft_wrap=True
+        )
+        console.print(
+            f"      compute    {d.compute_units} units at {d.clock_mhz} MHz", soft_wrap=True
+        )
         console.print(
             f"      memory     {_gib(d.global_mem)} global, {_gib(d.max_alloc)} max allocation, "
-            f"{d.local_mem // 1024} KiB local"
+            f"{d.local_mem // 1024} KiB local",
+            soft_wrap=True,
         )
-        console.print(f"      FP32 peak  {d.peak}  ({d.peak.how})", highlight=False)
+        console.print(f"      FP32 peak  {d.peak}  ({d.peak.how})", highlight=False, soft_wrap=True)
+        measured = measured_peak(select_device(d.spec), refresh=probe, probe=probe)
+        if measured is not None:
+            how = "measured now" if probe else "cached; --probe measures again"
+            console.print(f"      FMA probe  {format_gflops(measured)}  ({how})", highlight=False,
+                          soft_wrap=True)  # fmt: skip
 
 
 @app.command()
@@ -163,6 +182,23 @@ def validate(
         show_plan(load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
     except USER_ERRORS as e:
         raise UserError(str(e)) from e
+
+
+@app.command()
+def show(
+    output: str = typer.Argument(..., metavar="OUTPUT.h5", help="A volconv output file."),
+    png: str | None = typer.Option(None, "--png", help="Where to write (default OUTPUT.png)."),
+) -> None:
+    """A PNG of the central slices of every response, with names and value ranges."""
+    from volconv.show import show as draw
+
+    if not os.path.isfile(output):
+        raise UserError(f"{output}: no such file")
+    try:
+        path = draw(output, png)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{output}: {e}" if output not in str(e) else str(e)) from e
+    console.print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)
 
 
 # -- bench: volconv.bench does the work ---------------------------------------------------

@@ -76,7 +76,7 @@ def wide(console: Console) -> Console:
     wide as the summary table needs."""
     if console.is_terminal:
         return console
-    return Console(file=console.file, width=max(console.width, 150), color_system=None)
+    return Console(file=console.file, width=max(console.width, 200), color_system=None)
 
 
 def _progress(console: Console) -> Progress:
