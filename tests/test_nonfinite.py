@@ -186,3 +186,15 @@ def test_finite_volumes_never_build_the_override(device):
     for a, b in conv.slabs():
         conv.convolve_slab(a, b, vol[conv.source_rows(a, b)])
     assert conv._override is not None
+
+
+def test_slabs_into_pinned_views_as_the_pipeline_does(device):
+    """``out=pinned[:, : b - a]`` (a view, as `volconv run` passes) takes the override too."""
+    vol, kernels = volume("clusters"), mixed_bank()
+    conv = BankConvolver(kernels, vol.shape, vol.dtype, "wrap", device=device, slab_depth=5)
+    pinned = conv.pinned_slab()
+    out = np.empty((len(kernels), *vol.shape), np.float32)
+    for a, b in conv.slabs():
+        out[:, a:b] = conv.convolve_slab(a, b, vol[conv.source_rows(a, b)], pinned[:, : b - a])
+    assert_nonfinite_as_scipy(out, vol, kernels, "wrap")
+    assert all(conv.timings[s] > 0 for s in ("upload", "pad", "kernel", "download"))

@@ -29,6 +29,7 @@ uses it the same way; finite slabs never reach it::
 from __future__ import annotations
 
 import numpy as np
+import pyopencl as cl
 
 TAP_EPS = np.finfo(np.float64).eps  # scipy leaves out taps with |w| <= DBL_EPSILON
 
@@ -105,7 +106,7 @@ class NonFiniteOverride:
         shape: tuple[int, int, int],
         mode: str,
         *,
-        device: object,
+        device: cl.Device,
         slab_depth: int,
     ) -> None:
         pos, neg = kept_taps(kernels)
@@ -114,7 +115,7 @@ class NonFiniteOverride:
         # infinities, their unions the NaNs; each bank of them is no wider than the convolver's.
         signed, index = _distinct(np.concatenate([pos, neg]))
         self._pos, self._neg = index[: self.n_filters], index[self.n_filters :]
-        union, self._any = _distinct(pos | neg)
+        union, self._kept = _distinct(pos | neg)
         convolver = {"shape": shape, "dtype": np.uint8, "mode": mode, "cval": 0.0,
                      "device": device, "slab_depth": slab_depth}  # fmt: skip
         chunk = self.n_filters
@@ -148,7 +149,7 @@ class NonFiniteOverride:
             p, m = self._pos[f], self._neg[f]
             plus = reached("+inf", p) | reached("-inf", m)
             minus = reached("-inf", p) | reached("+inf", m)
-            nan = reached("nan", self._any[f]) | (plus & minus)
+            nan = reached("nan", self._kept[f]) | (plus & minus)
             out[f][plus] = np.inf
             out[f][minus] = -np.inf
             out[f][nan] = np.nan
