@@ -323,7 +323,8 @@ def convolve_bank(
     ----------
     volume : (x, y, z) or (x, y, z, t) array
         Any real dtype; uint8, int8, uint16, int16 and float32 are read as they are, others
-        converted to float32. A 4D volume is filtered as t independent 3D volumes.
+        converted to float32. A 4D volume is filtered as t independent 3D volumes. NaN and
+        +-Inf voxels propagate as in scipy, which leaves out taps of zero weight.
     kernels : (N, kx, ky, kz) array
         1 <= N <= 64 filters, extents 1..31 (odd or even), centred as scipy centres them.
     mode : {'reflect', 'mirror', 'nearest', 'constant', 'wrap'}
