@@ -15,6 +15,7 @@
  *   UNROLL       outputs per work-item along axis 2, 1..32, KZ + UNROLL - 1 <= 64
  *   IN_T         element type of the padded slab (uchar, char, ushort, short, float)
  *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
+ *   BLOCK_TAPS   optional: sum blocked from this many taps on (default below)
  */
 #pragma OPENCL FP_CONTRACT ON
 
@@ -38,6 +39,22 @@ typedef float16 vecf;
 
 #define NTAPS (KX * KY * KZ)
 
+/* Blocked summation for large filters: one FP32 running sum over a 31^3 filter's 29,791 taps
+ * drifts past SPEC's tolerance (1e-5 * sum|k| * max|v|) on bright data, so from BLOCK_TAPS taps
+ * on each dx plane is summed apart and then added into the total. Measured (Gaussians of sigma
+ * 0.5..10 over 255s): one sum stays within 0.25 of the tolerance up to 10^3 taps and reaches
+ * 1.9x at 31^3; per plane, 0.1x at most. Smaller filters keep a single running sum: no extra
+ * registers, the same code as before. */
+#ifndef BLOCK_TAPS
+#define BLOCK_TAPS 1000
+#endif
+#define BLOCKED (NTAPS >= BLOCK_TAPS)
+#if BLOCKED
+#define SUM part
+#else
+#define SUM acc
+#endif
+
 #if FILT_LOCAL
 #define FILT_SPACE __local
 #else
@@ -48,7 +65,7 @@ typedef float16 vecf;
  * 0 <= pos - u < KZ, which the compiler decides, so no branch survives. */
 #define MAD(u, pos)                                                      \
     if ((u) < UNROLL && (pos) - (u) >= 0 && (pos) - (u) < KZ) {          \
-        acc[(u)] += raw * filt[foff + (pos) - (u)];                      \
+        SUM[(u)] += raw * filt[foff + (pos) - (u)];                      \
     }
 
 #define MADS(pos)                                                                      \
@@ -128,11 +145,18 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
     for (int u = 0; u < UNROLL; u++) acc[u] = (vecf)(0.0f);
 
     for (int dx = 0; dx < KX; dx++) {
+#if BLOCKED
+        vecf part[UNROLL];
+        for (int u = 0; u < UNROLL; u++) part[u] = (vecf)(0.0f);
+#endif
         for (int dy = 0; dy < KY; dy++) {
             __global const IN_T *row = in + ((x + dx) * P1 + (y + dy)) * P2 + z0;
             const int foff = (dx * KY + dy) * KZ;
             MADS8(0) MADS8(8) MADS8(16) MADS8(24) MADS8(32) MADS8(40) MADS8(48) MADS8(56)
         }
+#if BLOCKED
+        for (int u = 0; u < UNROLL; u++) acc[u] += part[u];
+#endif
     }
 
     const long base = ((long)x * ny + y) * nz + z0;

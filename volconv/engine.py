@@ -3,7 +3,8 @@
 `BankConvolver` applies a bank of N kernels to a 3D volume slab by slab along axis 0. A slab of
 output rows ``[a, b)`` needs the source rows `source_rows(a, b)`; the caller reads them (from an
 array, a memory map, a NIfTI or HDF5 file) and `convolve_slab` returns the N responses.
-`convolve_bank` is the whole-array API on top of it.
+`convolve_bank` is the whole-array API on top of it. A slab holding NaN or Inf is filtered as
+scipy filters it (`volconv.nonfinite`); finite slabs take the kernel alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyopencl as cl
 
 from volconv.boundary import MODES, extend_indices
 from volconv.device import context_for, select_device
+from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
 
 
@@ -126,6 +128,7 @@ class BankConvolver:
         )  # fmt: skip
         self.kernels = bank
         self.timings = dict.fromkeys(("upload", "pad", "kernel", "download"), 0.0)
+        self._override: NonFiniteOverride | None = None
         self._setup()
 
     # -- set-up ------------------------------------------------------------------------
@@ -184,13 +187,12 @@ class BankConvolver:
         """Responses ``(N, b - a, ny, nz)`` of output rows ``[a, b)``.
 
         ``rows`` holds the volume at `source_rows(a, b)`, in that order. ``out``, if given,
-        is a float32 array of that shape (or a view with contiguous filter planes).
+        is a float32 array of that shape (or a view with contiguous filter planes). Non-finite
+        voxels reach the outputs their kept taps reach, as in scipy.
         """
-        plan, queue = self.plan, self.queue
+        plan = self.plan
         ny, nz = plan.shape[1:]
-        p1, p2 = plan.padded_yz
-        depth = b - a
-        if not 0 <= a < b <= plan.shape[0] or depth > plan.slab_depth:
+        if not 0 <= a < b <= plan.shape[0] or b - a > plan.slab_depth:
             raise ValueError(
                 f"[a, b) = [{a}, {b}) is not a slab of at most {plan.slab_depth} rows in "
                 f"[0, {plan.shape[0]})"
@@ -201,6 +203,33 @@ class BankConvolver:
         rows = np.ascontiguousarray(native_volume(np.asarray(rows)), dtype=plan.src_dtype)
         if rows.shape != (len(needed), ny, nz):
             raise ValueError(f"rows: expected the source rows of [{a}, {b}); got {rows.shape}")
+        if out is None:
+            out = np.empty((plan.n_filters, b - a, ny, nz), np.float32)
+        if not has_nonfinite(rows):
+            return self._convolve(a, b, rows, local, out)
+        self._convolve(a, b, finite_part(rows), local, out)
+        for stage, seconds in self._nonfinite().apply(a, b, rows, out).items():
+            self.timings[stage] += seconds
+        return out
+
+    def _nonfinite(self) -> NonFiniteOverride:
+        """The override, built at the first slab holding NaN or Inf: finite volumes never
+        compile or allocate it."""
+        if self._override is None:
+            self._override = NonFiniteOverride(
+                self.kernels, self.plan.shape, self.plan.mode, device=self.device,
+                slab_depth=self.plan.slab_depth,
+            )  # fmt: skip
+        return self._override
+
+    def _convolve(
+        self, a: int, b: int, rows: np.ndarray, local: np.ndarray, out: np.ndarray
+    ) -> np.ndarray:
+        """Upload, pad, filter and download one slab; ``local`` maps padded rows to ``rows``."""
+        plan, queue = self.plan, self.queue
+        ny, nz = plan.shape[1:]
+        p1, p2 = plan.padded_yz
+        depth = b - a
         t_up = [
             cl.enqueue_copy(queue, self._m0, local, is_blocking=False),
             cl.enqueue_copy(queue, self._src, rows, is_blocking=False),
@@ -214,8 +243,6 @@ class BankConvolver:
         t_pad = cl.enqueue_nd_range_kernel(queue, self._pad, (p2, p1, p0), None)
         plane = depth * ny * nz
         t_conv = self._launch_passes(depth)
-        if out is None:
-            out = np.empty((plan.n_filters, depth, ny, nz), np.float32)
         t_down = [
             cl.enqueue_copy(queue, out[f], self._out, src_offset=f * plane * 4, is_blocking=False)
             for f in range(plan.n_filters)
@@ -296,7 +323,8 @@ def convolve_bank(
     ----------
     volume : (x, y, z) or (x, y, z, t) array
         Any real dtype; uint8, int8, uint16, int16 and float32 are read as they are, others
-        converted to float32. A 4D volume is filtered as t independent 3D volumes.
+        converted to float32. A 4D volume is filtered as t independent 3D volumes. NaN and
+        +-Inf voxels propagate as in scipy, which leaves out taps of zero weight.
     kernels : (N, kx, ky, kz) array
         1 <= N <= 64 filters, extents 1..31 (odd or even), centred as scipy centres them.
     mode : {'reflect', 'mirror', 'nearest', 'constant', 'wrap'}
