@@ -11,7 +11,7 @@ import scipy.ndimage as ndi
 from typer.testing import CliRunner
 
 from volconv import bench
-from volconv.boundary import MODES
+from volconv.checks import MODES
 from volconv.cli import UserError, app
 
 POINT_FIELDS = {
@@ -211,7 +211,7 @@ def test_cli_peak_only(device, tmp_path):
     ("args", "message"),
     [
         (["--sweep-unroll", "4,64"], "--sweep-unroll: 64 is outside"),
-        (["--mode", "reflekt"], "--mode: 'reflekt' is not one of"),
+        (["--mode", "reflekt"], "--mode must be one of"),
         (["--dtype", "float64"], "--dtype: 'float64'"),
         (["--n", "0"], "--n: 0 is outside"),
         (["--extent", "3,3"], "--extent: expected one integer or three"),

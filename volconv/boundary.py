@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from volconv.checks import MODES, check_mode
-
-__all__ = ["MODES", "extend_indices", "halo"]
+from volconv.checks import check_mode
 
 
 def halo(extent: int) -> tuple[int, int]:

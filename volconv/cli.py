@@ -229,7 +229,7 @@ def bench(
 ) -> None:
     """Kernel throughput on a synthetic volume as a fraction of the device's peak."""
     from volconv import bench as b  # loaded for this command only
-    from volconv.boundary import MODES
+    from volconv.checks import check_mode
     from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, MAX_UNROLL
     from volconv.report import write_json
 
@@ -245,8 +245,10 @@ def bench(
         raise UserError(str(e)) from e
     if not 1 <= n <= MAX_FILTERS:
         raise UserError(f"--n: {n} is outside 1..{MAX_FILTERS}")
-    if mode not in MODES:
-        raise UserError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+    try:
+        check_mode(mode, "--mode")
+    except ValueError as e:
+        raise UserError(str(e)) from e
     if dtype not in {str(t) for t in CL_TYPES}:
         raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(map(str, CL_TYPES))}")
 

@@ -19,7 +19,7 @@ from typing import Any
 import tomli_w
 
 from volconv.bank import UNITS, BankError, build_bank
-from volconv.checks import check_mode, closest, is_int, suggest
+from volconv.checks import check_mode, check_positive_int, closest, suggest
 from volconv.writer import COMPRESSIONS, DTYPES, OutputError, compression_options
 
 
@@ -269,8 +269,11 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
     if not isinstance(device, str) or not device.strip():
         raise fail(f"run.device must be auto, gpu, cpu, a name fragment or 'p:d'; got {device!r}")
     slab_depth = run.get("slab_depth")
-    if slab_depth is not None and (not is_int(slab_depth) or slab_depth < 1):
-        raise fail(f"run.slab_depth must be a positive integer; got {slab_depth!r}")
+    if slab_depth is not None:
+        try:
+            check_positive_int(slab_depth, "run.slab_depth")
+        except ValueError as e:
+            raise fail(str(e)) from None
 
     return Config(
         source=source, base_dir=source.resolve().parent, text=text or dump_toml(data),

@@ -9,6 +9,7 @@ scipy filters it (`volconv.nonfinite`); finite slabs take the kernel alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from functools import cache
 from importlib import resources
@@ -17,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
-from volconv.boundary import MODES, extend_indices
+from volconv.boundary import extend_indices
+from volconv.checks import check_cval, check_mode, check_positive_int
 from volconv.device import context_for, select_device
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
+from volconv.report import work_gflop
 
 
 @cache
@@ -73,18 +76,6 @@ def _check_volume_dtype(dtype: np.dtype) -> None:
         raise TypeError(f"volume must be real numbers; got dtype {np.dtype(dtype)}")
 
 
-def _check_mode(mode: str, cval: float) -> float:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    try:
-        cval = float(cval)
-    except (TypeError, ValueError):
-        raise TypeError(f"cval must be a number; got {cval!r}") from None
-    if not np.isfinite(cval):
-        raise ValueError(f"cval must be finite; got {cval}")
-    return cval
-
-
 class BankConvolver:
     """A planned, compiled bank convolution for volumes of one shape and type.
 
@@ -98,9 +89,12 @@ class BankConvolver:
         scipy.ndimage boundary mode and constant value.
     device
         A ``pyopencl.Device``, or a device spec (see `volconv.device.select_device`).
+    plan
+        A plan made by `volconv.plan.make_plan` for this bank, shape and type on ``device``
+        (the pipeline plans each input once and hands the plan over); default: plan here.
     **overrides
         Plan knobs (``slab_depth``, ``memory_budget``, ``unroll``, ``vector_width``,
-        ``local_size``); see `volconv.plan.make_plan`.
+        ``local_size``) when planning here; see `volconv.plan.make_plan`.
     """
 
     def __init__(
@@ -112,20 +106,31 @@ class BankConvolver:
         cval: float = 0.0,
         *,
         device: cl.Device | str | None = None,
+        plan: Plan | None = None,
         **overrides: object,
     ) -> None:
         bank = as_kernel_bank(kernels)
-        cval = _check_mode(mode, cval)
+        mode, cval = check_mode(mode), check_cval(cval)
         _check_volume_dtype(dtype)
         if len(shape) != 3 or min(shape) < 1:
             raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
         self.device = device if isinstance(device, cl.Device) else select_device(device)
         self.ctx, self.queue = context_for(self.device)
         src = native_volume(np.empty(0, dtype)).dtype
-        self.plan: Plan = make_plan(
-            tuple(int(s) for s in shape), src, bank.shape[1:], bank.shape[0], mode, cval,
-            self.device, **overrides,
-        )  # fmt: skip
+        shape = tuple(int(s) for s in shape)
+        if plan is None:
+            plan = make_plan(shape, src, bank.shape[1:], bank.shape[0], mode, cval, self.device,
+                             **overrides)  # fmt: skip
+        elif (plan.shape, plan.extents, plan.n_filters, plan.src_dtype, plan.mode, plan.cval) != (
+            shape,
+            bank.shape[1:],
+            bank.shape[0],
+            src,
+            mode,
+            cval,
+        ):
+            raise ValueError("plan: made for another shape, bank, type or boundary")
+        self.plan: Plan = plan
         self.kernels = bank
         self.timings = dict.fromkeys(("upload", "pad", "kernel", "download"), 0.0)
         self._override: NonFiniteOverride | None = None
@@ -300,10 +305,11 @@ class BankConvolver:
         return seconds
 
     @property
-    def gflop(self) -> float:
-        """GFLOP of one volume, counted as SPEC.md says: 2 * N * prod(extent) * voxels."""
+    def executed_gflop(self) -> float:
+        """What the kernel computes for one volume: every filter at the bank's common extent
+        (`volconv.report.work_gflop`; the useful work counts each filter's own extent)."""
         plan = self.plan
-        return 2 * plan.n_filters * np.prod(plan.extents) * np.prod(plan.shape) / 1e9
+        return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
 
 
 def convolve_bank(
@@ -344,8 +350,8 @@ def convolve_bank(
     _check_volume_dtype(volume.dtype)
     if volume.ndim not in (3, 4):
         raise ValueError(f"volume must be 3D or 4D; got shape {volume.shape}")
-    if slab_depth is not None and (not isinstance(slab_depth, int | np.integer) or slab_depth < 1):
-        raise ValueError(f"slab_depth must be a positive integer; got {slab_depth!r}")
+    if slab_depth is not None:
+        check_positive_int(slab_depth, "slab_depth")
     conv = BankConvolver(
         kernels, volume.shape[:3], volume.dtype, mode, cval, device=device,
         slab_depth=slab_depth, memory_budget=memory_budget, **overrides,

@@ -81,12 +81,6 @@ class Job:
         """The useful work of the whole input (`volconv.report.work_gflop`)."""
         return work_gflop(self.extents, int(np.prod(self.volume.shape)))
 
-    @property
-    def executed_gflop(self) -> float:
-        """What the direct kernel computes: every filter at the padded common extent."""
-        return work_gflop([self.kernels.shape[1:]] * len(self.filters),
-                          int(np.prod(self.volume.shape)))  # fmt: skip
-
     def skipped(self, reason: str = "") -> VolumeReport:
         return VolumeReport.skipped(self.spec, str(self.output), self.volume.shape,
                                     len(self.filters), reason)  # fmt: skip
@@ -280,10 +274,8 @@ class Convolvers:
         key = (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
                job.kernels.tobytes())  # fmt: skip
         if key not in self._cache:
-            conv = BankConvolver(
-                job.kernels, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
-                device=self.device, slab_depth=job.plan.slab_depth,
-            )  # fmt: skip
+            conv = BankConvolver(job.kernels, job.shape3, job.volume.dtype, self.cfg.boundary,
+                                 self.cfg.cval, device=self.device, plan=job.plan)  # fmt: skip
             buffers: SimpleQueue = SimpleQueue()
             for _ in range(PINNED_BUFFERS):
                 buffers.put(conv.pinned_slab())
@@ -408,7 +400,7 @@ def _stream(
         record = throughput(
             gflop=job.gflop, kernel_seconds=stages["kernel"], wall_seconds=wall,
             peak_gflops=peaks.peak_gflops, measured_peak_gflops=peaks.measured_peak_gflops,
-            executed_gflop=job.executed_gflop, engine="fp32",
+            executed_gflop=conv.executed_gflop * volume.n_frames, engine="fp32",
         )  # fmt: skip
         attrs = {
             "affine": np.asarray(volume.affine, np.float64),
