@@ -54,6 +54,8 @@ ROOT_ATTRS = (
 # taking a small region decompresses little.
 MAX_CHUNK_BYTES = 64 * 2**20
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
+# Failures to write that are not the user's mistake: no space, quota, I/O, size limit.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
 
 
 class OutputError(ValueError):
@@ -141,10 +143,6 @@ def _remove_stale_temps(path: Path) -> None:
             continue
 
 
-# Failures to write that are not the user's mistake: no space, quota, I/O.
-_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
-
-
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -159,11 +157,10 @@ def _redirect(fd: int) -> None:
     """Make ``fd`` refer to an anonymous file in memory, closing what it referred to.
 
     Under a file size limit (``ulimit -f``), which applies to that file too, /dev/null
-    instead: its writes always succeed, though HDF5 cannot size it when a chunk it placed
-    was never written.
+    instead, whose writes always succeed.
     """
-    limited = resource is not None and resource.getrlimit(resource.RLIMIT_FSIZE)[0] not in (
-        resource.RLIM_INFINITY,
+    limited = resource is not None and (
+        resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
     )
     if hasattr(os, "memfd_create") and not limited:
         other = os.memfd_create("volconv-discard")
