@@ -202,8 +202,8 @@ def test_timings_and_gflop(device):
         (
             (np.zeros((4, 4, 4)), np.ones((1, 3, 3, 3))),
             {"device": "no-such"},
-            RuntimeError,
-            "no-such",
+            ValueError,
+            "device 'no-such'",
         ),
     ],
 )

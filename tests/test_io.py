@@ -11,7 +11,9 @@ import h5py
 import nibabel as nib
 import numpy as np
 import pytest
+from conftest import assert_spec_close, reference
 
+from volconv.engine import convolve_bank
 from volconv.io import InputError, expand_inputs, open_volume
 
 SHAPE = (9, 7, 5)
@@ -188,13 +190,90 @@ def test_bad_inputs_name_the_file(tmp_path: Path, case: str) -> None:
     assert Path(spec.split(".h5:")[0]).name in message and fragment in message, message
 
 
-def test_truncated_data_fails_on_read_naming_the_file(tmp_path: Path) -> None:
-    file = save_nifti(nib.Nifti1Image, tmp_path / "cut.nii.gz", volume((40, 30, 20)))
+def cut(file: Path, keep: float = 0.6) -> None:
+    """Truncate ``file`` to ``keep`` of its bytes, as an interrupted copy leaves it."""
+    data = file.read_bytes()
+    file.write_bytes(data[: int(len(data) * keep)])
+
+
+def regzip(file: Path, transform) -> None:
+    """Rewrite a gzip file's uncompressed content with ``transform(content) -> bytes``."""
+    file.write_bytes(gzip.compress(transform(gzip.decompress(file.read_bytes()))))
+
+
+TRUNCATED = {
+    "nii": ("cut.nii", lambda p: cut(save_nifti(nib.Nifti1Image, p, volume((40, 30, 20))))),
+    "nii.gz stream cut": (
+        "cut.nii.gz",
+        lambda p: cut(save_nifti(nib.Nifti1Image, p, volume((40, 30, 20)))),
+    ),
+    "nii.gz whole stream of half the data": (
+        "cut.nii.gz",
+        lambda p: regzip(
+            save_nifti(nib.Nifti1Image, p, volume((40, 30, 20))),
+            lambda d: d[: len(d) // 2],
+        ),
+    ),
+    "nifti pair img": (
+        "cut.img",
+        lambda p: (nib.save(nib.Nifti1Pair(volume((40, 30, 20)), AFFINE), p), cut(p)),
+    ),
+    "mgz": (
+        "cut.mgz",
+        lambda p: (
+            nib.save(nib.MGHImage(volume((40, 30, 20)).astype(np.float32), AFFINE), p),
+            cut(p, 0.9),
+        ),
+    ),
+    "npy": ("cut.npy", lambda p: (np.save(p, volume((40, 30, 20))), cut(p))),
+    "h5 contiguous": (
+        "cut.h5:/v",
+        lambda p: (save_h5(p, "v", volume((40, 30, 20))), cut(p, 0.9)),
+    ),
+    "h5 chunked": (
+        "cut.h5:/v",
+        lambda p: (
+            h5py.File(p, "w")
+            .create_dataset("v", data=volume((40, 30, 20)), chunks=(4, 30, 20))
+            .file.close(),
+            cut(p, 0.9),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TRUNCATED)
+def test_truncated_data_is_refused_on_open_naming_the_file(tmp_path: Path, case: str) -> None:
+    """What `validate` and `run` meet before any work: opening checks the data is there."""
+    name, make = TRUNCATED[case]
+    make(tmp_path / name.split(":")[0])
+    # nibabel reads an MGH file's footer on load, HDF5 compares the end its superblock
+    # records with the file's: their readers say so first.
+    said = r"(the file is truncated: \d+ of|cannot read it \((EOFError|OSError: .*truncated))"
+    with pytest.raises(InputError, match=rf"cut\.[a-z.0-9]+(:/v)?: {said}"):
+        open_volume(tmp_path / name)
+
+
+def test_gzip_with_several_members_or_a_trailer_is_whole(tmp_path: Path) -> None:
+    """The gzip trailer's size differs from the data's here, yet all the data is there."""
+    data = volume((40, 30, 20))
+    file = save_nifti(nib.Nifti1Image, tmp_path / "two.nii.gz", data)
     whole = gzip.decompress(file.read_bytes())
-    file.write_bytes(gzip.compress(whole[: len(whole) // 2]))
-    vol = open_volume(file)  # the header and the first voxel are intact
-    with pytest.raises(InputError, match=r"cut\.nii\.gz"):
-        vol.read_rows(np.arange(40))
+    file.write_bytes(gzip.compress(whole[:5000]) + gzip.compress(whole[5000:]))  # pigz -i
+    np.testing.assert_array_equal(open_volume(file).read_rows(np.arange(40)), data)
+    regzip(file, lambda d: d + b"extra bytes after the data")
+    np.testing.assert_array_equal(open_volume(file).read_rows(np.arange(40)), data)
+
+
+def test_a_folder_is_said_to_be_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "scans").mkdir()
+    (tmp_path / "vol.nii.gz").mkdir()
+    (tmp_path / "d.h5").mkdir()
+    for pattern in ("scans", "vol.nii.gz", "d.h5:/data", str(tmp_path / "scans")):
+        with pytest.raises(InputError, match=f"{pattern}: is a folder, not a volume file"):
+            expand_inputs([pattern], tmp_path)
+    with pytest.raises(InputError, match="scans: is a folder, not a volume file"):
+        open_volume(tmp_path / "scans")
 
 
 def test_read_rows_refuses_rows_and_frames_outside(tmp_path: Path) -> None:
@@ -221,3 +300,40 @@ def test_expand_inputs(tmp_path: Path) -> None:
         expand_inputs(["a.nii.gz", "scans/*.nii"], tmp_path)
     with pytest.raises(InputError, match=r"nothing\.npy: no such file"):
         expand_inputs(["nothing.npy"], tmp_path)
+
+
+NIBABEL_DATA = Path(nib.__file__).parent / "tests" / "data"
+
+
+@pytest.mark.parametrize("name", ["minc1_4d.mnc", "minc2_4d.mnc", "minc2-4d-d.mnc"])
+def test_4d_minc_with_time_first_is_filtered_over_its_spatial_axes(device, name: str) -> None:
+    """nibabel's 4D MINC test files store time first: each frame is filtered over its three
+    spatial axes, as scipy filters nibabel's ``get_fdata()[t]``, and time comes last."""
+    file = NIBABEL_DATA / name
+    if not file.is_file():
+        pytest.skip(f"nibabel ships no {name} here")
+    img = nib.load(file)
+    frames = np.asarray(img.get_fdata())  # (t, a, b, c): the names say time is first
+    vol = open_volume(file)
+    assert vol.shape == (*frames.shape[1:], frames.shape[0]) and vol.n_frames == frames.shape[0]
+    assert vol.voxel_size == tuple(float(z) for z in img.header.get_zooms()[1:])
+    np.testing.assert_array_equal(vol.affine, img.affine)  # nibabel's: the spatial axes
+    rows = np.array([3, 1, 2, 0, 4])
+    for t in range(vol.n_frames):
+        np.testing.assert_array_equal(vol.read_rows(rows, frame=t), frames[t][rows])
+    data = np.stack([vol.read_rows(np.arange(vol.shape[0]), t) for t in range(vol.n_frames)], -1)
+    kernels = np.random.default_rng(3).standard_normal((2, 3, 5, 3))
+    out = convolve_bank(data, kernels, "nearest", device=device)
+    for t in range(vol.n_frames):
+        frame = frames[t]
+        assert_spec_close(out[..., t], frame, kernels, reference(frame, kernels, "nearest"))
+
+
+def test_3d_minc_keeps_its_axes() -> None:
+    file = NIBABEL_DATA / "small.mnc"
+    if not file.is_file():
+        pytest.skip("nibabel ships no small.mnc here")
+    vol = open_volume(file)
+    data = np.asarray(nib.load(file).dataobj)
+    assert vol.shape == data.shape
+    np.testing.assert_array_equal(vol.read_rows(np.arange(vol.shape[0])), data)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import h5py
@@ -16,10 +18,12 @@ from volconv.writer import (
     ROOT_ATTRS,
     OutputError,
     OutputExistsError,
+    OutputWriteError,
     ResponseWriter,
+    check_output_path,
     chunk_shape,
     is_complete,
-    temp_path,
+    private_prefix,
 )
 
 NAMES = ["smooth", "dx", "blob"]
@@ -43,6 +47,7 @@ def attrs() -> dict:
         "gflops": 3.0,
         "peak_gflops": 100.0,
         "fraction_of_peak": 0.03,
+        "engine": "fp32",
     }
 
 
@@ -161,8 +166,13 @@ def test_temp_file_until_finished_then_renamed(tmp_path: Path) -> None:
     path = tmp_path / "nested" / "out.h5"
     data = responses()
     with writer(path) as w:
-        temp = temp_path(path)
-        assert temp.parent == path.parent and temp.name.startswith(".out.h5.partial-")
+        temp = w.temp
+        folder = temp.parent  # private: this process's alone, under a name nobody predicts
+        assert folder.parent == path.parent and folder.name.startswith(private_prefix(path))
+        assert folder.stat().st_mode & 0o777 == 0o700 and temp.is_file()
+        # A second writer of the same path gets a folder of its own.
+        with pytest.raises(RuntimeError, match="without finish"), writer(path) as other:
+            assert other.temp.parent not in (folder, path.parent)
         for a in range(0, SHAPE[0], 4):
             w.write_slab(a, min(a + 4, SHAPE[0]), data[:, a : a + 4].copy())
         assert temp.exists() and not path.exists() and not is_complete(temp)
@@ -248,11 +258,19 @@ def test_stale_temp_files_of_dead_processes_are_removed(tmp_path: Path) -> None:
     path = tmp_path / "out.h5"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    ours = temp_path(path).name
-    stale = path.with_name(ours.replace(f"-{os.getpid()}.", f"-{dead.stdout.strip()}."))
-    stale.write_bytes(b"left by a killed run")
+    pid = dead.stdout.strip()
+    start = f".out.h5.partial-{socket.gethostname()}"
+    (tmp_path / f"{start}-{pid}.h5").write_bytes(b"left by a killed run of an older volconv")
+    stale = tmp_path / f"{start}-{pid}-k3x9q0ab"
+    stale.mkdir(mode=0o700)
+    (stale / "out.h5").write_bytes(b"left by a killed run")
+    # Not removed: a live process's (this one's), and what is not clearly a dead run's.
+    live = tmp_path / f"{private_prefix(path)}zz9"
+    live.mkdir()
+    other_host = tmp_path / f".out.h5.partial-elsewhere-{pid}-abc"
+    other_host.mkdir()
     write(path, responses())
-    assert list(tmp_path.iterdir()) == [path]
+    assert sorted(tmp_path.iterdir()) == sorted([path, live, other_host])
 
 
 def test_release_is_called_once_per_slab_even_after_an_error(tmp_path: Path) -> None:
@@ -274,3 +292,224 @@ def test_release_is_called_once_per_slab_even_after_an_error(tmp_path: Path) -> 
         w.write_slab(0, 4, unwritable, release=lambda: released.append(0))
         w.finish(attrs())
     assert released == [0]
+
+
+# -- trust: links planted by others, a full disk, outputs that cannot be made ----------------
+def test_planted_links_never_redirect_the_writes(tmp_path: Path) -> None:
+    """Links at every name a temporary file had or might have, pointing at someone's file,
+    leave that file unchanged; the output is whole and only the writer's own file lands."""
+    victim = tmp_path / "victim" / "thesis.tex"
+    victim.parent.mkdir()
+    victim.write_text("four years of work")
+    victim_dir = tmp_path / "victim" / "data"
+    victim_dir.mkdir()
+    (victim_dir / "keep.txt").write_text("keep")
+    out = tmp_path / "shared"
+    out.mkdir()
+    path = out / "a.h5"
+    host, pid = socket.gethostname(), os.getpid()
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    pids = dict.fromkeys((pid, dead, *range(pid + 1, pid + 50)))
+    planted = [out / f".a.h5.partial-{host}-{p}.h5" for p in pids]
+    planted += [out / f".a.h5.partial-{host}-{p}-{r}" for p in (pid, dead) for r in ("x", "0")]
+    planted += [out / f"{private_prefix(path)}{c * 8}" for c in "abcdefgh_0123456789"]
+    for link in planted:
+        link.symlink_to(victim)
+    dir_links = [
+        out / f".a.h5.partial-{host}-{dead}-dirlink",
+        out / f".a.h5.partial-{host}-{dead}.h5d",
+    ]
+    for link in dir_links:
+        link.symlink_to(victim_dir, target_is_directory=True)
+    data = responses()
+    write(path, data)
+    assert victim.read_text() == "four years of work"
+    assert [p.name for p in victim_dir.iterdir()] == ["keep.txt"]
+    assert all(link.is_symlink() for link in planted + dir_links)  # not removed either
+    assert not path.is_symlink() and is_complete(path)
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["responses"][()], data)
+    assert sorted(out.iterdir()) == sorted([path, *planted, *dir_links])
+
+
+def test_stale_entries_of_others_are_left_alone(tmp_path: Path) -> None:
+    """Removal of a dead run's leftovers takes only this user's real folders and files."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder to another user")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    path = tmp_path / "a.h5"
+    theirs = tmp_path / f".a.h5.partial-{socket.gethostname()}-{dead}-abc"
+    theirs.mkdir()
+    (theirs / "a.h5").write_text("another user's run")
+    os.chown(theirs, 65534, 65534)
+    write(path, responses())
+    assert (theirs / "a.h5").read_text() == "another user's run"
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_link_at_the_output_path_is_replaced_not_followed(tmp_path: Path, overwrite: bool):
+    victim = tmp_path / "victim.txt"
+    path = tmp_path / "out" / "a.h5"
+    path.parent.mkdir()
+    if overwrite:  # a link to an existing file: replaced by the output when overwriting
+        victim.write_text("someone's notes")
+    path.symlink_to(victim)  # else a dangling link: nothing is there to protect
+    data = responses()
+    write(path, data, overwrite=overwrite)
+    assert not path.is_symlink() and is_complete(path)
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["responses"][()], data)
+    if overwrite:
+        assert victim.read_text() == "someone's notes"
+    else:
+        assert not victim.exists()
+
+
+def test_a_link_to_a_file_at_the_output_path_needs_overwrite(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone's notes")
+    path = tmp_path / "a.h5"
+    path.symlink_to(victim)
+    with pytest.raises(OutputExistsError, match="not a complete volconv output"):
+        writer(path)
+    assert victim.read_text() == "someone's notes" and path.is_symlink()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A 4 MiB tmpfs (we mount it; skipped with the reason where mounting is not allowed)."""
+    where = tmp_path / "fs"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+# Writes a (3, 64, 64, 64) float32 output (3 MiB) in slabs of 8 rows and reports how it ends;
+# a crash of the process (SIGSEGV) shows as its exit status.
+DISK_FULL_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from volconv.writer import OutputWriteError, ResponseWriter
+    path, chunked = sys.argv[1], sys.argv[2] == "big-chunks"
+    shape = (64, 64, 64)
+    kernels = np.ones((3, 3, 3, 3), np.float32)
+    attrs = dict.fromkeys(("affine voxel_size source source_sha256 pipeline device gflop "
+                           "kernel_seconds wall_seconds gflops peak_gflops fraction_of_peak "
+                           "engine").split(), 1.0)
+    depth = 64 if chunked else 8
+    try:
+        with ResponseWriter(path, shape, ["a", "b", "c"], kernels, boundary="reflect",
+                            cval=0.0, slab_depth=depth) as w:
+            for a in range(0, 64, depth):
+                w.write_slab(a, a + depth, np.ones((3, depth, 64, 64), np.float32))
+            w.finish(attrs)
+    except OutputWriteError as e:
+        print(str(e))
+        sys.exit(3)
+""")
+
+
+@pytest.mark.parametrize("chunks", ["small-chunks", "big-chunks"])
+def test_disk_full_is_a_clean_error_and_a_rerun_completes(small_fs: Path, chunks: str) -> None:
+    """Chunks below HDF5's 1 MiB cache fail when the file is flushed, larger ones in the
+    writer thread: either way one line naming the output and the cause, nothing left."""
+    filler = small_fs / "filler"
+    filler.write_bytes(b"\0" * (3 * 2**20))
+    path = small_fs / "out" / "a.h5"
+    run = subprocess.run([sys.executable, "-c", DISK_FULL_SCRIPT, str(path), chunks],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 3, (run.returncode, run.stdout, run.stderr)
+    assert run.stdout == f"{path}: cannot write it: No space left on device\n"
+    assert run.stderr == ""
+    # Not the user's mistake: the CLI's exit 1, where OutputError (a ValueError) is exit 2.
+    assert issubclass(OutputWriteError, OSError) and not issubclass(OutputWriteError, ValueError)
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "out"]
+    assert list((small_fs / "out").iterdir()) == []  # no output, no temporary file
+    filler.unlink()  # space freed: the rerun completes
+    data = np.random.default_rng(2).random((3, 64, 64, 64), np.float32)
+    write(path, data, slab_depth=8 if chunks == "small-chunks" else 64)
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["responses"][()], data)
+    assert list((small_fs / "out").iterdir()) == [path]
+
+
+@pytest.mark.parametrize("chunks", ["small-chunks", "big-chunks"])
+def test_disk_full_by_file_size_limit(tmp_path: Path, chunks: str) -> None:
+    """The same without a mount: RLIMIT_FSIZE makes writes fail (EFBIG) in a subprocess."""
+    path = tmp_path / "a.h5"
+    limit = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))\n")  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", limit + DISK_FULL_SCRIPT, str(path), chunks],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 3, (run.returncode, run.stdout, run.stderr)
+    assert run.stdout == f"{path}: cannot write it: File too large\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_extents_and_uint8_clipping_are_recorded(tmp_path: Path) -> None:
+    extents = np.array([[3, 5, 1], [1, 3, 1], [3, 5, 1]])
+    data = responses(scale=30.0)
+    data[0, 0, 0, :4] = [-1e3, 1e3, np.nan, np.inf]
+    expected_clipped = int(np.sum(np.rint(data) < 0) + np.sum(np.rint(data) > 255))
+    with writer(tmp_path / "a.h5", dtype="uint8", extents=extents) as w:
+        for a in range(0, SHAPE[0], 4):
+            w.write_slab(a, min(a + 4, SHAPE[0]), data[:, a : a + 4].copy())
+        path = w.finish(attrs())
+    assert (w.clipped, w.nans) == (expected_clipped, 1) and w.clipped > 2
+    with h5py.File(path) as f:
+        stored = f["kernels"].attrs["extents"]
+        assert f.attrs["engine"] == "fp32"
+    assert stored.dtype.kind == "i" and stored.tolist() == extents.tolist()
+    with writer(tmp_path / "b.h5") as w:  # default: the common extent; float32 clips nothing
+        for a in range(0, SHAPE[0], 4):
+            w.write_slab(a, min(a + 4, SHAPE[0]), data[:, a : a + 4].copy())
+        path = w.finish(attrs())
+    assert (w.clipped, w.nans) == (0, 0)
+    with h5py.File(path) as f:
+        assert f["kernels"].attrs["extents"].tolist() == [[3, 5, 1]] * 3
+    with pytest.raises(ValueError, match="extents"):
+        writer(tmp_path / "c.h5", extents=[[3, 7, 1]] * 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.h5", "b.h5"]
+
+
+def test_check_output_path(tmp_path: Path) -> None:
+    check_output_path(tmp_path / "a.h5")
+    check_output_path(tmp_path / "new" / "deeper" / "a.h5")  # folders to be created
+    (tmp_path / "dir.h5").mkdir()
+    with pytest.raises(OutputError, match=r"dir\.h5: is a folder"):
+        check_output_path(tmp_path / "dir.h5")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError, match="file is not a folder"):
+        check_output_path(tmp_path / "file" / "a.h5")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.h5", "file"]
+
+
+def test_check_output_path_on_a_read_only_file_system(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.strip()}")
+    try:
+        for path in (ro / "a.h5", ro / "missing" / "folder" / "a.h5"):
+            with pytest.raises(OutputError, match=f"{path}: .*{ro} is on a read-only file"):
+                check_output_path(path)
+            with pytest.raises(OutputError, match=str(path)):
+                writer(path)  # what `run` meets
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in any folder")
+def test_check_output_path_without_permission(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    with pytest.raises(OutputError, match="no permission to write in"):
+        check_output_path(locked / "sub" / "a.h5")

@@ -5,9 +5,11 @@ Nothing here touches OpenCL at import time, so importing volconv before a fork i
 
 from __future__ import annotations
 
-import ctypes.util
 import glob
 import os
+import shutil
+import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -19,6 +21,19 @@ from volconv.peak import Peak, theoretical_peak
 
 class NoDeviceError(RuntimeError):
     """No usable OpenCL device; the message says what to install or register."""
+
+
+class DeviceError(ValueError):
+    """A device spec (the ``device`` argument, ``--device``, ``run.device`` or
+    ``PYOPENCL_CTX``) that names no device of this machine: the user's mistake."""
+
+
+# Where driver libraries live (no recursion: PoCL's LLVM package makes a symlink loop under
+# /usr/lib that a recursive search never leaves).
+LIBRARY_FOLDERS = (
+    "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+    "/usr/local/lib", "/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/wsl/lib",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -53,18 +68,39 @@ def _kind(device: cl.Device) -> str:
     return "other"
 
 
+def find_library(name: str, folders: Sequence[str] = LIBRARY_FOLDERS) -> str | None:
+    """The path of the shared library file ``name`` (e.g. ``libnvidia-opencl.so.1``) in
+    ``LD_LIBRARY_PATH``, ``folders`` or the dynamic linker's cache, else None. Bounded:
+    one look per folder and one ``ldconfig -p`` of at most a second."""
+    path = os.environ.get("LD_LIBRARY_PATH", "")
+    for folder in [*filter(None, path.split(os.pathsep)), *folders]:
+        if os.path.isfile(candidate := os.path.join(folder, name)):
+            return candidate
+    ldconfig = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.isfile(p)), None
+    )
+    if ldconfig is None:
+        return None
+    try:
+        listing = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=1).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in listing.splitlines():  # "\tlibfoo.so.1 (libc6,x86-64) => /usr/lib/.../libfoo.so.1"
+        if line.strip().startswith(name + " ") and "=>" in line:
+            return line.split("=>", 1)[1].strip()
+    return None
+
+
 def missing_platform_help() -> str:
     """Why no OpenCL platform shows up here, and what to do about it."""
     vendors = os.environ.get("OCL_ICD_VENDORS", "/etc/OpenCL/vendors")
     icds = sorted(glob.glob(os.path.join(vendors, "*.icd"))) if os.path.isdir(vendors) else []
     lines = [f"No usable OpenCL platform (ICD files in {vendors}: {len(icds)})."]
-    nvidia = ctypes.util.find_library("nvidia-opencl") or next(
-        iter(glob.glob("/usr/lib*/**/libnvidia-opencl.so.1", recursive=True)), None
-    )
-    registered = any("nvidia" in Path(p).read_text() for p in icds)
+    nvidia = find_library("libnvidia-opencl.so.1")
+    registered = any("nvidia" in _read(p) for p in icds)
     if nvidia and not registered:
         lines.append(
-            "The NVIDIA OpenCL driver (libnvidia-opencl.so.1) is installed but not registered; "
+            f"The NVIDIA OpenCL driver ({nvidia}) is installed but not registered; "
             f"register it with:\n  mkdir -p {vendors} && "
             f"echo libnvidia-opencl.so.1 > {vendors}/nvidia.icd"
         )
@@ -73,6 +109,13 @@ def missing_platform_help() -> str:
         "(Debian/Ubuntu; the PyPI pocl-binary-distribution wheel fails on some recent CPUs)."
     )
     return "\n".join(lines)
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _platforms() -> list[cl.Platform]:
@@ -105,45 +148,100 @@ def list_devices() -> list[DeviceInfo]:
     ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """What choosing a device looks at: where it is, its names, kind and peak."""
+
+    platform_index: int
+    device_index: int
+    platform: str
+    name: str
+    kind: str  # GPU, CPU, accelerator, other
+    peak_gflops: float | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"{self.platform_index}:{self.device_index}"
+
+
 def _matches(fragment: str, index: int, name: str) -> bool:
+    """An index (all digits) or a case-blind fragment of ``name``."""
     fragment = fragment.strip()
     return str(index) == fragment if fragment.isdigit() else fragment.lower() in name.lower()
 
 
-def select_device(spec: str | None = None) -> cl.Device:
-    """The device named by ``spec``, else by ``PYOPENCL_CTX``, else the highest peak.
+def choose(candidates: Sequence[Candidate], spec: str, source: str = "device") -> int:
+    """The position in ``candidates`` of the device ``spec`` names.
 
-    ``spec`` is ``auto``, ``gpu``, ``cpu``, a name fragment (of device or platform), or
-    ``"platform:device"`` where each side is an index or a name fragment.
+    Parameters
+    ----------
+    candidates : sequence of Candidate
+        The devices of this machine.
+    spec : str
+        ``auto`` (any), ``gpu``, ``cpu``, a platform index (``"1"``, as pyopencl's
+        ``PYOPENCL_CTX`` means it), ``"platform:device"`` (each side an index or a name
+        fragment; an empty device side takes any), or a fragment of the platform or device
+        name. Among several matches: a GPU first, then the highest peak, then the first.
+    source : str
+        What the spec came from, for the message: ``device``, ``PYOPENCL_CTX``, ...
+
+    Raises
+    ------
+    DeviceError
+        An empty spec, or one that matches no candidate (the message lists them).
     """
-    candidates = _devices()
-    if not candidates:
-        raise NoDeviceError(missing_platform_help())
-    if spec is None or spec == "auto":
-        spec = os.environ.get("PYOPENCL_CTX") or "auto"
-    spec = spec.strip()
-    if spec.lower() in ("auto", "gpu", "cpu"):
-        pool = candidates
-        if spec.lower() != "auto":
-            want = cl.device_type.GPU if spec.lower() == "gpu" else cl.device_type.CPU
-            pool = [c for c in candidates if c[3].type & want]
-    elif ":" in spec:
-        plat, dev = spec.split(":", 1)
+    text = spec.strip() if isinstance(spec, str) else ""
+    if not text:
+        raise DeviceError(f"{source} {spec!r}: not a device spec (auto, gpu, cpu, a name "
+                          "fragment or platform:device)")  # fmt: skip
+    word = text.lower()
+    if word in ("auto", "gpu", "cpu"):
+        pool = [i for i, c in enumerate(candidates) if word in ("auto", c.kind.lower())]
+    elif ":" in text:
+        plat, dev = text.split(":", 1)
         pool = [
-            c for c in candidates
-            if _matches(plat, c[0], c[2].name) and (not dev or _matches(dev, c[1], c[3].name))
+            i for i, c in enumerate(candidates)
+            if _matches(plat, c.platform_index, c.platform)
+            and (not dev.strip() or _matches(dev, c.device_index, c.name))
         ]  # fmt: skip
+    elif text.isdigit():
+        pool = [i for i, c in enumerate(candidates) if c.platform_index == int(text)]
     else:
-        pool = [c for c in candidates if spec.lower() in f"{c[2].name} {c[3].name}".lower()]
+        pool = [i for i, c in enumerate(candidates) if word in f"{c.platform} {c.name}".lower()]
     if not pool:
-        names = "; ".join(f"{pi}:{di} {d.name.strip()}" for pi, di, _, d in candidates)
-        raise NoDeviceError(f"no OpenCL device matches {spec!r}; available: {names}")
+        names = "; ".join(f"{c.spec} {c.name}" for c in candidates) or "none"
+        raise DeviceError(f"{source} {spec!r}: no OpenCL device matches it; available: {names}")
 
-    def rank(c: tuple[int, int, cl.Platform, cl.Device]) -> tuple[int, float]:
-        peak = theoretical_peak(c[3]).gflops
-        return (1 if c[3].type & cl.device_type.GPU else 0, peak or 0.0)
+    def rank(i: int) -> tuple[int, float, int]:
+        c = candidates[i]
+        return (c.kind == "GPU", c.peak_gflops or 0.0, -i)
 
-    return max(pool, key=rank)[3]
+    return max(pool, key=rank)
+
+
+def select_device(spec: str | None = None, source: str = "device") -> cl.Device:
+    """The device named by ``spec``, else by ``PYOPENCL_CTX``, else the best (see `choose`).
+
+    Raises
+    ------
+    NoDeviceError
+        No OpenCL device at all (the message says what to install).
+    DeviceError
+        ``spec`` (or ``PYOPENCL_CTX``) names no device of this machine.
+    """
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
+        if env := os.environ.get("PYOPENCL_CTX", "").strip():
+            spec, source = env, "PYOPENCL_CTX"
+        else:
+            spec = "auto"
+    found = _devices()
+    if not found:
+        raise NoDeviceError(missing_platform_help())
+    candidates = [
+        Candidate(pi, di, p.name.strip(), d.name.strip(), _kind(d), theoretical_peak(d).gflops)
+        for pi, di, p, d in found
+    ]
+    return found[choose(candidates, spec, source)][3]
 
 
 @cache

@@ -3,7 +3,10 @@
 `open_volume` understands everything nibabel loads (NIfTI-1/2, MINC, Analyze, MGH), ``.npy``
 files (memory-mapped) and HDF5 datasets named ``file.h5:/dataset``. A `Volume` knows its shape,
 type and geometry without reading the voxels; `Volume.read_rows` reads only the rows along
-axis 0 that a slab needs. `expand_inputs` turns the pipeline's paths and globs into inputs.
+axis 0 that a slab needs. Opening also checks, cheaply, that the file holds all the data its
+header promises (`_check_size`), so `validate` and `run` refuse a truncated input before any
+work.
+`expand_inputs` turns the pipeline's paths and globs into inputs.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import h5py
 import nibabel as nib
@@ -78,6 +82,8 @@ class Volume:
     _open: Callable[[], AbstractContextManager] = field(repr=False, compare=False)
     # Indices appended after (x, y, z[, t]) for trailing length-1 axes of the file.
     _extra_axes: int = field(default=0, repr=False, compare=False)
+    # The file's axis of each axis of the volume, where they differ (MINC: time first).
+    _axes: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
 
     def read_rows(self, rows: np.ndarray, frame: int = 0) -> np.ndarray:
         """The volume at ``rows`` along axis 0, reading only those rows.
@@ -102,6 +108,8 @@ class Volume:
         tail = ((frame,) if len(self.shape) == 4 else ()) + (0,) * self._extra_axes
         out = np.empty((rows.size, *self.shape[1:3]), self.dtype)
         with _reading(self.path), self._open() as data:
+            if self._axes is not None:
+                data = _Permuted(data, self._axes)
             for start, stop in _runs(rows):
                 first = int(rows[start])
                 index = (slice(first, first + stop - start), slice(None), slice(None), *tail)
@@ -112,6 +120,23 @@ class Volume:
         """SHA-256 of the file's bytes (the HDF5 file for ``file.h5:/dataset``), streamed."""
         with open(self.file, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class _Permuted:
+    """Slices ``data`` as if its axes were in the order ``axes`` (as `numpy.transpose`
+    takes them), reading only what the index selects. Indices are ints and slices."""
+
+    def __init__(self, data: Any, axes: tuple[int, ...]) -> None:
+        self.data, self.axes = data, axes
+
+    def __getitem__(self, index: tuple) -> np.ndarray:
+        index = (*index, *(slice(None),) * (len(self.axes) - len(index)))
+        in_file: list = [None] * len(self.axes)
+        for axis, i in zip(self.axes, index, strict=True):
+            in_file[axis] = i
+        out = np.asarray(self.data[tuple(in_file)])
+        kept = [a for a in self.axes if not isinstance(in_file[a], int | np.integer)]
+        return out.transpose([sorted(kept).index(a) for a in kept])
 
 
 def _runs(rows: np.ndarray) -> Iterator[tuple[int, int]]:
@@ -154,23 +179,69 @@ def open_volume(spec: str | Path) -> Volume:
     Raises
     ------
     InputError
-        The file is missing or unreadable, or the volume is not a non-empty 3D/4D array of
-        integers or floats (bool and complex are refused); for HDF5, also a missing dataset
-        (the message lists the datasets the file holds).
+        The file is missing, a folder, unreadable or truncated (see `check_data`), or the
+        volume is not a non-empty 3D/4D array of integers or floats (bool and complex are
+        refused); for HDF5, also a missing dataset (the message lists the datasets the file
+        holds); for a 4D MINC file, dimensions other than three spatial ones and time.
     """
     path = str(spec)
     name, dataset = split_spec(path)
     file = Path(name)
-    if not file.exists():
-        raise InputError(f"{name}: no such file")
     if file.is_dir():
         raise InputError(f"{name}: is a folder, not a volume file")
+    if not file.exists():
+        raise InputError(f"{name}: no such file")
     with _reading(path):
         if dataset is not None or file.suffix.lower() in (".h5", ".hdf5"):
             return _open_hdf5(path, file, dataset)
         if file.suffix.lower() == ".npy":
             return _open_npy(path, file)
         return _open_nibabel(path, file)
+
+
+def _check_size(path: str, file: Path, needed: int) -> None:
+    """Refuse ``file`` if it holds fewer than ``needed`` bytes (uncompressed, for gzip).
+
+    Uncompressed files (NIfTI ``.nii``, Analyze and NIfTI-pair ``.img``, MGH ``.mgh``,
+    ``.npy``): the file's size. gzip files (``.nii.gz``, ``.mgz``): the size the gzip
+    trailer records (the last 4 bytes: the uncompressed size mod 2**32, which a cut stream
+    matches by chance once in 4e9), and only where it differs (a trailer after the data,
+    several gzip members) one streamed decompression (0.07-0.11 s for a 256^3 uint8
+    volume). HDF5 refuses a truncated file itself (its superblock records the end); MINC,
+    .bz2, .zst: what their readers say.
+    """
+    if file.name.lower().endswith((".gz", ".mgz")):
+        have = _gzip_size(file, needed)
+    elif file.suffix.lower() in _COMPRESSED:
+        return  # bz2, zst: no cheap check; reading tells
+    else:
+        have = file.stat().st_size
+    if have < needed:
+        raise InputError(
+            f"{path}: the file is truncated: {have} of the {needed} bytes its header "
+            "promises are there"
+        )
+
+
+def _gzip_size(file: Path, needed: int) -> int:
+    """``needed`` if the gzip trailer says so, else the uncompressed bytes there are (read
+    until ``needed`` is reached)."""
+    with open(file, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() >= 18:  # the smallest gzip member
+            f.seek(-4, os.SEEK_END)
+            if int.from_bytes(f.read(4), "little") == needed % 2**32:
+                return needed
+        f.seek(0)
+        have, stream = 0, zlib.decompressobj(wbits=31)
+        while have < needed and (data := f.read(2**20)):
+            while data and have < needed:
+                have += len(stream.decompress(data, 2**24))  # bounded: zeros compress 1000x
+                if stream.eof:  # the next member, if any, follows
+                    data, stream = stream.unused_data, zlib.decompressobj(wbits=31)
+                else:
+                    data = stream.unconsumed_tail
+        return have
 
 
 @contextmanager
@@ -214,6 +285,7 @@ def _volume(
     voxel_size: tuple[float, ...] | None,
     opener: Callable[[], AbstractContextManager],
     extra_axes: int,
+    axes: tuple[int, ...] | None = None,
 ) -> Volume:
     """Build the `Volume`; ``voxel_size`` None takes the affine's column norms."""
     affine = np.asarray(affine, dtype=np.float64)
@@ -233,6 +305,7 @@ def _volume(
         file=file,
         _open=opener,
         _extra_axes=extra_axes,
+        _axes=axes,
     )
 
 
@@ -241,13 +314,48 @@ def _open_nibabel(path: str, file: Path) -> Volume:
     proxy = img.dataobj
     shape, extra = _squeeze_tail(img.shape)
     _check(path, shape, img.get_data_dtype())
+    if isinstance(proxy, nib.arrayproxy.ArrayProxy) and isinstance(proxy.file_like, str):
+        needed = proxy.offset + int(np.prod(proxy.shape)) * np.dtype(proxy.dtype).itemsize
+        _check_size(path, Path(proxy.file_like), needed)
     # scl_slope/inter make the proxy return floats: ask it for one voxel to learn which.
     dtype = np.asarray(proxy[(0,) * len(img.shape)]).dtype
-    zooms = tuple(img.header.get_zooms()[:3])
-    return _volume(path, file, shape, dtype, img.affine, zooms, lambda: nullcontext(proxy), extra)
+    zooms = tuple(float(z) for z in img.header.get_zooms())
+    axes = _minc_axes(path, img) if isinstance(img, nib.minc1.Minc1Image) else None
+    if axes is not None:  # time first in the file: (x, y, z, t) for the pipeline
+        shape = tuple(shape[a] for a in axes)
+        zooms = tuple(zooms[a] for a in axes)
+    return _volume(path, file, shape, dtype, img.affine, zooms[:3], lambda: nullcontext(proxy),
+                   extra, axes)  # fmt: skip
+
+
+def _minc_axes(path: str, img: nib.minc1.Minc1Image) -> tuple[int, ...] | None:
+    """For a 4D MINC file (MINC2 derives from MINC1 in nibabel) whose time axis is not the
+    last: the file's axes as (three spatial ones in the file's order, time). nibabel's
+    affine maps the spatial axes in that order already. The dimension names decide."""
+    if len(img.shape) != 4:
+        return None
+    minc = getattr(img.dataobj, "minc_file", None)
+    names = [str(n) for n in getattr(minc, "_dim_names", None) or ()]
+    spatial = [str(n) for n in getattr(minc, "_spatial_dims", None) or ()]
+    other = [i for i, n in enumerate(names) if n not in spatial]
+    if len(names) != 4 or len(spatial) != 3 or len(other) != 1 or names[other[0]] != "time":
+        raise InputError(
+            f"{path}: a 4D MINC volume needs three spatial dimensions and time; its "
+            f"dimensions are {', '.join(names) or 'not named'}"
+        )
+    t = other[0]
+    return None if t == 3 else (*(i for i in range(4) if i != t), t)
 
 
 def _open_npy(path: str, file: Path) -> Volume:
+    with open(file, "rb") as f:
+        major, _ = np.lib.format.read_magic(f)
+        if major in (1, 2):  # 3 (UTF-8 field names) is rare: reading tells
+            read = (np.lib.format.read_array_header_1_0 if major == 1
+                    else np.lib.format.read_array_header_2_0)  # fmt: skip
+            shape, _, dtype = read(f)
+            if not dtype.hasobject:  # refused below, without reading
+                _check_size(path, file, f.tell() + int(np.prod(shape)) * dtype.itemsize)
     arr = np.load(file, mmap_mode="r", allow_pickle=False)
     shape, extra = _squeeze_tail(arr.shape)
     _check(path, shape, arr.dtype)
@@ -296,7 +404,7 @@ def expand_inputs(patterns: list[str], base_dir: Path) -> list[str]:
     Raises
     ------
     InputError
-        A pattern matches no file.
+        A pattern matches no file, or names a folder.
     """
     found: set[str] = set()
     for pattern in patterns:
@@ -307,6 +415,8 @@ def expand_inputs(patterns: list[str], base_dir: Path) -> list[str]:
         else:
             matches = [full] if os.path.isfile(full) else []
         if not matches:
+            if os.path.isdir(full):
+                raise InputError(f"{pattern}: is a folder, not a volume file (in {base_dir})")
             what = "matches no file" if _GLOB.search(name) else "no such file"
             raise InputError(f"{pattern}: {what} (looked in {base_dir})")
         suffix = f":{dataset}" if dataset else ""

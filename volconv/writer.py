@@ -1,19 +1,25 @@
 """The write stage: N responses per slab into one HDF5 file per input, as SPEC.md describes.
 
-`ResponseWriter` writes under a temporary name (`temp_path`) from one background thread, so
-HDF5 writes and compression overlap the device work (h5py releases the GIL around I/O); the
-file gets ``complete = True`` last and is then renamed, so nothing that looks finished exists
-until it is. Dimension scales (``filter``, ``x``, ``y``, ``z``[, ``t``]) make the file open in
-xarray (``engine="h5netcdf"``) and netCDF tools with named dimensions.
+`ResponseWriter` writes from one background thread, so HDF5 writes and compression overlap
+the device work (h5py releases the GIL around I/O). The file is made in a private folder
+beside the output (mode 0700, a name nobody can predict, see `private_prefix`), created
+exclusively, gets ``complete = True`` last and is then renamed into place: nothing that looks
+finished exists until it is, and no link planted in a shared folder can redirect the writes.
+Dimension scales (``filter``, ``x``, ``y``, ``z``[, ``t``]) make the file open in xarray
+(``engine="h5netcdf"``) and netCDF tools with named dimensions.
 """
 
 from __future__ import annotations
 
-import glob
+import contextlib
+import errno
 import os
 import queue
 import re
+import shutil
 import socket
+import stat
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +30,11 @@ import h5py
 import numpy as np
 
 from volconv import __version__
+
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
 
 DTYPES = ("float32", "float16", "uint8")
 # hdf5plugin's fast codecs by name; readers need `import hdf5plugin` too.
@@ -37,11 +48,14 @@ COMPRESSIONS = ("none", "gzip", "lzf", *_PLUGINS)
 ROOT_ATTRS = (
     "affine", "voxel_size", "source", "source_sha256", "pipeline", "volconv_version", "device",
     "gflop", "kernel_seconds", "wall_seconds", "gflops", "peak_gflops", "fraction_of_peak",
+    "engine",
 )  # fmt: skip
 # Largest chunk: big enough that a slab is a few large writes, small enough that a reader
 # taking a small region decompresses little.
 MAX_CHUNK_BYTES = 64 * 2**20
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
+# Failures to write that are not the user's mistake: no space, quota, I/O, size limit.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
 
 
 class OutputError(ValueError):
@@ -50,6 +64,11 @@ class OutputError(ValueError):
 
 class OutputExistsError(OutputError, FileExistsError):
     """The output path holds a file and overwriting was not asked for."""
+
+
+class OutputWriteError(OSError):
+    """Writing an output failed (disk full, I/O error): not the user's mistake. The message
+    is one line naming the output and the cause; nothing that looks complete is left."""
 
 
 def is_complete(path: Path) -> bool:
@@ -63,21 +82,65 @@ def is_complete(path: Path) -> bool:
     return isinstance(flag, bool | np.bool_) and bool(flag)
 
 
-def temp_path(path: Path) -> Path:
-    """The name ``path`` is written under until complete: hidden, marked partial, and unique
-    to this host and process, so concurrent runs never share one."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.partial-{socket.gethostname()}-{os.getpid()}.h5")
+def check_output_path(path: Path) -> None:
+    """Check, without creating anything, that an output file can be made at ``path``.
+
+    The nearest folder of ``path`` that exists must be a folder this process can write in,
+    on a file system mounted read-write; the folders below it are created by the writer.
+
+    Raises
+    ------
+    OutputError
+        ``path`` is a folder, an ancestor is a file, or the folder cannot be written.
+    """
+    path = Path(os.path.abspath(path))
+    if path.is_dir():
+        raise OutputError(f"{path}: is a folder; the output must be a file path")
+    folder = path.parent
+    while not os.path.lexists(folder):
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(f"{path}: cannot create it, {folder} is not a folder")
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise OutputError(f"{path}: cannot create it, {folder} is on a read-only file system")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{path}: cannot create it, no permission to write in {folder}")
+
+
+def private_prefix(path: Path) -> str:
+    """The start of the names of the private folders that this host and process write
+    ``path`` in: ``.NAME.partial-HOST-PID-`` (random characters follow)."""
+    return f".{Path(path).name}.partial-{socket.gethostname()}-{os.getpid()}-"
 
 
 def _remove_stale_temps(path: Path) -> None:
-    """Delete temporary files of ``path`` left by processes of this host that no longer run
-    (a killed run); those of live processes and other hosts are left alone."""
-    prefix = f".{path.name}.partial-{socket.gethostname()}-"
-    for temp in path.parent.glob(f"{glob.escape(prefix)}*.h5"):
-        pid = temp.name[len(prefix) : -len(".h5")]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
-            temp.unlink(missing_ok=True)
+    """Delete what runs of this user on this host that no longer run (killed runs) left
+    while writing ``path``: their private folders (and lone files of older versions).
+
+    Only entries owned by this user, real folders and files (links are never followed nor
+    removed), whose name carries the process id of a dead process of this host.
+    """
+    start = f".{path.name}.partial-{socket.gethostname()}-"
+    pattern = re.compile(r"(\d+)(?:-[A-Za-z0-9_]+|\.h5)")  # PID-RANDOM, or PID.h5 (old)
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        m = pattern.fullmatch(name[len(start) :]) if name.startswith(start) else None
+        if m is None or int(m[1]) == os.getpid() or _running(int(m[1])):
+            continue
+        entry = path.parent / name
+        try:
+            st = os.lstat(entry)
+            if st.st_uid != os.geteuid():
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(entry)  # fd-based on Linux: never follows links inside
+            elif stat.S_ISREG(st.st_mode):
+                entry.unlink()
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
 
 
 def _running(pid: int) -> bool:
@@ -88,6 +151,43 @@ def _running(pid: int) -> bool:
     except PermissionError:  # alive, another user's
         return True
     return True
+
+
+def _redirect(fd: int) -> None:
+    """Make ``fd`` refer to an anonymous file in memory, closing what it referred to.
+
+    Under a file size limit (``ulimit -f``), which applies to that file too, /dev/null
+    instead, whose writes always succeed.
+    """
+    limited = resource is not None and (
+        resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
+    )
+    if hasattr(os, "memfd_create") and not limited:
+        other = os.memfd_create("volconv-discard")
+    else:
+        other = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(other, fd)
+    finally:
+        os.close(other)
+
+
+def _errno(error: BaseException) -> int | None:
+    """The OS error behind ``error``: its ``errno``, or the one HDF5's message names (h5py
+    raises some failed writes as RuntimeError, "... errno = 28, error message = ...")."""
+    code = getattr(error, "errno", None)
+    if isinstance(code, int) and code > 0:
+        return code
+    m = re.search(r"\berrno = (\d+)", str(error))
+    return int(m[1]) if m and int(m[1]) > 0 else None
+
+
+def _cause(error: BaseException) -> str:
+    """One line for what went wrong: the OS's words for an errno, else the first line."""
+    if (code := _errno(error)) is not None:
+        return os.strerror(code)
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def compression_options(name: str) -> dict:
@@ -151,6 +251,12 @@ class ResponseWriter:
     Leaving the ``with`` block by an exception (KeyboardInterrupt too) stops the writer
     thread and deletes the temporary file; the final path is never touched.
 
+    The file is written as `temp` in a private folder beside ``path``
+    (``.NAME.partial-HOST-PID-RANDOM``, mode 0700, removed when done): made by this process
+    alone, so nobody can plant a link at its name, and created exclusively (HDF5 mode ``x``).
+    Only that file, checked to be the one created, is renamed onto ``path`` (a link at
+    ``path`` is replaced, never followed).
+
     Parameters
     ----------
     path : Path
@@ -175,6 +281,19 @@ class ResponseWriter:
         Rows along x per slab (the last may be shorter); sets the chunk shape.
     overwrite : bool
         Replace an existing file at ``path`` when the new one is complete.
+    extents : (N, 3) array of int, optional
+        Each filter's own extent before zero-padding to the common one, stored as the
+        ``extents`` attribute of ``/kernels``; default: the common extent for every filter.
+
+    Attributes
+    ----------
+    temp : Path
+        The file being written, until `finish` renames it.
+    clipped, nans : int
+        uint8 only: voxels saturated at 0 or 255, and NaN voxels stored as 0, so far (the
+        caller warns once).
+    write_seconds : float
+        Time the writer thread spent writing.
 
     Raises
     ------
@@ -182,6 +301,9 @@ class ResponseWriter:
         ``path`` holds a file (complete or not) and ``overwrite`` is false.
     OutputError
         A bad dtype, compression, scale, or a path that cannot be written.
+    OutputWriteError
+        From `write_slab` and `finish`: writing failed (disk full, I/O error); the
+        temporary file is removed.
     """
 
     def __init__(
@@ -199,16 +321,19 @@ class ResponseWriter:
         cval: float,
         slab_depth: int,
         overwrite: bool = False,
+        extents: np.ndarray | None = None,
     ) -> None:
         self.path = Path(path)
         self.shape = tuple(int(s) for s in input_shape)
         kernels = np.asarray(kernels, dtype=np.float32)
         self._check(names, kernels, dtype, scale, offset, slab_depth)
+        extents = self._check_extents(extents, kernels)
         filters = compression_options(compression)
         self._check_path(overwrite)
         self.dtype = np.dtype(dtype)
         self.scale, self.offset = float(scale), float(offset)
         self.write_seconds = 0.0
+        self.clipped = self.nans = 0
         n = len(names)
         # Rows handed over per frame: finish() refuses to mark an incomplete file complete.
         self._written = np.zeros(
@@ -218,18 +343,11 @@ class ResponseWriter:
         self._error: BaseException | None = None
         self._stop = False
         self._done = False
-        self._temp = temp_path(self.path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            _remove_stale_temps(self.path)
-            # Creation order tracked as netCDF-4 files have it, for netCDF tools. No file
-            # lock: the name is this process's alone, and locks fail on many NFS mounts.
-            self._file = h5py.File(self._temp, "w", track_order=True, locking=False)
-        except OSError as e:
-            raise OutputError(f"{self.path}: cannot write there ({e})") from e
+        self._folder: Path | None = None
+        self._create()
         try:
             chunks = chunk_shape((n, *self.shape), slab_depth, self.dtype.itemsize)
-            self._responses = self._layout(names, kernels, chunks, filters, boundary, cval)
+            self._responses = self._layout(names, kernels, extents, chunks, filters, boundary, cval)
         except BaseException:
             self._discard()
             raise
@@ -264,6 +382,52 @@ class ResponseWriter:
         if not (isinstance(slab_depth, int | np.integer) and slab_depth >= 1):
             raise ValueError(f"slab_depth must be a positive integer; got {slab_depth!r}")
 
+    def _check_extents(self, extents: np.ndarray | None, kernels: np.ndarray) -> np.ndarray:
+        common = np.array(kernels.shape[1:], np.int64)
+        if extents is None:
+            return np.tile(common, (len(kernels), 1))
+        given = np.asarray(extents)
+        if (
+            given.shape != (len(kernels), 3)
+            or given.dtype.kind not in "iu"
+            or np.any(given < 1)
+            or np.any(given > common)
+        ):
+            raise ValueError(
+                f"extents must be ({len(kernels)}, 3) integers from 1 to the kernels' extent "
+                f"{tuple(common.tolist())}; got {given.tolist()}"
+            )
+        return given.astype(np.int64)
+
+    def _create(self) -> None:
+        """Make the private folder and, in it, the HDF5 file, exclusively; check that the
+        open file is the one made (`temp`)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_temps(self.path)
+            self._folder = Path(tempfile.mkdtemp(prefix=private_prefix(self.path),
+                                                 dir=self.path.parent))  # fmt: skip
+            self.temp = self._folder / self.path.name
+            # Creation order tracked as netCDF-4 files have it, for netCDF tools. No file
+            # lock: the folder is this process's alone, and locks fail on many NFS mounts.
+            self._file = h5py.File(self.temp, "x", track_order=True, locking=False)
+        except OSError as e:
+            self._remove_folder()
+            error = OutputWriteError if _errno(e) in _WRITE_ERRNOS else OutputError
+            raise error(f"{self.path}: cannot write there ({_cause(e)})") from e
+        # HDF5's descriptor (sec2 driver): `_discard` points it elsewhere.
+        self._fd = self._file.id.get_vfd_handle()
+        opened, named = os.fstat(self._fd), os.lstat(self.temp)
+        self._identity = (opened.st_dev, opened.st_ino)
+        if (named.st_dev, named.st_ino) != self._identity or not stat.S_ISREG(named.st_mode):
+            self._discard()
+            raise OutputError(f"{self.path}: the temporary file {self.temp} was replaced")
+
+    def _remove_folder(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
     def _check_path(self, overwrite: bool) -> None:
         if self.path.is_dir():
             raise OutputError(f"{self.path}: is a folder; the output must be a file path")
@@ -279,6 +443,7 @@ class ResponseWriter:
         self,
         names: list[str],
         kernels: np.ndarray,
+        extents: np.ndarray,
         chunks: tuple[int, ...],
         filters: dict,
         boundary: str,
@@ -298,6 +463,7 @@ class ResponseWriter:
             "responses", (len(names), *self.shape), self.dtype, chunks=chunks, **filters
         )
         stored = f.create_dataset("kernels", data=kernels)
+        stored.attrs["extents"] = extents
         for ds, dims in ((responses, ("filter", *axes)), (stored, ("filter", "kx", "ky", "kz"))):
             for i, dim in enumerate(dims):
                 ds.dims[i].attach_scale(f[dim])
@@ -374,14 +540,23 @@ class ResponseWriter:
         if self.dtype == np.float16:
             return np.clip(values, -_FLOAT16_MAX, _FLOAT16_MAX).astype(np.float16)
         q = np.rint((values - np.float32(self.offset)) / np.float32(self.scale))
+        nans = np.isnan(q)
+        self.nans += int(np.count_nonzero(nans))
+        self.clipped += int(np.count_nonzero(q < 0) + np.count_nonzero(q > 255))
         np.clip(q, 0, 255, out=q)
-        return np.nan_to_num(q, copy=False, nan=0.0).astype(np.uint8)
+        q[nans] = 0
+        return q.astype(np.uint8)
 
     def _raise_pending(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
             self._stop = True  # the file is incomplete now; nothing more is written
+            if isinstance(error, OSError) or _errno(error) is not None:
+                raise self._write_error(error) from error
             raise RuntimeError(f"{self.path}: writing failed: {error}") from error
+
+    def _write_error(self, error: BaseException) -> OutputWriteError:
+        return OutputWriteError(f"{self.path}: cannot write it: {_cause(error)}")
 
     def _join(self) -> None:
         if self._thread.is_alive():
@@ -407,6 +582,7 @@ class ResponseWriter:
         try:
             self._join()
             self._raise_pending()
+            self._flush()  # the data first: a disk full shows here
             if self._stop:
                 raise RuntimeError(f"{self.path}: the writer is closed")
             missing_rows = np.argwhere(~self._written)
@@ -426,22 +602,44 @@ class ResponseWriter:
                 except TypeError as e:
                     raise TypeError(f"root attribute {key!r}: {e}") from e
             self._file.attrs["complete"] = True  # last: only a whole file says it is complete
+            self._flush()
             self._file.close()
-            os.replace(self._temp, self.path)  # atomic: an old output stays until replaced
+            self._rename()
         except BaseException:
             self._discard()
             raise
         self._done = True
         return self.path
 
+    def _flush(self) -> None:
+        """Write HDF5's caches out; a failure (disk full) leaves the file discardable, where
+        a failed ``close`` would leave HDF5 in a state that crashes the process later."""
+        try:
+            self._file.flush()
+        except (OSError, RuntimeError) as e:  # h5py raises either for a failed write
+            raise self._write_error(e) from e
+
+    def _rename(self) -> None:
+        """Move `temp` onto `path` if it is still the file this writer created."""
+        st = os.lstat(self.temp)
+        if (st.st_dev, st.st_ino) != self._identity or not stat.S_ISREG(st.st_mode):
+            raise OutputError(f"{self.path}: the temporary file {self.temp} was replaced")
+        os.replace(self.temp, self.path)  # atomic, and a link at `path` is replaced itself
+        self._remove_folder()
+
     def _discard(self) -> None:
-        """Stop the writer thread, close and delete the temporary file."""
+        """Stop the writer thread, close and delete the temporary file and its folder."""
         self._stop = True
         if hasattr(self, "_thread"):
             self._join()
         if self._file.id.valid:
-            self._file.close()
-        self._temp.unlink(missing_ok=True)
+            # Nothing of this file is kept: point HDF5's descriptor at an anonymous file
+            # first, so closing neither writes the caches to the disk nor fails when it is
+            # full (a failed close leaves HDF5 in a state that crashes the process).
+            _redirect(self._fd)
+            with contextlib.suppress(Exception):  # discarding: the first error is what counts
+                self._file.close()
+        self._remove_folder()
 
     def __enter__(self) -> ResponseWriter:
         return self
