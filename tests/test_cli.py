@@ -14,6 +14,7 @@ from pathlib import Path
 
 import h5py
 import matplotlib.pyplot as plt
+import nibabel as nib
 import numpy as np
 import pytest
 from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
@@ -296,8 +297,8 @@ def test_interrupted_run_leaves_nothing_complete_and_resumes(tmp_path, capsys, h
     if how == signal.SIGINT:
         assert temps == []  # an interrupted run cleans up after itself
     else:
-        (temp,) = temps  # a killed one cannot; its file does not say complete
-        assert not says_complete(temp)
+        (temp,) = temps  # a killed one cannot; its private folder's file does not say complete
+        assert temp.is_dir() and not says_complete(temp / "b.h5")
 
     code, text, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
@@ -471,3 +472,80 @@ def test_devices_shows_the_probe_only_when_asked_or_cached(tmp_path, capsys, mon
     assert code == 0 and "FMA probe" in out and "measured now" in out
     code, out, _ = volconv("devices", capsys=capsys)
     assert code == 0 and "(cached; --probe measures again)" in out
+
+
+# -- disk full, read-only folders and truncated inputs, as `run` and `validate` meet them ---
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a small tmpfs (as root; skipped with the reason where mounting is not allowed)."""
+    mounts = []
+
+    def mount(name: str, options: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def test_disk_full_is_exit_1_in_one_line_and_a_rerun_finishes(tmp_path, tmpfs):
+    disk = tmpfs("disk", "size=3m")
+    np.save(tmp_path / "a.npy", random_volume((8, 8, 8), "uint8"))  # 2 KiB out: fits
+    np.save(tmp_path / "b.npy", random_volume((64, 64, 64), "uint8"))  # 1 MiB out each
+    (disk / "filler").write_bytes(b"\0" * (2 * 2**20))
+    filters = [{"type": "box", "name": f"b{i}"} for i in range(2)]
+    pipeline = write_pipeline(tmp_path, filters, output={"path": f"{disk}/out/{{stem}}.h5"})
+    run = subprocess.run([sys.executable, "-m", "volconv", "run", str(pipeline)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.count("\n") == 1, run.stderr
+    assert "b.h5" in run.stderr and "No space left on device" in run.stderr
+    assert sorted(p.name for p in (disk / "out").iterdir()) == ["a.h5"]  # kept; no temporary
+    assert says_complete(disk / "out" / "a.h5")
+    (disk / "filler").unlink()
+    rerun = subprocess.run([sys.executable, "-m", "volconv", "run", str(pipeline)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr
+    assert "skipped" in rerun.stdout and "done" in rerun.stdout
+    with check_output(disk / "out" / "b.h5", np.load(tmp_path / "b.npy").astype(float)):
+        pass
+
+
+def test_validate_finds_what_run_would_refuse(tmp_path, tmpfs, capsys):
+    ro = tmpfs("ro", "size=1m,ro")
+    np.save(tmp_path / "a.npy", random_volume((6, 5, 4), "uint8"))
+    for out in (f"{ro}/{{stem}}.h5", f"{ro}/missing/{{stem}}.h5"):
+        pipeline = write_pipeline(tmp_path, BOX, output={"path": out})
+        code, text, err = volconv("validate", pipeline, capsys=capsys)
+        assert_one_line_error(code, text, err, str(ro), "read-only")
+    # a truncated NIfTI as the second input: found before any work, by validate as by run
+    img = nib.Nifti1Image(random_volume((16, 16, 16), "uint8"), np.eye(4))
+    for suffix in (".nii", ".nii.gz"):
+        folder = tmp_path / suffix.replace(".", "_")
+        folder.mkdir()
+        nib.save(img, folder / f"a{suffix}")
+        nib.save(img, folder / f"b{suffix}")
+        whole = (folder / f"b{suffix}").read_bytes()
+        (folder / f"b{suffix}").write_bytes(whole[: len(whole) * 2 // 3])
+        pipeline = write_pipeline(folder, BOX, input={"paths": [f"a{suffix}", f"b{suffix}"]})
+        for command in ("validate", "run"):
+            code, text, err = volconv(command, pipeline, capsys=capsys)
+            assert_one_line_error(code, text, err, f"b{suffix}")
+            assert not (folder / "out").exists()  # nothing written, not even a.h5
+
+
+def test_uint8_output_warns_once_about_saturation(tmp_path, capsys):
+    for i in range(2):
+        np.save(tmp_path / f"v{i}.npy", random_volume((6, 5, 4), "uint8"))
+    pipeline = write_pipeline(tmp_path, [{"type": "box", "size": 3}, {"type": "sobel", "axis": 0}],
+                              output={"dtype": "uint8"})  # fmt: skip
+    code, out, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 0, err
+    assert out.count("warning:") == 1 and "voxels of" in out and "output.scale" in out

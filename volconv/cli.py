@@ -12,7 +12,14 @@ import sys
 import typer
 from rich.console import Console
 
-from volconv.device import NoDeviceError, list_devices, missing_platform_help, select_device
+from volconv.device import (
+    DeviceError,
+    NoDeviceError,
+    list_devices,
+    missing_platform_help,
+    select_device,
+)
+from volconv.writer import OutputWriteError
 
 app = typer.Typer(
     add_completion=False,
@@ -321,11 +328,15 @@ def main() -> None:
         app()  # typer reports bad options itself (exit 2) and exits through SystemExit
     except KeyboardInterrupt as e:  # outside a command (imports, typer's parsing)
         _interrupted(e)
-    except UserError as e:
+    except (UserError, DeviceError) as e:
         if _state["debug"]:
             raise
         _fail(str(e), 2)
     except NoDeviceError as e:
+        if _state["debug"]:
+            raise
+        _fail(str(e), 1)
+    except OutputWriteError as e:  # disk full, quota: the message names the output and cause
         if _state["debug"]:
             raise
         _fail(str(e), 1)

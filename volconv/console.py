@@ -50,10 +50,20 @@ def run_and_report(
         if progress is not None and task is not None:
             progress.update(task, advance=1, description=job.volume.stem)
 
+    warned = False
+
     def on_volume(r: VolumeReport) -> None:
-        (progress.console if progress else console).print(
-            summary_line(r), highlight=False, markup=False, soft_wrap=True
-        )
+        nonlocal warned
+        out = progress.console if progress else console
+        out.print(summary_line(r), highlight=False, markup=False, soft_wrap=True)
+        if r.clipped and not warned:  # once a run: the cure is the same for every input
+            warned = True
+            out.print(
+                f"warning: {r.clipped} voxels of {r.output} fall outside what uint8 holds "
+                f"with scale {cfg.scale:g} and offset {cfg.offset:g} (saturated; NaN as 0); "
+                "set output.scale and output.offset to the responses' range",
+                highlight=False, markup=False, soft_wrap=True,
+            )  # fmt: skip
 
     with progress or nullcontext():
         result = run(cfg, overwrite=overwrite, on_plan=on_plan, on_slab=on_slab,

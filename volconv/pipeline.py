@@ -30,13 +30,19 @@ import pyopencl as cl
 import volconv
 from volconv.bank import BankError, Filter, build_bank, stack_kernels
 from volconv.config import Config, PipelineError
-from volconv.device import NoDeviceError, list_devices, select_device
+from volconv.device import DeviceError, select_device
 from volconv.engine import BankConvolver, native_volume
 from volconv.io import InputError, Volume, expand_inputs, open_volume
 from volconv.peak import fp32_peak, measured_peak
 from volconv.plan import MAX_FILTERS, Plan, make_plan
 from volconv.report import VolumeReport, throughput, work_gflop
-from volconv.writer import OutputError, OutputExistsError, ResponseWriter, is_complete
+from volconv.writer import (
+    OutputError,
+    OutputExistsError,
+    ResponseWriter,
+    check_output_path,
+    is_complete,
+)
 
 # The errors that are the user's: the CLI turns them into exit status 2 and one line.
 USER_ERRORS = (PipelineError, BankError, InputError, OutputError)
@@ -87,18 +93,13 @@ class Job:
 
 
 def choose_device(cfg: Config) -> cl.Device:
-    """The device ``run.device`` (or ``--device``) names; naming one that is not there is
-    the user's mistake, having no OpenCL device at all is not."""
+    """The device ``run.device`` (or ``--device``, or ``PYOPENCL_CTX``) names; naming one that
+    is not there is the user's mistake, having no OpenCL device at all is not."""
+    where = "--device" if cfg.device_from_cli else f"{cfg.source}: run.device ="
     try:
-        return select_device(cfg.device)
-    except NoDeviceError as e:
-        if list_devices():
-            if cfg.device.lower() != "auto":
-                where = "--device" if cfg.device_from_cli else f"{cfg.source}: run.device ="
-                raise PipelineError(f"{where} {cfg.device!r}: {e}") from None
-            if ctx := os.environ.get("PYOPENCL_CTX"):
-                raise PipelineError(f"PYOPENCL_CTX={ctx!r}: {e}") from None
-        raise
+        return select_device(cfg.device, source=where)
+    except DeviceError as e:
+        raise PipelineError(str(e)) from None
 
 
 def output_path(cfg: Config, volume: Volume) -> Path:
@@ -146,6 +147,7 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
             raise PipelineError(f"{cfg.source}: output.path = {cfg.output!r} is the input {spec}")
         if out.is_dir():
             raise PipelineError(f"output {out} is a folder (output.path = {cfg.output!r})")
+        check_output_path(out)  # a read-only or unwritable folder, found before any work
         job = Job(spec, volume, filters, kernels, plan, out, complete=False)
         if out.exists() and not overwrite:
             if not is_complete(out):
@@ -373,6 +375,7 @@ def _stream(
         job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,
         compression=cfg.compression, scale=cfg.scale, offset=cfg.offset, boundary=cfg.boundary,
         cval=cfg.cval, slab_depth=conv.plan.slab_depth, overwrite=overwrite,
+        extents=np.array(job.extents),
     )  # fmt: skip
     _OPEN_WRITERS.add(writer)
     with writer, ThreadPoolExecutor(2, thread_name_prefix="volconv-read") as pool:
@@ -419,7 +422,8 @@ def _stream(
         source=job.spec, output=str(path), shape=tuple(int(s) for s in volume.shape),
         dtype=str(np.dtype(volume.dtype)), n_filters=len(job.filters),
         extents=tuple(int(e) for e in job.kernels.shape[1:]), slab_depth=conv.plan.slab_depth,
-        n_slabs=job.n_slabs, status="done", stages=stages, **record,
+        n_slabs=job.n_slabs, status="done", stages=stages, clipped=writer.clipped + writer.nans,
+        **record,
     )  # fmt: skip
 
 

@@ -124,6 +124,7 @@ class VolumeReport:
     fraction_of_measured_peak: float = math.nan
     engine: str = ""
     reason: str = ""  # why an input was skipped or failed
+    clipped: int = 0  # voxels a uint8 output could not hold (saturated, or NaN stored as 0)
     stages: dict[str, float] = field(default_factory=dict)
 
     @classmethod
