@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import numpy as np
 
@@ -72,3 +73,26 @@ def check_positive_int(value: object, name: str) -> int:
 def spec_tolerance(kernel: np.ndarray, vmax: float) -> float:
     """SPEC.md's bound on |stored - reference| for one kernel over data of magnitude ``vmax``."""
     return SPEC_RTOL * float(np.sum(np.abs(kernel))) * float(vmax) + SPEC_ATOL
+
+
+# Docstring fragments shared by every function that takes these parameters, as scipy.ndimage's
+# ``docfiller`` shares them: written once, the same words everywhere.
+DOCS = {
+    "mode": """mode : {'reflect', 'mirror', 'nearest', 'constant', 'wrap'}, optional
+        How the input extends beyond its edges, by scipy.ndimage's names and rules
+        (default ``'reflect'``).""",
+    "cval": """cval : float, optional
+        The value outside the input in ``'constant'`` mode (default 0.0).""",
+    "device": """device : pyopencl.Device or str, optional
+        A device, or a spec: ``auto``, ``gpu``, ``cpu``, a name fragment or
+        ``"platform:device"``; default ``PYOPENCL_CTX``, else the device of highest peak.""",
+}
+
+_Doc = TypeVar("_Doc", bound=Callable)
+
+
+def docfiller(f: _Doc) -> _Doc:
+    """Fill ``%(mode)s``, ``%(cval)s`` and ``%(device)s`` in ``f``'s docstring from `DOCS`."""
+    if f.__doc__:
+        f.__doc__ = f.__doc__ % DOCS
+    return f

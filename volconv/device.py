@@ -11,7 +11,6 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import pyopencl as cl
@@ -242,11 +241,3 @@ def select_device(spec: str | None = None, source: str = "device") -> cl.Device:
         for pi, di, p, d in found
     ]
     return found[choose(candidates, spec, source)][3]
-
-
-@cache
-def context_for(device: cl.Device) -> tuple[cl.Context, cl.CommandQueue]:
-    """The process's one context and profiling queue for ``device``, made on first use."""
-    ctx = cl.Context([device])
-    queue = cl.CommandQueue(ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
-    return ctx, queue

@@ -11,37 +11,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from functools import cache
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 
 from volconv.boundary import extend_indices
-from volconv.checks import check_cval, check_mode, check_positive_int
-from volconv.device import context_for, select_device
+from volconv.checks import check_cval, check_mode, check_positive_int, docfiller
+from volconv.device import select_device
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
+from volconv.programs import build, context_for
 from volconv.report import work_gflop
-
-
-@cache
-def kernel_source(name: str) -> str:
-    """The text of kernels/``name``: installed as the data package volconv.kernels, or read
-    from the checkout's kernels/ when volconv is imported from a source tree."""
-    try:
-        folder = resources.files("volconv.kernels")
-    except ModuleNotFoundError:
-        folder = Path(__file__).resolve().parent.parent / "kernels"
-    return folder.joinpath(name).read_text()
-
-
-@cache
-def build(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]) -> cl.Program:
-    """Build kernels/``name`` with ``-D`` defines; pyopencl caches the binary on disk."""
-    options = [f"-D{k}={v}" for k, v in defines]
-    return cl.Program(ctx, kernel_source(name)).build(options=options)
 
 
 def as_kernel_bank(kernels: object) -> np.ndarray:
@@ -76,6 +56,7 @@ def _check_volume_dtype(dtype: np.dtype) -> None:
         raise TypeError(f"volume must be real numbers; got dtype {np.dtype(dtype)}")
 
 
+@docfiller
 class BankConvolver:
     """A planned, compiled bank convolution for volumes of one shape and type.
 
@@ -85,10 +66,9 @@ class BankConvolver:
         The filters, applied as scipy.ndimage.convolve applies them.
     shape, dtype
         Shape and element type of the 3D volumes to filter.
-    mode, cval
-        scipy.ndimage boundary mode and constant value.
-    device
-        A ``pyopencl.Device``, or a device spec (see `volconv.device.select_device`).
+    %(mode)s
+    %(cval)s
+    %(device)s
     plan
         A plan made by `volconv.plan.make_plan` for this bank, shape and type on ``device``
         (the pipeline plans each input once and hands the plan over); default: plan here.
@@ -221,10 +201,13 @@ class BankConvolver:
         """The override, built at the first slab holding NaN or Inf: finite volumes never
         compile or allocate it."""
         if self._override is None:
-            self._override = NonFiniteOverride(
-                self.kernels, self.plan.shape, self.plan.mode, device=self.device,
-                slab_depth=self.plan.slab_depth,
-            )  # fmt: skip
+            plan = self.plan
+
+            def counting(supports: np.ndarray) -> BankConvolver:
+                return BankConvolver(supports, plan.shape, np.uint8, plan.mode, 0.0,
+                                     device=self.device, slab_depth=plan.slab_depth)  # fmt: skip
+
+            self._override = NonFiniteOverride(self.kernels, counting)
         return self._override
 
     def _convolve(
@@ -312,6 +295,7 @@ class BankConvolver:
         return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
 
 
+@docfiller
 def convolve_bank(
     volume: np.ndarray,
     kernels: object,
@@ -333,11 +317,9 @@ def convolve_bank(
         +-Inf voxels propagate as in scipy, which leaves out taps of zero weight.
     kernels : (N, kx, ky, kz) array
         1 <= N <= 64 filters, extents 1..31 (odd or even), centred as scipy centres them.
-    mode : {'reflect', 'mirror', 'nearest', 'constant', 'wrap'}
-        scipy.ndimage's boundary modes; ``cval`` fills outside in ``constant`` mode.
-    device
-        A ``pyopencl.Device`` or a spec: ``auto``, ``gpu``, ``cpu``, a name fragment or
-        ``"platform:device"``; default ``PYOPENCL_CTX``, else the device of highest peak.
+    %(mode)s
+    %(cval)s
+    %(device)s
     slab_depth, memory_budget
         Force the slab depth along axis 0, or bound the device memory used (bytes).
 

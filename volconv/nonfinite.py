@@ -19,7 +19,8 @@ are exact in float32. A response thus never depends on the other filters of its 
 zero padding taps are left out) nor on the path that computed its finite part.
 
 Any convolver with the slab interface (output rows ``[a, b)``, their source rows in order)
-uses it the same way; finite slabs never reach it::
+uses it the same way, giving it a factory of counting convolvers for its slab geometry;
+finite slabs never reach it::
 
     if has_nonfinite(rows):
         out = convolve(a, b, finite_part(rows))
@@ -28,8 +29,23 @@ uses it the same way; finite slabs never reach it::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import numpy as np
-import pyopencl as cl
+
+
+class SlabConvolver(Protocol):
+    """What the counts need of a convolver: the slab interface and its device seconds."""
+
+    timings: dict[str, float]
+
+    def convolve_slab(self, a: int, b: int, rows: np.ndarray) -> np.ndarray: ...
+
+
+# A convolver of uint8 rows by a bank of 0/1 kernels, with the caller's slab geometry and
+# boundary mode (cval 0), e.g. ``lambda k: BankConvolver(k, shape, np.uint8, mode, 0.0, ...)``.
+CountingFactory = Callable[[np.ndarray], SlabConvolver]
 
 TAP_EPS = np.finfo(np.float64).eps  # scipy leaves out taps with |w| <= DBL_EPSILON
 
@@ -53,12 +69,9 @@ def finite_part(rows: np.ndarray) -> np.ndarray:
 class _Reach:
     """Which outputs of a slab each of S 0/1 supports reaches from the voxels a mask marks."""
 
-    def __init__(self, supports: np.ndarray, chunk: int, **convolver: object) -> None:
-        from volconv.engine import BankConvolver  # here: engine imports this module
-
+    def __init__(self, supports: np.ndarray, chunk: int, make: CountingFactory) -> None:
         self.convolvers = [
-            BankConvolver(supports[i : i + chunk].astype(np.float64), **convolver)
-            for i in range(0, len(supports), chunk)
+            make(supports[i : i + chunk].astype(np.float64)) for i in range(0, len(supports), chunk)
         ]
 
     def __call__(self, a: int, b: int, marks: np.ndarray, spent: dict[str, float]) -> np.ndarray:
@@ -90,25 +103,13 @@ class NonFiniteOverride:
     ----------
     kernels : (N, kx, ky, kz) float64 array
         The bank, exactly as the convolver applies it (unflipped, scipy's convolve order).
-    shape : (nx, ny, nz)
-        Shape of the 3D volumes.
-    mode : str
-        scipy.ndimage boundary mode (cval is finite, so it never reaches the counts).
-    device : pyopencl.Device
-        Where the counts run.
-    slab_depth : int
-        The convolver's slab depth: `apply` takes the same slabs ``[a, b)``.
+    make : CountingFactory
+        Makes a counting convolver for a bank of at most N 0/1 kernels: uint8 volumes of the
+        caller's shape, its slab depth (`apply` takes the same slabs ``[a, b)``) and boundary
+        mode, cval 0 (cval is finite, so it never reaches the counts).
     """
 
-    def __init__(
-        self,
-        kernels: np.ndarray,
-        shape: tuple[int, int, int],
-        mode: str,
-        *,
-        device: cl.Device,
-        slab_depth: int,
-    ) -> None:
+    def __init__(self, kernels: np.ndarray, make: CountingFactory) -> None:
         pos, neg = kept_taps(kernels)
         self.n_filters = len(pos)
         # Distinct supports only: a bank of Gaussians shares one. Signed supports count the
@@ -116,14 +117,12 @@ class NonFiniteOverride:
         signed, index = _distinct(np.concatenate([pos, neg]))
         self._pos, self._neg = index[: self.n_filters], index[self.n_filters :]
         union, self._kept = _distinct(pos | neg)
-        convolver = {"shape": shape, "dtype": np.uint8, "mode": mode, "cval": 0.0,
-                     "device": device, "slab_depth": slab_depth}  # fmt: skip
         chunk = self.n_filters
-        self._signed = _Reach(signed, chunk, **convolver) if len(signed) else None
+        self._signed = _Reach(signed, chunk, make) if len(signed) else None
         if np.array_equal(union, signed):
             self._union = self._signed
         else:
-            self._union = _Reach(union, chunk, **convolver) if len(union) else None
+            self._union = _Reach(union, chunk, make) if len(union) else None
 
     def apply(self, a: int, b: int, rows: np.ndarray, out: np.ndarray) -> dict[str, float]:
         """Override ``out`` (N, b - a, ny, nz), the finite part of output rows ``[a, b)``.

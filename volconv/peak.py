@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
+from volconv.programs import build, context_for, kernel_source
 from volconv.report import format_gflops, write_json
 
 log = logging.getLogger(__name__)
@@ -287,8 +288,6 @@ def default_cache_dir() -> Path:
 
 def _cache_key(device: cl.Device) -> str:
     """Platform, device, driver and probe source: a new driver or probe measures again."""
-    from volconv.engine import kernel_source  # engine imports device, which imports us
-
     probe = hashlib.sha256(kernel_source("fma_probe.cl").encode()).hexdigest()[:12]
     parts = (device.platform.name, device.name, device.driver_version, f"probe {probe}")
     return " | ".join(p.strip() for p in parts)
@@ -300,9 +299,6 @@ def _probe_variant(device: cl.Device, vw: int, chains: int) -> float:
     The iteration count is calibrated first so that a launch takes about `PROBE_SECONDS`:
     long enough to swamp launch overheads, short enough for a display watchdog.
     """
-    from volconv.device import context_for  # device imports this module
-    from volconv.engine import build
-
     ctx, queue = context_for(device)
     defines = (("VW", vw), ("CHAINS", chains), ("BLOCK", PROBE_BLOCK))
     knl = cl.Kernel(build(ctx, "fma_probe.cl", defines), "fma_probe")
