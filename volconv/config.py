@@ -18,7 +18,7 @@ from typing import Any
 
 import tomli_w
 
-from volconv.bank import UNITS, BankError, build_bank
+from volconv.bank import UNITS, BankError, Filter, build_bank
 from volconv.checks import check_mode, check_positive_int, closest, suggest
 from volconv.writer import COMPRESSIONS, DTYPES, OutputError, compression_options
 
@@ -63,6 +63,8 @@ class Config:
     offset: float
     device: str
     slab_depth: int | None
+    bank: tuple[Filter, ...]  # built while validating, at a unit voxel size
+    bank_in_mm: bool  # some filter's sigma is in mm: the bank depends on the voxel size
     device_from_cli: bool = False
 
 
@@ -234,10 +236,11 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
     if not filters:
         raise fail("bank.filter: the bank is empty; add at least one [[bank.filter]] table")
     try:  # every filter, at unit voxel size (inputs in mm are built again by plan_jobs)
-        build_bank([dict(f) for f in filters], size, base_dir=source.resolve().parent,
-                   units=units)  # fmt: skip
+        bank = build_bank([dict(f) for f in filters], size, base_dir=source.resolve().parent,
+                          units=units)  # fmt: skip
     except BankError as e:
         raise fail(str(e)) from None
+    in_mm = units == "mm" or any(f.get("units") == "mm" for f in filters)
 
     # [output]
     template = out.get("path", DEFAULT_OUTPUT)
@@ -281,6 +284,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         units=units, filters=tuple(filters), output=template, dtype=dtype,
         compression=compression, scale=float(out.get("scale", 1.0)),
         offset=float(out.get("offset", 0.0)), device=device.strip(), slab_depth=slab_depth,
+        bank=tuple(bank), bank_in_mm=in_mm,
     )  # fmt: skip
 
 

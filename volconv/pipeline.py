@@ -175,14 +175,17 @@ def _bank_for(
     spec: str,
     banks: dict[tuple[float, ...], tuple[list[Filter], np.ndarray]],
 ) -> tuple[list[Filter], np.ndarray]:
-    """The bank for ``volume``, built once per voxel size (sigma in mm depends on it)."""
-    voxel = tuple(float(v) for v in volume.voxel_size[:3])
+    """The bank for ``volume``: the one validation built, or, where a sigma is in mm, one
+    built per voxel size."""
+    voxel = tuple(float(v) for v in volume.voxel_size[:3]) if cfg.bank_in_mm else ()
     if voxel not in banks:
-        try:
-            filters = build_bank([dict(f) for f in cfg.filters], cfg.size, voxel_size=voxel,
-                                 base_dir=cfg.base_dir, units=cfg.units)  # fmt: skip
-        except BankError as e:
-            raise PipelineError(f"{cfg.source}: {e} (for {spec})") from None
+        filters = list(cfg.bank)
+        if cfg.bank_in_mm:
+            try:
+                filters = build_bank([dict(f) for f in cfg.filters], cfg.size, voxel_size=voxel,
+                                     base_dir=cfg.base_dir, units=cfg.units)  # fmt: skip
+            except BankError as e:
+                raise PipelineError(f"{cfg.source}: {e} (for {spec})") from None
         if len(filters) > MAX_FILTERS:  # gabor entries count twice
             raise PipelineError(
                 f"{cfg.source}: bank.filter: {len(filters)} filters; one run takes at most "
