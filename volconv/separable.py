@@ -583,6 +583,15 @@ class SeparableConvolver:
 
     # -- work --------------------------------------------------------------------------
     @property
+    def pass_counts(self) -> tuple[int, int, int]:
+        """Launches per slab along axes 2, 1 and 0: distinct axis-2 factors, distinct
+        (axis-2, axis-1) pairs, distinct terms."""
+        if not self._slots:
+            return 0, 0, 0
+        mids = [m for r in self._roots.values() for m in r.children.values()]
+        return len(self._roots), len(mids), sum(len(m.children) for m in mids)
+
+    @property
     def engines(self) -> list[str]:
         """The paths taken: 'separable' for the passes, 'fp32' for the direct kernel."""
         return (["separable"] if self._slots else []) + (["fp32"] if self._direct else [])
