@@ -122,8 +122,11 @@ def test_low_rank_even_extents_through_the_passes(device):
 
 
 def test_4d_volume_as_independent_frames(device):
-    filters = build_bank([{"type": "log", "sigma": 1.0, "size": 7},
-                          {"type": "gaussian", "sigma": 0.7, "order": [0, 0, 1], "size": 5}])  # fmt: skip
+    specs = [
+        {"type": "log", "sigma": 1.0, "size": 7},
+        {"type": "gaussian", "sigma": 0.7, "order": [0, 0, 1], "size": 5},
+    ]
+    filters = build_bank(specs)
     vol = volume((10, 12, 13, 3))
     out = convolve_separable(vol, filters, "mirror", device=device, slab_depth=4)
     assert out.shape == (2, *vol.shape)
