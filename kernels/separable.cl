@@ -11,8 +11,11 @@
  * the fast pass slides along its row, the others read whole vectors of the rows they sum.
  * Rows have R >= NZ elements (R a multiple of V); only pass_out cuts them to NZ.
  *
- * Build options (-D): K taps, V outputs per work-item (1, 2, 4, 8, 16), IN_T the padded slab's
- * element type.
+ * pass_out (pass_mid) also computes U (UM) outputs along the axis it sums, so that each vector
+ * it loads feeds up to U of them (the loops are unrolled: the tap conditions vanish).
+ *
+ * Build options (-D): K taps, V outputs per work-item along axis 2 (1, 2, 4, 8, 16), U outputs
+ * (UM) along the axis pass_out (pass_mid) sums, IN_T the padded slab's element type.
  */
 
 #define CAT(a, b) a##b
@@ -50,6 +53,18 @@ __kernel void pass_fast(__global const IN_T *restrict src,  /* (P0, P1, P2) */
     STORE(acc, dst + row * R + z);
 }
 
+/* acc[u] = sum_j w[j] row(u + j) for u < n: each of the K + n - 1 rows loaded once. */
+#define SUM_ROWS(acc, row, n)                                                \
+    {                                                                        \
+        _Pragma("unroll") for (int u = 0; u < n; ++u) acc[u] = 0.0f;         \
+        _Pragma("unroll") for (int i = 0; i < K + n - 1; ++i) {              \
+            const floatv r = row(i);                                         \
+            _Pragma("unroll") for (int u = 0; u < n; ++u) {                  \
+                if (i - u >= 0 && i - u < K) acc[u] += w[i - u] * r;         \
+            }                                                                \
+        }                                                                    \
+    }
+
 /* Axis 1: out[x, y, z] = sum_j w[j] A[x, y + off + j, z], for x in [X0, X0 + NX), y < NY. */
 __kernel void pass_mid(__global const float *restrict src,  /* (P0, P1, R) */
                        __global float *restrict dst,        /* (P0, NY, R) */
@@ -58,14 +73,14 @@ __kernel void pass_mid(__global const float *restrict src,  /* (P0, P1, R) */
                        const int P1, const int R, const int off)
 {
     const int z = (int)get_global_id(0) * V;
-    const int y = (int)get_global_id(1);
+    const int y = (int)get_global_id(1) * UM;
     const int x = (int)get_global_id(2) + X0;
     if (z >= R || y >= NY || x >= X0 + NX) return;
     const __global float *p = src + ((long)x * P1 + y + off) * R + z;
-    floatv acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < K; ++j) acc += w[j] * LOAD(p + (long)j * R);
-    STORE(acc, dst + ((long)x * NY + y) * R + z);
+    floatv acc[UM];
+#define ROW_MID(i) LOAD(p + (long)(i) * R)
+    SUM_ROWS(acc, ROW_MID, UM)
+    for (int u = 0; u < UM && y + u < NY; ++u) STORE(acc[u], dst + ((long)x * NY + y + u) * R + z);
 }
 
 /* Axis 0: t[x, y, z] = sum_j w[j] B[x + off + j, y, z] for x < DEPTH, then for each target
@@ -81,25 +96,27 @@ __kernel void pass_out(__global const float *restrict src,  /* (P0, NY, R) */
 {
     const int z = (int)get_global_id(0) * V;
     const int y = (int)get_global_id(1);
-    const int x = (int)get_global_id(2);
+    const int x = (int)get_global_id(2) * U;
     if (z >= NZ || y >= NY || x >= DEPTH) return;
     const long stride = (long)NY * R;
     const __global float *p = src + ((long)(x + off) * NY + y) * R + z;
-    floatv acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < K; ++j) acc += w[j] * LOAD(p + j * stride);
+    floatv acc[U];
+#define ROW_OUT(i) LOAD(p + (i) * stride)
+    SUM_ROWS(acc, ROW_OUT, U)
     const long plane = (long)DEPTH * NY * NZ;
-    const long at = ((long)x * NY + y) * NZ + z;
     for (int t = 0; t < n_targets; ++t) {
         const int first = target[t] < 0;
-        __global float *o = out + (first ? -1 - target[t] : target[t]) * plane + at;
-        const floatv v = coef[t] * acc;
-        if (z + V <= NZ) {
-            STORE(first ? v : v + LOAD(o), o);
-        } else {  /* the row's tail: lane by lane */
-            float lanes[V];
-            STORE(v, lanes);
-            for (int l = 0; l < NZ - z; ++l) o[l] = first ? lanes[l] : lanes[l] + o[l];
+        __global float *o0 = out + (first ? -1 - target[t] : target[t]) * plane;
+        for (int u = 0; u < U && x + u < DEPTH; ++u) {
+            __global float *o = o0 + ((long)(x + u) * NY + y) * NZ + z;
+            const floatv v = coef[t] * acc[u];
+            if (z + V <= NZ) {
+                STORE(first ? v : v + LOAD(o), o);
+            } else { /* the row's tail: lane by lane */
+                float lanes[V];
+                STORE(v, lanes);
+                for (int l = 0; l < NZ - z; ++l) o[l] = first ? lanes[l] : lanes[l] + o[l];
+            }
         }
     }
 }
