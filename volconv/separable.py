@@ -216,6 +216,8 @@ class SeparablePlan:
     rows: int
     slab_depth: int
     choices: tuple[Choice, ...]
+    groups: tuple[tuple[int, ...], ...]  # direct filters, by extent
+    direct_bytes: tuple[tuple[int, int], ...]  # per group: (fixed, per output row)
 
     @property
     def extents(self) -> tuple[int, int, int]:
@@ -240,6 +242,13 @@ class SeparablePlan:
     def n_separable(self) -> int:
         return sum(c.path != "direct" for c in self.choices)
 
+    @property
+    def device_bytes(self) -> int:
+        """Device memory of every buffer, the direct groups' included."""
+        d = self.slab_depth
+        direct = sum(fixed + row * d for fixed, row in self.direct_bytes)
+        return sum(self.slab_bytes(d).values()) + direct
+
     def slab_bytes(self, depth: int) -> dict[str, int]:
         """Device bytes of the separable path's buffers for a slab of ``depth`` rows."""
         ny, nz = self.shape[1:]
@@ -255,6 +264,76 @@ class SeparablePlan:
             "mid": (rows + self.rows) * ny * self.row * 4,
             "responses": self.n_separable * depth * ny * nz * 4,
         }
+
+
+def make_separable_plan(
+    filters: object,
+    shape: tuple[int, int, int],
+    dtype: np.dtype,
+    mode: str,
+    cval: float,
+    device: cl.Device,
+    *,
+    choices: Sequence[Choice] | None = None,
+    slab_depth: int | None = None,
+    memory_budget: int | None = None,
+    vector_width: int = VECTOR_WIDTH,
+    rows: int = ROWS,
+    **overrides: object,
+) -> SeparablePlan:
+    """Plan a bank on the separable path without building anything (``volconv validate``):
+    the paths (`plan_bank` unless ``choices`` are given), the common halo, the direct groups
+    and the deepest slab whose buffers fit ``memory_budget`` (default: a quarter of the
+    device's memory, at most 2 GiB) and the device's largest allocation."""
+    entries = _entries(filters)
+    cval = _check_mode(mode, cval)
+    _check_volume_dtype(dtype)
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
+    if vector_width not in (1, 2, 4, 8, 16):
+        raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
+    choices = tuple(plan_bank(filters) if choices is None else choices)
+    if len(choices) != len(entries):
+        raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
+    shape = tuple(int(s) for s in shape)
+    src = native_volume(np.empty(0, dtype)).dtype
+    halos = [[halo(e) for e in k.shape] for k, _ in entries]
+    lo = tuple(max(h[d][0] for h in halos) for d in range(3))
+    hi = tuple(max(h[d][1] for h in halos) for d in range(3))
+    by_extent: dict[tuple[int, ...], list[int]] = {}
+    for f, c in enumerate(choices):
+        if c.path == "direct":
+            by_extent.setdefault(c.extent, []).append(f)
+    groups = tuple(tuple(g) for g in by_extent.values())
+    direct, allocs = [], []
+    for g in groups:
+        p = make_plan(
+            shape, src, choices[g[0]].extent, len(g), mode, cval, device, slab_depth=1,
+            **overrides,
+        )  # fmt: skip
+        zero, one = p.slab_bytes(0), p.slab_bytes(1)
+        direct.append((sum(zero.values()), sum(one.values())))
+        allocs.append((zero, one))
+    plan = SeparablePlan(
+        shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
+        vector_width, int(rows), shape[0], choices, groups, tuple(direct),
+    )  # fmt: skip
+    if slab_depth is None:
+        budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
+        allocs.append((plan.slab_bytes(0), plan.slab_bytes(1)))
+        fixed = sum(sum(zero.values()) for zero, _ in allocs)
+        per_row = sum(sum(one.values()) for _, one in allocs)
+        slab_depth = (budget - fixed) // max(per_row, 1)
+        for zero, one in allocs:
+            for name, size in one.items():
+                if size:
+                    slab_depth = min(slab_depth, (device.max_mem_alloc_size - zero[name]) // size)
+        if slab_depth < 1:
+            raise ValueError(
+                f"memory_budget: {budget} bytes hold no slab of a {shape} volume "
+                f"(one output row needs {per_row} bytes)"
+            )
+    return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
 
 
 class SeparableConvolver:
@@ -300,77 +379,33 @@ class SeparableConvolver:
         rows: int = ROWS,
         **overrides: object,
     ) -> None:
-        entries = _entries(filters)
-        cval = _check_mode(mode, cval)
-        _check_volume_dtype(dtype)
-        if len(shape) != 3 or min(shape) < 1:
-            raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
-        if vector_width not in (1, 2, 4, 8, 16):
-            raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
-        choices = tuple(plan_bank(filters) if choices is None else choices)
-        if len(choices) != len(entries):
-            raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
         self.device = device if isinstance(device, cl.Device) else select_device(device)
         self.ctx, self.queue = context_for(self.device)
-        self.kernels = [k for k, _ in entries]
-        shape = tuple(int(s) for s in shape)
-        src = native_volume(np.empty(0, dtype)).dtype
-        halos = [[halo(e) for e in k.shape] for k in self.kernels]
-        lo = tuple(max(h[d][0] for h in halos) for d in range(3))
-        hi = tuple(max(h[d][1] for h in halos) for d in range(3))
-        self.plan = SeparablePlan(
-            shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
-            vector_width, int(rows), shape[0], choices,
+        self.plan = make_separable_plan(
+            filters, shape, dtype, mode, cval, self.device, choices=choices,
+            slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
+            rows=rows, **overrides,
         )  # fmt: skip
-        # direct filters in groups of one extent, each group its own planned BankConvolver
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for f, c in enumerate(choices):
-            if c.path == "direct":
-                groups.setdefault(c.extent, []).append(f)
-        self._groups = list(groups.values())
-        depth = slab_depth or self._deepest_slab(memory_budget, overrides)
-        self.plan = replace(self.plan, slab_depth=max(1, min(int(depth), shape[0])))
-        self._direct = [self._direct_group(idx, dtype, overrides) for idx in self._groups]
+        plan = self.plan
+        self.kernels = [k for k, _ in _entries(filters)]
+        self._groups = [list(g) for g in plan.groups]
+        self._direct = [
+            BankConvolver(
+                np.stack([self.kernels[f] for f in idx]),
+                plan.shape,
+                dtype,
+                plan.mode,
+                plan.cval,
+                device=self.device,
+                slab_depth=plan.slab_depth,
+                **overrides,
+            )
+            for idx in self._groups
+        ]
         self.timings = dict.fromkeys(("upload", "pad", "kernel", "download"), 0.0)
-        self._slots = [f for f, c in enumerate(choices) if c.path != "direct"]
+        self._slots = [f for f, c in enumerate(plan.choices) if c.path != "direct"]
         if self._slots:
             self._setup()
-
-    # -- planning ----------------------------------------------------------------------
-    def _direct_group(self, idx: list[int], dtype: np.dtype, overrides: dict) -> BankConvolver:
-        plan = self.plan
-        return BankConvolver(
-            np.stack([self.kernels[f] for f in idx]), plan.shape, dtype, plan.mode, plan.cval,
-            device=self.device, slab_depth=plan.slab_depth, **overrides,
-        )  # fmt: skip
-
-    def _deepest_slab(self, memory_budget: int | None, overrides: dict) -> int:
-        """Deepest slab whose buffers (passes and direct groups) fit the budget and the
-        largest single allocation."""
-        plan, dev = self.plan, self.device
-        budget = memory_budget or min(dev.global_mem_size // 4, 2 << 30)
-        sizes = [(plan.slab_bytes(0), plan.slab_bytes(1))]
-        knobs = {k: v for k, v in overrides.items() if k != "slab_depth"}
-        for idx in self._groups:
-            extent = self.kernels[idx[0]].shape
-            p = make_plan(
-                plan.shape, plan.src_dtype, extent, len(idx), plan.mode, plan.cval, dev,
-                slab_depth=1, **knobs,
-            )  # fmt: skip
-            sizes.append((p.slab_bytes(0), p.slab_bytes(1)))
-        fixed = sum(sum(s0.values()) for s0, _ in sizes)
-        per_row = sum(sum(s1.values()) for _, s1 in sizes)
-        depth = (budget - fixed) // max(per_row, 1)
-        for s0, s1 in sizes:
-            for name, size in s1.items():
-                if size:
-                    depth = min(depth, (dev.max_mem_alloc_size - s0[name]) // size)
-        if depth < 1:
-            raise ValueError(
-                f"memory_budget: {budget} bytes hold no slab of a {plan.shape} volume "
-                f"(one output row needs {per_row} bytes)"
-            )
-        return int(min(depth, plan.shape[0]))
 
     def _setup(self) -> None:
         plan, ctx = self.plan, self.ctx
