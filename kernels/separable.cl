@@ -9,7 +9,9 @@
  *
  * Each work-item computes V consecutive outputs along axis 2 (the fastest), as floatV vectors:
  * the fast pass slides along its row, the others read whole vectors of the rows they sum.
- * Rows have R >= NZ elements (R a multiple of V); only pass_out cuts them to NZ.
+ * Rows have R >= NZ elements (R a multiple of V); only pass_out cuts them to NZ. The host runs
+ * the tree over blocks of output rows, so that what a pass writes is still in cache when the
+ * next pass reads it.
  *
  * pass_out (pass_mid) also computes U (UM) outputs along the axis it sums, so that each vector
  * it loads feeds up to U of them (the loops are unrolled: the tap conditions vanish).
@@ -83,7 +85,7 @@ __kernel void pass_mid(__global const float *restrict src,  /* (P0, P1, R) */
     for (int u = 0; u < UM && y + u < NY; ++u) STORE(acc[u], dst + ((long)x * NY + y + u) * R + z);
 }
 
-/* Axis 0: t[x, y, z] = sum_j w[j] B[x + off + j, y, z] for x < DEPTH, then for each target
+/* Axis 0: t[x, y, z] = sum_j w[j] B[x + off + j, y, z] for x in [X0, X1), then for each target
  * f: out[f] = coef * t (the response's first term) or out[f] += coef * t. A target is
  * stored as f, or as -1 - f where it is the response's first term. */
 __kernel void pass_out(__global const float *restrict src,  /* (P0, NY, R) */
@@ -91,13 +93,13 @@ __kernel void pass_out(__global const float *restrict src,  /* (P0, NY, R) */
                        __constant float *restrict w,
                        __constant const int *restrict target,
                        __constant const float *restrict coef,
-                       const int n_targets, const int DEPTH, const int NY, const int NZ,
-                       const int R, const int off)
+                       const int n_targets, const int X0, const int X1, const int DEPTH,
+                       const int NY, const int NZ, const int R, const int off)
 {
     const int z = (int)get_global_id(0) * V;
     const int y = (int)get_global_id(1);
-    const int x = (int)get_global_id(2) * U;
-    if (z >= NZ || y >= NY || x >= DEPTH) return;
+    const int x = (int)get_global_id(2) * U + X0;
+    if (z >= NZ || y >= NY || x >= X1) return;
     const long stride = (long)NY * R;
     const __global float *p = src + ((long)(x + off) * NY + y) * R + z;
     floatv acc[U];
@@ -107,7 +109,7 @@ __kernel void pass_out(__global const float *restrict src,  /* (P0, NY, R) */
     for (int t = 0; t < n_targets; ++t) {
         const int first = target[t] < 0;
         __global float *o0 = out + (first ? -1 - target[t] : target[t]) * plane;
-        for (int u = 0; u < U && x + u < DEPTH; ++u) {
+        for (int u = 0; u < U && x + u < X1; ++u) {
             __global float *o = o0 + ((long)(x + u) * NY + y) * NZ + z;
             const floatv v = coef[t] * acc[u];
             if (z + V <= NZ) {

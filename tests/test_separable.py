@@ -112,13 +112,14 @@ def test_mixed_bank_every_path_and_extent(device, mode):
 
 
 def test_low_rank_even_extents_through_the_passes(device):
-    """Even extents centred as scipy centres them, on the passes (forced), every mode."""
+    """Even extents centred as scipy centres them, on the passes (forced), every mode; the
+    tree run over blocks of 2 rows inside slabs of 5."""
     bank = [rank_r((4, 3, 6), 2), rank_r((2, 5, 1), 1), rank_r((6, 6, 2), 3)]
     choices = plan_bank(bank, force="separable")
     assert [c.path for c in choices] == ["low-rank", "separable", "low-rank"]
     for mode in MODES:
         assert_matches_scipy(volume((11, 9, 14), "int16"), bank, mode, cval=-2.0,
-                             device=device, slab_depth=2, choices=choices)  # fmt: skip
+                             device=device, slab_depth=5, block_rows=2, choices=choices)  # fmt: skip
 
 
 def test_4d_volume_as_independent_frames(device):

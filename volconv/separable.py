@@ -42,18 +42,20 @@ from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, make_plan, pad_dtype
 
 PATHS = ("direct", "separable", "low-rank")
 
-# Cost model, in seconds per output voxel on the device, fitted on PoCL (2-core Xeon, 256^3
-# uint8; scripts/bench_separable.py, benchmarks/results/pocl-separable.json): the direct
-# kernel costs DIRECT_PER_TAP a tap; a 1D pass costs PASS_FIXED (reading and writing a float
-# per output) plus PASS_PER_TAP a tap. Only their ratios matter for the choice.
+# Cost model per output voxel, in units of one tap of the direct kernel: a 1D pass costs
+# PASS_FIXED (reading and writing a float per output) plus PASS_PER_TAP a tap. Rounded from
+# scripts/bench_separable.py on PoCL (2-core EPYC, 128^3 uint8, benchmarks/results/
+# pocl-separable.json: a tap of the direct kernel 0.019 ns, a pass 0.37 ns at 3 taps, 0.59 at
+# 7, 0.81 at 11, 2.3-2.6 at 23-31); only the ratios matter for the choice.
 DIRECT_PER_TAP = 1.0
 PASS_FIXED = 12.0
-PASS_PER_TAP = 1.5
+PASS_PER_TAP = 3.0
 MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 
 VECTOR_WIDTH = 16  # outputs per work-item along axis 2 (PoCL: 16 beat 8 by 20 %)
 ROWS = 4  # outputs per work-item along axis 0 in pass_out (PoCL: 4 beat 1, 2 and 8)
-MID_ROWS = 2  # ... and along the axis of pass_mid (1 and 4 were no faster on PoCL)
+MID_ROWS = 2  # ... and along axis 1 in pass_mid (1 and 4 were no faster on PoCL)
+BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab (blocks of 8..64: slower)
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,7 @@ class SeparablePlan:
     halo_hi: tuple[int, int, int]
     vector_width: int
     rows: int
+    block_rows: int  # output rows the pass tree runs over at a time (0: the whole slab)
     slab_depth: int
     choices: tuple[Choice, ...]
     groups: tuple[tuple[int, ...], ...]  # direct filters, by extent
@@ -279,6 +282,7 @@ def make_separable_plan(
     memory_budget: int | None = None,
     vector_width: int = VECTOR_WIDTH,
     rows: int = ROWS,
+    block_rows: int = BLOCK_ROWS,
     **overrides: object,
 ) -> SeparablePlan:
     """Plan a bank on the separable path without building anything (``volconv validate``):
@@ -316,7 +320,7 @@ def make_separable_plan(
         allocs.append((zero, one))
     plan = SeparablePlan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
-        vector_width, int(rows), shape[0], choices, groups, tuple(direct),
+        vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
@@ -377,6 +381,7 @@ class SeparableConvolver:
         memory_budget: int | None = None,
         vector_width: int = VECTOR_WIDTH,
         rows: int = ROWS,
+        block_rows: int = BLOCK_ROWS,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -384,7 +389,7 @@ class SeparableConvolver:
         self.plan = make_separable_plan(
             filters, shape, dtype, mode, cval, self.device, choices=choices,
             slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
-            rows=rows, **overrides,
+            rows=rows, block_rows=block_rows, **overrides,
         )  # fmt: skip
         plan = self.plan
         self.kernels = [k for k, _ in _entries(filters)]
@@ -566,38 +571,46 @@ class SeparableConvolver:
 
     def _launch_passes(self, depth: int) -> list[cl.Event]:
         """Enqueue the pass tree over the padded slab of ``depth`` output rows."""
+        events = []
+        block = self.plan.block_rows or depth
+        for root in self._roots.values():
+            for c0 in range(0, depth, block):
+                rows = min(block, depth - c0)  # output rows [c0, c0 + rows) of the slab
+                events += self._launch_root(root, c0, rows, depth)
+        return events
+
+    def _launch_root(self, root: _Node, c0: int, rows: int, depth: int) -> list[cl.Event]:
+        """Enqueue one root's subtree for output rows ``[c0, c0 + rows)`` of the slab."""
         plan, queue = self.plan, self.queue
         ny, nz = plan.shape[1:]
         p1, p2 = plan.padded_yz
         r, v, u = plan.row, plan.vector_width, plan.rows
         i32 = np.int32
-        events = []
-        for root in self._roots.values():
-            knl = self._programs[root.k]["pass_fast"]
-            nx, n1 = depth + root.extra, ny + root.y_n
+        knl = self._programs[root.k]["pass_fast"]
+        nx, n1 = rows + root.extra, ny + root.y_n
+        knl.set_args(
+            self._padded, self._fast, root.buf, i32(root.lo + c0), i32(root.y_lo), i32(nx),
+            i32(n1), i32(p1), i32(p2), i32(r), i32(root.off),
+        )  # fmt: skip
+        events = [cl.enqueue_nd_range_kernel(queue, knl, (r // v, n1, nx), None)]
+        for mid in root.children.values():
+            knl = self._programs[mid.k]["pass_mid"]
+            nx = rows + mid.extra
             knl.set_args(
-                self._padded, self._fast, root.buf, i32(root.lo), i32(root.y_lo), i32(nx),
-                i32(n1), i32(p1), i32(p2), i32(r), i32(root.off),
+                self._fast, self._mid, mid.buf, i32(mid.lo + c0), i32(nx), i32(ny), i32(p1),
+                i32(r), i32(mid.off),
             )  # fmt: skip
-            events.append(cl.enqueue_nd_range_kernel(queue, knl, (r // v, n1, nx), None))
-            for mid in root.children.values():
-                knl = self._programs[mid.k]["pass_mid"]
-                nx = depth + mid.extra
+            glob = (r // v, -(-ny // MID_ROWS), nx)
+            events.append(cl.enqueue_nd_range_kernel(queue, knl, glob, None))
+            for leaf in mid.children.values():
+                knl = self._programs[leaf.k]["pass_out"]
                 knl.set_args(
-                    self._fast, self._mid, mid.buf, i32(mid.lo), i32(nx), i32(ny), i32(p1),
-                    i32(r), i32(mid.off),
+                    self._mid, self._out, leaf.buf, leaf.target_buf, leaf.coef_buf,
+                    i32(len(leaf.targets)), i32(c0), i32(c0 + rows), i32(depth), i32(ny),
+                    i32(nz), i32(r), i32(leaf.off),
                 )  # fmt: skip
-                glob = (r // v, -(-ny // MID_ROWS), nx)
+                glob = (-(-nz // v), ny, -(-rows // u))
                 events.append(cl.enqueue_nd_range_kernel(queue, knl, glob, None))
-                for leaf in mid.children.values():
-                    knl = self._programs[leaf.k]["pass_out"]
-                    knl.set_args(
-                        self._mid, self._out, leaf.buf, leaf.target_buf, leaf.coef_buf,
-                        i32(len(leaf.targets)), i32(depth), i32(ny), i32(nz), i32(r),
-                        i32(leaf.off),
-                    )  # fmt: skip
-                    glob = (-(-nz // v), ny, -(-depth // u))
-                    events.append(cl.enqueue_nd_range_kernel(queue, knl, glob, None))
         return events
 
     def pinned_slab(self) -> np.ndarray:
@@ -671,19 +684,22 @@ class SeparableConvolver:
         moved = 0
         for a, b in self.slabs():
             depth = b - a
-            for root in self._roots.values():
-                n1 = ny + root.y_n
-                outs = (depth + root.extra) * n1 * r
-                flop += 2 * root.k * outs
-                moved += outs * (isz + 4)
-                for mid in root.children.values():
-                    outs = (depth + mid.extra) * ny * r
-                    flop += 2 * mid.k * outs
-                    moved += (outs + (depth + mid.extra + mid.k - 1) * ny * r) * 4
-                    for leaf in mid.children.values():
-                        outs = depth * ny * nz
-                        flop += 2 * (leaf.k + len(leaf.targets)) * outs
-                        moved += outs * 4 * (1 + 2 * len(leaf.targets))
+            block = plan.block_rows or depth
+            for c0 in range(0, depth, block):
+                rows = min(block, depth - c0)
+                for root in self._roots.values():
+                    outs = (rows + root.extra) * (ny + root.y_n) * r
+                    flop += 2 * root.k * outs
+                    moved += outs * (isz + 4)
+                    for mid in root.children.values():
+                        outs = (rows + mid.extra) * ny * r
+                        flop += 2 * mid.k * outs
+                        moved += (outs + (rows + mid.extra) * (ny + mid.k - 1) * r) * 4
+                        for leaf in mid.children.values():
+                            outs = rows * ny * nz
+                            flop += 2 * (leaf.k + len(leaf.targets)) * outs
+                            moved += (rows + leaf.k - 1) * ny * r * 4
+                            moved += outs * 4 * (2 * len(leaf.targets) - 1)
         return flop, moved
 
 
