@@ -118,8 +118,8 @@ def test_low_rank_even_extents_through_the_passes(device):
     choices = plan_bank(bank, force="separable")
     assert [c.path for c in choices] == ["low-rank", "separable", "low-rank"]
     for mode in MODES:
-        options = {"slab_depth": 5, "block_rows": 2, "choices": choices}
-        assert_matches_scipy(volume((11, 9, 14), "int16"), bank, mode, -2.0, device=device, **options)
+        options = {"device": device, "slab_depth": 5, "block_rows": 2, "choices": choices}
+        assert_matches_scipy(volume((11, 9, 14), "int16"), bank, mode, -2.0, **options)
 
 
 def test_4d_volume_as_independent_frames(device):
