@@ -3,9 +3,10 @@
 On a synthetic n^3 uint8 volume (reflect mode), on one OpenCL device:
   1. the ilastik bank (pipelines/ilastik_features.toml, 48 filters) and the demo bank (8)
      through SeparableConvolver, against today's direct path (BankConvolver over the bank
-     padded to its widest extent, 23^3 for ilastik). The direct path takes minutes on a CPU, so it is timed on a slab of interior rows
-     of the same volume and scaled by the row count (its cost per output row is the same for
-     every interior row; the boundary rows differ only in what pad.cl gathers).
+     padded to its widest extent, 23^3 for ilastik). The direct path takes minutes on a CPU,
+     so it is timed on a slab of interior rows of the same volume and scaled by the row
+     count (its cost per output row is the same for every interior row; the boundary rows
+     differ only in what pad.cl gathers).
   2. Gaussian-derivative banks (smoothing, gradient, Hessian, LoG at one sigma; and the whole
      ilastik bank) against scipy.ndimage's own separable filters (gaussian_filter with orders,
      gaussian_laplace, DoG as two gaussian_filter calls) on the same data, float32 output,
