@@ -205,3 +205,14 @@ def test_describe_plan_names_each_filter():
     assert "smooth" in text and "separable 9x9x9: 1 term" in text
     assert "mine" in text and "direct 3x3x3" in text
     assert text.startswith("paths: 1 direct, 1 separable")
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 33), (5, 1, 1), (2, 3, 17)])
+@pytest.mark.parametrize("mode", MODES)
+def test_axes_shorter_than_the_kernels(device, shape, mode):
+    """Overhangs longer than the axis fold back as scipy folds them, 1-voxel axes included."""
+    specs = [
+        {"type": "log", "sigma": 1.0, "size": 7},
+        {"type": "gaussian", "sigma": 2.0, "order": [1, 0, 2], "size": 9},
+    ]
+    assert_matches_scipy(volume(shape, "float32"), build_bank(specs), mode, 4.0, device=device)
