@@ -16,6 +16,12 @@ coefficient into every response that holds it, on the device before the download
 
 Non-finite voxels are not this module's concern: it computes the finite result, and the caller
 applies the correction for NaN and Inf (volconv.nonfinite) as for any path.
+
+In a pipeline, `SeparableConvolver` takes `BankConvolver`'s place: give it the bank's `Filter`
+list (not the zero-padded stack, which would lose each filter's own extent and its factors);
+`plan` has ``slab_depth``, ``n_slabs``, ``device_bytes`` and ``choices`` (`describe_plan` prints
+them); the throughput record takes `gflop`, `executed_gflop`, `kernel_bytes` and `engines`.
+`make_separable_plan` plans without building, for ``volconv validate``.
 """
 
 from __future__ import annotations
