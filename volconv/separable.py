@@ -93,7 +93,7 @@ class Choice:
         ext = "x".join(map(str, self.extent))
         if self.path == "direct":
             why = (
-                "no decomposition within tolerance"
+                "no decomposition within tolerance cheaper than direct"
                 if math.isinf(self.separable_cost)
                 else f"separable would cost {self.separable_cost:.0f}"
             )
