@@ -30,6 +30,7 @@ defines = {
                      ("FILT_LOCAL", 1)),
     "pad.cl": (("SRC_T", "uchar"), ("DST_T", "float")),
     "fma_probe.cl": (),
+    "separable.cl": (("K", 5), ("V", 16), ("U", 4), ("UM", 2), ("IN_T", "uchar")),
 }
 for name in names:
     build(ctx, name, defines[name])

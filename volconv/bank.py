@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from volconv.factor import Term, term
 from volconv.plan import MAX_EXTENT
 
 
@@ -43,11 +44,15 @@ class Filter:
         The filter type (a key of `FILTER_TYPES`).
     kernel : (kx, ky, kz) float64 array, read-only
         Exactly the array ``scipy.ndimage.convolve`` is given.
+    factors : tuple of `volconv.factor.Term`, or None
+        The kernel as a sum of separable terms, where the filter type knows it (its sum equals
+        ``kernel`` up to float64 rounding); None for custom kernels.
     """
 
     name: str
     type: str
     kernel: np.ndarray
+    factors: tuple[Term, ...] | None = None
 
 
 class Required:
@@ -199,6 +204,45 @@ def gabor_kernels(
     return tuple(p - p.sum() * env for p in parts)
 
 
+def gabor_terms(
+    sigma: Sequence[float], wave: Sequence[float], phase: float, size: Sequence[int]
+) -> tuple[tuple[Term, ...], tuple[Term, ...]]:
+    """`gabor_kernels` as sums of separable terms: five each.
+
+    The envelope is a product of per-axis Gaussians and the wave ``exp(i theta)`` a product of
+    per-axis complex exponentials, so ``env * exp(i theta)`` is a product of three complex 1D
+    factors; its real and imaginary parts expand into four real terms each, and the Morlet
+    correction ``-sum * env`` adds one.
+    """
+    envs, waves = [], []
+    for s, w, k in zip(sigma, wave, size, strict=True):
+        x = np.arange(-(k // 2), k // 2 + 1)
+        e = np.exp(-0.5 * (x / s) ** 2)
+        envs.append(e / e.sum())
+        waves.append(np.exp(2j * np.pi * w * x))
+    waves[0] = waves[0] * np.exp(1j * phase)
+    parts = [e * w for e, w in zip(envs, waves, strict=True)]  # complex factors per axis
+
+    def expand(imag: bool) -> list[Term]:
+        # Re/Im of p0 p1 p2 = sum over choices of re/im per axis, with i^(number of im) real
+        out = []
+        for picks in np.ndindex(2, 2, 2):
+            n_im = sum(picks)
+            if n_im % 2 != int(imag):
+                continue
+            sign = (-1.0) ** (n_im // 2)
+            axes = (p.imag if q else p.real for p, q in zip(parts, picks, strict=True))
+            out.append(term(sign, *axes))
+        return out
+
+    result = []
+    for imag in (False, True):
+        terms = expand(imag)
+        total = sum(t.coef * math.prod(a.sum() for a in t.axes) for t in terms)
+        result.append((*terms, term(-total, *envs)))
+    return result[0], result[1]
+
+
 # -- reading a spec -----------------------------------------------------------------------
 
 
@@ -336,17 +380,28 @@ class _Spec:
 
 # -- the types ----------------------------------------------------------------------------
 
-_Kernels = list[tuple[str, np.ndarray]]  # (suffix of the filter's name, kernel)
+# (suffix of the filter's name, kernel[, its separable terms])
+_Kernels = list[tuple[str, np.ndarray] | tuple[str, np.ndarray, tuple[Term, ...]]]
+
+
+def gaussian_terms(
+    sigma: Sequence[float], order: Sequence[int], size: Sequence[int], coef: float = 1.0
+) -> tuple[Term]:
+    """`gaussian_kernel` as its one separable term."""
+    axes = [gaussian_kernel1d(s, o, k // 2) for s, o, k in zip(sigma, order, size, strict=True)]
+    return (term(coef, *axes),)
 
 
 def _gaussian(s: _Spec) -> _Kernels:
-    return [("", gaussian_kernel(s.sigma(), s.integers("order", 0, 2), s.size()))]
+    sigma, order, size = s.sigma(), s.integers("order", 0, 2), s.size()
+    return [("", gaussian_kernel(sigma, order, size), gaussian_terms(sigma, order, size))]
 
 
 def _log(s: _Spec) -> _Kernels:
     sigma, size = s.sigma(), s.size()
     second = ((2, 0, 0), (0, 2, 0), (0, 0, 2))  # gaussian_laplace sums these
-    return [("", sum(gaussian_kernel(sigma, order, size) for order in second))]
+    terms = sum((gaussian_terms(sigma, order, size) for order in second), ())
+    return [("", sum(gaussian_kernel(sigma, order, size) for order in second), terms)]
 
 
 def _dog(s: _Spec) -> _Kernels:
@@ -358,12 +413,15 @@ def _dog(s: _Spec) -> _Kernels:
         raise _fail(s.key("sigma2"), "different from sigma (the difference would be 0)", given)
     size = s.size()
     flat = (0, 0, 0)
-    return [("", gaussian_kernel(sigma, flat, size) - gaussian_kernel(sigma2, flat, size))]
+    kernel = gaussian_kernel(sigma, flat, size) - gaussian_kernel(sigma2, flat, size)
+    terms = gaussian_terms(sigma, flat, size) + gaussian_terms(sigma2, flat, size, -1.0)
+    return [("", kernel, terms)]
 
 
 def _box(s: _Spec) -> _Kernels:
     size = s.size()
-    return [("", np.full(size, 1.0 / math.prod(size)))]
+    terms = (term(1.0, *(np.full(k, 1.0 / k) for k in size)),)
+    return [("", np.full(size, 1.0 / math.prod(size)), terms)]
 
 
 def _sobel(s: _Spec) -> _Kernels:
@@ -374,7 +432,7 @@ def _sobel(s: _Spec) -> _Kernels:
     taps = [
         np.array([1.0, 0.0, -1.0]) if a == axis else np.array([1.0, 2.0, 1.0]) for a in range(3)
     ]
-    return [("", reduce(np.multiply.outer, taps))]
+    return [("", reduce(np.multiply.outer, taps), (term(1.0, *taps),))]
 
 
 def _gabor(s: _Spec) -> _Kernels:
@@ -389,8 +447,10 @@ def _gabor(s: _Spec) -> _Kernels:
     az, el = np.deg2rad(np.asarray(angles, np.float64))
     direction = np.array([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)])
     wave = f * direction * scale  # cycles per voxel along each axis
-    real, imag = gabor_kernels(sigma, wave, np.deg2rad(s.number("phase")), s.size())
-    return [("_real", real), ("_imag", imag)]
+    phase, size = np.deg2rad(s.number("phase")), s.size()
+    real, imag = gabor_kernels(sigma, wave, phase, size)
+    real_terms, imag_terms = gabor_terms(sigma, wave, phase, size)
+    return [("_real", real, real_terms), ("_imag", imag, imag_terms)]
 
 
 def _custom(s: _Spec) -> _Kernels:
@@ -487,7 +547,7 @@ def build_bank(
     owner: dict[str, int] = {}
     for i, table in enumerate(specs):
         spec = _Spec(i, table, ctx)
-        for suffix, kernel in _BUILDERS[spec.type](spec):
+        for suffix, kernel, *factors in _BUILDERS[spec.type](spec):
             name = spec.name + suffix
             if name in owner:
                 raise BankError(
@@ -497,7 +557,7 @@ def build_bank(
             owner[name] = i
             kernel = np.array(kernel, np.float64, order="C")
             kernel.flags.writeable = False
-            filters.append(Filter(name, spec.type, kernel))
+            filters.append(Filter(name, spec.type, kernel, factors[0] if factors else None))
     return filters
 
 

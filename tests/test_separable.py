@@ -1,0 +1,218 @@
+"""The separable path against scipy.ndimage (float64) at SPEC.md's tolerance."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.ndimage as ndi
+from conftest import assert_spec_close, reference
+
+from volconv.bank import build_bank
+from volconv.boundary import MODES
+from volconv.factor import amplification, factorise, reconstruct, reconstruction_ok
+from volconv.separable import SeparableConvolver, convolve_separable, describe_plan, plan_bank
+
+RNG = np.random.default_rng(20261123)
+
+
+def volume(shape: tuple[int, ...], dtype: str = "uint8") -> np.ndarray:
+    if np.dtype(dtype).kind == "f":
+        return (RNG.standard_normal(shape) * 50).astype(dtype)
+    return RNG.integers(0, 256, shape).astype(dtype)
+
+
+def rank_r(shape: tuple[int, int, int], r: int) -> np.ndarray:
+    return sum(
+        np.multiply.outer(np.multiply.outer(*(RNG.standard_normal(n) for n in shape[:2])),
+                          RNG.standard_normal(shape[2]))
+        for _ in range(r)
+    )  # fmt: skip
+
+
+# Every generated type: Gaussian orders 0..2 per axis (anisotropic sigma, odd extents that
+# differ per axis), LoG, DoG, box, Sobel and a Gabor pair off the axes.
+GENERATED = [
+    *({"type": "gaussian", "sigma": [1.2, 0.8, 1.0], "order": list(o), "size": [7, 5, 9]}
+      for o in itertools.product(range(3), repeat=3)),
+    {"type": "log", "sigma": 1.1, "size": 9},
+    {"type": "dog", "sigma": 0.9, "size": 7},
+    {"type": "box", "size": [3, 5, 1]},
+    {"type": "sobel", "axis": 2},
+    {"type": "gabor", "sigma": [2.0, 1.5, 1.2], "frequency": 0.22, "orientation": [30, 25],
+     "phase": 40, "size": [9, 7, 11]},
+]  # fmt: skip
+
+
+def assert_matches_scipy(vol, filters, mode, cval=0.0, **options):
+    kernels = [getattr(f, "kernel", f) for f in filters]
+    out = convolve_separable(vol, filters, mode, cval, **options)
+    assert out.dtype == np.float32
+    for f, k in enumerate(kernels):  # kernels of different extents: one by one
+        ref = reference(vol, k[None], mode, cval)
+        assert_spec_close(out[f : f + 1], vol, k[None], ref)
+    return out
+
+
+def test_generated_filters_carry_their_exact_factors():
+    filters = build_bank(GENERATED)
+    assert len(filters) == len(GENERATED) + 1  # the Gabor pair
+    for f in filters:
+        assert f.factors is not None, f.name
+        scale = np.abs(f.kernel).max()
+        assert np.abs(reconstruct(f.factors) - f.kernel).max() <= 1e-12 * scale, f.name
+    terms = {f.type: len(f.factors) for f in filters}
+    assert terms == {"gaussian": 1, "log": 3, "dog": 2, "box": 1, "sobel": 1, "gabor": 5}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_generated_type_in_every_mode_with_seams(device, mode):
+    """Slabs of 3 rows put seams inside every kernel; constant mode with cval != 0."""
+    filters = build_bank(GENERATED)
+    assert all(c.path == "separable" for c in plan_bank(filters, force="separable"))
+    assert_matches_scipy(
+        volume((13, 17, 21)), filters, mode, cval=-7.5, device=device, slab_depth=3,
+        choices=plan_bank(filters, force="separable"),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["reflect", "mirror", "nearest", "wrap", "constant"])
+def test_gaussians_equal_scipys_own_filters(device, mode):
+    sigma, size = [1.5, 0.9, 1.2], [9, 7, 7]
+    radius = [k // 2 for k in size]  # SPEC's truncate = (size // 2) / sigma, per axis
+    orders = [(0, 0, 0), (1, 0, 0), (0, 2, 0), (1, 1, 0), (0, 1, 2)]
+    specs = [{"type": "gaussian", "sigma": sigma, "order": list(o), "size": size} for o in orders]
+    specs.append({"type": "log", "sigma": 1.3, "size": 11})
+    vol = volume((20, 18, 25), "float32")
+    out = convolve_separable(vol, build_bank(specs), mode, device=device, slab_depth=7)
+    v64 = vol.astype(np.float64)
+    for f, o in enumerate(orders):
+        ref = ndi.gaussian_filter(v64, sigma, order=o, mode=mode, radius=radius)[None]
+        kernel = build_bank([specs[f]])[0].kernel
+        assert_spec_close(out[f : f + 1], vol, kernel[None], ref)
+    log = ndi.gaussian_laplace(v64, 1.3, mode=mode, truncate=5 / 1.3)
+    assert_spec_close(out[-1:], vol, build_bank(specs[-1:])[0].kernel[None], log[None])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mixed_bank_every_path_and_extent(device, mode):
+    """Separable, low-rank custom (rank 2), full-rank custom, even and mixed extents."""
+    generated = build_bank([{"type": "gaussian", "sigma": 1.0, "order": [0, 1, 0], "size": 7},
+                            {"type": "dog", "sigma": 0.8, "size": [7, 7, 5]}])  # fmt: skip
+    low_rank = rank_r((9, 8, 10), 2)
+    full = RNG.standard_normal((3, 5, 4))
+    even = RNG.standard_normal((2, 2, 2))
+    bank = [*generated, low_rank, full, even, RNG.standard_normal((3, 5, 4))]
+    paths = [c.path for c in plan_bank(bank)]
+    assert paths == ["separable", "separable", "low-rank", "direct", "direct", "direct"]
+    out = assert_matches_scipy(volume((15, 16, 19)), bank, mode, cval=3.0, device=device,
+                               slab_depth=4)  # fmt: skip
+    assert np.all(np.isfinite(out))
+
+
+def test_low_rank_even_extents_through_the_passes(device):
+    """Even extents centred as scipy centres them, on the passes (forced), every mode; the
+    tree run over blocks of 2 rows inside slabs of 5."""
+    bank = [rank_r((4, 3, 6), 2), rank_r((2, 5, 1), 1), rank_r((6, 6, 2), 3)]
+    choices = plan_bank(bank, force="separable")
+    assert [c.path for c in choices] == ["low-rank", "separable", "low-rank"]
+    for mode in MODES:
+        options = {"device": device, "slab_depth": 5, "block_rows": 2, "choices": choices}
+        assert_matches_scipy(volume((11, 9, 14), "int16"), bank, mode, -2.0, **options)
+
+
+def test_4d_volume_as_independent_frames(device):
+    specs = [
+        {"type": "log", "sigma": 1.0, "size": 7},
+        {"type": "gaussian", "sigma": 0.7, "order": [0, 0, 1], "size": 5},
+    ]
+    filters = build_bank(specs)
+    vol = volume((10, 12, 13, 3))
+    out = convolve_separable(vol, filters, "mirror", device=device, slab_depth=4)
+    assert out.shape == (2, *vol.shape)
+    for t in range(vol.shape[3]):
+        for f, flt in enumerate(filters):
+            ref = reference(vol[..., t], flt.kernel[None], "mirror")
+            assert_spec_close(out[f : f + 1, ..., t], vol[..., t], flt.kernel[None], ref)
+
+
+def test_near_low_rank_kernel_falls_back_to_direct(device):
+    """Rank 1 plus a perturbation above a quarter of the tolerance: no decomposition may be
+    used, so the filter goes direct, and the response is still exact."""
+    base = rank_r((7, 7, 7), 1)
+    near = base + 1e-4 * np.abs(base).max() * RNG.standard_normal(base.shape)
+    assert factorise(near) is None
+    assert [c.path for c in plan_bank([near], force="separable")] == ["direct"]
+    assert_matches_scipy(volume((12, 10, 11)), [near, base], "reflect", device=device,
+                         choices=plan_bank([near, base], force="separable"))  # fmt: skip
+
+
+def test_cancelling_terms_are_refused(device):
+    """A DoG of two close sigmas is a tiny difference of two unit Gaussians: float32 passes of
+    those terms would lose the tolerance, so its own factors are refused; a decomposition
+    found afresh (whose terms do not cancel) may take their place."""
+    dog = build_bank([{"type": "dog", "sigma": 1.0, "sigma2": 1.02, "size": 7}])[0]
+    assert amplification(dog.kernel, dog.factors) > 16
+    assert not reconstruction_ok(dog.kernel, dog.factors)
+    choice = plan_bank([dog], force="separable")[0]
+    assert choice.path in ("direct", "low-rank")
+    assert choice.terms is not dog.factors
+    if choice.path == "low-rank":
+        assert reconstruction_ok(dog.kernel, choice.terms)
+    assert_matches_scipy(volume((12, 11, 10)), [dog], "nearest", device=device,
+                         choices=[choice])  # fmt: skip
+
+
+def test_custom_decompositions_within_a_quarter_of_the_tolerance():
+    laplace = np.zeros((3, 3, 3))
+    laplace[1, 1, :] += [1, -2, 1]
+    laplace[1, :, 1] += [1, -2, 1]
+    laplace[:, 1, 1] += [1, -2, 1]
+    for kernel, most in [(rank_r((5, 6, 7), 1), 1), (rank_r((9, 8, 10), 2), 2), (laplace, 4)]:
+        terms = factorise(kernel)
+        assert terms is not None and len(terms) <= most
+        err = np.abs(reconstruct(terms) - kernel).sum()
+        assert err <= 0.25e-5 * np.abs(kernel).sum()
+    assert factorise(RNG.standard_normal((7, 7, 7))) is None
+
+
+def test_equal_factors_are_shared_and_work_is_counted(device):
+    """One sigma of the ilastik bank: 12 filters, 4 distinct axis-2 factors, 7 (axis-2,
+    axis-1) pairs, 11 distinct terms; gflop counts each filter's own extent."""
+    specs = [{"type": "gaussian", "sigma": 1.0, "order": list(o), "size": 7}
+             for o in [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (2, 0, 0), (0, 2, 0),
+                       (0, 0, 2), (1, 1, 0), (1, 0, 1), (0, 1, 1)]]  # fmt: skip
+    specs += [{"type": "log", "sigma": 1.0, "size": 7}, {"type": "dog", "sigma": 1.0, "size": 7}]
+    shape = (16, 12, 20)
+    conv = SeparableConvolver(build_bank(specs), shape, np.uint8, device=device)
+    assert conv.pass_counts == (4, 7, 11)
+    assert conv.engines == ["separable"]
+    assert conv.gflop == pytest.approx(2 * 12 * 343 * np.prod(shape) / 1e9)
+    assert 0 < conv.executed_gflop < conv.gflop / 5
+    assert conv.kernel_bytes > 0
+    mixed = SeparableConvolver([RNG.standard_normal((3, 3, 3)), RNG.standard_normal((2, 4, 5))],
+                               shape, np.uint8, device=device)  # fmt: skip
+    assert mixed.engines == ["fp32"]
+    assert mixed.gflop == pytest.approx(2 * (27 + 40) * np.prod(shape) / 1e9)
+    assert mixed.executed_gflop == pytest.approx(mixed.gflop)  # grouped by extent: no padding
+
+
+def test_describe_plan_names_each_filter():
+    filters = build_bank([{"type": "gaussian", "sigma": 1.0, "size": 9, "name": "smooth"}])
+    bank = [*filters, RNG.standard_normal((3, 3, 3))]
+    text = describe_plan(plan_bank(bank), ["smooth", "mine"])
+    assert "smooth" in text and "separable 9x9x9: 1 term" in text
+    assert "mine" in text and "direct 3x3x3" in text
+    assert text.startswith("paths: 1 direct, 1 separable")
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 33), (5, 1, 1), (2, 3, 17)])
+@pytest.mark.parametrize("mode", MODES)
+def test_axes_shorter_than_the_kernels(device, shape, mode):
+    """Overhangs longer than the axis fold back as scipy folds them, 1-voxel axes included."""
+    specs = [
+        {"type": "log", "sigma": 1.0, "size": 7},
+        {"type": "gaussian", "sigma": 2.0, "order": [1, 0, 2], "size": 9},
+    ]
+    assert_matches_scipy(volume(shape, "float32"), build_bank(specs), mode, 4.0, device=device)
