@@ -37,9 +37,10 @@ import scipy.ndimage as ndi
 
 from volconv.bank import build_bank, stack_kernels
 from volconv.bench import device_record
-from volconv.device import context_for, select_device
+from volconv.device import select_device
 from volconv.engine import BankConvolver
 from volconv.peak import measured_peak, theoretical_peak
+from volconv.programs import context_for
 from volconv.separable import SeparableConvolver, describe_plan, plan_bank
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,8 +124,8 @@ def direct_record(filters, vol, device, rows: int) -> dict:
         "wall_seconds_timed": wall,
         "kernel_seconds": kernel * scale,
         "wall_seconds": wall * scale,
-        "executed_gflop": conv.gflop,  # padded to the widest extent: what it computes
-        "gflops_executed": conv.gflop / (kernel * scale),
+        "executed_gflop": conv.executed_gflop,  # padded to the widest extent: what it computes
+        "gflops_executed": conv.executed_gflop / (kernel * scale),
         "how": f"timed on rows [{a}, {b}) of the same volume, scaled by {scale:g}",
     }
 

@@ -10,7 +10,7 @@ import scipy.ndimage as ndi
 from conftest import assert_spec_close, reference
 
 from volconv.bank import build_bank
-from volconv.boundary import MODES
+from volconv.checks import MODES
 from volconv.factor import amplification, factorise, reconstruct, reconstruction_ok
 from volconv.separable import SeparableConvolver, convolve_separable, describe_plan, plan_bank
 

@@ -51,7 +51,7 @@ def native_volume(volume: np.ndarray) -> np.ndarray:
     return volume.astype(np.float32)
 
 
-def _check_volume_dtype(dtype: np.dtype) -> None:
+def check_volume_dtype(dtype: np.dtype) -> None:
     if np.dtype(dtype).kind not in "biuf":
         raise TypeError(f"volume must be real numbers; got dtype {np.dtype(dtype)}")
 
@@ -91,7 +91,7 @@ class BankConvolver:
     ) -> None:
         bank = as_kernel_bank(kernels)
         mode, cval = check_mode(mode), check_cval(cval)
-        _check_volume_dtype(dtype)
+        check_volume_dtype(dtype)
         if len(shape) != 3 or min(shape) < 1:
             raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -329,7 +329,7 @@ def convolve_bank(
     """
     if not isinstance(volume, np.ndarray):
         raise TypeError(f"volume must be a numpy array; got {type(volume).__name__}")
-    _check_volume_dtype(volume.dtype)
+    check_volume_dtype(volume.dtype)
     if volume.ndim not in (3, 4):
         raise ValueError(f"volume must be 3D or 4D; got shape {volume.shape}")
     if slab_depth is not None:

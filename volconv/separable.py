@@ -35,16 +35,13 @@ import pyopencl as cl
 
 from volconv.bank import Filter
 from volconv.boundary import extend_indices, halo
-from volconv.device import context_for, select_device
-from volconv.engine import (
-    BankConvolver,
-    _check_mode,
-    _check_volume_dtype,
-    build,
-    native_volume,
-)
+from volconv.checks import check_cval, check_mode
+from volconv.device import select_device
+from volconv.engine import BankConvolver, check_volume_dtype, native_volume
 from volconv.factor import Term, factorise, reconstruction_ok
 from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, make_plan, pad_dtype_for
+from volconv.programs import build, context_for
+from volconv.report import work_gflop
 
 PATHS = ("direct", "separable", "low-rank")
 
@@ -296,8 +293,8 @@ def make_separable_plan(
     and the deepest slab whose buffers fit ``memory_budget`` (default: a quarter of the
     device's memory, at most 2 GiB) and the device's largest allocation."""
     entries = _entries(filters)
-    cval = _check_mode(mode, cval)
-    _check_volume_dtype(dtype)
+    mode, cval = check_mode(mode), check_cval(cval)
+    check_volume_dtype(dtype)
     if len(shape) != 3 or min(shape) < 1:
         raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
     if vector_width not in (1, 2, 4, 8, 16):
@@ -663,15 +660,14 @@ class SeparableConvolver:
     def gflop(self) -> float:
         """Useful GFLOP of one volume, as SPEC.md counts it: 2 * voxels * sum_k prod(extent_k)
         over each filter's own extent."""
-        taps = sum(math.prod(k.shape) for k in self.kernels)
-        return 2 * taps * math.prod(self.plan.shape) / 1e9
+        return work_gflop([k.shape for k in self.kernels], math.prod(self.plan.shape))
 
     @property
     def executed_gflop(self) -> float:
         """GFLOP the kernels compute for one volume: the passes' taps over every output they
         produce (halo rows and the row tail included), the coefficient multiply-adds, and the
         direct groups' taps."""
-        return self._work()[0] / 1e9 + sum(c.gflop for c in self._direct)
+        return self._work()[0] / 1e9 + sum(c.executed_gflop for c in self._direct)
 
     @property
     def kernel_bytes(self) -> int:
@@ -727,7 +723,7 @@ def convolve_separable(
     """
     if not isinstance(volume, np.ndarray):
         raise TypeError(f"volume must be a numpy array; got {type(volume).__name__}")
-    _check_volume_dtype(volume.dtype)
+    check_volume_dtype(volume.dtype)
     if volume.ndim not in (3, 4):
         raise ValueError(f"volume must be 3D or 4D; got shape {volume.shape}")
     conv = SeparableConvolver(
