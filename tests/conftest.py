@@ -35,7 +35,7 @@ def device(request):
 def reference(volume: np.ndarray, kernels: np.ndarray, mode: str, cval: float = 0.0):
     """scipy.ndimage.convolve in float64 of each kernel, stacked: the oracle of SPEC.md."""
     v = np.asarray(volume, np.float64)
-    return np.stack([ndi.convolve(v, k, mode=mode, cval=cval) for k in np.asarray(kernels)])
+    return np.stack([ndi.convolve(v, np.asarray(k), mode=mode, cval=cval) for k in kernels])
 
 
 def assert_spec_close(out: np.ndarray, volume: np.ndarray, kernels: np.ndarray, ref: np.ndarray):

@@ -20,6 +20,7 @@ import pytest
 from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
 
 from volconv import convolve_bank
+from volconv.checks import spec_tolerance
 from volconv.cli import UserError
 from volconv.config import dump_toml
 
@@ -225,7 +226,8 @@ def test_validate_prints_the_plan(tmp_path, scan, capsys):
     pipeline = write_pipeline(tmp_path, filters, run={"slab_depth": 2})
     code, out, err = volconv("validate", pipeline, capsys=capsys)
     assert code == 0, err
-    for words in ("N = 2", "s                gaussian  5x5x5", "sobel_1          sobel     3x3x3",
+    for words in ("N = 2", "s (gaussian)     separable 5x5x5: 1 term",
+                  "sobel_1 (sobel)  direct 3x3x3 (27 taps",
                   "scan.npy", "6x5x4 uint8", "t.npy", "4x5x6x3 int16",
                   "kernels 5x5x5", "slab depth 2", "(3 slabs)", "(6 slabs)", "MiB", "(new)",
                   str(tmp_path / "out/scan.h5"), str(tmp_path / "out/t.h5")):  # fmt: skip
@@ -303,10 +305,13 @@ def test_interrupted_run_leaves_nothing_complete_and_resumes(tmp_path, capsys, h
     code, text, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
     assert "skipped" in text and "a.npy" in text and "done " in text and "b.npy" in text
-    with h5py.File(out / "b.h5") as f:  # scipy is slow at this size; the engine is tested
+    with h5py.File(out / "b.h5") as f:  # scipy is slow at this size; the paths are tested
         assert f.attrs["complete"]
-        whole = convolve_bank(np.load(tmp_path / "b.npy"), f["kernels"][()], device=DEVICE)
-        np.testing.assert_array_equal(f["responses"][()], whole)
+        kernels = f["kernels"][()]
+        whole = convolve_bank(np.load(tmp_path / "b.npy"), kernels, device=DEVICE)
+        for k, (stored, direct) in enumerate(zip(f["responses"][()], whole, strict=True)):
+            # both within SPEC's tolerance of scipy, so within twice it of each other
+            assert np.max(np.abs(stored - direct)) <= 2 * spec_tolerance(kernels[k], 255), k
     assert list(out.glob(".*partial*")) == []  # the killed run's leftover is gone too
     assert sorted(p.name for p in out.iterdir()) == ["a.h5", "b.h5"]
 

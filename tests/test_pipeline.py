@@ -148,7 +148,7 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
             == hashlib.sha256((tmp_path / "scan.npy").read_bytes()).hexdigest()
         )
         # SPEC "Throughput": useful work from each filter's own extent; the fractions of
-        # peak from what the direct kernel executed (every filter at the common extent)
+        # peak from what the kernels executed (no more than the bank padded to one extent)
         own = [
             f.kernel.shape
             for f in build_bank(
@@ -159,10 +159,12 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
             )
         ]
         gflop = 2 * sum(math.prod(e) for e in own) * volume.size / 1e9
-        executed = 2 * len(names) * math.prod(f["kernels"].shape[1:]) * volume.size / 1e9
+        padded = 2 * len(names) * math.prod(f["kernels"].shape[1:]) * volume.size / 1e9
+        executed = f.attrs["executed_gflop"]
         assert f.attrs["gflop"] == pytest.approx(gflop)
-        assert f.attrs["executed_gflop"] == pytest.approx(executed)
-        assert f.attrs["engine"] == "fp32"
+        assert 0 < executed <= padded * (1 + 1e-9)
+        assert set(f.attrs["engine"].split(",")) <= {"fp32", "separable"}
+        np.testing.assert_array_equal(f["kernels"].attrs["extents"], own)
         assert f.attrs["gflops"] == pytest.approx(gflop / f.attrs["kernel_seconds"])
         for peak, fraction in (("peak_gflops", "fraction_of_peak"),
                                ("measured_peak_gflops", "fraction_of_measured_peak")):  # fmt: skip

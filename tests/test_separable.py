@@ -10,7 +10,7 @@ import scipy.ndimage as ndi
 from conftest import assert_spec_close, reference
 
 from volconv.bank import build_bank
-from volconv.checks import MODES
+from volconv.checks import MODES, spec_tolerance
 from volconv.factor import amplification, factorise, reconstruct, reconstruction_ok
 from volconv.separable import SeparableConvolver, convolve_separable, describe_plan, plan_bank
 
@@ -216,3 +216,34 @@ def test_axes_shorter_than_the_kernels(device, shape, mode):
         {"type": "gaussian", "sigma": 2.0, "order": [1, 0, 2], "size": 9},
     ]
     assert_matches_scipy(volume(shape, "float32"), build_bank(specs), mode, 4.0, device=device)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nonfinite_voxels_on_the_separable_path_equal_scipy(device, mode):
+    """NaN and +-Inf reach the outputs the kept taps reach, whatever path a filter takes."""
+    filters = build_bank(
+        [{"type": "gaussian", "sigma": 1.0, "size": 5}, {"type": "log", "sigma": 1.0},
+         {"type": "box", "size": 3}],
+        7,
+    )  # fmt: skip
+    rng = np.random.default_rng(5)
+    volume = rng.standard_normal((14, 9, 11)).astype(np.float32)
+    volume[3, 4, 5] = np.nan
+    volume[9, 0, 2] = np.inf
+    volume[12, 8, 10] = -np.inf
+    volume[:2, :2, :] = np.nan  # a masked corner
+    choices = plan_bank(filters, force="separable")
+    conv = SeparableConvolver(filters, volume.shape, volume.dtype, mode, 1.5, device=device,
+                              choices=choices, slab_depth=4)  # fmt: skip
+    out = np.empty((len(filters), *volume.shape), np.float32)
+    for a, b in conv.slabs():
+        conv.convolve_slab(a, b, volume[conv.source_rows(a, b)], out[:, a:b])
+    ref = reference(volume, [f.kernel for f in filters], mode, 1.5)
+    for f, k in enumerate(filters):
+        np.testing.assert_array_equal(np.isnan(out[f]), np.isnan(ref[f]), err_msg=k.name)
+        np.testing.assert_array_equal(np.isposinf(out[f]), np.isposinf(ref[f]), err_msg=k.name)
+        np.testing.assert_array_equal(np.isneginf(out[f]), np.isneginf(ref[f]), err_msg=k.name)
+        finite = np.isfinite(ref[f])
+        m = max(float(np.max(np.abs(volume[np.isfinite(volume)]))), 1.5)
+        err = np.max(np.abs(out[f][finite] - ref[f][finite]))
+        assert err <= spec_tolerance(k.kernel, m), (k.name, err)

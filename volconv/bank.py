@@ -561,23 +561,25 @@ def build_bank(
     return filters
 
 
-def stack_kernels(filters: list[Filter]) -> np.ndarray:
-    """The bank's kernels zero-padded to one extent, as an ``(N, sx, sy, sz)`` float64 array.
+def stack_kernels(filters: Sequence[Filter | np.ndarray]) -> np.ndarray:
+    """The bank's kernels (`Filter`s or 3D arrays) zero-padded to one extent, as an
+    ``(N, sx, sy, sz)`` float64 array.
 
     scipy centres a kernel of extent ``k`` at index ``k // 2``: it has ``k // 2`` taps before
     the centre and ``k - 1 - k // 2`` after. Padding every kernel to the most taps before
     (``b``) and after (``a``) gives extent ``b + a + 1`` with centre ``b`` (since ``b - a`` is 0
     or 1), so each padded kernel convolves exactly as the original; no smaller extent can.
     """
-    if not filters:
+    if not len(filters):
         raise ValueError("stack_kernels: no filters")
-    shapes = np.array([f.kernel.shape for f in filters])
+    kernels = [f.kernel if isinstance(f, Filter) else np.asarray(f) for f in filters]
+    shapes = np.array([k.shape for k in kernels])
     before = (shapes // 2).max(axis=0)
     after = (shapes - 1 - shapes // 2).max(axis=0)
-    out = np.zeros((len(filters), *(before + after + 1)))
-    for i, f in enumerate(filters):
-        start = before - np.array(f.kernel.shape) // 2
-        out[(i, *(slice(s, s + k) for s, k in zip(start, f.kernel.shape, strict=True)))] = f.kernel
+    out = np.zeros((len(kernels), *(before + after + 1)))
+    for i, k in enumerate(kernels):
+        start = before - np.array(k.shape) // 2
+        out[(i, *(slice(s, s + e) for s, e in zip(start, k.shape, strict=True)))] = k
     return out
 
 

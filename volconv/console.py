@@ -28,6 +28,7 @@ from volconv.report import (
     summary_line,
     summary_table,
 )
+from volconv.separable import describe_plan
 
 
 def run_and_report(
@@ -110,9 +111,8 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
     say(f"pipeline {cfg.source}")
     say(f"device   {device_name(device)}, FP32 peak {format_gflops(peak)} ({how})")
     cval = f" (cval {cfg.cval:g})" if cfg.boundary == "constant" else ""
-    say(f"bank     N = {len(first.filters)}, boundary {cfg.boundary}{cval}:")
-    for f in first.filters:
-        say(f"           {f.name:<16} {f.type:<9} {'x'.join(map(str, f.kernel.shape))}")
+    say(f"bank     N = {len(first.filters)}, boundary {cfg.boundary}{cval}")
+    say(describe_plan(first.plan.choices, [f"{f.name} ({f.type})" for f in first.filters]))
     scaled = f", value = stored * {cfg.scale:g} + {cfg.offset:g}" if cfg.dtype == "uint8" else ""
     say(f"output   {cfg.dtype}, compression {cfg.compression}{scaled}")
     say(f"inputs   {len(jobs)}")

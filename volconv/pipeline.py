@@ -31,11 +31,17 @@ import volconv
 from volconv.bank import BankError, Filter, build_bank, stack_kernels
 from volconv.config import Config, PipelineError
 from volconv.device import DeviceError, select_device
-from volconv.engine import BankConvolver, native_volume
 from volconv.io import InputError, Volume, expand_inputs, open_volume
 from volconv.peak import fp32_peak, measured_peak
-from volconv.plan import MAX_FILTERS, Plan, make_plan
+from volconv.plan import MAX_FILTERS
 from volconv.report import VolumeReport, throughput, work_gflop
+from volconv.separable import (
+    Choice,
+    SeparableConvolver,
+    SeparablePlan,
+    make_separable_plan,
+    plan_bank,
+)
 from volconv.writer import (
     OutputError,
     OutputExistsError,
@@ -60,8 +66,8 @@ class Job:
     spec: str
     volume: Volume
     filters: list[Filter]
-    kernels: np.ndarray  # (N, sx, sy, sz) float64, as applied
-    plan: Plan
+    kernels: np.ndarray  # (N, sx, sy, sz) float64, as applied (and stored)
+    plan: SeparablePlan  # each filter's path (direct, separable, low-rank) and the slabs
     output: Path
     complete: bool  # the output exists, is complete and was made from this input and bank
 
@@ -122,16 +128,18 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
     except InputError as e:
         raise PipelineError(f"{cfg.source}: input.paths: {e}") from None
     banks: dict[tuple[float, ...], tuple[list[Filter], np.ndarray]] = {}
+    choices: dict[int, list[Choice]] = {}
     jobs: list[Job] = []
     seen: dict[Path, str] = {}
     for spec in specs:
         volume = open_volume(spec)
         filters, kernels = _bank_for(cfg, volume, spec, banks)
+        if id(filters) not in choices:  # the path of each filter: once per bank
+            choices[id(filters)] = plan_bank(filters)
         try:
-            plan = make_plan(
-                job_shape(volume), native_volume(np.empty(0, volume.dtype)).dtype,
-                kernels.shape[1:], kernels.shape[0], cfg.boundary, cfg.cval, device,
-                slab_depth=cfg.slab_depth, stream=True,
+            plan = make_separable_plan(
+                filters, job_shape(volume), volume.dtype, cfg.boundary, cfg.cval, device,
+                choices=choices[id(filters)], slab_depth=cfg.slab_depth, stream=True,
             )  # fmt: skip
         except ValueError as e:
             raise PipelineError(f"{spec}: {e}") from None
@@ -268,19 +276,21 @@ PINNED_BUFFERS = 3
 
 
 class Convolvers:
-    """One BankConvolver per (shape, dtype, bank), with its pinned slab buffers: reused for
-    every frame and file a device runs."""
+    """One convolver per (shape, dtype, bank), with its pinned slab buffers: reused for every
+    frame and file a device runs."""
 
     def __init__(self, cfg: Config, device: cl.Device) -> None:
         self.cfg, self.device = cfg, device
-        self._cache: dict[tuple[object, ...], tuple[BankConvolver, SimpleQueue]] = {}
+        self._cache: dict[tuple[object, ...], tuple[SeparableConvolver, SimpleQueue]] = {}
 
-    def get(self, job: Job) -> tuple[BankConvolver, SimpleQueue]:
+    def get(self, job: Job) -> tuple[SeparableConvolver, SimpleQueue]:
         key = (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
                job.kernels.tobytes())  # fmt: skip
         if key not in self._cache:
-            conv = BankConvolver(job.kernels, job.shape3, job.volume.dtype, self.cfg.boundary,
-                                 self.cfg.cval, device=self.device, plan=job.plan)  # fmt: skip
+            conv = SeparableConvolver(
+                job.filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
+                device=self.device, choices=job.plan.choices, slab_depth=job.plan.slab_depth,
+            )  # fmt: skip
             buffers: SimpleQueue = SimpleQueue()
             for _ in range(PINNED_BUFFERS):
                 buffers.put(conv.pinned_slab())
@@ -354,7 +364,7 @@ _STOP = threading.Event()
 def _stream(
     cfg: Config,
     job: Job,
-    conv: BankConvolver,
+    conv: SeparableConvolver,
     buffers: SimpleQueue,
     peaks: RunResult,
     overwrite: bool,
@@ -406,7 +416,7 @@ def _stream(
         record = throughput(
             gflop=job.gflop, kernel_seconds=stages["kernel"], wall_seconds=wall,
             peak_gflops=peaks.peak_gflops, measured_peak_gflops=peaks.measured_peak_gflops,
-            executed_gflop=conv.executed_gflop * volume.n_frames, engine="fp32",
+            executed_gflop=conv.executed_gflop * volume.n_frames, engine=",".join(conv.engines),
         )  # fmt: skip
         attrs = {
             "affine": np.asarray(volume.affine, np.float64),

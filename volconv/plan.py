@@ -36,6 +36,12 @@ DEFAULT_UNROLL_CPU = {1: 16, 2: 16, 4: 16, 8: 16, 16: 8}
 STREAM_SLABS = 4
 MIN_STREAM_DEPTH = 32
 
+
+def streaming_depth(rows: int) -> int:
+    """The deepest slab a streamed run of ``rows`` rows per frame takes."""
+    return max(MIN_STREAM_DEPTH, math.ceil(rows / STREAM_SLABS))
+
+
 # Element types the kernels read natively; anything else is converted to float32 on the host.
 CL_TYPES = {
     np.dtype(np.uint8): "uchar",
@@ -196,7 +202,7 @@ def make_plan(
     if slab_depth is None:
         slab_depth = _deepest_slab(plan, device, memory_budget)
         if stream:
-            slab_depth = min(slab_depth, max(MIN_STREAM_DEPTH, math.ceil(shape[0] / STREAM_SLABS)))
+            slab_depth = min(slab_depth, streaming_depth(shape[0]))
     slab_depth = max(1, min(int(slab_depth), shape[0]))
     return replace(plan, slab_depth=slab_depth)
 

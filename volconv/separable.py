@@ -14,8 +14,8 @@ into the bank's common halo. Equal factors are computed once: the passes form a 
 axis-2 factors -> distinct (axis-2, axis-1) pairs -> distinct terms, each term added with its
 coefficient into every response that holds it, on the device before the download.
 
-Non-finite voxels are not this module's concern: it computes the finite result, and the caller
-applies the correction for NaN and Inf (volconv.nonfinite) as for any path.
+Non-finite voxels (NaN, +-Inf) are exact as in scipy, as on the direct path: the passes filter
+the slab with them set to 0, and `volconv.nonfinite` sets the outputs they reach.
 
 In a pipeline, `SeparableConvolver` takes `BankConvolver`'s place: give it the bank's `Filter`
 list (not the zero-padded stack, which would lose each filter's own extent and its factors);
@@ -33,13 +33,21 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyopencl as cl
 
-from volconv.bank import Filter
+from volconv.bank import Filter, stack_kernels
 from volconv.boundary import extend_indices, halo
 from volconv.checks import check_cval, check_mode
 from volconv.device import select_device
 from volconv.engine import BankConvolver, check_volume_dtype, native_volume
 from volconv.factor import Term, factorise, reconstruction_ok
-from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, make_plan, pad_dtype_for
+from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
+from volconv.plan import (
+    CL_TYPES,
+    MAX_EXTENT,
+    MAX_FILTERS,
+    make_plan,
+    pad_dtype_for,
+    streaming_depth,
+)
 from volconv.programs import build, context_for
 from volconv.report import work_gflop
 
@@ -286,12 +294,14 @@ def make_separable_plan(
     vector_width: int = VECTOR_WIDTH,
     rows: int = ROWS,
     block_rows: int = BLOCK_ROWS,
+    stream: bool = False,
     **overrides: object,
 ) -> SeparablePlan:
     """Plan a bank on the separable path without building anything (``volconv validate``):
     the paths (`plan_bank` unless ``choices`` are given), the common halo, the direct groups
     and the deepest slab whose buffers fit ``memory_budget`` (default: a quarter of the
-    device's memory, at most 2 GiB) and the device's largest allocation."""
+    device's memory, at most 2 GiB) and the device's largest allocation; ``stream`` caps it
+    so that reading, computing and writing overlap, as `volconv.plan.make_plan` does."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
@@ -340,6 +350,8 @@ def make_separable_plan(
                 f"memory_budget: {budget} bytes hold no slab of a {shape} volume "
                 f"(one output row needs {per_row} bytes)"
             )
+        if stream:
+            slab_depth = min(slab_depth, streaming_depth(shape[0]))
     return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
 
 
@@ -412,6 +424,7 @@ class SeparableConvolver:
         ]
         self.timings = dict.fromkeys(("upload", "pad", "kernel", "download"), 0.0)
         self._slots = [f for f, c in enumerate(plan.choices) if c.path != "direct"]
+        self._override: NonFiniteOverride | None = None
         if self._slots:
             self._setup()
 
@@ -536,6 +549,8 @@ class SeparableConvolver:
             raise ValueError(f"rows: expected the source rows of [{a}, {b}); got {rows.shape}")
         if out is None:
             out = np.empty((plan.n_filters, depth, ny, nz), np.float32)
+        # the direct groups correct non-finite voxels themselves; the passes get them as 0
+        raw, nonfinite = rows, self._slots and has_nonfinite(rows)
         for idx, conv in zip(self._groups, self._direct, strict=True):
             sub = rows[np.searchsorted(needed, conv.source_rows(a, b))]
             before = dict(conv.timings)
@@ -547,6 +562,8 @@ class SeparableConvolver:
                 self.timings[stage] += seconds - before[stage]
         if not self._slots:
             return out
+        if nonfinite:
+            rows = finite_part(rows)
         local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
         t_up = [
             cl.enqueue_copy(queue, self._m0, local, is_blocking=False),
@@ -570,7 +587,31 @@ class SeparableConvolver:
         for stage, events in (("upload", t_up), ("pad", [t_pad]), ("kernel", t_pass),
                               ("download", t_down)):  # fmt: skip
             self.timings[stage] += sum(e.profile.end - e.profile.start for e in events) * 1e-9
+        if nonfinite:
+            self._correct(a, b, raw, needed, out)
         return out
+
+    def _correct(self, a: int, b: int, rows: np.ndarray, needed: np.ndarray, out: np.ndarray):
+        """Set the outputs of the separable filters that non-finite voxels reach, as scipy
+        does; the counts run on the direct engine over the slots' own common halo."""
+        if self._override is None:
+            plan = self.plan
+            kernels = stack_kernels([self.kernels[f] for f in self._slots])
+            self._override_lo = tuple(halo(e)[0] for e in kernels.shape[1:])
+            self._override_hi = tuple(halo(e)[1] for e in kernels.shape[1:])
+
+            def counting(supports: np.ndarray) -> BankConvolver:
+                return BankConvolver(supports, plan.shape, np.uint8, plan.mode, 0.0,
+                                     device=self.device, slab_depth=plan.slab_depth)  # fmt: skip
+
+            self._override = NonFiniteOverride(kernels, counting)
+        m0 = extend_indices(self.plan.shape[0], a - self._override_lo[0],
+                            b + self._override_hi[0], self.plan.mode)  # fmt: skip
+        sub = rows[np.searchsorted(needed, np.unique(m0[m0 >= 0]))]
+        slots = out[self._slots]
+        for stage, seconds in self._override.apply(a, b, sub, slots).items():
+            self.timings[stage] += seconds
+        out[self._slots] = slots
 
     def _launch_passes(self, depth: int) -> list[cl.Event]:
         """Enqueue the pass tree over the padded slab of ``depth`` output rows."""
