@@ -39,6 +39,7 @@ from volconv.separable import (
     Choice,
     SeparableConvolver,
     SeparablePlan,
+    device_kind,
     make_separable_plan,
     plan_bank,
 )
@@ -135,7 +136,7 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
         volume = open_volume(spec)
         filters, kernels = _bank_for(cfg, volume, spec, banks)
         if id(filters) not in choices:  # the path of each filter: once per bank
-            choices[id(filters)] = plan_bank(filters)
+            choices[id(filters)] = plan_bank(filters, kind=device_kind(device))
         try:
             plan = make_separable_plan(
                 filters, job_shape(volume), volume.dtype, cfg.boundary, cfg.cval, device,

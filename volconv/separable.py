@@ -54,13 +54,15 @@ from volconv.report import work_gflop
 PATHS = ("direct", "separable", "low-rank")
 
 # Cost model per output voxel, in units of one tap of the direct kernel: a 1D pass costs
-# PASS_FIXED (reading and writing a float per output) plus PASS_PER_TAP a tap. Rounded from
-# scripts/bench_separable.py on PoCL (2-core EPYC, 128^3 uint8, benchmarks/results/
-# pocl-separable.json: a tap of the direct kernel 0.019 ns, a pass 0.37 ns at 3 taps, 0.59 at
-# 7, 0.81 at 11, 2.3-2.6 at 23-31); only the ratios matter for the choice.
-DIRECT_PER_TAP = 1.0
-PASS_FIXED = 12.0
-PASS_PER_TAP = 3.0
+# PASS_FIXED (reading and writing a float per output) plus PASS_PER_TAP a tap; only the ratios
+# matter for the choice. Fitted by scripts/bench_separable.py (its "cost_model"), rounded:
+#   CPUs: PoCL, 2-core EPYC, 128^3 uint8 (benchmarks/results/pocl-separable.json): a direct
+#     tap 0.019 ns, a pass 0.37 ns at 3 taps .. 2.3-2.6 at 23-31 -> 12 + 3 per tap.
+#   GPUs: H100, OpenCL (benchmarks/results/h100-separable.json): a direct tap 0.046 ps, a pass
+#     6.4 ps + 0.69 ps per tap -> 140 + 15 per tap. The direct kernel runs near the FP32 peak
+#     while the passes are bound by memory, so a GPU takes them only for wide filters (7^3
+#     Gaussians stay direct: 343 taps against 3 passes of 245).
+PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (140.0, 15.0)}  # (PASS_FIXED, PASS_PER_TAP)
 MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 
 VECTOR_WIDTH = 16  # outputs per work-item along axis 2 (PoCL: 16 beat 8 by 20 %)
@@ -110,9 +112,11 @@ class Choice:
         )
 
 
-def separable_cost(terms: Sequence[Term]) -> float:
-    """Cost per output voxel of the terms' passes, unshared, in direct taps."""
-    return sum(3 * PASS_FIXED + PASS_PER_TAP * sum(t.extent) for t in terms) / DIRECT_PER_TAP
+def separable_cost(terms: Sequence[Term], kind: str = "cpu") -> float:
+    """Cost per output voxel of the terms' passes on a ``kind`` of device ('cpu' or 'gpu'),
+    unshared, in direct taps."""
+    fixed, per_tap = PASS_COSTS[kind]
+    return sum(3 * fixed + per_tap * sum(t.extent) for t in terms)
 
 
 def _entries(filters: object) -> list[tuple[np.ndarray, tuple[Term, ...] | None]]:
@@ -140,7 +144,12 @@ def _entries(filters: object) -> list[tuple[np.ndarray, tuple[Term, ...] | None]
     return out
 
 
-def plan_bank(filters: object, force: str | None = None) -> list[Choice]:
+def device_kind(device: cl.Device) -> str:
+    """'gpu' or 'cpu': which cost model fits ``device`` (accelerators count as GPUs)."""
+    return "cpu" if device.type & cl.device_type.CPU else "gpu"
+
+
+def plan_bank(filters: object, force: str | None = None, kind: str = "cpu") -> list[Choice]:
     """The path of each filter of a bank, by the cost model.
 
     Parameters
@@ -151,6 +160,8 @@ def plan_bank(filters: object, force: str | None = None) -> list[Choice]:
     force : {'direct', 'separable'}, optional
         Override the cost model (tests, benchmarks): 'separable' takes every filter that has an
         acceptable decomposition to the passes, 'direct' none.
+    kind : {'cpu', 'gpu'}
+        The device's kind (`device_kind`): its cost model.
     """
     if force not in (None, "direct", "separable"):
         raise ValueError(f"force must be None, 'direct' or 'separable'; got {force!r}")
@@ -158,7 +169,7 @@ def plan_bank(filters: object, force: str | None = None) -> list[Choice]:
     for kernel, known in _entries(filters):
         extent = tuple(kernel.shape)
         direct = float(math.prod(extent))
-        per_term = separable_cost([Term(1.0, tuple(np.empty(e) for e in extent))])
+        per_term = separable_cost([Term(1.0, tuple(np.empty(e) for e in extent))], kind)
         terms, path = known, "separable"
         if terms is not None and not reconstruction_ok(kernel, terms):
             terms = None  # e.g. a DoG of two close sigmas: its terms cancel too much
@@ -167,7 +178,7 @@ def plan_bank(filters: object, force: str | None = None) -> list[Choice]:
             terms = factorise(kernel, min(MAX_TERMS, affordable)) if affordable else None
             if terms is not None and len(terms) > 1:
                 path = "low-rank"
-        cost = separable_cost(terms) if terms else math.inf
+        cost = separable_cost(terms, kind) if terms else math.inf
         take = terms is not None and (force == "separable" or (force is None and cost < direct))
         choices.append(Choice(path if take else "direct", extent, terms, direct, cost))
     return choices
@@ -309,7 +320,7 @@ def make_separable_plan(
         raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
     if vector_width not in (1, 2, 4, 8, 16):
         raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
-    choices = tuple(plan_bank(filters) if choices is None else choices)
+    choices = tuple(plan_bank(filters, kind=device_kind(device)) if choices is None else choices)
     if len(choices) != len(entries):
         raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
     shape = tuple(int(s) for s in shape)
