@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -331,3 +332,50 @@ def test_slabs_stream_unless_the_depth_is_forced(tmp_path, capsys):
 
 
 BOX_FILTERS = [{"type": "box"}]
+
+
+# -- host memory (SPEC "Memory") ------------------------------------------------------------
+RSS_SCRIPT = """
+import resource, sys
+from volconv.config import load
+from volconv.pipeline import run
+small, big = sys.argv[1:3]
+run(load(small))  # warm: imports, the OpenCL context, every program built
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+result = run(load(big))
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(after - before, result.reports[0].status)
+"""
+
+
+def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path):
+    """16 MiB of float32 input and 128 MiB of responses through a 24 MiB bound."""
+    bound = 24 * 2**20
+    np.save(tmp_path / "big.npy", RNG.standard_normal((128, 128, 256)).astype(np.float32))
+    np.save(tmp_path / "small.npy", RNG.standard_normal((128, 128, 256))[:4].astype(np.float32))
+    filters = [{"type": "box", "size": 3}, {"type": "gaussian", "sigma": 1.0, "size": 5}]
+    runs = {}
+    for name in ("small", "big"):
+        (tmp_path / name).mkdir()
+        runs[name] = write_pipeline(
+            tmp_path / name, filters, input={"paths": [str(tmp_path / f"{name}.npy")]},
+            run={"device": DEVICE, "host_memory": bound},
+        )  # fmt: skip
+    validate = subprocess_run(["validate", runs["big"]])
+    assert "host memory" in validate and f"of {bound / 2**20:.0f} MiB" in validate
+    assert "frames read whole" not in validate  # 32 MiB of input: slab by slab
+    done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, runs["small"], runs["big"]],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    grown, status = done.stdout.split()
+    assert status == "done"
+    assert int(grown) <= bound, f"max RSS grew by {int(grown) / 2**20:.1f} MiB"
+    with h5py.File(tmp_path / "big" / "out" / "big.h5") as f:
+        assert f.attrs["complete"] and f["responses"].shape == (2, 128, 128, 256)
+
+
+def subprocess_run(args: list) -> str:
+    done = subprocess.run([sys.executable, "-m", "volconv", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout

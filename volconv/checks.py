@@ -70,6 +70,27 @@ def check_positive_int(value: object, name: str) -> int:
     return int(value)  # type: ignore[arg-type]
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def parse_bytes(value: object, name: str) -> int:
+    """A size in bytes from an int or a text such as ``"2GiB"``, ``"512 MiB"``, ``"1.5GB"``;
+    a ValueError naming ``name`` otherwise."""
+    if is_int(value) and value > 0:  # type: ignore[operator]
+        return int(value)  # type: ignore[arg-type]
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("kmgtib")
+    unit = text[len(number) :]
+    try:
+        size = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        size = math.nan
+    if not (math.isfinite(size) and size >= 1) or isinstance(value, bool):
+        raise ValueError(f'{name} must be a size such as "2GiB" or "512MiB"; got {value!r}')
+    return int(size)
+
+
 def spec_tolerance(kernel: np.ndarray, vmax: float) -> float:
     """SPEC.md's bound on |stored - reference| for one kernel over data of magnitude ``vmax``."""
     return SPEC_RTOL * float(np.sum(np.abs(kernel))) * float(vmax) + SPEC_ATOL

@@ -19,7 +19,7 @@ from typing import Any
 import tomli_w
 
 from volconv.bank import UNITS, BankError, Filter, build_bank
-from volconv.checks import check_mode, check_positive_int, closest, suggest
+from volconv.checks import check_mode, check_positive_int, closest, parse_bytes, suggest
 from volconv.writer import COMPRESSIONS, DTYPES, OutputError, compression_options
 
 
@@ -32,10 +32,11 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     "input": ("paths",),
     "bank": ("size", "boundary", "cval", "units", "filter"),
     "output": ("path", "dtype", "compression", "scale", "offset"),
-    "run": ("device", "slab_depth"),
+    "run": ("device", "host_memory", "slab_depth"),
 }
 REQUIRED_SECTIONS = ("input", "bank")
 DEFAULT_OUTPUT = "{stem}.volconv.h5"
+DEFAULT_HOST_MEMORY = "2GiB"
 TEMPLATE_FIELDS = ("stem", "parent")
 # Keys whose values are paths: given with --set, a relative one is relative to the folder the
 # user stands in (as on any command line), not to the pipeline file's.
@@ -63,6 +64,7 @@ class Config:
     offset: float
     device: str
     slab_depth: int | None
+    host_memory: int  # bytes: the bound on this run's host memory per device
     bank: tuple[Filter, ...]  # built while validating, at a unit voxel size
     bank_in_mm: bool  # some filter's sigma is in mm: the bank depends on the voxel size
     device_from_cli: bool = False
@@ -271,6 +273,10 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
     device = run.get("device", "auto")
     if not isinstance(device, str) or not device.strip():
         raise fail(f"run.device must be auto, gpu, cpu, a name fragment or 'p:d'; got {device!r}")
+    try:
+        host_memory = parse_bytes(run.get("host_memory", DEFAULT_HOST_MEMORY), "run.host_memory")
+    except ValueError as e:
+        raise fail(str(e)) from None
     slab_depth = run.get("slab_depth")
     if slab_depth is not None:
         try:
@@ -284,7 +290,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         units=units, filters=tuple(filters), output=template, dtype=dtype,
         compression=compression, scale=float(out.get("scale", 1.0)),
         offset=float(out.get("offset", 0.0)), device=device.strip(), slab_depth=slab_depth,
-        bank=tuple(bank), bank_in_mm=in_mm,
+        host_memory=host_memory, bank=tuple(bank), bank_in_mm=in_mm,
     )  # fmt: skip
 
 

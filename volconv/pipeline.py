@@ -11,6 +11,7 @@ previous one.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from queue import SimpleQueue
@@ -71,6 +72,8 @@ class Job:
     plan: SeparablePlan  # each filter's path (direct, separable, low-rank) and the slabs
     output: Path
     complete: bool  # the output exists, is complete and was made from this input and bank
+    whole_frames: bool = False  # read each frame whole, in the file's order, then slab it
+    host_bytes: int = 0  # the most host memory the run holds for it
 
     @property
     def names(self) -> list[str]:
@@ -158,6 +161,7 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
             raise PipelineError(f"output {out} is a folder (output.path = {cfg.output!r})")
         check_output_path(out)  # a read-only or unwritable folder, found before any work
         job = Job(spec, volume, filters, kernels, plan, out, complete=False)
+        fit_host_memory(job, cfg, device)
         if out.exists() and not overwrite:
             if not is_complete(out):
                 raise PipelineError(
@@ -172,6 +176,53 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
             job.complete = True
         jobs.append(job)
     return jobs
+
+
+# Page-locked slab buffers per convolver: one the device downloads into while the writer
+# holds up to two (its queue), so downloads run at the bus's speed rather than page-faulting
+# fresh memory (2.5 GB/s on the H100 node).
+PINNED_BUFFERS = 3
+# A frame is read whole, once, in the file's own order (a NIfTI is x-fastest, so reading slabs
+# along x strides through it; a .nii.gz is decompressed once) when it takes at most this share
+# of host_memory; larger ones are read slab by slab.
+WHOLE_FRAME_SHARE = 4
+
+
+def host_bytes(job: Job, cfg: Config, depth: int, on_cpu: bool) -> int:
+    """The host memory a run of ``job`` holds at slab depth ``depth`` (SPEC "Memory"): the
+    pinned slab buffers, a slab being converted to the stored type, two slabs of source rows
+    (one read ahead), the whole frame if it is read whole, and on a CPU device its buffers,
+    which are host memory too."""
+    ny, nz = job.shape3[1:]
+    slab = len(job.filters) * depth * ny * nz
+    stored = np.dtype(cfg.dtype).itemsize
+    item = np.dtype(job.volume.dtype).itemsize
+    total = PINNED_BUFFERS * slab * 4 + (slab * stored if stored != 4 else 0)
+    total += 2 * (depth + sum(job.plan.extents[:1]) - 1) * ny * nz * item
+    if job.whole_frames:
+        total += math.prod(job.shape3) * item
+    if on_cpu:
+        total += replace(job.plan, slab_depth=depth).device_bytes
+    return total
+
+
+def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
+    """Whether ``job`` reads whole frames, and its slab depth made to fit ``host_memory``."""
+    frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
+    job.whole_frames = frame * WHOLE_FRAME_SHARE <= cfg.host_memory
+    on_cpu = bool(device.type & cl.device_type.CPU)
+    depth = job.plan.slab_depth
+    while depth > 1 and host_bytes(job, cfg, depth, on_cpu) > cfg.host_memory:
+        depth = max(1, depth * cfg.host_memory // host_bytes(job, cfg, depth, on_cpu) - 1)
+    need = host_bytes(job, cfg, depth, on_cpu)
+    if need > cfg.host_memory:
+        raise PipelineError(
+            f"{cfg.source}: run.host_memory = {cfg.host_memory} bytes holds no slab of "
+            f"{job.spec} ({need} bytes at one row)"
+        )
+    if cfg.slab_depth is None or depth < job.plan.slab_depth:
+        job.plan = replace(job.plan, slab_depth=depth)
+    job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, on_cpu)
 
 
 def job_shape(volume: Volume) -> tuple[int, int, int]:
@@ -268,12 +319,6 @@ def peaks(device: cl.Device) -> tuple[float | None, str, float | None]:
     measured = measured_peak(device, probe=False)
     peak = fp32_peak(device, measured)
     return peak.gflops, peak.how, measured
-
-
-# Page-locked slab buffers per convolver: one the device downloads into while the writer
-# holds up to two (its queue), so downloads run at the bus's speed rather than page-faulting
-# fresh memory (2.5 GB/s on the H100 node).
-PINNED_BUFFERS = 3
 
 
 class Convolvers:
@@ -377,11 +422,18 @@ def _stream(
     four_d = len(volume.shape) == 4
     work = [(t, a, b) for t in range(volume.n_frames) for a, b in conv.slabs()]
     read_seconds = 0.0
+    frames: dict[int, np.ndarray] = {}  # the frame read whole, if it is
 
     def read(t: int, a: int, b: int) -> np.ndarray:
         nonlocal read_seconds
         t0 = time.perf_counter()
-        rows = volume.read_rows(conv.source_rows(a, b), t)
+        if job.whole_frames:  # reads run one at a time, in order: one frame is held
+            if t not in frames:
+                frames.clear()
+                frames[t] = volume.read_rows(np.arange(job.shape3[0]), t)
+            rows = frames[t][conv.source_rows(a, b)]
+        else:
+            rows = volume.read_rows(conv.source_rows(a, b), t)
         read_seconds += time.perf_counter() - t0
         return rows
 
@@ -411,6 +463,8 @@ def _stream(
                     on_slab(job)
         finally:
             pending.cancel()
+        frames.clear()
+        writer.drain()  # every slab on disk: the wall time below covers the writing too
         stages = {k: conv.timings[k] - before[k] for k in ("upload", "pad", "kernel", "download")}
         source_sha256 = sha.result()
         wall = time.perf_counter() - t_start  # the file and the report say the same

@@ -22,6 +22,8 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 from time import perf_counter
 from types import TracebackType
@@ -56,6 +58,17 @@ MAX_CHUNK_BYTES = 64 * 2**20
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
 # Failures to write that are not the user's mistake: no space, quota, I/O, size limit.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
+
+
+@cache
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+@cache
+def _pool() -> ThreadPoolExecutor:
+    """Threads that convert responses to float16 or uint8 beside the writer's own."""
+    return ThreadPoolExecutor(_cores(), thread_name_prefix="volconv-encode")
 
 
 class OutputError(ValueError):
@@ -268,7 +281,7 @@ class ResponseWriter:
     kernels : (N, sx, sy, sz) array
         The kernels applied, stored as float32 ``/kernels``.
     dtype : {'float32', 'float16', 'uint8'}
-        Stored type. float16 saturates at +-65504 (inf too); uint8 stores
+        Stored type. float16 saturates finite values at +-65504 (inf and NaN stay); uint8 stores
         ``clip(round((value - offset) / scale), 0, 255)`` computed in float32, NaN as 0.
     compression : str
         See `compression_options`.
@@ -533,19 +546,35 @@ class ResponseWriter:
                     release()
 
     def _encode(self, values: np.ndarray) -> np.ndarray:
-        """Responses in the stored type."""
+        """Responses in the stored type, converted on every core: numpy's float16 and uint8
+        casts run at ~0.7 GB/s a core, the same order as the disk, and release the GIL."""
         if self.dtype == np.float32:
             return np.asarray(values, np.float32)
         values = np.asarray(values, np.float32)
-        if self.dtype == np.float16:
-            return np.clip(values, -_FLOAT16_MAX, _FLOAT16_MAX).astype(np.float16)
+        out = np.empty(values.shape, self.dtype)
+        planes, stored = values.reshape(-1, *values.shape[-2:]), out.reshape(-1, *out.shape[-2:])
+        bounds = np.linspace(0, len(planes), min(len(planes), 4 * _cores()) + 1).astype(int)
+        counts = _pool().map(
+            lambda a, b: self._encode_part(planes[a:b], stored[a:b]), bounds[:-1], bounds[1:]
+        )
+        for nans, clipped in counts:
+            self.nans += nans
+            self.clipped += clipped
+        return out
+
+    def _encode_part(self, values: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+        """Encode ``values`` into ``out``; the counts of NaN and saturated voxels (uint8)."""
+        if self.dtype == np.float16:  # saturate finite values at +-65504 (inf stays inf)
+            np.clip(values, -_FLOAT16_MAX, _FLOAT16_MAX, out=out, casting="unsafe")
+            np.copyto(out, values, where=np.isinf(values), casting="unsafe")
+            return 0, 0
         q = np.rint((values - np.float32(self.offset)) / np.float32(self.scale))
         nans = np.isnan(q)
-        self.nans += int(np.count_nonzero(nans))
-        self.clipped += int(np.count_nonzero(q < 0) + np.count_nonzero(q > 255))
+        clipped = int(np.count_nonzero(q < 0) + np.count_nonzero(q > 255))
         np.clip(q, 0, 255, out=q)
         q[nans] = 0
-        return q.astype(np.uint8)
+        out[...] = q
+        return int(np.count_nonzero(nans)), clipped
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -557,6 +586,12 @@ class ResponseWriter:
 
     def _write_error(self, error: BaseException) -> OutputWriteError:
         return OutputWriteError(f"{self.path}: cannot write it: {_cause(error)}")
+
+    def drain(self) -> None:
+        """Wait until every slab handed over is written; a writing error raises here. What is
+        left for `finish` is the attributes, the flush and the rename."""
+        self._join()
+        self._raise_pending()
 
     def _join(self) -> None:
         if self._thread.is_alive():
