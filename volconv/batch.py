@@ -143,6 +143,7 @@ class BatchResult:
 
     workers: list[str]  # each worker's device, in words
     reports: list[VolumeReport] = field(default_factory=list)
+    start_seconds: float = 0.0  # to start the local workers, or to connect to the scheduler
     seconds: float = 0.0  # from the first task submitted to the last record
 
     @property
@@ -213,13 +214,14 @@ def run_batch(
                     result.workers = _remote_workers(client, cfg, say)
                 elif say:
                     say(f"started {result.label}")
+                result.start_seconds = time.perf_counter() - start
                 _gather(client, cfg, todo, records, overwrite, on_volume)
+                result.seconds = time.perf_counter() - start - result.start_seconds
         finally:
             if not cfg.scheduler:  # files of workers killed with the cluster, if any
                 for job in todo:
                     if job.spec not in records:
                         _remove_stale_temps(job.output)
-        result.seconds = time.perf_counter() - start
     result.reports = [records[j.spec] for j in jobs]
     return result
 
@@ -253,7 +255,9 @@ def _client(cfg: Config, specs: tuple[str, ...]) -> Iterator[Client]:
         }
         for i, spec in enumerate(specs)
     }  # fmt: skip
-    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False}}
+    # no dashboard; its HTTP server (health checks) on any free port of this host only
+    options = {"host": "127.0.0.1", "dashboard": False, "dashboard_address": "127.0.0.1:0"}
+    scheduler = {"cls": Scheduler, "options": options}
     with (
         SpecCluster(workers=workers, scheduler=scheduler, silence_logs=quiet) as cluster,
         Client(cluster) as client,
