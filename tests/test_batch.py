@@ -257,9 +257,10 @@ def test_dask_workers_one_killed_mid_task_then_resume(tmp_path, dask_cluster, ca
 # -- Ctrl-C -------------------------------------------------------------------------------
 def test_ctrl_c_stops_every_worker_and_leaves_nothing_that_looks_complete(tmp_path, capsys):
     pipeline = make_inputs(tmp_path, {k: (600, 24, 24) for k in "abcd"})
+    write_pipeline(tmp_path, FILTERS, run={"slab_depth": 1, "devices": [DEVICE, DEVICE]})
     out = tmp_path / "out"
     run = subprocess.Popen(
-        [sys.executable, "-m", "volconv", "run", str(pipeline), "--devices", f"{DEVICE},{DEVICE}"],
+        [sys.executable, "-m", "volconv", "run", str(pipeline)],  # [run] devices: a list
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # Ctrl-C reaches the whole process group, workers included
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -279,6 +280,7 @@ def test_ctrl_c_stops_every_worker_and_leaves_nothing_that_looks_complete(tmp_pa
     assert list(out.glob(".*partial*")) == []
     for path in out.iterdir():  # whatever finished before the signal is complete
         assert says_complete(path)
-    code, _, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}", capsys=capsys)
+    code, text, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
+    assert lines(text, "done") + lines(text, "skipped") == 4
     assert all(says_complete(out / f"{k}.h5") for k in "abcd")

@@ -138,6 +138,8 @@ def _progress(console: Console, unit: str = "slabs") -> Progress:
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn(unit), TimeElapsedColumn(), TimeRemainingColumn(),
         console=console, transient=True,
+        # volconv's console writes to sys.stdout itself: a redirect would loop back into it
+        redirect_stdout=False, redirect_stderr=False,
     )  # fmt: skip
 
 
