@@ -70,10 +70,10 @@ _RUNNER: dict[tuple[object, ...], tuple[Convolvers, RunResult]] = {}
 _STOPPED: set[str] = set()
 
 
-def worker_device(cfg: Config, device_spec: str | None = None) -> cl.Device:
-    """The device of this worker: ``device_spec``, else ``$VOLCONV_DEVICE``, else the
-    pipeline's ``run.device``."""
-    return select_device(device_spec or os.environ.get(DEVICE_ENV) or cfg.device)
+def worker_device(default: str, device_spec: str | None = None) -> cl.Device:
+    """The device of this worker: ``device_spec``, else ``$VOLCONV_DEVICE``, else
+    ``default`` (the pipeline's ``run.device``)."""
+    return select_device(device_spec or os.environ.get(DEVICE_ENV) or default)
 
 
 def plan_one(cfg: Config, spec: str, device: cl.Device, *, overwrite: bool = False) -> Job:
@@ -101,7 +101,7 @@ def process(
     try:
         if batch in _STOPPED:
             raise _Stopped
-        device = worker_device(cfg, device_spec)
+        device = worker_device(cfg.device, device_spec)
         job = plan_one(cfg, spec, device, overwrite=overwrite)
         key = (device, cfg.boundary, cfg.cval, cfg.slab_depth)
         if key not in _RUNNER:
@@ -131,9 +131,9 @@ def stop(batch: str) -> None:
     _STOPPED.add(batch)
 
 
-def describe(device_spec: str | None = None, default: str = "auto") -> str:
+def describe(default: str = "auto") -> str:
     """This worker's device, in words (`Client.run`)."""
-    return device_name(select_device(device_spec or os.environ.get(DEVICE_ENV) or default))
+    return device_name(worker_device(default))
 
 
 # -- in the client ------------------------------------------------------------------------
@@ -267,11 +267,14 @@ def _client(cfg: Config, specs: tuple[str, ...]) -> Iterator[Client]:
 
 def _remote_workers(client: Client, cfg: Config, say: Callable[[str], None] | None) -> list[str]:
     """The devices of the scheduler's workers with a GPU resource, said in a line."""
-    workers = client.scheduler_info()["workers"]
+    try:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    except TypeError:  # distributed before 2025 lists every worker without being asked
+        workers = client.scheduler_info()["workers"]
     gpus = [a for a, w in workers.items() if w.get("resources", {}).get("GPU")]
     names: list[str] = []
     if gpus:
-        found = client.run(describe, None, cfg.device, workers=gpus, on_error="return")
+        found = client.run(describe, cfg.device, workers=gpus, on_error="return")
         names = [v if isinstance(v, str) else f"unknown ({v})" for v in found.values()]
     if say:
         label = BatchResult(names).label
