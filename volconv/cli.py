@@ -146,6 +146,17 @@ _DEVICE = typer.Option(
     None, "--device", help="auto, gpu, cpu, a name fragment or platform:device (over run.device)."
 )
 
+_DEVICES = typer.Option(
+    None, "--devices", metavar="all|LIST",
+    help="One worker process per device: all, or specs as --device takes them, separated by "
+    "commas (a spec may repeat, e.g. cpu,cpu) (over run.devices).",
+)  # fmt: skip
+_SCHEDULER = typer.Option(
+    None, "--scheduler", metavar="ADDRESS",
+    help="Send one task per input to this Dask scheduler, e.g. tcp://host:8786; each worker "
+    "owns one device (over run.scheduler).",
+)  # fmt: skip
+
 
 @app.command()
 def run(
@@ -153,6 +164,8 @@ def run(
     set_: list[str] | None = _SET,
     overwrite: bool = _OVERWRITE,
     device: str | None = _DEVICE,
+    devices: str | None = _DEVICES,
+    scheduler: str | None = _SCHEDULER,
     report: str | None = typer.Option(
         None, "--report", metavar="FILE", help="Also write the summary table as JSON to FILE."
     ),
@@ -163,8 +176,8 @@ def run(
     from volconv.pipeline import USER_ERRORS
 
     try:
-        result = run_and_report(load(pipeline, set_ or (), device=device), console,
-                                overwrite=overwrite, report=report)  # fmt: skip
+        cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
+        result = run_and_report(cfg, console, overwrite=overwrite, report=report)
     except USER_ERRORS as e:  # the pipeline's, bank's, inputs' and writer's: exit 2
         raise UserError(str(e)) from e
     except KeyboardInterrupt as e:  # here: typer would turn it into a silent exit 130

@@ -32,7 +32,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     "input": ("paths",),
     "bank": ("size", "boundary", "cval", "units", "filter"),
     "output": ("path", "dtype", "compression", "scale", "offset"),
-    "run": ("device", "host_memory", "slab_depth"),
+    "run": ("device", "devices", "scheduler", "host_memory", "slab_depth"),
 }
 REQUIRED_SECTIONS = ("input", "bank")
 DEFAULT_OUTPUT = "{stem}.volconv.h5"
@@ -68,11 +68,23 @@ class Config:
     bank: tuple[Filter, ...]  # built while validating, at a unit voxel size
     bank_in_mm: bool  # some filter's sigma is in mm: the bank depends on the voxel size
     device_from_cli: bool = False
+    # batch (volconv.batch): "one", "all" or the device specs of one worker each; and the
+    # address of an existing Dask scheduler ("" for none)
+    devices: str | tuple[str, ...] = "one"
+    scheduler: str = ""
 
 
 # -- reading and --set --------------------------------------------------------------------
-def load(path: str | Path, sets: Sequence[str] = (), *, device: str | None = None) -> Config:
-    """Read, override (``--set``) and validate the pipeline file at ``path``."""
+def load(
+    path: str | Path,
+    sets: Sequence[str] = (),
+    *,
+    device: str | None = None,
+    devices: str | None = None,
+    scheduler: str | None = None,
+) -> Config:
+    """Read, override (``--set``, ``--device``, ``--devices``, ``--scheduler``) and validate
+    the pipeline file at ``path``."""
     path = Path(path)
     if not path.exists():
         raise PipelineError(f"pipeline file not found: {path}")
@@ -94,7 +106,36 @@ def load(path: str | Path, sets: Sequence[str] = (), *, device: str | None = Non
     cfg = validate_config(data, path, text)
     if device is not None:  # --device outranks [run] device; the stored text keeps the file's
         cfg = replace(cfg, device=device.strip(), device_from_cli=True)
+    if devices is not None:
+        cfg = replace(cfg, devices=parse_devices(devices, "--devices", PipelineError))
+    if scheduler is not None:
+        cfg = replace(cfg, scheduler=scheduler.strip())
+    if cfg.scheduler and cfg.devices != "one":
+        raise PipelineError(
+            f"{path}: devices = {cfg.devices!r} and scheduler = {cfg.scheduler!r}: the workers "
+            "of a scheduler own their devices; give one or the other"
+        )
     return cfg
+
+
+def parse_devices(
+    value: Any, where: str, error: Callable[[str], Exception]
+) -> str | tuple[str, ...]:
+    """``run.devices`` or ``--devices``: "one", "all", or device specs as ``--device`` takes
+    them, in a list or separated by commas (one worker each; a spec may repeat)."""
+    if isinstance(value, str) and value.strip().lower() in ("one", "all"):
+        return value.strip().lower()
+    specs = value.split(",") if isinstance(value, str) else value
+    if (
+        not isinstance(specs, list | tuple)
+        or not specs
+        or not all(isinstance(s, str) and s.strip() for s in specs)
+    ):
+        raise error(
+            f"{where} must be one, all, or device specs (as --device takes them) in a list or "
+            f'separated by commas, e.g. "0:0,0:1"; got {value!r}'
+        )
+    return tuple(s.strip() for s in specs)
 
 
 _SET_KEY = re.compile(r"^[A-Za-z0-9_-]+(\[\d+\])?$")
@@ -283,6 +324,10 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
             check_positive_int(slab_depth, "run.slab_depth")
         except ValueError as e:
             raise fail(str(e)) from None
+    devices = parse_devices(run.get("devices", "one"), "run.devices", fail)
+    scheduler = run.get("scheduler", "")
+    if not isinstance(scheduler, str):
+        raise fail(f"run.scheduler must be an address such as tcp://host:8786; got {scheduler!r}")
 
     return Config(
         source=source, base_dir=source.resolve().parent, text=text or dump_toml(data),
@@ -290,7 +335,8 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         units=units, filters=tuple(filters), output=template, dtype=dtype,
         compression=compression, scale=float(out.get("scale", 1.0)),
         offset=float(out.get("offset", 0.0)), device=device.strip(), slab_depth=slab_depth,
-        host_memory=host_memory, bank=tuple(bank), bank_in_mm=in_mm,
+        host_memory=host_memory, bank=tuple(bank), bank_in_mm=in_mm, devices=devices,
+        scheduler=scheduler.strip(),
     )  # fmt: skip
 
 

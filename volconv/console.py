@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
@@ -30,14 +31,20 @@ from volconv.report import (
 )
 from volconv.separable import describe_plan
 
+if TYPE_CHECKING:
+    from volconv.batch import BatchResult
+
 
 def run_and_report(
     cfg: Config, console: Console, *, overwrite: bool = False, report: str | Path | None = None
-) -> RunResult:
+) -> RunResult | BatchResult:
     """`volconv.pipeline.run` with a progress bar (on a terminal only), a line per input and
-    the final table; ``report`` also gets the table's numbers as JSON."""
+    the final table; ``report`` also gets the table's numbers as JSON. With ``run.devices``
+    or ``run.scheduler``, `volconv.batch.run_batch` runs it (`batch_and_report`)."""
     if report is not None and not Path(report).absolute().parent.is_dir():
         raise PipelineError(f"--report {report}: folder {Path(report).parent} does not exist")
+    if cfg.devices != "one" or cfg.scheduler:
+        return batch_and_report(cfg, console, overwrite=overwrite, report=report)
     progress = _progress(console) if console.is_terminal else None
     task = None
 
@@ -82,6 +89,53 @@ def run_and_report(
     return result
 
 
+def batch_and_report(
+    cfg: Config, console: Console, *, overwrite: bool = False, report: str | Path | None = None
+) -> BatchResult:
+    """`volconv.batch.run_batch` with one progress bar over the inputs (on a terminal only),
+    a line per input as it finishes and the final table of every input."""
+    from volconv.batch import run_batch
+
+    progress = _progress(console, "inputs") if console.is_terminal else None
+    task = None
+
+    def say(text: str) -> None:
+        (progress.console if progress else console).print(
+            text, highlight=False, markup=False, soft_wrap=True
+        )
+
+    def on_plan(jobs: list[Job]) -> None:
+        nonlocal task
+        if progress is not None:
+            task = progress.add_task("inputs", total=len(jobs))
+
+    def on_volume(r: VolumeReport) -> None:
+        say(summary_line(r))
+        if progress is not None and task is not None:
+            progress.update(task, advance=1)
+
+    with progress or nullcontext():
+        result = run_batch(cfg, overwrite=overwrite, on_plan=on_plan, on_volume=on_volume,
+                           say=say)  # fmt: skip
+    done = [r for r in result.reports if r.status == "done"]
+    peak = next((r.peak_gflops for r in done), None)
+    measured = next((r.measured_peak_gflops for r in done), None)
+    wide(console).print(summary_table(result.reports, result.label, peak, measured))
+    if done:
+        say(f"{len(done)} input(s) in {result.seconds:.1f} s on {result.label}: "
+            f"{60 * len(done) / result.seconds:.1f} inputs/minute (and "
+            f"{result.start_seconds:.1f} s to start)")  # fmt: skip
+    if report is not None:
+        meta = {
+            "pipeline": str(cfg.source), "volconv_version": volconv.__version__,
+            "device": result.label, "workers": result.workers, "peak_gflops": peak,
+            "measured_peak_gflops": measured, "batch_seconds": result.seconds,
+            "batch_start_seconds": result.start_seconds,
+        }  # fmt: skip
+        report_json(result.reports, meta, report)
+    return result
+
+
 def wide(console: Console) -> Console:
     """``console``, or off a terminal (logs, pipes), where rich assumes 80 columns, one as
     wide as the summary table needs."""
@@ -90,11 +144,13 @@ def wide(console: Console) -> Console:
     return Console(file=console.file, width=max(console.width, 200), color_system=None)
 
 
-def _progress(console: Console) -> Progress:
+def _progress(console: Console, unit: str = "slabs") -> Progress:
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("slabs"), TimeElapsedColumn(), TimeRemainingColumn(),
+        TextColumn(unit), TimeElapsedColumn(), TimeRemainingColumn(),
         console=console, transient=True,
+        # volconv's console writes to sys.stdout itself: a redirect would loop back into it
+        redirect_stdout=False, redirect_stderr=False,
     )  # fmt: skip
 
 

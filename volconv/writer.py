@@ -126,7 +126,7 @@ def private_prefix(path: Path) -> str:
     return f".{Path(path).name}.partial-{socket.gethostname()}-{os.getpid()}-"
 
 
-def _remove_stale_temps(path: Path) -> None:
+def remove_stale_temps(path: Path) -> None:
     """Delete what runs of this user on this host that no longer run (killed runs) left
     while writing ``path``: their private folders (and lone files of older versions).
 
@@ -417,7 +417,7 @@ class ResponseWriter:
         open file is the one made (`temp`)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            _remove_stale_temps(self.path)
+            remove_stale_temps(self.path)
             self._folder = Path(tempfile.mkdtemp(prefix=private_prefix(self.path),
                                                  dir=self.path.parent))  # fmt: skip
             self.temp = self._folder / self.path.name

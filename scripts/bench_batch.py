@@ -1,0 +1,190 @@
+"""Batch throughput: N inputs through a pipeline on every device (``--devices``) against one
+device, in one command, beside the floor the disk sets: as many raw h5py writer processes as
+workers, writing the same bytes at once into the same folder.
+
+    python scripts/bench_batch.py --out /local/scratch/vb --devices all --inputs 16 \\
+        --json benchmarks/results/batch.json
+    python scripts/bench_batch.py --out /tmp/vb --size 64 --inputs 4 --devices cpu,cpu  # a CPU
+
+Inputs are ``--size``^3 uint8 NIfTI files (smoothed noise, one seed each) made in ``--out``;
+each run writes its outputs there (put it on the node's local disk) and they are deleted
+before the next. For every output type of ``--dtypes`` it prints inputs per minute, of the
+whole command (process and worker start included) and of the run itself (the batch's first
+task to its last record; the one device's summed wall), their ratios, the floor, and where the
+time goes (seconds per stage per input, from ``--report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("read", "upload", "pad", "kernel", "download", "write", "wall")
+
+
+def make_inputs(folder: Path, n: int, size: int) -> list[Path]:
+    """``n`` uint8 volumes of ``size``^3: noise smoothed to look like tissue, one seed each."""
+    import nibabel as nib
+    from scipy.ndimage import gaussian_filter
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        path = folder / f"scan{i:03d}.nii"
+        if not path.exists():
+            noise = np.random.default_rng(i).standard_normal((size,) * 3).astype(np.float32)
+            v = gaussian_filter(noise, 2.0)
+            v = np.clip((v - v.min()) / (np.ptp(v) or 1) * 255, 0, 255).astype(np.uint8)
+            nib.save(nib.Nifti1Image(v, np.eye(4)), path)
+        paths.append(path)
+    return paths
+
+
+def run_volconv(pipeline: Path, inputs: Path, out: Path, dtype: str, device_args: list[str],
+                report: Path) -> dict:  # fmt: skip
+    """One ``volconv run``: the command's wall seconds and its ``--report``."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "volconv", "run", str(pipeline), *device_args, "--overwrite",
+        "--set", f'input.paths=["{inputs}/*.nii"]', "--set", f"output.path={out}/{{stem}}.h5",
+        "--set", f'output.dtype="{dtype}"', "--report", str(report),
+    ]  # fmt: skip
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        sys.exit(f"volconv failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr}")
+    doc = json.loads(report.read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    done_inputs = [r for r in doc["inputs"] if r["status"] == "done"]
+    n = len(done_inputs)
+    run_seconds = doc.get("batch_seconds") or sum(r["stages"]["wall"] for r in done_inputs)
+    per_input = {s: sum(r["stages"][s] for r in done_inputs) / n for s in STAGES}
+    return {
+        "command": cmd, "inputs": n, "command_seconds": seconds, "run_seconds": run_seconds,
+        "inputs_per_minute_command": 60 * n / seconds,
+        "inputs_per_minute_run": 60 * n / run_seconds,
+        "device": doc.get("device"), "workers": doc.get("workers"),
+        "seconds_per_input": per_input, "n_filters": done_inputs[0]["n_filters"],
+        "shape": done_inputs[0]["shape"],
+    }  # fmt: skip
+
+
+def _write_files(args: tuple[Path, list[str], tuple[int, ...], str]) -> float:
+    """One raw writer: each file one dataset of ``shape``, written whole; seconds."""
+    import h5py
+
+    folder, names, shape, dtype = args
+    data = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    t0 = time.perf_counter()
+    for name in names:
+        with h5py.File(folder / name, "w") as f:
+            f.create_dataset("responses", data=data)
+    return time.perf_counter() - t0
+
+
+def writer_floor(folder: Path, n: int, writers: int, shape: tuple[int, ...], dtype: str) -> dict:
+    """``writers`` processes writing ``n`` files of ``shape`` at once: the disk's rate."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    names = [f"raw{i:03d}.h5" for i in range(n)]
+    shares = [(folder, names[w::writers], shape, dtype) for w in range(writers)]
+    with mp.get_context("spawn").Pool(writers) as pool:
+        pool.map(_write_files, [(folder, [], shape, dtype)] * writers)  # start the processes
+        t0 = time.perf_counter()
+        each = pool.map(_write_files, shares)
+        seconds = time.perf_counter() - t0
+    shutil.rmtree(folder, ignore_errors=True)
+    nbytes = n * int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return {
+        "writers": writers, "files": n, "bytes": nbytes, "seconds": seconds,
+        "writer_seconds": each, "gb_per_s": nbytes / seconds / 1e9,
+        "inputs_per_minute": 60 * n / seconds,
+    }  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="work folder (the local disk)")
+    p.add_argument("--pipeline", type=Path, default=ROOT / "pipelines" / "demo.toml")
+    p.add_argument("--inputs", type=int, default=16)
+    p.add_argument("--size", type=int, default=256, help="edge of the cubic uint8 inputs")
+    p.add_argument("--devices", default="all", help="as volconv run --devices takes it")
+    p.add_argument(
+        "--one-device",
+        default=None,
+        help="the one-device run's --device (default: the first of --devices)",
+    )
+    p.add_argument("--dtypes", default="float32,float16", help="output types, one run each")
+    p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = p.parse_args()
+
+    from volconv.batch import local_devices
+    from volconv.config import load
+    from volconv.device import list_devices
+
+    specs = local_devices(load(args.pipeline, devices=args.devices))
+    one = args.one_device or (specs[0] if args.devices != "all" else "auto")
+    inputs = make_inputs(args.out / "inputs", args.inputs, args.size)
+    for path in inputs:  # the inputs in the page cache for every run alike
+        path.read_bytes()
+    result: dict = {
+        "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "opencl_devices": [f"{d.spec} {d.name} ({d.platform})" for d in list_devices()],
+        "pipeline": str(args.pipeline), "inputs": args.inputs, "size": args.size,
+        "devices": args.devices, "worker_devices": list(specs), "one_device": one,
+        "out": str(args.out), "runs": {},
+    }  # fmt: skip
+    for dtype in args.dtypes.split(","):
+        report = args.out / "report.json"
+        runs = {
+            "one": run_volconv(args.pipeline, args.out / "inputs", args.out / "one", dtype,
+                               ["--device", one], report),
+            "all": run_volconv(args.pipeline, args.out / "inputs", args.out / "all", dtype,
+                               ["--devices", args.devices], report),
+        }  # fmt: skip
+        shape = (runs["one"]["n_filters"], *runs["one"]["shape"])
+        floor = writer_floor(args.out / "raw", args.inputs, len(specs), shape, dtype)
+        entry = {
+            **runs, "floor": floor,
+            "ratio_command": runs["all"]["inputs_per_minute_command"]
+            / runs["one"]["inputs_per_minute_command"],
+            "ratio_run": runs["all"]["inputs_per_minute_run"]
+            / runs["one"]["inputs_per_minute_run"],
+            "all_over_floor": runs["all"]["inputs_per_minute_run"] / floor["inputs_per_minute"],
+        }  # fmt: skip
+        result["runs"][dtype] = entry
+        print(f"\n{dtype}: {args.inputs} inputs of {args.size}^3 uint8, "
+              f"{len(specs)} workers ({args.devices}) vs one device ({one})")  # fmt: skip
+        for name, r in runs.items():
+            per = ", ".join(f"{s} {v:.3f}" for s, v in r["seconds_per_input"].items())
+            print(f"  {name:<4} {r['inputs_per_minute_command']:7.1f} inputs/min (command, "
+                  f"{r['command_seconds']:.1f} s)  {r['inputs_per_minute_run']:7.1f} (run, "
+                  f"{r['run_seconds']:.1f} s)  s/input: {per}")  # fmt: skip
+        print(f"  ratio all/one: {entry['ratio_command']:.2f}x (command), "
+              f"{entry['ratio_run']:.2f}x (run)")  # fmt: skip
+        print(f"  floor: {floor['writers']} raw h5py writers, {floor['gb_per_s']:.2f} GB/s, "
+              f"{floor['inputs_per_minute']:.1f} inputs/min; all/floor "
+              f"{entry['all_over_floor']:.2f}")  # fmt: skip
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=1) + "\n")  # after every type
+    if args.json:
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
