@@ -12,14 +12,7 @@ import sys
 import typer
 from rich.console import Console
 
-from volconv.device import (
-    DeviceError,
-    NoDeviceError,
-    list_devices,
-    missing_platform_help,
-    select_device,
-)
-from volconv.writer import OutputWriteError
+from volconv.errors import DeviceError, NoDeviceError, OutputWriteError
 
 app = typer.Typer(
     add_completion=False,
@@ -91,6 +84,7 @@ def devices(
     ),
 ) -> None:
     """Every OpenCL platform and device with its theoretical FP32 peak."""
+    from volconv.device import list_devices, missing_platform_help, select_device
     from volconv.peak import measured_peak
     from volconv.report import format_gflops
 
@@ -250,6 +244,7 @@ def bench(
     """Kernel throughput on a synthetic volume as a fraction of the device's peak."""
     from volconv import bench as b  # loaded for this command only
     from volconv.checks import check_mode
+    from volconv.device import select_device
     from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, MAX_UNROLL
     from volconv.report import write_json
 

@@ -15,16 +15,10 @@ from pathlib import Path
 
 import pyopencl as cl
 
+from volconv.errors import DeviceError, NoDeviceError
 from volconv.peak import Peak, theoretical_peak
 
-
-class NoDeviceError(RuntimeError):
-    """No usable OpenCL device; the message says what to install or register."""
-
-
-class DeviceError(ValueError):
-    """A device spec (the ``device`` argument, ``--device``, ``run.device`` or
-    ``PYOPENCL_CTX``) that names no device of this machine: the user's mistake."""
+__all__ = ["DeviceError", "NoDeviceError", "list_devices", "select_device"]
 
 
 # Where driver libraries live (no recursion: PoCL's LLVM package makes a symlink loop under

@@ -32,6 +32,9 @@ import h5py
 import numpy as np
 
 from volconv import __version__
+from volconv.errors import OutputError, OutputExistsError, OutputWriteError
+
+__all__ = ["OutputError", "OutputExistsError", "OutputWriteError", "ResponseWriter"]
 
 try:
     import resource
@@ -69,19 +72,6 @@ def _cores() -> int:
 def _pool() -> ThreadPoolExecutor:
     """Threads that convert responses to float16 or uint8 beside the writer's own."""
     return ThreadPoolExecutor(_cores(), thread_name_prefix="volconv-encode")
-
-
-class OutputError(ValueError):
-    """An output the user asked for cannot be written; the message names the path or value."""
-
-
-class OutputExistsError(OutputError, FileExistsError):
-    """The output path holds a file and overwriting was not asked for."""
-
-
-class OutputWriteError(OSError):
-    """Writing an output failed (disk full, I/O error): not the user's mistake. The message
-    is one line naming the output and the cause; nothing that looks complete is left."""
 
 
 def is_complete(path: Path) -> bool:
