@@ -1,0 +1,157 @@
+"""The whole path, stage by stage, against each stage's floor measured in the same run.
+
+For one input and one pipeline, for each output dtype asked for:
+  - the real run, as a user runs it (`python -m volconv run ... --report`): the process's wall
+    time, the in-run wall time and the seconds per stage from the report, and its max RSS;
+  - the read floor: the input read whole by nibabel (numpy for .npy), best of three;
+  - the write floor: the same bytes (the output's shape, dtype, chunks and codec) written by
+    h5py alone from memory, chunked as volconv chunks and contiguous.
+It prints each figure beside its floor and their ratio, and saves everything as JSON.
+
+    python scripts/bench_e2e.py --input data/mni152_t1_256.nii --pipeline pipelines/demo.toml \\
+        --dtypes float32,float16 --device nvidia --json benchmarks/results/h100-e2e.json
+
+``--size N`` makes a synthetic N^3 uint8 NIfTI input instead (e.g. 1024 for the 16 GiB case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import nibabel as nib
+import numpy as np
+
+from volconv.writer import compression_options
+
+
+def best_of(n: int, call) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def read_floor(path: Path) -> float:
+    """Seconds for nibabel (numpy for .npy) to read the whole input, best of three."""
+    if path.suffix == ".npy":
+        return best_of(3, lambda: np.load(path))
+    return best_of(3, lambda: np.asarray(nib.load(path).dataobj))
+
+
+def write_floor(like: Path, compression: str, folder: Path) -> dict[str, float]:
+    """Seconds for h5py alone to write the bytes of output ``like`` (its shape, dtype and
+    chunks, the same codec) from memory, chunked and contiguous, best of two each."""
+    with h5py.File(like, "r") as f:
+        ds = f["responses"]
+        data = np.empty(ds.shape, ds.dtype)
+        ds.read_direct(data)
+        chunks = ds.chunks
+    options = compression_options(compression)
+
+    def write(**kw) -> None:
+        target = folder / "floor.h5"
+        with h5py.File(target, "w") as g:
+            g.create_dataset("responses", data=data, **kw)
+        target.unlink()
+
+    floors = {"chunked": best_of(2, lambda: write(chunks=chunks, **options))}
+    if not options:
+        floors["contiguous"] = best_of(2, lambda: write())
+    floors["bytes"] = data.nbytes
+    return floors
+
+
+def run_volconv(pipeline: Path, sets: list[str], device: str, report: Path) -> dict:
+    """`volconv run` as a user runs it: process wall, its max RSS (GNU time) and the report."""
+    command = [sys.executable, "-m", "volconv", "run", str(pipeline), "--overwrite", "--device",
+               device, "--report", str(report), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+    timed = Path("/usr/bin/time").exists()
+    t = time.perf_counter()
+    done = subprocess.run((["/usr/bin/time", "-f", "%M"] if timed else []) + command,
+                          capture_output=True, text=True)  # fmt: skip
+    wall = time.perf_counter() - t
+    if done.returncode != 0:
+        raise SystemExit(f"volconv run failed: {done.stderr.strip()}")
+    rss = int(done.stderr.strip().splitlines()[-1]) * 1024 if timed else None
+    entry = json.loads(report.read_text())["inputs"][0]
+    return {"process_seconds": wall, "max_rss_bytes": rss, "report": entry}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--input", type=Path, default=Path("data/mni152_t1_256.nii"))
+    p.add_argument("--size", type=int, default=0, help="a synthetic N^3 uint8 NIfTI instead")
+    p.add_argument("--pipeline", type=Path, default=Path("pipelines/demo.toml"))
+    p.add_argument("--dtypes", default="float32,float16")
+    p.add_argument("--compression", default="none")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", type=Path, default=None, help="folder for the outputs (a tmp dir)")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+
+    folder = args.out or Path(tempfile.mkdtemp(prefix="volconv-e2e-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    source = args.input.resolve()
+    if args.size:
+        source = folder / f"synthetic{args.size}.nii"
+        rng = np.random.default_rng(0)
+        data = rng.integers(0, 256, (args.size,) * 3, dtype=np.uint8)
+        nib.save(nib.Nifti1Image(data, np.eye(4)), source)
+        del data
+    result = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": platform.node(),
+        "cores": len(os.sched_getaffinity(0)),
+        "input": str(source),
+        "input_bytes": source.stat().st_size,
+        "pipeline": str(args.pipeline),
+        "device": args.device,
+        "compression": args.compression,
+        "read_floor_seconds": read_floor(source),
+        "runs": {},
+    }
+    print(f"read floor (nibabel, whole): {result['read_floor_seconds'] * 1e3:.1f} ms", flush=True)
+    for dtype in args.dtypes.split(","):
+        out = folder / f"{args.compression}.h5"
+        sets = [f'input.paths=["{source}"]', f"output.path={out}", f"output.dtype={dtype}",
+                f"output.compression={args.compression}"]  # fmt: skip
+        run = run_volconv(args.pipeline, sets, args.device, folder / f"report-{dtype}.json")
+        floors = write_floor(out, args.compression, folder)
+        stages = run["report"]["stages"]
+        run.update(write_floor_seconds=floors, ratios={
+            "in_run_wall_over_write_floor": stages["wall"] / floors["chunked"],
+            "read_over_floor": stages["read"] / result["read_floor_seconds"],
+            "process_minus_in_run_seconds": run["process_seconds"] - stages["wall"],
+        })  # fmt: skip
+        result["runs"][dtype] = run
+        print(
+            f"{dtype}: process {run['process_seconds']:.2f} s, in-run wall {stages['wall']:.3f} s"
+            f" (read {stages['read']:.3f}, kernel {stages['kernel']:.4f}, write "
+            f"{stages['write']:.3f}); h5py write floor {floors['chunked']:.3f} s chunked"
+            + (f", {floors['contiguous']:.3f} s contiguous" if "contiguous" in floors else "")
+            + f"; wall/floor {run['ratios']['in_run_wall_over_write_floor']:.2f}, read/floor "
+            f"{run['ratios']['read_over_floor']:.2f}, start "
+            f"{run['ratios']['process_minus_in_run_seconds']:.2f} s, max RSS "
+            f"{(run['max_rss_bytes'] or 0) / 2**30:.2f} GiB",
+            flush=True,
+        )
+        out.unlink(missing_ok=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
