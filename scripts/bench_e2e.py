@@ -74,8 +74,9 @@ def write_floor(like: Path, compression: str, folder: Path) -> dict[str, float]:
 
 def run_volconv(pipeline: Path, sets: list[str], device: str, report: Path) -> dict:
     """`volconv run` as a user runs it: process wall, its max RSS (GNU time) and the report."""
+    options = [a for s in sets for a in ("--set", s)]
     command = [sys.executable, "-m", "volconv", "run", str(pipeline), "--overwrite", "--device",
-               device, "--report", str(report), *[a for s in sets for a in ("--set", s)]]  # fmt: skip
+               device, "--report", str(report), *options]  # fmt: skip
     timed = Path("/usr/bin/time").exists()
     t = time.perf_counter()
     done = subprocess.run((["/usr/bin/time", "-f", "%M"] if timed else []) + command,
