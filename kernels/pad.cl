@@ -1,19 +1,22 @@
 /* Boundary extension on the device: gathers a slab of source rows into the padded slab that
- * bank_conv.cl reads, converting the element type once here rather than in the hot loop.
+ * the filtering kernels read, converting the element type once here rather than in the hot
+ * loop.
  *
  * Each axis has an index map computed by the host (volconv/boundary.py) with scipy.ndimage's
  * rules for reflect, mirror, nearest and wrap; an entry of -1 means "outside: use cval"
- * (constant mode, and the alignment tail that no stored output reads).
+ * (constant mode, and the alignment tail that no stored output reads). The source rows are
+ * addressed through strides, so they may sit in the file's own layout (an x-fastest NIfTI
+ * uploaded as it is): the transpose to the padded slab's C order happens here, for free.
  *
  * Build options (-D): SRC_T the source element type, DST_T the padded element type.
  */
-__kernel void pad(__global const SRC_T *restrict src,  /* (S0, S1, S2) source rows */
+__kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided */
                   __global DST_T *restrict dst,        /* (P0, P1, P2) padded slab */
-                  __global const int *restrict m0,     /* P0 entries into [0, S0) or -1 */
+                  __global const int *restrict m0,     /* P0 entries: source row or -1 */
                   __global const int *restrict m1,     /* P1 entries into [0, S1) or -1 */
                   __global const int *restrict m2,     /* P2 entries into [0, S2) or -1 */
                   const int P0, const int P1, const int P2,
-                  const int S1, const int S2,
+                  const long s0, const long s1, const long s2,  /* element strides of src */
                   const float cval)
 {
     const int p2 = (int)get_global_id(0);
@@ -25,6 +28,6 @@ __kernel void pad(__global const SRC_T *restrict src,  /* (S0, S1, S2) source ro
     if (i0 < 0 || i1 < 0 || i2 < 0) {
         dst[at] = (DST_T)cval;
     } else {
-        dst[at] = (DST_T)src[((long)i0 * S1 + i1) * S2 + i2];
+        dst[at] = (DST_T)src[i0 * s0 + i1 * s1 + i2 * s2];
     }
 }

@@ -43,7 +43,7 @@ def assert_spec_close(out: np.ndarray, volume: np.ndarray, kernels: np.ndarray, 
     assert out.shape == ref.shape, (out.shape, ref.shape)
     assert np.all(np.isfinite(out))
     vmax = float(np.max(np.abs(volume))) if np.size(volume) else 0.0
-    for f, k in enumerate(np.asarray(kernels)):
+    for f, k in enumerate(kernels):
         tol = spec_tolerance(k, vmax)
         err = float(np.max(np.abs(out[f].astype(np.float64) - ref[f])))
         assert err <= tol, f"filter {f}: max error {err:.3g} > tolerance {tol:.3g}"

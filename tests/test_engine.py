@@ -219,3 +219,34 @@ def test_convolve_slab_rejects_a_range_that_is_not_a_slab(device):
     volume = np.zeros((10, 4, 4), np.uint8)
     with pytest.raises(ValueError, match="slab"):
         conv.convolve_slab(0, 10, volume)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_a_whole_frame_uploads_as_it_is_in_either_layout(device, mode, order, dtype):
+    """A frame in the file's own layout (x-fastest NIfTI: order F) goes to the device without a
+    host transpose; slabs whose rows wrap around (wrap, reflect at both ends) take several runs."""
+    rng = np.random.default_rng(3)
+    volume = rng.integers(0, 200, (11, 7, 9)).astype(dtype)
+    frame = np.asarray(volume, order=order)
+    kernels = rng.standard_normal((3, 5, 3, 4))
+    conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, 2.0, device=device,
+                         slab_depth=4)  # fmt: skip
+    out = np.empty((3, *volume.shape), np.float32)
+    for a, b in conv.slabs():
+        conv.convolve_slab(a, b, out=out[:, a:b], frame=frame)
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 2.0))
+    whole = np.ones((11, 7, 9), np.float32)  # floats are gathered on the host (NaN checks)
+    conv_f = BankConvolver(kernels, whole.shape, whole.dtype, mode, device=device, slab_depth=4)
+    for a, b in conv_f.slabs():
+        by_rows = conv_f.convolve_slab(a, b, whole[conv_f.source_rows(a, b)])
+        np.testing.assert_array_equal(conv_f.convolve_slab(a, b, frame=whole), by_rows)
+
+
+def test_rows_or_frame_one_of_them(device):
+    conv = BankConvolver(np.ones((1, 3, 3, 3)), (4, 4, 4), np.uint8, device=device)
+    with pytest.raises(ValueError, match="one of them"):
+        conv.convolve_slab(0, 4)
+    with pytest.raises(ValueError, match="frame: expected shape"):
+        conv.convolve_slab(0, 4, frame=np.zeros((4, 4, 5), np.uint8))

@@ -247,3 +247,22 @@ def test_nonfinite_voxels_on_the_separable_path_equal_scipy(device, mode):
         m = max(float(np.max(np.abs(volume[np.isfinite(volume)]))), 1.5)
         err = np.max(np.abs(out[f][finite] - ref[f][finite]))
         assert err <= spec_tolerance(k.kernel, m), (k.name, err)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_whole_frame_on_every_path(device, mode, order):
+    """Separable passes and direct groups both read a frame in the file's own layout."""
+    filters = build_bank(
+        [{"type": "gaussian", "sigma": 1.0, "size": 5}, {"type": "sobel", "axis": 2}], 7
+    )
+    volume = np.random.default_rng(4).integers(0, 255, (13, 8, 10)).astype(np.uint8)
+    conv = SeparableConvolver(filters, volume.shape, volume.dtype, mode, 1.0, device=device,
+                              choices=plan_bank(filters), slab_depth=5)  # fmt: skip
+    assert {c.path for c in conv.plan.choices} == {"separable", "direct"}
+    frame = np.asarray(volume, order=order)
+    out = np.empty((2, *volume.shape), np.float32)
+    for a, b in conv.slabs():
+        conv.convolve_slab(a, b, out=out[:, a:b], frame=frame)
+    assert_spec_close(out, volume, [f.kernel for f in filters],
+                      reference(volume, [f.kernel for f in filters], mode, 1.0))  # fmt: skip

@@ -51,9 +51,168 @@ def native_volume(volume: np.ndarray) -> np.ndarray:
     return volume.astype(np.float32)
 
 
+def uploads_whole(frame: np.ndarray | None, src_dtype: np.dtype) -> bool:
+    """Whether ``frame`` goes to the device as it is (`Padder`): integers (never non-finite)
+    of the kernels' source type, in C order or x-fastest; else the caller gathers its rows."""
+    return (
+        frame is not None
+        and frame.dtype.kind in "iu"
+        and frame.dtype == src_dtype
+        and (frame.flags.c_contiguous or frame.flags.f_contiguous)
+    )
+
+
+def slab_rows(
+    a: int,
+    b: int,
+    needed: np.ndarray,
+    shape: tuple[int, int, int],
+    src_dtype: np.dtype,
+    rows: np.ndarray | None,
+    frame: np.ndarray | None,
+) -> np.ndarray | None:
+    """The ``needed`` source rows of output rows ``[a, b)`` as the kernels read them (native
+    type, C order), checked; None where ``frame`` is given and uploads as it is."""
+    if (rows is None) == (frame is None):
+        raise ValueError("give the slab's source rows or the whole frame, one of them")
+    if frame is not None:
+        if frame.shape != tuple(shape):
+            raise ValueError(f"frame: expected shape {tuple(shape)}; got {frame.shape}")
+        if uploads_whole(frame, src_dtype):
+            return None
+        rows = frame[needed]
+    rows = np.ascontiguousarray(native_volume(np.asarray(rows)), dtype=src_dtype)
+    if rows.shape != (len(needed), *shape[1:]):
+        raise ValueError(f"rows: expected the source rows of [{a}, {b}); got {rows.shape}")
+    return rows
+
+
 def check_volume_dtype(dtype: np.dtype) -> None:
     if np.dtype(dtype).kind not in "biuf":
         raise TypeError(f"volume must be real numbers; got dtype {np.dtype(dtype)}")
+
+
+class Padder:
+    """The first device step of every path: a slab's source rows uploaded and extended by the
+    boundary mode into the padded slab the filters read (kernels/pad.cl), through scipy's
+    index maps along each axis.
+
+    The rows come either as an array of the slab's source rows in C order, or straight from a
+    whole frame held in the file's own layout (C order, or x-fastest as NIfTI stores it):
+    then each run of rows is uploaded by a (rectangular) copy and pad.cl gathers it through
+    strides, so the host never transposes the volume.
+
+    Parameters
+    ----------
+    ctx, queue
+        The device's context and profiling queue.
+    shape : (nx, ny, nz)
+    src_dtype, pad_dtype
+        The rows' element type, and the padded slab's.
+    halo_lo, halo_hi : 3 ints
+        Samples the filters read before and after an output along each axis.
+    mode, cval
+        The boundary mode and constant value.
+    padded_yz : (P1, P2)
+        The padded slab's extent along axes 1 and 2 (P2 may have an alignment tail).
+    max_depth : int
+        The deepest slab of output rows.
+    """
+
+    def __init__(
+        self,
+        ctx: cl.Context,
+        queue: cl.CommandQueue,
+        shape: tuple[int, int, int],
+        src_dtype: np.dtype,
+        pad_dtype: np.dtype,
+        halo_lo: tuple[int, int, int],
+        halo_hi: tuple[int, int, int],
+        mode: str,
+        cval: float,
+        padded_yz: tuple[int, int],
+        max_depth: int,
+    ) -> None:
+        self.queue, self.shape, self.src_dtype = queue, shape, np.dtype(src_dtype)
+        self.halo_lo, self.halo_hi, self.mode, self.cval = halo_lo, halo_hi, mode, cval
+        self.padded_yz = padded_yz
+        mf = cl.mem_flags
+        defines = (("SRC_T", CL_TYPES[self.src_dtype]), ("DST_T", CL_TYPES[np.dtype(pad_dtype)]))
+        self._pad = cl.Kernel(build(ctx, "pad.cl", defines), "pad")
+        ny, nz = shape[1:]
+        p2 = padded_yz[1]
+        m1 = extend_indices(ny, -halo_lo[1], ny + halo_hi[1], mode)
+        m2 = np.full(p2, -1, np.int64)
+        m2[: nz + halo_lo[2] + halo_hi[2]] = extend_indices(nz, -halo_lo[2], nz + halo_hi[2], mode)
+        self._m1 = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=m1.astype(np.int32))
+        self._m2 = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=m2.astype(np.int32))
+        reach = halo_lo[0] + halo_hi[0]
+        rows_max = min(shape[0], max_depth + reach)
+        self._src = cl.Buffer(ctx, mf.READ_ONLY, rows_max * ny * nz * self.src_dtype.itemsize)
+        self._m0 = cl.Buffer(ctx, mf.READ_ONLY, (max_depth + reach) * 4)
+
+    def row_map(self, a: int, b: int) -> np.ndarray:
+        """Source row (or -1: cval) of each padded row of output rows ``[a, b)``."""
+        lo, hi = self.halo_lo[0], self.halo_hi[0]
+        return extend_indices(self.shape[0], a - lo, b + hi, self.mode)
+
+    def source_rows(self, a: int, b: int) -> np.ndarray:
+        """Sorted source rows (axis 0) that output rows ``[a, b)`` read."""
+        m0 = self.row_map(a, b)
+        return np.unique(m0[m0 >= 0])
+
+    def __call__(
+        self,
+        a: int,
+        b: int,
+        padded: cl.Buffer,
+        rows: np.ndarray | None = None,
+        frame: np.ndarray | None = None,
+    ) -> tuple[list[cl.Event], cl.Event]:
+        """Enqueue the upload and padding of output rows ``[a, b)`` into ``padded``: from
+        ``rows`` (the `source_rows`, C order) or from ``frame`` (the whole 3D volume, in
+        C order or x-fastest, of `src_dtype`). Returns the upload events and the pad event."""
+        ny, nz = self.shape[1:]
+        m0 = self.row_map(a, b)
+        needed = np.unique(m0[m0 >= 0])
+        local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
+        events = [cl.enqueue_copy(self.queue, self._m0, local, is_blocking=False)]
+        if rows is not None:
+            events.append(cl.enqueue_copy(self.queue, self._src, rows, is_blocking=False))
+            strides = (ny * nz, nz, 1)
+        else:
+            strides = self._upload_runs(frame, needed, events)
+        p1, p2 = self.padded_yz
+        self._pad.set_args(
+            self._src, padded, self._m0, self._m1, self._m2,
+            np.int32(len(m0)), np.int32(p1), np.int32(p2), *map(np.int64, strides),
+            np.float32(self.cval),
+        )  # fmt: skip
+        pad = cl.enqueue_nd_range_kernel(self.queue, self._pad, (p2, p1, len(m0)), None)
+        return events, pad
+
+    def _upload_runs(self, frame: np.ndarray, needed: np.ndarray, events: list) -> tuple:
+        """Copy each run of consecutive ``needed`` rows of ``frame`` to the device, keeping
+        its layout; the element strides pad.cl reads it with."""
+        nx, ny, nz = self.shape
+        n, item = len(needed), self.src_dtype.itemsize
+        breaks = np.flatnonzero(np.diff(needed) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        stops = np.concatenate([breaks, [n]])
+        for k0, k1 in zip(starts.tolist(), stops.tolist(), strict=True):
+            r0, r1 = int(needed[k0]), int(needed[k0]) + k1 - k0
+            if frame.flags.c_contiguous:
+                events.append(cl.enqueue_copy(self.queue, self._src, frame[r0:r1],
+                                              dst_offset=k0 * ny * nz * item,
+                                              is_blocking=False))  # fmt: skip
+            else:  # x-fastest: a rectangle of (rows, ny, nz) out of (nx, ny, nz)
+                events.append(cl.enqueue_copy(
+                    self.queue, self._src, frame, buffer_origin=(k0 * item, 0, 0),
+                    host_origin=(r0 * item, 0, 0), region=((r1 - r0) * item, ny, nz),
+                    buffer_pitches=(n * item, n * ny * item),
+                    host_pitches=(nx * item, nx * ny * item), is_blocking=False,
+                ))  # fmt: skip
+        return (ny * nz, nz, 1) if frame.flags.c_contiguous else (1, n, n * ny)
 
 
 @docfiller
@@ -120,8 +279,10 @@ class BankConvolver:
     def _setup(self) -> None:
         plan, ctx = self.plan, self.ctx
         mf = cl.mem_flags
-        pad_defines = (("SRC_T", CL_TYPES[plan.src_dtype]), ("DST_T", CL_TYPES[plan.pad_dtype]))
-        self._pad = cl.Kernel(build(ctx, "pad.cl", pad_defines), "pad")
+        self.padder = Padder(
+            ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, plan.halo_lo,
+            plan.halo_hi, plan.mode, plan.cval, plan.padded_yz, plan.slab_depth,
+        )  # fmt: skip
         # The kernel correlates, so it gets each filter flipped; lanes beyond a pass's
         # filters stay zero. Layout (taps, width) matches the kernel's vecf array.
         flipped = self.kernels[:, ::-1, ::-1, ::-1].reshape(plan.n_filters, -1)
@@ -134,21 +295,9 @@ class BankConvolver:
             self._passes.append(
                 (p, cl.Kernel(build(ctx, "bank_conv.cl", defines), "bank_conv"), buf)
             )
-        ny, nz = plan.shape[1:]
-        p2 = plan.padded_yz[1]
-        m1 = extend_indices(ny, -plan.halo_lo[1], ny + plan.halo_hi[1], plan.mode)
-        m2 = np.full(p2, -1, np.int64)
-        m2[: nz + plan.extents[2] - 1] = extend_indices(
-            nz, -plan.halo_lo[2], nz + plan.halo_hi[2], plan.mode
-        )
-        self._m1 = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=m1.astype(np.int32))
-        self._m2 = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=m2.astype(np.int32))
         sizes = plan.slab_bytes(plan.slab_depth)
-        src_rows_max = min(plan.shape[0], plan.slab_depth + plan.extents[0] - 1)
-        self._src = cl.Buffer(ctx, mf.READ_ONLY, src_rows_max * ny * nz * plan.src_dtype.itemsize)
         self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
         self._out = cl.Buffer(ctx, mf.WRITE_ONLY, sizes["responses"])
-        self._m0 = cl.Buffer(ctx, mf.READ_ONLY, (plan.slab_depth + plan.extents[0]) * 4)
 
     # -- slabs -------------------------------------------------------------------------
     def slabs(self) -> Iterator[tuple[int, int]]:
@@ -157,23 +306,26 @@ class BankConvolver:
         for a in range(0, n0, depth):
             yield a, min(a + depth, n0)
 
-    def _row_map(self, a: int, b: int) -> np.ndarray:
-        plan = self.plan
-        return extend_indices(plan.shape[0], a - plan.halo_lo[0], b + plan.halo_hi[0], plan.mode)
-
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows (axis 0) that output rows ``[a, b)`` read."""
-        m0 = self._row_map(a, b)
-        return np.unique(m0[m0 >= 0])
+        return self.padder.source_rows(a, b)
 
     def convolve_slab(
-        self, a: int, b: int, rows: np.ndarray, out: np.ndarray | None = None
+        self,
+        a: int,
+        b: int,
+        rows: np.ndarray | None = None,
+        out: np.ndarray | None = None,
+        *,
+        frame: np.ndarray | None = None,
     ) -> np.ndarray:
         """Responses ``(N, b - a, ny, nz)`` of output rows ``[a, b)``.
 
-        ``rows`` holds the volume at `source_rows(a, b)`, in that order. ``out``, if given,
-        is a float32 array of that shape (or a view with contiguous filter planes). Non-finite
-        voxels reach the outputs their kept taps reach, as in scipy.
+        ``rows`` holds the volume at `source_rows(a, b)`, in that order; or ``frame`` holds
+        the whole 3D volume, in any layout (C order or x-fastest of the source type is
+        uploaded as it is, without a host transpose). ``out``, if given, is a float32 array
+        of that shape (or a view with contiguous filter planes). Non-finite voxels reach the
+        outputs their kept taps reach, as in scipy.
         """
         plan = self.plan
         ny, nz = plan.shape[1:]
@@ -182,17 +334,14 @@ class BankConvolver:
                 f"[a, b) = [{a}, {b}) is not a slab of at most {plan.slab_depth} rows in "
                 f"[0, {plan.shape[0]})"
             )
-        m0 = self._row_map(a, b)
-        needed = np.unique(m0[m0 >= 0])
-        local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
-        rows = np.ascontiguousarray(native_volume(np.asarray(rows)), dtype=plan.src_dtype)
-        if rows.shape != (len(needed), ny, nz):
-            raise ValueError(f"rows: expected the source rows of [{a}, {b}); got {rows.shape}")
         if out is None:
             out = np.empty((plan.n_filters, b - a, ny, nz), np.float32)
+        rows = slab_rows(a, b, self.source_rows(a, b), plan.shape, plan.src_dtype, rows, frame)
+        if rows is None:  # the frame uploads as it is: an integer type, never non-finite
+            return self._convolve(a, b, out, frame=frame)
         if not has_nonfinite(rows):
-            return self._convolve(a, b, rows, local, out)
-        self._convolve(a, b, finite_part(rows), local, out)
+            return self._convolve(a, b, out, rows=rows)
+        self._convolve(a, b, out, rows=finite_part(rows))
         for stage, seconds in self._nonfinite().apply(a, b, rows, out).items():
             self.timings[stage] += seconds
         return out
@@ -211,24 +360,18 @@ class BankConvolver:
         return self._override
 
     def _convolve(
-        self, a: int, b: int, rows: np.ndarray, local: np.ndarray, out: np.ndarray
+        self,
+        a: int,
+        b: int,
+        out: np.ndarray,
+        rows: np.ndarray | None = None,
+        frame: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Upload, pad, filter and download one slab; ``local`` maps padded rows to ``rows``."""
+        """Upload, pad, filter and download one slab."""
         plan, queue = self.plan, self.queue
         ny, nz = plan.shape[1:]
-        p1, p2 = plan.padded_yz
         depth = b - a
-        t_up = [
-            cl.enqueue_copy(queue, self._m0, local, is_blocking=False),
-            cl.enqueue_copy(queue, self._src, rows, is_blocking=False),
-        ]
-        p0 = depth + plan.extents[0] - 1
-        self._pad.set_args(
-            self._src, self._padded, self._m0, self._m1, self._m2,
-            np.int32(p0), np.int32(p1), np.int32(p2), np.int32(ny), np.int32(nz),
-            np.float32(plan.cval),
-        )  # fmt: skip
-        t_pad = cl.enqueue_nd_range_kernel(queue, self._pad, (p2, p1, p0), None)
+        t_up, t_pad = self.padder(a, b, self._padded, rows=rows, frame=frame)
         plane = depth * ny * nz
         t_conv = self._launch_passes(depth)
         t_down = [

@@ -84,6 +84,7 @@ class Volume:
     _extra_axes: int = field(default=0, repr=False, compare=False)
     # The file's axis of each axis of the volume, where they differ (MINC: time first).
     _axes: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
+    _mapped: bool = field(default=False, repr=False, compare=False)
 
     def read_rows(self, rows: np.ndarray, frame: int = 0) -> np.ndarray:
         """The volume at ``rows`` along axis 0, reading only those rows.
@@ -115,6 +116,26 @@ class Volume:
                 index = (slice(first, first + stop - start), slice(None), slice(None), *tail)
                 out[start:stop] = data[index]  # the assignment makes the byte order native
         return out
+
+    def read_frame(self, frame: int = 0) -> np.ndarray:
+        """The whole 3D volume ``frame``, in the file's own layout (an x-fastest NIfTI comes
+        back x-fastest, not transposed): one read in file order, or, where the file maps
+        (`mapped`), a memory map that reads nothing until used. The engine takes either
+        layout as it is."""
+        if not 0 <= frame < self.n_frames:
+            raise IndexError(f"{self.path}: frame must lie in 0..{self.n_frames - 1}")
+        tail = ((frame,) if len(self.shape) == 4 else ()) + (0,) * self._extra_axes
+        with _reading(self.path), self._open() as data:
+            if self._axes is not None:
+                data = _Permuted(data, self._axes)
+            whole = data[(slice(None),) * 3 + tail] if tail else data[...]
+            return np.asanyarray(whole)
+
+    @property
+    def mapped(self) -> bool:
+        """Whether `read_frame` maps the file rather than reading it: a 3D .npy, or an
+        uncompressed, unscaled 3D NIfTI/Analyze in native byte order."""
+        return self._mapped
 
     def sha256(self) -> str:
         """SHA-256 of the file's bytes (the HDF5 file for ``file.h5:/dataset``), streamed."""
@@ -286,6 +307,7 @@ def _volume(
     opener: Callable[[], AbstractContextManager],
     extra_axes: int,
     axes: tuple[int, ...] | None = None,
+    mapped: bool = False,
 ) -> Volume:
     """Build the `Volume`; ``voxel_size`` None takes the affine's column norms."""
     affine = np.asarray(affine, dtype=np.float64)
@@ -306,6 +328,7 @@ def _volume(
         _open=opener,
         _extra_axes=extra_axes,
         _axes=axes,
+        _mapped=mapped and len(shape) == 3 and not extra_axes and axes is None,
     )
 
 
@@ -324,8 +347,16 @@ def _open_nibabel(path: str, file: Path) -> Volume:
     if axes is not None:  # time first in the file: (x, y, z, t) for the pipeline
         shape = tuple(shape[a] for a in axes)
         zooms = tuple(zooms[a] for a in axes)
+    mapped = (  # nibabel maps such a file: np.asarray(proxy) reads nothing until used
+        isinstance(proxy, nib.arrayproxy.ArrayProxy)
+        and isinstance(proxy.file_like, str)
+        and Path(proxy.file_like).suffix.lower() not in _COMPRESSED
+        and getattr(proxy, "_mmap", False) is not False
+        and dtype == np.dtype(proxy.dtype)
+        and np.dtype(proxy.dtype).isnative
+    )
     return _volume(path, file, shape, dtype, img.affine, zooms[:3], lambda: nullcontext(proxy),
-                   extra, axes)  # fmt: skip
+                   extra, axes, mapped)  # fmt: skip
 
 
 def _minc_axes(path: str, img: nib.minc1.Minc1Image) -> tuple[int, ...] | None:
@@ -361,7 +392,8 @@ def _open_npy(path: str, file: Path) -> Volume:
     _check(path, shape, arr.dtype)
     # A fresh memory map per read, so no mapping outlives the slab that needed it.
     opener = lambda: nullcontext(np.load(file, mmap_mode="r"))  # noqa: E731
-    return _volume(path, file, shape, arr.dtype, np.eye(4), None, opener, extra)
+    return _volume(path, file, shape, arr.dtype, np.eye(4), None, opener, extra,
+                   mapped=arr.dtype.isnative)  # fmt: skip
 
 
 def _open_hdf5(path: str, file: Path, dataset: str | None) -> Volume:

@@ -182,9 +182,11 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
 # holds up to two (its queue), so downloads run at the bus's speed rather than page-faulting
 # fresh memory (2.5 GB/s on the H100 node).
 PINNED_BUFFERS = 3
-# A frame is read whole, once, in the file's own order (a NIfTI is x-fastest, so reading slabs
-# along x strides through it; a .nii.gz is decompressed once) when it takes at most this share
-# of host_memory; larger ones are read slab by slab.
+# A frame is read whole, once, in the file's own layout, and goes to the device as it is (a
+# NIfTI is x-fastest: reading slabs along x would stride through the file, and transposing on
+# the host costs more than reading; pad.cl gathers through strides instead; a .nii.gz is
+# decompressed once), when the file maps (read as used) or the frame takes at most this share
+# of host_memory; other frames are read slab by slab.
 WHOLE_FRAME_SHARE = 4
 
 
@@ -209,7 +211,7 @@ def host_bytes(job: Job, cfg: Config, depth: int, on_cpu: bool) -> int:
 def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     """Whether ``job`` reads whole frames, and its slab depth made to fit ``host_memory``."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
-    job.whole_frames = frame * WHOLE_FRAME_SHARE <= cfg.host_memory
+    job.whole_frames = job.volume.mapped or frame * WHOLE_FRAME_SHARE <= cfg.host_memory
     on_cpu = bool(device.type & cl.device_type.CPU)
     depth = job.plan.slab_depth
     while depth > 1 and host_bytes(job, cfg, depth, on_cpu) > cfg.host_memory:
@@ -424,18 +426,20 @@ def _stream(
     read_seconds = 0.0
     frames: dict[int, np.ndarray] = {}  # the frame read whole, if it is
 
-    def read(t: int, a: int, b: int) -> np.ndarray:
+    def read(t: int, a: int, b: int) -> dict[str, np.ndarray]:
+        """What the convolver takes for slab [a, b) of frame t: the whole frame (read once;
+        reads run one at a time, in order, so one frame is held) or the slab's rows."""
         nonlocal read_seconds
         t0 = time.perf_counter()
-        if job.whole_frames:  # reads run one at a time, in order: one frame is held
+        if job.whole_frames:
             if t not in frames:
                 frames.clear()
-                frames[t] = volume.read_rows(np.arange(job.shape3[0]), t)
-            rows = frames[t][conv.source_rows(a, b)]
+                frames[t] = volume.read_frame(t)
+            given = {"frame": frames[t]}
         else:
-            rows = volume.read_rows(conv.source_rows(a, b), t)
+            given = {"rows": volume.read_rows(conv.source_rows(a, b), t)}
         read_seconds += time.perf_counter() - t0
-        return rows
+        return given
 
     writer = ResponseWriter(
         job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,
@@ -451,12 +455,12 @@ def _stream(
             for i, (t, a, b) in enumerate(work):
                 if _STOP.is_set():
                     raise Interrupted
-                rows = pending.result()
+                given = pending.result()
                 if i + 1 < len(work):  # prefetch the next slab while the device works
                     pending = pool.submit(read, *work[i + 1])
                 buffer = buffers.get()  # free once the writer has written it
-                responses = conv.convolve_slab(a, b, rows, out=buffer[:, : b - a])
-                del rows
+                responses = conv.convolve_slab(a, b, out=buffer[:, : b - a], **given)
+                del given
                 writer.write_slab(a, b, responses, frame=t if four_d else None,
                                   release=partial(buffers.put, buffer))  # fmt: skip
                 if on_slab:

@@ -37,7 +37,13 @@ from volconv.bank import Filter, stack_kernels
 from volconv.boundary import extend_indices, halo
 from volconv.checks import check_cval, check_mode
 from volconv.device import select_device
-from volconv.engine import BankConvolver, check_volume_dtype, native_volume
+from volconv.engine import (
+    BankConvolver,
+    Padder,
+    check_volume_dtype,
+    native_volume,
+    slab_rows,
+)
 from volconv.factor import Term, factorise, reconstruction_ok
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import (
@@ -486,8 +492,10 @@ class SeparableConvolver:
             n.buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=n.taps)
 
         pad_t = CL_TYPES[plan.pad_dtype]
-        pad_defines = (("SRC_T", CL_TYPES[plan.src_dtype]), ("DST_T", pad_t))
-        self._pad = cl.Kernel(build(ctx, "pad.cl", pad_defines), "pad")
+        self.padder = Padder(
+            ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, lo, hi, plan.mode,
+            plan.cval, plan.padded_yz, plan.slab_depth,
+        )  # fmt: skip
         self._programs: dict[int, cl.Program] = {}
         for n in self._nodes():
             if n.k not in self._programs:
@@ -499,20 +507,11 @@ class SeparableConvolver:
                 self._programs[n.k] = {
                     name: cl.Kernel(prog, name) for name in ("pass_fast", "pass_mid", "pass_out")
                 }
-        ny, nz = plan.shape[1:]
-        p2 = plan.padded_yz[1]
-        m1 = extend_indices(ny, -lo[1], ny + hi[1], plan.mode)
-        m2 = np.full(p2, -1, np.int64)
-        m2[: nz + lo[2] + hi[2]] = extend_indices(nz, -lo[2], nz + hi[2], plan.mode)
-        self._m1 = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=m1.astype(np.int32))
-        self._m2 = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=m2.astype(np.int32))
         sizes = plan.slab_bytes(plan.slab_depth)
-        self._src = cl.Buffer(ctx, mf.READ_ONLY, sizes["source"])
         self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
         self._fast = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
         self._mid = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
         self._out = cl.Buffer(ctx, mf.READ_WRITE, sizes["responses"])
-        self._m0 = cl.Buffer(ctx, mf.READ_ONLY, (plan.slab_depth + lo[0] + hi[0]) * 4)
 
     def _nodes(self) -> Iterator[_Node]:
         for root in self._roots.values():
@@ -528,22 +527,26 @@ class SeparableConvolver:
         for a in range(0, n0, depth):
             yield a, min(a + depth, n0)
 
-    def _row_map(self, a: int, b: int) -> np.ndarray:
-        plan = self.plan
-        return extend_indices(plan.shape[0], a - plan.halo_lo[0], b + plan.halo_hi[0], plan.mode)
-
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows (axis 0) that output rows ``[a, b)`` read, for every filter."""
-        m0 = self._row_map(a, b)
+        plan = self.plan
+        m0 = extend_indices(plan.shape[0], a - plan.halo_lo[0], b + plan.halo_hi[0], plan.mode)
         return np.unique(m0[m0 >= 0])
 
     def convolve_slab(
-        self, a: int, b: int, rows: np.ndarray, out: np.ndarray | None = None
+        self,
+        a: int,
+        b: int,
+        rows: np.ndarray | None = None,
+        out: np.ndarray | None = None,
+        *,
+        frame: np.ndarray | None = None,
     ) -> np.ndarray:
         """Responses ``(N, b - a, ny, nz)`` of output rows ``[a, b)``, in bank order.
 
-        ``rows`` holds the volume at `source_rows(a, b)`, in that order. ``out``, if given,
-        is a float32 array of that shape (or a view with contiguous filter planes).
+        ``rows`` holds the volume at `source_rows(a, b)`, in that order; or ``frame`` the whole
+        3D volume (see `BankConvolver.convolve_slab`). ``out``, if given, is a float32 array of
+        that shape (or a view with contiguous filter planes).
         """
         plan, queue = self.plan, self.queue
         ny, nz = plan.shape[1:]
@@ -553,41 +556,32 @@ class SeparableConvolver:
                 f"[a, b) = [{a}, {b}) is not a slab of at most {plan.slab_depth} rows in "
                 f"[0, {plan.shape[0]})"
             )
-        m0 = self._row_map(a, b)
-        needed = np.unique(m0[m0 >= 0])
-        rows = np.ascontiguousarray(native_volume(np.asarray(rows)), dtype=plan.src_dtype)
-        if rows.shape != (len(needed), ny, nz):
-            raise ValueError(f"rows: expected the source rows of [{a}, {b}); got {rows.shape}")
+        needed = self.source_rows(a, b)
+        rows = slab_rows(a, b, needed, plan.shape, plan.src_dtype, rows, frame)
         if out is None:
             out = np.empty((plan.n_filters, depth, ny, nz), np.float32)
         # the direct groups correct non-finite voxels themselves; the passes get them as 0
-        raw, nonfinite = rows, self._slots and has_nonfinite(rows)
+        raw, nonfinite = rows, bool(self._slots) and rows is not None and has_nonfinite(rows)
         for idx, conv in zip(self._groups, self._direct, strict=True):
-            sub = rows[np.searchsorted(needed, conv.source_rows(a, b))]
+            given = (
+                {"frame": frame}
+                if rows is None
+                else {"rows": rows[np.searchsorted(needed, conv.source_rows(a, b))]}
+            )
             before = dict(conv.timings)
             if idx == list(range(idx[0], idx[-1] + 1)):
-                conv.convolve_slab(a, b, sub, out[idx[0] : idx[-1] + 1])
+                conv.convolve_slab(a, b, out=out[idx[0] : idx[-1] + 1], **given)
             else:
-                out[idx] = conv.convolve_slab(a, b, sub)
+                out[idx] = conv.convolve_slab(a, b, **given)
             for stage, seconds in conv.timings.items():
                 self.timings[stage] += seconds - before[stage]
         if not self._slots:
             return out
-        if nonfinite:
-            rows = finite_part(rows)
-        local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
-        t_up = [
-            cl.enqueue_copy(queue, self._m0, local, is_blocking=False),
-            cl.enqueue_copy(queue, self._src, rows, is_blocking=False),
-        ]
-        p0 = len(m0)
-        p1, p2 = plan.padded_yz
-        self._pad.set_args(
-            self._src, self._padded, self._m0, self._m1, self._m2,
-            np.int32(p0), np.int32(p1), np.int32(p2), np.int32(ny), np.int32(nz),
-            np.float32(plan.cval),
-        )  # fmt: skip
-        t_pad = cl.enqueue_nd_range_kernel(queue, self._pad, (p2, p1, p0), None)
+        if rows is None:
+            t_up, t_pad = self.padder(a, b, self._padded, frame=frame)
+        else:
+            t_up, t_pad = self.padder(a, b, self._padded, rows=finite_part(rows) if nonfinite
+                                      else rows)  # fmt: skip
         t_pass = self._launch_passes(depth)
         plane = depth * ny * nz
         t_down = [
