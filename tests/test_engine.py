@@ -224,15 +224,18 @@ def test_convolve_slab_rejects_a_range_that_is_not_a_slab(device):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("order", ["C", "F"])
 @pytest.mark.parametrize("dtype", ["uint8", "int16"])
-def test_a_whole_frame_uploads_as_it_is_in_either_layout(device, mode, order, dtype):
+@pytest.mark.parametrize("resident", [False, True], ids=["runs", "resident"])
+def test_a_whole_frame_uploads_as_it_is_in_either_layout(device, mode, order, dtype, resident):
     """A frame in the file's own layout (x-fastest NIfTI: order F) goes to the device without a
-    host transpose; slabs whose rows wrap around (wrap, reflect at both ends) take several runs."""
+    host transpose: kept there whole (GPUs), or its rows copied run by run (slabs whose rows
+    wrap around, in wrap or reflect, take several runs)."""
     rng = np.random.default_rng(3)
     volume = rng.integers(0, 200, (11, 7, 9)).astype(dtype)
     frame = np.asarray(volume, order=order)
     kernels = rng.standard_normal((3, 5, 3, 4))
     conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, 2.0, device=device,
                          slab_depth=4)  # fmt: skip
+    conv.padder.frame_bytes = frame.nbytes if resident else 0
     out = np.empty((3, *volume.shape), np.float32)
     for a, b in conv.slabs():
         conv.convolve_slab(a, b, out=out[:, a:b], frame=frame)

@@ -51,6 +51,14 @@ def native_volume(volume: np.ndarray) -> np.ndarray:
     return volume.astype(np.float32)
 
 
+def frame_bytes(device: cl.Device) -> int:
+    """The largest frame a `Padder` keeps on ``device``: a quarter of its memory within one
+    allocation on a GPU; none on a CPU device, whose rows are host memory already."""
+    if device.type & cl.device_type.CPU:
+        return 0
+    return min(device.max_mem_alloc_size, device.global_mem_size // 4)
+
+
 def uploads_whole(frame: np.ndarray | None, src_dtype: np.dtype) -> bool:
     """Whether ``frame`` goes to the device as it is (`Padder`): integers (never non-finite)
     of the kernels' source type, in C order or x-fastest; else the caller gathers its rows."""
@@ -117,6 +125,10 @@ class Padder:
         The padded slab's extent along axes 1 and 2 (P2 may have an alignment tail).
     max_depth : int
         The deepest slab of output rows.
+    frame_bytes : int
+        The largest whole frame kept on the device: uploaded once, in one copy, and padded
+        from there for every slab (a GPU: a rectangular copy from pageable memory goes row by
+        row). 0 on a CPU device, whose rows are host memory already.
     """
 
     def __init__(
@@ -132,7 +144,11 @@ class Padder:
         cval: float,
         padded_yz: tuple[int, int],
         max_depth: int,
+        frame_bytes: int = 0,
     ) -> None:
+        self.ctx, self.frame_bytes = ctx, frame_bytes
+        self._frame: np.ndarray | None = None  # the frame on the device, and its buffer
+        self._frame_buf: cl.Buffer | None = None
         self.queue, self.shape, self.src_dtype = queue, shape, np.dtype(src_dtype)
         self.halo_lo, self.halo_hi, self.mode, self.cval = halo_lo, halo_hi, mode, cval
         self.padded_yz = padded_yz
@@ -177,19 +193,37 @@ class Padder:
         needed = np.unique(m0[m0 >= 0])
         local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
         events = [cl.enqueue_copy(self.queue, self._m0, local, is_blocking=False)]
+        src = self._src
         if rows is not None:
             events.append(cl.enqueue_copy(self.queue, self._src, rows, is_blocking=False))
             strides = (ny * nz, nz, 1)
+        elif frame.nbytes <= self.frame_bytes:
+            src, strides = self._upload_frame(frame, events)
+            local = m0.astype(np.int32)  # rows of the whole frame
+            events[0] = cl.enqueue_copy(self.queue, self._m0, local, is_blocking=False)
         else:
             strides = self._upload_runs(frame, needed, events)
         p1, p2 = self.padded_yz
         self._pad.set_args(
-            self._src, padded, self._m0, self._m1, self._m2,
+            src, padded, self._m0, self._m1, self._m2,
             np.int32(len(m0)), np.int32(p1), np.int32(p2), *map(np.int64, strides),
             np.float32(self.cval),
         )  # fmt: skip
         pad = cl.enqueue_nd_range_kernel(self.queue, self._pad, (p2, p1, len(m0)), None)
         return events, pad
+
+    def _upload_frame(self, frame: np.ndarray, events: list) -> tuple[cl.Buffer, tuple]:
+        """The whole ``frame`` on the device (uploaded at its first slab, in one copy of its
+        own layout), and the element strides pad.cl reads it with."""
+        if self._frame is not frame:
+            if self._frame_buf is None or self._frame_buf.size < frame.nbytes:
+                self._frame_buf = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY, frame.nbytes)
+            flat = frame.reshape(-1, order="C" if frame.flags.c_contiguous else "F")
+            events.append(cl.enqueue_copy(self.queue, self._frame_buf, flat, is_blocking=False))
+            self._frame = frame
+        nx, ny, nz = self.shape
+        strides = (ny * nz, nz, 1) if frame.flags.c_contiguous else (1, nx, nx * ny)
+        return self._frame_buf, strides
 
     def _upload_runs(self, frame: np.ndarray, needed: np.ndarray, events: list) -> tuple:
         """Copy each run of consecutive ``needed`` rows of ``frame`` to the device, keeping
@@ -282,6 +316,7 @@ class BankConvolver:
         self.padder = Padder(
             ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, plan.halo_lo,
             plan.halo_hi, plan.mode, plan.cval, plan.padded_yz, plan.slab_depth,
+            frame_bytes(self.device),
         )  # fmt: skip
         # The kernel correlates, so it gets each filter flipped; lanes beyond a pass's
         # filters stay zero. Layout (taps, width) matches the kernel's vecf array.
@@ -323,7 +358,9 @@ class BankConvolver:
 
         ``rows`` holds the volume at `source_rows(a, b)`, in that order; or ``frame`` holds
         the whole 3D volume, in any layout (C order or x-fastest of the source type is
-        uploaded as it is, without a host transpose). ``out``, if given, is a float32 array
+        uploaded as it is, without a host transpose; on a GPU it is uploaded at its first
+        slab and kept while the same array object comes back, so do not change it between
+        slabs). ``out``, if given, is a float32 array
         of that shape (or a view with contiguous filter planes). Non-finite voxels reach the
         outputs their kept taps reach, as in scipy.
         """

@@ -41,6 +41,7 @@ from volconv.engine import (
     BankConvolver,
     Padder,
     check_volume_dtype,
+    frame_bytes,
     native_volume,
     slab_rows,
 )
@@ -494,7 +495,7 @@ class SeparableConvolver:
         pad_t = CL_TYPES[plan.pad_dtype]
         self.padder = Padder(
             ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, lo, hi, plan.mode,
-            plan.cval, plan.padded_yz, plan.slab_depth,
+            plan.cval, plan.padded_yz, plan.slab_depth, frame_bytes(self.device),
         )  # fmt: skip
         self._programs: dict[int, cl.Program] = {}
         for n in self._nodes():
