@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -554,3 +555,98 @@ def test_uint8_output_warns_once_about_saturation(tmp_path, capsys):
     code, out, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
     assert out.count("warning:") == 1 and "voxels of" in out and "output.scale" in out
+
+
+# -- files a run reads or writes are never replaced ----------------------------------------
+def _kernel_pipeline(tmp_path: Path) -> Path:
+    (tmp_path / "k").mkdir()
+    np.save(tmp_path / "k/mine.npy", np.ones((3, 3, 3)) / 27)
+    np.save(tmp_path / "oscan.npy", random_volume((6, 5, 4), "uint8"))
+    return write_pipeline(tmp_path, [*BOX, {"type": "custom", "path": "k/mine.npy"}],
+                          input={"paths": ["scan.npy", "oscan.npy"]})  # fmt: skip
+
+
+REPORT_TARGETS = {  # --report FILE: the words of the message
+    "scan.npy": ["the input", "scan.npy"],
+    "out/scan.h5": ["output.path", "the --report file"],  # found by the output check
+    "pipeline.toml": ["the pipeline file"],
+    "k/mine.npy": ["the custom kernel of bank.filter[1]"],
+    "k": ["is a folder"],
+    "notes.txt": ["not a volconv report", "it holds text"],
+}
+
+
+@pytest.mark.parametrize("target", REPORT_TARGETS, ids=list(REPORT_TARGETS))
+def test_a_report_never_replaces_another_file(tmp_path, scan, capsys, target):
+    pipeline = _kernel_pipeline(tmp_path)
+    (tmp_path / "notes.txt").write_text("my notes")
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    code, out, err = volconv("run", pipeline, "--overwrite", "--report", tmp_path / target,
+                             capsys=capsys)  # fmt: skip
+    assert_one_line_error(code, out, err, "--report", target, *REPORT_TARGETS[target])
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert "scan" not in out  # refused before any work
+    # a report is replaced by the next one
+    report = tmp_path / "r.json"
+    for _ in range(2):
+        assert volconv("run", pipeline, "--report", report, capsys=capsys)[0] == 0
+        assert "inputs" in json.loads(report.read_text())
+
+
+OUTPUT_TARGETS = {  # output.path, --report: the words of the message
+    "pipeline": ("pipeline.toml", None, ["the pipeline file"]),
+    "custom kernel": ("k/mine.npy", None, ["the custom kernel of bank.filter[1]"]),
+    "another input": ("o{stem}.npy", None, ["the input", "oscan.npy"]),  # scan.npy -> oscan.npy
+    "the report": ("out/{stem}.json", "out/scan.json", ["the --report file"]),
+}
+
+
+@pytest.mark.parametrize("case", OUTPUT_TARGETS, ids=list(OUTPUT_TARGETS))
+def test_overwrite_never_replaces_a_file_the_run_reads(tmp_path, scan, capsys, case):
+    template, report, words = OUTPUT_TARGETS[case]
+    pipeline = _kernel_pipeline(tmp_path)
+    (tmp_path / "out").mkdir()
+    if report:
+        (tmp_path / report).write_text('{"volconv_version": "0", "inputs": []}')
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    args = ["--set", f"output.path={tmp_path / template}", "--overwrite"]
+    args += ["--report", str(tmp_path / report)] if report else []
+    for command in ("validate", "run"):
+        code, out, err = volconv(command, pipeline, *args[: 3 if command == "validate" else None],
+                                 capsys=capsys)  # fmt: skip
+        if command == "validate" and report:
+            assert code == 0, err  # validate writes no report
+            continue
+        assert_one_line_error(code, out, err, "output.path", *words)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_fifo_or_device_at_the_output_path_is_refused_without_blocking(tmp_path, scan):
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "out/scan.h5")
+    nodes = [("out/scan.h5", "a FIFO")]
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "null.h5", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        nodes.append(("null.h5", "a character device"))
+    for name, words in nodes:
+        for args in (["validate"], ["run"], ["run", "--overwrite"]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "volconv", *args, str(pipeline), "--set",
+                 f"output.path={tmp_path / name}"],
+                capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            )  # fmt: skip
+            assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, name, words,
+                                  "not a regular file", "output.path")  # fmt: skip
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "out/scan.h5").st_mode)
+
+
+def test_an_output_name_too_long_is_exit_2_naming_output_path(tmp_path, scan, capsys):
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    for name in ("x" * 300 + ".h5", "y" * 300 + "/a.h5", "z" * 240 + ".h5"):
+        for command in ("validate", "run"):
+            code, out, err = volconv(command, pipeline, "--set", f"output.path={tmp_path / name}",
+                                     capsys=capsys)  # fmt: skip
+            assert_one_line_error(code, out, err, "is too long", "output.path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.toml", "scan.npy"]

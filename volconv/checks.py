@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import stat
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -56,6 +58,23 @@ def check_cval(cval: object, name: str = "cval") -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite; got {value}")
     return value
+
+
+_KINDS = (
+    (stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)  # fmt: skip
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What is at ``path``, links followed, in words for a message: ``a file`` (a regular
+    one), ``a folder``, ``a FIFO (named pipe)``, a device, a socket, or ``nothing``."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "nothing"
+    return next((word for test, word in _KINDS if test(mode)), "not a regular file")
 
 
 def is_int(value: object) -> bool:

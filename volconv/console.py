@@ -74,8 +74,8 @@ def run_and_report(
             )  # fmt: skip
 
     with progress or nullcontext():
-        result = run(cfg, overwrite=overwrite, on_plan=on_plan, on_slab=on_slab,
-                     on_volume=on_volume)  # fmt: skip
+        result = run(cfg, overwrite=overwrite, report=report, on_plan=on_plan,
+                     on_slab=on_slab, on_volume=on_volume)  # fmt: skip
     name = device_name(result.device)
     table = summary_table(result.reports, name, result.peak_gflops, result.measured_peak_gflops)
     wide(console).print(table)
@@ -115,8 +115,8 @@ def batch_and_report(
             progress.update(task, advance=1)
 
     with progress or nullcontext():
-        result = run_batch(cfg, overwrite=overwrite, on_plan=on_plan, on_volume=on_volume,
-                           say=say)  # fmt: skip
+        result = run_batch(cfg, overwrite=overwrite, report=report, on_plan=on_plan,
+                           on_volume=on_volume, say=say)  # fmt: skip
     done = [r for r in result.reports if r.status == "done"]
     peak = next((r.peak_gflops for r in done), None)
     measured = next((r.measured_peak_gflops for r in done), None)
