@@ -219,3 +219,21 @@ def test_convolve_slab_rejects_a_range_that_is_not_a_slab(device):
     volume = np.zeros((10, 4, 4), np.uint8)
     with pytest.raises(ValueError, match="slab"):
         conv.convolve_slab(0, 10, volume)
+
+
+@pytest.mark.parametrize(
+    ("volume", "kernels", "cval", "name"),
+    [
+        (np.full((4, 4, 4), 1e300), np.ones((1, 3, 3, 3)), 0.0, "volume"),
+        (np.ones((4, 4, 4)), np.full((1, 3, 3, 3), 1e300), 0.0, "kernels"),
+        (np.ones((4, 4, 4)), np.ones((1, 3, 3, 3)), 1e300, "cval"),
+    ],
+)
+def test_values_beyond_float32_are_refused_not_made_inf(device, volume, kernels, cval, name):
+    # volconv computes in float32: scipy's finite result would come out inf
+    with pytest.raises(ValueError, match=rf"{name}.*float32's range"):
+        convolve_bank(volume, kernels, "constant", cval, device=device)
+    volume[0, 0, 0] = np.inf  # non-finite voxels are not "beyond the range": they propagate
+    if name == "kernels":
+        out = convolve_bank(volume, np.ones((1, 3, 3, 3)), device=device)
+        assert np.isinf(out[0, 0, 0, 0]) and np.isfinite(out[0, 3, 3, 3])

@@ -16,7 +16,14 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.boundary import extend_indices
-from volconv.checks import check_cval, check_mode, check_positive_int, docfiller
+from volconv.checks import (
+    as_float32,
+    check_cval,
+    check_mode,
+    check_positive_int,
+    docfiller,
+    fits_float32,
+)
 from volconv.device import select_device
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
@@ -38,17 +45,23 @@ def as_kernel_bank(kernels: object) -> np.ndarray:
         raise ValueError(f"kernels: every extent must be 1..{MAX_EXTENT}; got {tuple(ext)}")
     if not np.all(np.isfinite(arr)):
         raise ValueError("kernels must be finite (no NaN or inf)")
+    if not fits_float32(arr):
+        raise ValueError(
+            f"kernels hold values beyond float32's range (|v| <= 3.4e38); got "
+            f"{float(np.abs(arr).max()):g}"
+        )
     return arr.astype(np.float64)
 
 
 def native_volume(volume: np.ndarray) -> np.ndarray:
-    """The volume in a type the kernels read: native byte order, else float32."""
+    """The volume in a type the kernels read: native byte order, else float32; a ValueError
+    naming ``volume`` where a value is beyond float32's range."""
     dt = volume.dtype.newbyteorder("=")
     if dt in CL_TYPES:
         return volume.astype(dt, copy=False)
     if volume.dtype.kind == "b":
         return volume.astype(np.uint8)
-    return volume.astype(np.float32)
+    return as_float32(volume, "volume")
 
 
 def check_volume_dtype(dtype: np.dtype) -> None:

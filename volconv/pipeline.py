@@ -30,7 +30,7 @@ import pyopencl as cl
 
 import volconv
 from volconv.bank import BankError, Filter, build_bank, stack_kernels
-from volconv.checks import file_kind
+from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
 from volconv.device import DeviceError, select_device
 from volconv.io import InputError, Volume, expand_inputs, open_volume, split_spec
@@ -487,6 +487,11 @@ def _stream(
             rows = frames[t][conv.source_rows(a, b)]
         else:
             rows = volume.read_rows(conv.source_rows(a, b), t)
+        if rows.dtype.kind == "f" and rows.dtype.itemsize > 4:  # float64: what the engine
+            try:  # would convert, converted here in the reader thread, and checked
+                rows = as_float32(rows, "it")
+            except ValueError as e:
+                raise InputError(f"{job.spec}: {e}") from None
         read_seconds += time.perf_counter() - t0
         return rows
 
