@@ -8,6 +8,7 @@ inputs, forced slab depths, float16 and uint8 outputs.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -396,3 +397,15 @@ def test_input_values_beyond_float32_are_an_error_naming_the_input(tmp_path, cap
         assert code == 2, err
         assert err.count("\n") == 1 and name in err and "beyond float32's range" in err, err
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_corrupt_gzip_input_leaves_no_complete_output(tmp_path, capsys):
+    data = random_volume((16, 12, 10), "int16")
+    nib.save(nib.Nifti1Image(data, np.eye(4)), tmp_path / "a.nii")
+    packed = bytearray(gzip.compress((tmp_path / "a.nii").read_bytes(), 1))
+    packed[len(packed) // 2 : len(packed) // 2 + 64] = bytes(64)  # CRC now wrong
+    (tmp_path / "b.nii.gz").write_bytes(bytes(packed))
+    pipeline = write_pipeline(tmp_path, [{"type": "box"}], input={"paths": ["b.nii.gz"]})
+    code, _, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 2 and "b.nii.gz: the gzip stream is corrupt" in err, err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
