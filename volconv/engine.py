@@ -64,6 +64,19 @@ def native_volume(volume: np.ndarray) -> np.ndarray:
     return as_float32(volume, "volume")
 
 
+def check_out(out: object, shape: tuple[int, ...]) -> np.ndarray:
+    """``out`` of `convolve_slab`: a writeable float32 array of ``shape`` whose filter planes
+    are each contiguous (the device writes each plane whole); else a ValueError naming it."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a float32 array of shape {shape}; got {type(out).__name__}")
+    if out.shape != shape or out.dtype != np.float32:
+        got = f"{out.dtype} {out.shape}"
+        raise ValueError(f"out must be a float32 array of shape {shape}; got {got}")
+    if not (out.flags.writeable and out[0].flags.c_contiguous):
+        raise ValueError("out must be writeable, with each filter's plane out[f] contiguous")
+    return out
+
+
 def check_volume_dtype(dtype: np.dtype) -> None:
     if np.dtype(dtype).kind not in "biuf":
         raise TypeError(f"volume must be real numbers; got dtype {np.dtype(dtype)}")
@@ -201,8 +214,8 @@ class BankConvolver:
         rows = np.ascontiguousarray(native_volume(np.asarray(rows)), dtype=plan.src_dtype)
         if rows.shape != (len(needed), ny, nz):
             raise ValueError(f"rows: expected the source rows of [{a}, {b}); got {rows.shape}")
-        if out is None:
-            out = np.empty((plan.n_filters, b - a, ny, nz), np.float32)
+        shape = (plan.n_filters, b - a, ny, nz)
+        out = np.empty(shape, np.float32) if out is None else check_out(out, shape)
         if not has_nonfinite(rows):
             return self._convolve(a, b, rows, local, out)
         self._convolve(a, b, finite_part(rows), local, out)

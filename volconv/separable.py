@@ -37,7 +37,7 @@ from volconv.bank import Filter, stack_kernels
 from volconv.boundary import extend_indices, halo
 from volconv.checks import check_cval, check_mode
 from volconv.device import select_device
-from volconv.engine import BankConvolver, check_volume_dtype, native_volume
+from volconv.engine import BankConvolver, check_out, check_volume_dtype, native_volume
 from volconv.factor import Term, factorise, reconstruction_ok
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import (
@@ -558,8 +558,8 @@ class SeparableConvolver:
         rows = np.ascontiguousarray(native_volume(np.asarray(rows)), dtype=plan.src_dtype)
         if rows.shape != (len(needed), ny, nz):
             raise ValueError(f"rows: expected the source rows of [{a}, {b}); got {rows.shape}")
-        if out is None:
-            out = np.empty((plan.n_filters, depth, ny, nz), np.float32)
+        shape = (plan.n_filters, depth, ny, nz)
+        out = np.empty(shape, np.float32) if out is None else check_out(out, shape)
         # the direct groups correct non-finite voxels themselves; the passes get them as 0
         raw, nonfinite = rows, self._slots and has_nonfinite(rows)
         for idx, conv in zip(self._groups, self._direct, strict=True):
