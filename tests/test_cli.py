@@ -650,3 +650,25 @@ def test_an_output_name_too_long_is_exit_2_naming_output_path(tmp_path, scan, ca
                                      capsys=capsys)  # fmt: skip
             assert_one_line_error(code, out, err, "is too long", "output.path")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.toml", "scan.npy"]
+
+
+def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    # a real SIGINT, delivered while validate checks the inputs
+    script = (
+        "import os, signal, sys, time\n"
+        "import volconv.pipeline as p\n"
+        "def slow(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(30)\n"
+        "p.plan_jobs = slow\n"
+        "import volconv.console as c\n"
+        "c.plan_jobs = slow\n"
+        "from volconv.cli import main\n"
+        f"sys.argv = ['volconv', 'validate', {str(pipeline)!r}]\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 130, proc
+    assert proc.stderr.strip() == "error: interrupted; validate writes nothing", proc.stderr

@@ -196,6 +196,8 @@ def validate(
         show_plan(load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
     except USER_ERRORS as e:
         raise UserError(str(e)) from e
+    except KeyboardInterrupt as e:  # here: typer would turn it into a silent exit 130
+        _interrupted(e, "interrupted; validate writes nothing")
 
 
 @app.command()
@@ -317,13 +319,16 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
-def _interrupted(e: KeyboardInterrupt) -> None:
-    """Say what Ctrl-C kept and how to resume, and exit 130 at once: a kernel may still run
-    on the device in a worker thread, and waiting for it (or for the OpenCL driver's clean-up
-    at exit) is what the user interrupted."""
+_RESUME = "interrupted; outputs not marked complete were removed, rerun to resume"
+
+
+def _interrupted(e: KeyboardInterrupt, default: str = _RESUME) -> None:
+    """Say what Ctrl-C kept and how to resume (``e``'s message, else ``default``), and exit
+    130 at once: a kernel may still run on the device in a worker thread, and waiting for it
+    (or for the OpenCL driver's clean-up at exit) is what the user interrupted."""
     if _state["debug"]:
         raise e
-    message = str(e) or "interrupted; outputs not marked complete were removed, rerun to resume"
+    message = str(e) or default
     err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()
