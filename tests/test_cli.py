@@ -468,6 +468,17 @@ def test_show_draws_every_response(tmp_path, scan, capsys):
     assert_one_line_error(code, out, err, "missing.h5", "no such file")
     code, out, err = volconv("show", scan, capsys=capsys)
     assert_one_line_error(code, out, err, "scan.npy")
+    code, out, err = volconv("show", tmp_path / "out", capsys=capsys)
+    assert_one_line_error(code, out, err, "out: is a folder")
+    os.mkfifo(tmp_path / "fifo.h5")
+    code, out, err = volconv("show", tmp_path / "fifo.h5", capsys=capsys)
+    assert_one_line_error(code, out, err, "fifo.h5: is a FIFO")
+    (tmp_path / "pictures").mkdir()
+    for where, written in (("pictures", "pictures/scan.png"), ("noext", "noext")):
+        code, out, err = volconv("show", tmp_path / "out/scan.h5", "--png", tmp_path / where,
+                                 capsys=capsys)  # fmt: skip
+        assert code == 0 and out.strip() == f"wrote {tmp_path / written}", (out, err)
+        assert plt.imread(tmp_path / written, format="png").ndim == 3
 
 
 def test_devices_shows_the_probe_only_when_asked_or_cached(tmp_path, capsys, monkeypatch):
@@ -554,7 +565,8 @@ def test_uint8_output_warns_once_about_saturation(tmp_path, capsys):
                               output={"dtype": "uint8"})  # fmt: skip
     code, out, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
-    assert out.count("warning:") == 1 and "voxels of" in out and "output.scale" in out
+    assert "warning:" not in out  # warnings go to stderr, the summary lines to stdout
+    assert err.count("warning:") == 1 and "voxels of" in err and "output.scale" in err
 
 
 # -- files a run reads or writes are never replaced ----------------------------------------
@@ -672,3 +684,11 @@ def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
                           timeout=120, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 130, proc
     assert proc.stderr.strip() == "error: interrupted; validate writes nothing", proc.stderr
+
+
+def test_bench_json_to_a_folder_is_refused_before_the_work(tmp_path, capsys):
+    code, out, err = volconv("bench", "--device", DEVICE, "--size", "8", "--repeats", "1",
+                             "--sweep-n", "", "--sweep-unroll", "", "--sweep-local", "",
+                             "--json", tmp_path, capsys=capsys)  # fmt: skip
+    assert_one_line_error(code, out, err, "--json", str(tmp_path), "is a folder")
+    assert "volconv bench on" not in out

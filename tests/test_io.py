@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 from pathlib import Path
 
 import h5py
@@ -292,6 +293,12 @@ def test_a_folder_is_said_to_be_a_folder(tmp_path: Path) -> None:
             expand_inputs([pattern], tmp_path)
     with pytest.raises(InputError, match="scans: is a folder, not a volume file"):
         open_volume(tmp_path / "scans")
+    os.mkfifo(tmp_path / "pipe.npy")  # opening it would block
+    for pattern in ("pipe.npy", str(tmp_path / "pipe.npy")):
+        with pytest.raises(InputError, match=r"pipe\.npy: is a FIFO \(named pipe\), not a vol"):
+            expand_inputs([pattern], tmp_path)
+    with pytest.raises(InputError, match=r"pipe\.npy: is a FIFO"):
+        open_volume(tmp_path / "pipe.npy")
 
 
 def test_read_rows_refuses_rows_and_frames_outside(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import sys
 import typer
 from rich.console import Console
 
+from volconv.checks import file_kind
 from volconv.errors import DeviceError, NoDeviceError, OutputWriteError
 
 app = typer.Typer(
@@ -209,7 +210,9 @@ def show(
     from volconv.show import show as draw
 
     if not os.path.isfile(output):
-        raise UserError(f"{output}: no such file")
+        kind = file_kind(output)
+        raise UserError(f"{output}: " + ("no such file" if kind == "nothing" else
+                                         f"is {kind}, not a volconv output file"))  # fmt: skip
     try:
         path = draw(output, png)
     except (OSError, ValueError) as e:
@@ -268,6 +271,8 @@ def bench(
         raise UserError(str(e)) from e
     if dtype not in {str(t) for t in CL_TYPES}:
         raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(map(str, CL_TYPES))}")
+    if json_path is not None and file_kind(json_path) not in ("nothing", "a file"):
+        raise UserError(f"--json {json_path}: is {file_kind(json_path)}; give a file name")
 
     dev = select_device(device)
     if peak_only:

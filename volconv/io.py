@@ -27,6 +27,8 @@ import h5py
 import nibabel as nib
 import numpy as np
 
+from volconv.checks import file_kind
+
 # "file.h5:/group/data" -> ("file.h5", "/group/data"); the suffix keeps Windows drives and
 # colons in folder names out of it.
 _HDF5_SPEC = re.compile(r"^(?P<file>.+\.(?:h5|hdf5)):(?P<dataset>.*)$", re.IGNORECASE)
@@ -241,6 +243,8 @@ def open_volume(spec: str | Path) -> Volume:
         raise InputError(f"{name}: is a folder, not a volume file")
     if not file.exists():
         raise InputError(f"{name}: no such file")
+    if not file.is_file():  # a FIFO, a device: no volume file, and opening one may block
+        raise InputError(f"{name}: is {file_kind(file)}, not a volume file")
     with _reading(path):
         if dataset is not None or file.suffix.lower() in (".h5", ".hdf5"):
             return _open_hdf5(path, file, dataset)
@@ -465,8 +469,9 @@ def expand_inputs(patterns: list[str], base_dir: Path) -> list[str]:
         else:
             matches = [full] if os.path.isfile(full) else []
         if not matches:
-            if os.path.isdir(full):
-                raise InputError(f"{pattern}: is a folder, not a volume file (in {base_dir})")
+            if os.path.exists(full):  # a folder, a FIFO, a device
+                kind = file_kind(full)
+                raise InputError(f"{pattern}: is {kind}, not a volume file (in {base_dir})")
             what = "matches no file" if _GLOB.search(name) else "no such file"
             raise InputError(f"{pattern}: {what} (looked in {base_dir})")
         suffix = f":{dataset}" if dataset else ""
