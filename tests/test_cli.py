@@ -585,6 +585,7 @@ REPORT_TARGETS = {  # --report FILE: the words of the message
     "k/mine.npy": ["the custom kernel of bank.filter[1]"],
     "k": ["is a folder"],
     "notes.txt": ["not a volconv report", "it holds text"],
+    "oscan.h5": ["not a volconv report", "it holds a volconv output"],  # another run's
 }
 
 
@@ -593,6 +594,7 @@ def test_a_report_never_replaces_another_file(tmp_path, scan, capsys, target):
     pipeline = _kernel_pipeline(tmp_path)
     (tmp_path / "notes.txt").write_text("my notes")
     assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    (tmp_path / "out/oscan.h5").rename(tmp_path / "oscan.h5")
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     code, out, err = volconv("run", pipeline, "--overwrite", "--report", tmp_path / target,
                              capsys=capsys)  # fmt: skip

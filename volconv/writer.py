@@ -110,7 +110,7 @@ def holds(path: Path) -> str:
     if not head:
         return "an empty file"
     if h5py.is_hdf5(path):
-        return "an HDF5 file without complete = True"
+        return "a volconv output" if is_complete(path) else "an HDF5 file without complete = True"
     if head.startswith(b"\x93NUMPY"):
         return "a NumPy array (.npy)"
     if head.startswith(b"\x1f\x8b"):
