@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import nibabel as nib
 import numpy as np
 import pytest
@@ -398,6 +400,12 @@ BAD = [
         {},
         "bank.filter[0].frequncy: unknown key for a gabor filter; did you mean 'frequency'?",
     ),
+    # a sigma so small (or with order 2 so small) that the kernel is not finite in float32
+    (bad(sigma=1e-300), {}, "bank.filter[0].sigma: must be large enough for a kernel that is"),
+    (bad(sigma=1e-155, order=2), {}, "bank.filter[0].sigma: must be large enough; got 1e-155"),
+    (bad(sigma=[1, 1e-30, 1], order=[0, 2, 0]), {}, "bank.filter[0].sigma: must be large"),
+    ([{"type": "log", "sigma": 1e-200}], {}, "bank.filter[0].sigma: must be large enough"),
+    ([{"type": "dog", "sigma": 1, "sigma2": 1e-300}], {}, "bank.filter[0].sigma2: must be large"),
     ([{"type": "custom"}], {}, "bank.filter[0].path: missing"),
     ([{"type": "custom", "path": "nope.npy"}], {}, "bank.filter[0].path: no such file"),
 ]
@@ -405,9 +413,12 @@ BAD = [
 
 @pytest.mark.parametrize(("specs", "kwargs", "message"), BAD)
 def test_bad_specs_name_the_key_and_value(specs, kwargs, message):
-    with pytest.raises(BankError) as info:
+    with warnings.catch_warnings(), pytest.raises(BankError) as info:
+        warnings.simplefilter("error")  # one message, no numpy RuntimeWarning before it
         build_bank(specs, **kwargs)
-    assert str(info.value).startswith(message), str(info.value)
+    start, _, end = message.partition("; got ")  # "...; got VALUE" checks the value too
+    assert str(info.value).startswith(start), str(info.value)
+    assert str(info.value).endswith(f"; got {end}" if end else ""), str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -415,6 +426,7 @@ def test_bad_specs_name_the_key_and_value(specs, kwargs, message):
     [("k.npy", np.zeros((3, 3)), "must hold a 3D array of extents 1..31; got shape (3, 3)"),
      ("k.npy", np.zeros((3, 32, 3)), "must hold a 3D array of extents 1..31; got shape (3, 32, 3)"),
      ("k.npy", np.full((3, 3, 3), np.nan), "holds NaN or infinite values"),
+     ("k.npy", np.full((3, 3, 3), 1e300), "holds values beyond float32's range"),
      ("k.npy", np.zeros((3, 3, 3), complex), "must hold real numbers; got dtype complex128"),
      ("k.npy", b"not an array", "cannot read"),
      ("k.nii", b"not an image", "cannot read")],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -467,6 +468,17 @@ def test_show_draws_every_response(tmp_path, scan, capsys):
     assert_one_line_error(code, out, err, "missing.h5", "no such file")
     code, out, err = volconv("show", scan, capsys=capsys)
     assert_one_line_error(code, out, err, "scan.npy")
+    code, out, err = volconv("show", tmp_path / "out", capsys=capsys)
+    assert_one_line_error(code, out, err, "out: is a folder")
+    os.mkfifo(tmp_path / "fifo.h5")
+    code, out, err = volconv("show", tmp_path / "fifo.h5", capsys=capsys)
+    assert_one_line_error(code, out, err, "fifo.h5: is a FIFO")
+    (tmp_path / "pictures").mkdir()
+    for where, written in (("pictures", "pictures/scan.png"), ("noext", "noext")):
+        code, out, err = volconv("show", tmp_path / "out/scan.h5", "--png", tmp_path / where,
+                                 capsys=capsys)  # fmt: skip
+        assert code == 0 and out.strip() == f"wrote {tmp_path / written}", (out, err)
+        assert plt.imread(tmp_path / written, format="png").ndim == 3
 
 
 def test_devices_shows_the_probe_only_when_asked_or_cached(tmp_path, capsys, monkeypatch):
@@ -553,4 +565,132 @@ def test_uint8_output_warns_once_about_saturation(tmp_path, capsys):
                               output={"dtype": "uint8"})  # fmt: skip
     code, out, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
-    assert out.count("warning:") == 1 and "voxels of" in out and "output.scale" in out
+    assert "warning:" not in out  # warnings go to stderr, the summary lines to stdout
+    assert err.count("warning:") == 1 and "voxels of" in err and "output.scale" in err
+
+
+# -- files a run reads or writes are never replaced ----------------------------------------
+def _kernel_pipeline(tmp_path: Path) -> Path:
+    (tmp_path / "k").mkdir()
+    np.save(tmp_path / "k/mine.npy", np.ones((3, 3, 3)) / 27)
+    np.save(tmp_path / "oscan.npy", random_volume((6, 5, 4), "uint8"))
+    return write_pipeline(tmp_path, [*BOX, {"type": "custom", "path": "k/mine.npy"}],
+                          input={"paths": ["scan.npy", "oscan.npy"]})  # fmt: skip
+
+
+REPORT_TARGETS = {  # --report FILE: the words of the message
+    "scan.npy": ["the input", "scan.npy"],
+    "out/scan.h5": ["output.path", "the --report file"],  # found by the output check
+    "pipeline.toml": ["the pipeline file"],
+    "k/mine.npy": ["the custom kernel of bank.filter[1]"],
+    "k": ["is a folder"],
+    "notes.txt": ["not a volconv report", "it holds text"],
+    "oscan.h5": ["not a volconv report", "it holds a volconv output"],  # another run's
+}
+
+
+@pytest.mark.parametrize("target", REPORT_TARGETS, ids=list(REPORT_TARGETS))
+def test_a_report_never_replaces_another_file(tmp_path, scan, capsys, target):
+    pipeline = _kernel_pipeline(tmp_path)
+    (tmp_path / "notes.txt").write_text("my notes")
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    (tmp_path / "out/oscan.h5").rename(tmp_path / "oscan.h5")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    code, out, err = volconv("run", pipeline, "--overwrite", "--report", tmp_path / target,
+                             capsys=capsys)  # fmt: skip
+    assert_one_line_error(code, out, err, "--report", target, *REPORT_TARGETS[target])
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert "scan" not in out  # refused before any work
+    # a report is replaced by the next one
+    report = tmp_path / "r.json"
+    for _ in range(2):
+        assert volconv("run", pipeline, "--report", report, capsys=capsys)[0] == 0
+        assert "inputs" in json.loads(report.read_text())
+
+
+OUTPUT_TARGETS = {  # output.path, --report: the words of the message
+    "pipeline": ("pipeline.toml", None, ["the pipeline file"]),
+    "custom kernel": ("k/mine.npy", None, ["the custom kernel of bank.filter[1]"]),
+    "another input": ("o{stem}.npy", None, ["the input", "oscan.npy"]),  # scan.npy -> oscan.npy
+    "the report": ("out/{stem}.json", "out/scan.json", ["the --report file"]),
+}
+
+
+@pytest.mark.parametrize("case", OUTPUT_TARGETS, ids=list(OUTPUT_TARGETS))
+def test_overwrite_never_replaces_a_file_the_run_reads(tmp_path, scan, capsys, case):
+    template, report, words = OUTPUT_TARGETS[case]
+    pipeline = _kernel_pipeline(tmp_path)
+    (tmp_path / "out").mkdir()
+    if report:
+        (tmp_path / report).write_text('{"volconv_version": "0", "inputs": []}')
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    args = ["--set", f"output.path={tmp_path / template}", "--overwrite"]
+    args += ["--report", str(tmp_path / report)] if report else []
+    for command in ("validate", "run"):
+        code, out, err = volconv(command, pipeline, *args[: 3 if command == "validate" else None],
+                                 capsys=capsys)  # fmt: skip
+        if command == "validate" and report:
+            assert code == 0, err  # validate writes no report
+            continue
+        assert_one_line_error(code, out, err, "output.path", *words)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_fifo_or_device_at_the_output_path_is_refused_without_blocking(tmp_path, scan):
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "out/scan.h5")
+    nodes = [("out/scan.h5", "a FIFO")]
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "null.h5", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        nodes.append(("null.h5", "a character device"))
+    for name, words in nodes:
+        for args in (["validate"], ["run"], ["run", "--overwrite"]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "volconv", *args, str(pipeline), "--set",
+                 f"output.path={tmp_path / name}"],
+                capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            )  # fmt: skip
+            assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, name, words,
+                                  "not a regular file", "output.path")  # fmt: skip
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "out/scan.h5").st_mode)
+
+
+def test_an_output_name_too_long_is_exit_2_naming_output_path(tmp_path, scan, capsys):
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    for name in ("x" * 300 + ".h5", "y" * 300 + "/a.h5", "z" * 240 + ".h5"):
+        for command in ("validate", "run"):
+            code, out, err = volconv(command, pipeline, "--set", f"output.path={tmp_path / name}",
+                                     capsys=capsys)  # fmt: skip
+            assert_one_line_error(code, out, err, "is too long", "output.path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.toml", "scan.npy"]
+
+
+def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    # a real SIGINT, delivered while validate checks the inputs
+    script = (
+        "import os, signal, sys, time\n"
+        "import volconv.pipeline as p\n"
+        "def slow(*args, **kwargs):\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(30)\n"
+        "p.plan_jobs = slow\n"
+        "import volconv.console as c\n"
+        "c.plan_jobs = slow\n"
+        "from volconv.cli import main\n"
+        f"sys.argv = ['volconv', 'validate', {str(pipeline)!r}]\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 130, proc
+    assert proc.stderr.strip() == "error: interrupted; validate writes nothing", proc.stderr
+
+
+def test_bench_json_to_a_folder_is_refused_before_the_work(tmp_path, capsys):
+    code, out, err = volconv("bench", "--device", DEVICE, "--size", "8", "--repeats", "1",
+                             "--sweep-n", "", "--sweep-unroll", "", "--sweep-local", "",
+                             "--json", tmp_path, capsys=capsys)  # fmt: skip
+    assert_one_line_error(code, out, err, "--json", str(tmp_path), "is a folder")
+    assert "volconv bench on" not in out

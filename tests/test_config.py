@@ -71,6 +71,11 @@ def test_bank_units_is_the_default_of_its_filters(tmp_path):
         ("run", {"slab_depth": 0}, "run.slab_depth must be a positive integer"),
         ("run", {"slab_depth": True}, "run.slab_depth must be a positive integer"),
         ("run", {"devise": "cpu"}, "did you mean run.device?"),
+        # finite, but beyond float32, which volconv computes in: inf, or a division by 0
+        ("bank", {"cval": 1e308}, "bank.cval must be within float32's range"),
+        ("output", {"dtype": "uint8", "scale": 1e-300}, "output.scale must be within float32"),
+        ("output", {"dtype": "uint8", "scale": -1e39}, "output.scale must be within float32"),
+        ("output", {"dtype": "uint8", "offset": 1e308}, "output.offset must be within float32"),
     ],
 )
 def test_mistakes_name_the_key(tmp_path, section, body, words):

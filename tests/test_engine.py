@@ -253,3 +253,35 @@ def test_rows_or_frame_one_of_them(device):
         conv.convolve_slab(0, 4)
     with pytest.raises(ValueError, match="frame: expected shape"):
         conv.convolve_slab(0, 4, frame=np.zeros((4, 4, 5), np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("volume", "kernels", "cval", "name"),
+    [
+        (np.full((4, 4, 4), 1e300), np.ones((1, 3, 3, 3)), 0.0, "volume"),
+        (np.ones((4, 4, 4)), np.full((1, 3, 3, 3), 1e300), 0.0, "kernels"),
+        (np.ones((4, 4, 4)), np.ones((1, 3, 3, 3)), 1e300, "cval"),
+    ],
+)
+def test_values_beyond_float32_are_refused_not_made_inf(device, volume, kernels, cval, name):
+    # volconv computes in float32: scipy's finite result would come out inf
+    with pytest.raises(ValueError, match=rf"{name}.*float32's range"):
+        convolve_bank(volume, kernels, "constant", cval, device=device)
+    volume[0, 0, 0] = np.inf  # non-finite voxels are not "beyond the range": they propagate
+    if name == "kernels":
+        out = convolve_bank(volume, np.ones((1, 3, 3, 3)), device=device)
+        assert np.isinf(out[0, 0, 0, 0]) and np.isfinite(out[0, 3, 3, 3])
+
+
+def test_convolve_slab_refuses_an_out_of_another_shape_or_type(device):
+    kernels = random_bank(2, (3, 3, 3))
+    conv = BankConvolver(kernels, (8, 9, 10), np.float32, device=device, slab_depth=8)
+    volume = np.random.default_rng(5).random((8, 9, 10)).astype(np.float32)
+    rows = volume[conv.source_rows(0, 8)]
+    for out in (np.zeros((2, 2, 9, 10), np.float32), np.zeros((2, 8, 9, 10)),
+                np.zeros((2, 8, 9, 20), np.float32)[..., ::2], [[0.0]]):  # fmt: skip
+        with pytest.raises(ValueError, match="out must be"):
+            conv.convolve_slab(0, 8, rows, out)
+    out = np.full((2, 8, 9, 10), np.nan, np.float32)
+    assert conv.convolve_slab(0, 8, rows, out) is out
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, "reflect"))

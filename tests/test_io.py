@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 from pathlib import Path
 
 import h5py
@@ -265,6 +266,24 @@ def test_gzip_with_several_members_or_a_trailer_is_whole(tmp_path: Path) -> None
     np.testing.assert_array_equal(open_volume(file).read_rows(np.arange(40)), data)
 
 
+def test_sha256_checks_the_crc_and_size_of_every_gzip_member(tmp_path: Path) -> None:
+    data = volume((40, 30, 20))
+    file = save_nifti(nib.Nifti1Image, tmp_path / "v.nii.gz", data)
+    whole = gzip.decompress(file.read_bytes())
+    sound = gzip.compress(whole[:5000]) + gzip.compress(whole[5000:]) + bytes(7)  # zero padding
+    file.write_bytes(sound)
+    assert open_volume(file).sha256() == hashlib.sha256(sound).hexdigest()
+    damaged = bytearray(gzip.compress(whole))
+    damaged[len(damaged) // 2 : len(damaged) // 2 + 64] = bytes(64)  # the trailer is intact
+    file.write_bytes(damaged)
+    opened = open_volume(file)  # the header and the trailer's size look right
+    with pytest.raises(InputError, match=f"{file}: the gzip stream is corrupt .*data check"):
+        opened.sha256()
+    file.write_bytes(sound[: len(sound) // 2])  # cut after the volume was opened
+    with pytest.raises(InputError, match=f"{file}: the gzip stream is cut short"):
+        opened.sha256()
+
+
 def test_a_folder_is_said_to_be_a_folder(tmp_path: Path) -> None:
     (tmp_path / "scans").mkdir()
     (tmp_path / "vol.nii.gz").mkdir()
@@ -274,6 +293,12 @@ def test_a_folder_is_said_to_be_a_folder(tmp_path: Path) -> None:
             expand_inputs([pattern], tmp_path)
     with pytest.raises(InputError, match="scans: is a folder, not a volume file"):
         open_volume(tmp_path / "scans")
+    os.mkfifo(tmp_path / "pipe.npy")  # opening it would block
+    for pattern in ("pipe.npy", str(tmp_path / "pipe.npy")):
+        with pytest.raises(InputError, match=r"pipe\.npy: is a FIFO \(named pipe\), not a vol"):
+            expand_inputs([pattern], tmp_path)
+    with pytest.raises(InputError, match=r"pipe\.npy: is a FIFO"):
+        open_volume(tmp_path / "pipe.npy")
 
 
 def test_read_rows_refuses_rows_and_frames_outside(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ inputs, forced slab depths, float16 and uint8 outputs.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -378,3 +379,32 @@ def subprocess_run(args: list) -> str:
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_input_values_beyond_float32_are_an_error_naming_the_input(tmp_path, capsys):
+    big = np.full((6, 5, 4), 1.0)
+    big[3, 2, 1] = 1e300  # finite in float64; inf in float32, which volconv computes in
+    np.save(tmp_path / "big.npy", big)
+    data = np.ones((6, 5, 4), np.int16)
+    data[0, 0, 0] = 4
+    image = nib.Nifti1Image(data, np.eye(4))
+    image.header.set_slope_inter(1e38, 0)  # scaled: 1e38 * 1 fits, 1e38 * 4 does not
+    nib.save(image, tmp_path / "scaled.nii")
+    for name in ("big.npy", "scaled.nii"):
+        pipeline = write_pipeline(tmp_path, [{"type": "box"}], input={"paths": [name]})
+        code, _, err = volconv("run", pipeline, capsys=capsys)
+        assert code == 2, err
+        assert err.count("\n") == 1 and name in err and "beyond float32's range" in err, err
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_corrupt_gzip_input_leaves_no_complete_output(tmp_path, capsys):
+    data = random_volume((16, 12, 10), "int16")
+    nib.save(nib.Nifti1Image(data, np.eye(4)), tmp_path / "a.nii")
+    packed = bytearray(gzip.compress((tmp_path / "a.nii").read_bytes(), 1))
+    packed[len(packed) // 2 : len(packed) // 2 + 64] = bytes(64)  # CRC now wrong
+    (tmp_path / "b.nii.gz").write_bytes(bytes(packed))
+    pipeline = write_pipeline(tmp_path, [{"type": "box"}], input={"paths": ["b.nii.gz"]})
+    code, _, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 2 and "b.nii.gz: the gzip stream is corrupt" in err, err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

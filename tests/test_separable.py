@@ -266,3 +266,17 @@ def test_a_whole_frame_on_every_path(device, mode, order):
         conv.convolve_slab(a, b, out=out[:, a:b], frame=frame)
     assert_spec_close(out, volume, [f.kernel for f in filters],
                       reference(volume, [f.kernel for f in filters], mode, 1.0))  # fmt: skip
+
+
+def test_convolve_slab_refuses_an_out_of_another_shape_or_type(device):
+    filters = build_bank([{"type": "gaussian", "sigma": 1.0}, {"type": "box"}], 3)
+    conv = SeparableConvolver(filters, (8, 9, 10), np.float32, device=device, slab_depth=8)
+    volume = RNG.random((8, 9, 10)).astype(np.float32)
+    rows = volume[conv.source_rows(0, 8)]
+    for out in (np.zeros((2, 2, 9, 10), np.float32), np.zeros((2, 8, 9, 10))):
+        with pytest.raises(ValueError, match="out must be"):
+            conv.convolve_slab(0, 8, rows, out)
+    out = np.full((2, 8, 9, 10), np.nan, np.float32)
+    assert conv.convolve_slab(0, 8, rows, out) is out
+    kernels = [f.kernel for f in filters]
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, "reflect"))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import h5py
@@ -22,6 +24,7 @@ from volconv.writer import (
     ResponseWriter,
     check_output_path,
     chunk_shape,
+    holds,
     is_complete,
     private_prefix,
 )
@@ -530,3 +533,55 @@ def test_chunks_written_directly_read_back_in_any_reader(tmp_path, compression, 
     want = {"float32": data, "float16": data.astype(np.float16),
             "uint8": np.clip(np.rint(data), 0, 255).astype(np.uint8)}[dtype]  # fmt: skip
     np.testing.assert_array_equal(stored, want)
+
+
+def test_a_fifo_is_never_opened_nor_replaced(tmp_path: Path) -> None:
+    fifo = tmp_path / "a.h5"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.h5"
+    link.symlink_to(fifo)
+    answers: list = []
+    probe = threading.Thread(
+        target=lambda: answers.extend([is_complete(fifo), is_complete(link), holds(link)]),
+        daemon=True,
+    )
+    probe.start()
+    probe.join(10)
+    if probe.is_alive():  # opened it, blocked on it: let it go, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("a FIFO at the output path was opened")
+    assert answers == [False, False, "a FIFO (named pipe)"]
+    for overwrite in (False, True):
+        with pytest.raises(OutputError, match=r"a\.h5: is a FIFO .*, not a regular file"):
+            check_output_path(fifo)
+        with pytest.raises(OutputError, match="is a FIFO"):
+            writer(fifo, overwrite=overwrite)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    check_output_path(link)  # a link is replaced, never followed: allowed
+
+
+def test_a_name_too_long_for_the_file_system_is_an_output_error(tmp_path: Path) -> None:
+    name_max = os.pathconf(tmp_path, "PC_NAME_MAX")
+    extra = len(private_prefix(tmp_path / "a")) - 1 + 8  # the private folder's name adds these
+    longest = name_max - extra  # of a file name that its private folder's name fits
+    check_output_path(tmp_path / ("x" * (longest - 3) + ".h5"))
+    with pytest.raises(OutputError, match="file name is too long"):
+        check_output_path(tmp_path / ("x" * (longest - 2) + ".h5"))  # fits; its folder not
+    with pytest.raises(OutputError, match=r"folder name x+\.\.\. is too long"):
+        check_output_path(tmp_path / ("x" * (name_max + 1)) / "a.h5")
+    with pytest.raises(OutputError, match="is too long"):
+        writer(tmp_path / ("x" * (name_max + 1) + ".h5"))
+    assert not any(tmp_path.iterdir())
+
+
+def test_holds_says_what_a_file_is(tmp_path: Path) -> None:
+    (tmp_path / "t").write_text("[input]\n")
+    (tmp_path / "e").write_bytes(b"")
+    (tmp_path / "b").write_bytes(bytes(range(256)))
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    with h5py.File(tmp_path / "h.h5", "w"):
+        pass
+    assert [holds(tmp_path / n) for n in ("t", "e", "b", "a.npy", "h.h5", "none")] == [
+        "text", "an empty file", "binary data, not HDF5", "a NumPy array (.npy)",
+        "an HDF5 file without complete = True", "nothing",
+    ]  # fmt: skip

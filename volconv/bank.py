@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from volconv.checks import fits_float32
 from volconv.factor import Term, term
 from volconv.plan import MAX_EXTENT
 
@@ -471,6 +472,11 @@ def _custom(s: _Spec) -> _Kernels:
         )
     if not np.all(np.isfinite(kernel)):
         raise BankError(f"{key}: {str(path)!r} holds NaN or infinite values")
+    if not fits_float32(kernel):
+        raise BankError(
+            f"{key}: {str(path)!r} holds values beyond float32's range (|v| <= 3.4e38), which "
+            f"volconv computes in; got {float(np.abs(kernel).max()):g}"
+        )
     return [("", kernel.astype(np.float64))]
 
 
@@ -490,6 +496,17 @@ def _load(key: str, path: Path) -> np.ndarray:
         raise BankError(
             f"{key}: cannot read {str(path)!r} (.npy or an image nibabel loads): {e}"
         ) from None
+
+
+def _degenerate(spec: _Spec) -> BankError:
+    """The error for a generated kernel that is not finite in float32: its sigma (the smaller
+    of a dog's two) is so small (or so large) that the formula breaks down."""
+    key = "sigma" if "sigma" in spec.table else "type"  # box, sobel: finite by construction
+    small2 = "sigma2" in spec.table and np.min(spec.table["sigma2"]) < np.min(spec.table["sigma"])
+    if spec.type == "dog" and small2:
+        key = "sigma2"
+    return _fail(spec.key(key), "large enough for a kernel that is finite in float32",
+                 spec.get(key))  # fmt: skip
 
 
 _BUILDERS: dict[str, Callable[[_Spec], _Kernels]] = {
@@ -547,7 +564,11 @@ def build_bank(
     owner: dict[str, int] = {}
     for i, table in enumerate(specs):
         spec = _Spec(i, table, ctx)
-        for suffix, kernel, *factors in _BUILDERS[spec.type](spec):
+        with np.errstate(all="ignore"):  # a degenerate sigma is refused below, in one line
+            built = _BUILDERS[spec.type](spec)
+        for suffix, kernel, *factors in built:
+            if not (np.all(np.isfinite(kernel)) and fits_float32(kernel)):
+                raise _degenerate(spec)
             name = spec.name + suffix
             if name in owner:
                 raise BankError(

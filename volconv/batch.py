@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyopencl as cl
@@ -181,6 +182,7 @@ def run_batch(
     cfg: Config,
     *,
     overwrite: bool = False,
+    report: str | Path | None = None,
     on_plan: Callable[[list[Job]], None] | None = None,
     on_volume: Callable[[VolumeReport], None] | None = None,
     say: Callable[[str], None] | None = None,
@@ -195,7 +197,7 @@ def run_batch(
     specs = () if cfg.scheduler else local_devices(cfg)
     # The client plans on any device, only to check: each worker plans again for its own.
     planner = select_device(specs[0]) if specs else choose_device(cfg)
-    jobs = plan_jobs(cfg, planner, overwrite=overwrite)
+    jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
     if on_plan:
         on_plan(jobs)
     records: dict[str, VolumeReport] = {}

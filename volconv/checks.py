@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import stat
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -21,6 +23,8 @@ MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
 # m = max(|v|) over the finite voxels (and |cval| in constant mode, if larger).
 SPEC_RTOL = 1e-5
 SPEC_ATOL = 1e-6
+# volconv computes in float32: a finite value beyond this would become inf
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def closest(word: object, valid: Iterable[str]) -> str | None:
@@ -55,7 +59,45 @@ def check_cval(cval: object, name: str = "cval") -> float:
         raise TypeError(f"{name} must be a number; got {cval!r}") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite; got {value}")
+    if not fits_float32(value):
+        raise ValueError(f"{name} must be within float32's range (|{name}| <= 3.4e38); got {value}")
     return value
+
+
+def fits_float32(values: object) -> bool:
+    """Whether every finite value of ``values`` is within float32's range, which volconv
+    computes in (a cast would make a larger one inf; NaN and inf are the callers' concern)."""
+    a = np.abs(np.asarray(values, np.float64))
+    return not np.any(a[np.isfinite(a)] > FLOAT32_MAX)
+
+
+def as_float32(values: np.ndarray, name: str) -> np.ndarray:
+    """``values`` as float32; a ValueError naming ``name`` where a finite value is beyond
+    float32's range, which the cast would turn into inf (NaN and inf stay as they are)."""
+    with np.errstate(over="raise"):  # the cast's own check: no second pass over the data
+        try:
+            return values.astype(np.float32)
+        except FloatingPointError:
+            a = np.abs(np.asarray(values, np.float64))
+            big = float(a[np.isfinite(a)].max())
+    raise ValueError(f"{name} holds values beyond float32's range (|v| <= 3.4e38); got {big:g}")
+
+
+_KINDS = (
+    (stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)  # fmt: skip
+
+
+def file_kind(path: str | os.PathLike) -> str:
+    """What is at ``path``, links followed, in words for a message: ``a file`` (a regular
+    one), ``a folder``, ``a FIFO (named pipe)``, a device, a socket, or ``nothing``."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "nothing"
+    return next((word for test, word in _KINDS if test(mode)), "not a regular file")
 
 
 def is_int(value: object) -> bool:

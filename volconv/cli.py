@@ -12,6 +12,7 @@ import sys
 import typer
 from rich.console import Console
 
+from volconv.checks import file_kind
 from volconv.errors import DeviceError, NoDeviceError, OutputWriteError
 
 app = typer.Typer(
@@ -196,6 +197,8 @@ def validate(
         show_plan(load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
     except USER_ERRORS as e:
         raise UserError(str(e)) from e
+    except KeyboardInterrupt as e:  # here: typer would turn it into a silent exit 130
+        _interrupted(e, "interrupted; validate writes nothing")
 
 
 @app.command()
@@ -207,7 +210,9 @@ def show(
     from volconv.show import show as draw
 
     if not os.path.isfile(output):
-        raise UserError(f"{output}: no such file")
+        kind = file_kind(output)
+        raise UserError(f"{output}: " + ("no such file" if kind == "nothing" else
+                                         f"is {kind}, not a volconv output file"))  # fmt: skip
     try:
         path = draw(output, png)
     except (OSError, ValueError) as e:
@@ -266,6 +271,8 @@ def bench(
         raise UserError(str(e)) from e
     if dtype not in {str(t) for t in CL_TYPES}:
         raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(map(str, CL_TYPES))}")
+    if json_path is not None and file_kind(json_path) not in ("nothing", "a file"):
+        raise UserError(f"--json {json_path}: is {file_kind(json_path)}; give a file name")
 
     dev = select_device(device)
     if peak_only:
@@ -317,13 +324,16 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
-def _interrupted(e: KeyboardInterrupt) -> None:
-    """Say what Ctrl-C kept and how to resume, and exit 130 at once: a kernel may still run
-    on the device in a worker thread, and waiting for it (or for the OpenCL driver's clean-up
-    at exit) is what the user interrupted."""
+_RESUME = "interrupted; outputs not marked complete were removed, rerun to resume"
+
+
+def _interrupted(e: KeyboardInterrupt, default: str = _RESUME) -> None:
+    """Say what Ctrl-C kept and how to resume (``e``'s message, else ``default``), and exit
+    130 at once: a kernel may still run on the device in a worker thread, and waiting for it
+    (or for the OpenCL driver's clean-up at exit) is what the user interrupted."""
     if _state["debug"]:
         raise e
-    message = str(e) or "interrupted; outputs not marked complete were removed, rerun to resume"
+    message = str(e) or default
     err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()

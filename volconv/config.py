@@ -16,10 +16,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tomli_w
 
 from volconv.bank import UNITS, BankError, Filter, build_bank
-from volconv.checks import check_mode, check_positive_int, closest, parse_bytes, suggest
+from volconv.checks import (
+    check_mode,
+    check_positive_int,
+    closest,
+    fits_float32,
+    parse_bytes,
+    suggest,
+)
 from volconv.writer import COMPRESSIONS, DTYPES, OutputError, compression_options
 
 
@@ -270,6 +278,8 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
     cval = bank.get("cval", 0.0)
     if not _is_number(cval) or not math.isfinite(cval):
         raise fail(f"bank.cval must be a finite number; got {cval!r}")
+    if not fits_float32(cval):
+        raise fail(f"bank.cval must be within float32's range (|cval| <= 3.4e38); got {cval!r}")
     units = bank.get("units", "voxels")
     if units not in UNITS:
         raise fail(f"bank.units = {units!r} is not one of {', '.join(UNITS)}")
@@ -309,6 +319,12 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
             if not _is_number(v) or not math.isfinite(v) or (key == "scale" and v == 0):
                 what = "a finite non-zero number" if key == "scale" else "a finite number"
                 raise fail(f"output.{key} must be {what}; got {v!r}")
+            # quantised in float32: a scale that rounds to 0 or a subnormal divides into inf
+            tiny = key == "scale" and abs(v) < float(np.finfo(np.float32).tiny)
+            if tiny or not fits_float32(v):
+                raise fail(f"output.{key} must be within float32's range "
+                           f"({'1.2e-38 <= |scale|' if key == 'scale' else '|offset|'} <= 3.4e38); "
+                           f"got {v!r}")  # fmt: skip
 
     # [run]
     device = run.get("device", "auto")

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from volconv.batch import BatchResult
 
 
+_stderr = Console(stderr=True)  # warnings: the output of a run is its files and stdout's lines
+
+
 def run_and_report(
     cfg: Config, console: Console, *, overwrite: bool = False, report: str | Path | None = None
 ) -> RunResult | BatchResult:
@@ -66,7 +69,8 @@ def run_and_report(
         out.print(summary_line(r), highlight=False, markup=False, soft_wrap=True)
         if r.clipped and not warned:  # once a run: the cure is the same for every input
             warned = True
-            out.print(
+            # on stderr; above the progress bar on a terminal, where both streams show
+            (progress.console if progress else _stderr).print(
                 f"warning: {r.clipped} voxels of {r.output} fall outside what uint8 holds "
                 f"with scale {cfg.scale:g} and offset {cfg.offset:g} (saturated; NaN as 0); "
                 "set output.scale and output.offset to the responses' range",
@@ -74,8 +78,8 @@ def run_and_report(
             )  # fmt: skip
 
     with progress or nullcontext():
-        result = run(cfg, overwrite=overwrite, on_plan=on_plan, on_slab=on_slab,
-                     on_volume=on_volume)  # fmt: skip
+        result = run(cfg, overwrite=overwrite, report=report, on_plan=on_plan,
+                     on_slab=on_slab, on_volume=on_volume)  # fmt: skip
     name = device_name(result.device)
     table = summary_table(result.reports, name, result.peak_gflops, result.measured_peak_gflops)
     wide(console).print(table)
@@ -115,8 +119,8 @@ def batch_and_report(
             progress.update(task, advance=1)
 
     with progress or nullcontext():
-        result = run_batch(cfg, overwrite=overwrite, on_plan=on_plan, on_volume=on_volume,
-                           say=say)  # fmt: skip
+        result = run_batch(cfg, overwrite=overwrite, report=report, on_plan=on_plan,
+                           on_volume=on_volume, say=say)  # fmt: skip
     done = [r for r in result.reports if r.status == "done"]
     peak = next((r.peak_gflops for r in done), None)
     measured = next((r.measured_peak_gflops for r in done), None)

@@ -16,7 +16,14 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.boundary import extend_indices
-from volconv.checks import check_cval, check_mode, check_positive_int, docfiller
+from volconv.checks import (
+    as_float32,
+    check_cval,
+    check_mode,
+    check_positive_int,
+    docfiller,
+    fits_float32,
+)
 from volconv.device import select_device
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
@@ -38,17 +45,36 @@ def as_kernel_bank(kernels: object) -> np.ndarray:
         raise ValueError(f"kernels: every extent must be 1..{MAX_EXTENT}; got {tuple(ext)}")
     if not np.all(np.isfinite(arr)):
         raise ValueError("kernels must be finite (no NaN or inf)")
+    if not fits_float32(arr):
+        raise ValueError(
+            f"kernels hold values beyond float32's range (|v| <= 3.4e38); got "
+            f"{float(np.abs(arr).max()):g}"
+        )
     return arr.astype(np.float64)
 
 
 def native_volume(volume: np.ndarray) -> np.ndarray:
-    """The volume in a type the kernels read: native byte order, else float32."""
+    """The volume in a type the kernels read: native byte order, else float32; a ValueError
+    naming ``volume`` where a value is beyond float32's range."""
     dt = volume.dtype.newbyteorder("=")
     if dt in CL_TYPES:
         return volume.astype(dt, copy=False)
     if volume.dtype.kind == "b":
         return volume.astype(np.uint8)
-    return volume.astype(np.float32)
+    return as_float32(volume, "volume")
+
+
+def check_out(out: object, shape: tuple[int, ...]) -> np.ndarray:
+    """``out`` of `convolve_slab`: a writeable float32 array of ``shape`` whose filter planes
+    are each contiguous (the device writes each plane whole); else a ValueError naming it."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a float32 array of shape {shape}; got {type(out).__name__}")
+    if out.shape != shape or out.dtype != np.float32:
+        got = f"{out.dtype} {out.shape}"
+        raise ValueError(f"out must be a float32 array of shape {shape}; got {got}")
+    if not (out.flags.writeable and out[0].flags.c_contiguous):
+        raise ValueError("out must be writeable, with each filter's plane out[f] contiguous")
+    return out
 
 
 def frame_bytes(device: cl.Device) -> int:
@@ -371,8 +397,8 @@ class BankConvolver:
                 f"[a, b) = [{a}, {b}) is not a slab of at most {plan.slab_depth} rows in "
                 f"[0, {plan.shape[0]})"
             )
-        if out is None:
-            out = np.empty((plan.n_filters, b - a, ny, nz), np.float32)
+        shape = (plan.n_filters, b - a, ny, nz)
+        out = np.empty(shape, np.float32) if out is None else check_out(out, shape)
         rows = slab_rows(a, b, self.source_rows(a, b), plan.shape, plan.src_dtype, rows, frame)
         if rows is None:  # the frame uploads as it is: an integer type, never non-finite
             return self._convolve(a, b, out, frame=frame)

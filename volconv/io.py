@@ -27,6 +27,8 @@ import h5py
 import nibabel as nib
 import numpy as np
 
+from volconv.checks import file_kind
+
 # "file.h5:/group/data" -> ("file.h5", "/group/data"); the suffix keeps Windows drives and
 # colons in folder names out of it.
 _HDF5_SPEC = re.compile(r"^(?P<file>.+\.(?:h5|hdf5)):(?P<dataset>.*)$", re.IGNORECASE)
@@ -138,9 +140,59 @@ class Volume:
         return self._mapped
 
     def sha256(self) -> str:
-        """SHA-256 of the file's bytes (the HDF5 file for ``file.h5:/dataset``), streamed."""
+        """SHA-256 of the file's bytes (the HDF5 file for ``file.h5:/dataset``), streamed.
+
+        A gzip file (``.gz``, ``.mgz``) is also decompressed on the way, which checks the
+        CRC-32 and size in the trailer of every member: readers such as nibabel stop at the
+        data and never read the trailer, so a corrupt stream would otherwise be filtered as
+        if it were sound. The pipeline awaits this before marking an output complete.
+
+        Raises
+        ------
+        InputError
+            The gzip stream is corrupt or cut short.
+        """
+        digest = hashlib.sha256()
+        gzipped = self.file.name.lower().endswith((".gz", ".mgz"))
+        check = _GzipCheck(self.path) if gzipped else None
         with open(self.file, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+            while block := f.read(2**20):
+                digest.update(block)
+                if check is not None:
+                    check.feed(block)
+        if check is not None:
+            check.close()
+        return digest.hexdigest()
+
+
+class _GzipCheck:
+    """Decompresses a gzip stream fed block by block, only to check it: zlib verifies the
+    CRC-32 and size (ISIZE) of each member; members may follow one another, and zero bytes
+    may pad the end (as Python's gzip module allows)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.stream: zlib._Decompress | None = zlib.decompressobj(wbits=31)
+
+    def feed(self, data: bytes) -> None:
+        try:
+            while data:
+                if self.stream is None:  # between members: padding, or the next member
+                    data = data.lstrip(b"\0")
+                    if not data:
+                        return
+                    self.stream = zlib.decompressobj(wbits=31)
+                while data and not self.stream.eof:
+                    self.stream.decompress(data, 2**24)  # bounded: zeros compress 1000x
+                    data = self.stream.unconsumed_tail
+                if self.stream.eof:  # this member's trailer checked
+                    data, self.stream = self.stream.unused_data, None
+        except zlib.error as e:
+            raise InputError(f"{self.path}: the gzip stream is corrupt ({e})") from None
+
+    def close(self) -> None:
+        if self.stream is not None and not self.stream.eof:
+            raise InputError(f"{self.path}: the gzip stream is cut short (no trailer)")
 
 
 class _Permuted:
@@ -212,6 +264,8 @@ def open_volume(spec: str | Path) -> Volume:
         raise InputError(f"{name}: is a folder, not a volume file")
     if not file.exists():
         raise InputError(f"{name}: no such file")
+    if not file.is_file():  # a FIFO, a device: no volume file, and opening one may block
+        raise InputError(f"{name}: is {file_kind(file)}, not a volume file")
     with _reading(path):
         if dataset is not None or file.suffix.lower() in (".h5", ".hdf5"):
             return _open_hdf5(path, file, dataset)
@@ -447,8 +501,9 @@ def expand_inputs(patterns: list[str], base_dir: Path) -> list[str]:
         else:
             matches = [full] if os.path.isfile(full) else []
         if not matches:
-            if os.path.isdir(full):
-                raise InputError(f"{pattern}: is a folder, not a volume file (in {base_dir})")
+            if os.path.exists(full):  # a folder, a FIFO, a device
+                kind = file_kind(full)
+                raise InputError(f"{pattern}: is {kind}, not a volume file (in {base_dir})")
             what = "matches no file" if _GLOB.search(name) else "no such file"
             raise InputError(f"{pattern}: {what} (looked in {base_dir})")
         suffix = f":{dataset}" if dataset else ""

@@ -30,12 +30,13 @@ import pyopencl as cl
 
 import volconv
 from volconv.bank import BankError, Filter, build_bank, stack_kernels
+from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
 from volconv.device import DeviceError, select_device
-from volconv.io import InputError, Volume, expand_inputs, open_volume
+from volconv.io import InputError, Volume, expand_inputs, open_volume, split_spec
 from volconv.peak import fp32_peak, measured_peak
 from volconv.plan import MAX_FILTERS
-from volconv.report import VolumeReport, throughput, work_gflop
+from volconv.report import VolumeReport, is_report, throughput, work_gflop
 from volconv.separable import (
     Choice,
     SeparableConvolver,
@@ -49,7 +50,9 @@ from volconv.writer import (
     OutputExistsError,
     ResponseWriter,
     check_output_path,
+    holds,
     is_complete,
+    is_regular,
 )
 
 # The errors that are the user's: the CLI turns them into exit status 2 and one line.
@@ -120,17 +123,25 @@ def output_path(cfg: Config, volume: Volume) -> Path:
     return Path(os.path.normpath(path if path.is_absolute() else cfg.base_dir / path))
 
 
-def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> list[Job]:
+def plan_jobs(
+    cfg: Config, device: cl.Device, *, overwrite: bool = False, report: str | Path | None = None
+) -> list[Job]:
     """Open every input's header, build its bank, plan it and check its output path.
 
     Every mistake of the user's raises here, before any work: a bad input, a bank too large,
     two inputs writing one output, an output path that holds something else, or a complete
-    output made from another input or bank (unless ``overwrite``).
+    output made from another input or bank (unless ``overwrite``), an output or ``report``
+    path naming a file the run reads or writes (never replaced, whatever ``overwrite``).
     """
     try:
         specs = expand_inputs(list(cfg.paths), cfg.base_dir)
     except InputError as e:
         raise PipelineError(f"{cfg.source}: input.paths: {e}") from None
+    claimed = claimed_files(cfg, specs)
+    # what no output may replace: the files the run reads, and its report
+    taken = (
+        {**claimed, Path(report).resolve(): f"the --report file {report}"} if report else claimed
+    )
     banks: dict[tuple[float, ...], tuple[list[Filter], np.ndarray]] = {}
     choices: dict[int, list[Choice]] = {}
     jobs: list[Job] = []
@@ -155,18 +166,14 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
                 f"and {spec}; {hint}"
             )
         seen[out] = spec
-        if out.resolve() == Path(volume.file).resolve():
-            raise PipelineError(f"{cfg.source}: output.path = {cfg.output!r} is the input {spec}")
-        if out.is_dir():
-            raise PipelineError(f"output {out} is a folder (output.path = {cfg.output!r})")
-        check_output_path(out)  # a read-only or unwritable folder, found before any work
+        check_output(cfg, out, taken)
         job = Job(spec, volume, filters, kernels, plan, out, complete=False)
         fit_host_memory(job, cfg, device)
         if out.exists() and not overwrite:
             if not is_complete(out):
                 raise PipelineError(
-                    f"output {out} exists and is not a complete volconv output; "
-                    "move it away or pass --overwrite"
+                    f"output {out} exists and is not a complete volconv output (it holds "
+                    f"{holds(out)}); move it away or pass --overwrite to replace it"
                 )
             if differs := differences(job, cfg):
                 raise PipelineError(
@@ -175,7 +182,51 @@ def plan_jobs(cfg: Config, device: cl.Device, *, overwrite: bool = False) -> lis
                 )
             job.complete = True
         jobs.append(job)
+    if report is not None:  # an output at the report's path was refused above
+        check_report_path(Path(report), claimed)
     return jobs
+
+
+def claimed_files(cfg: Config, specs: list[str]) -> dict[Path, str]:
+    """The files a run reads, which no output or report of it may replace, each resolved
+    (links followed) with what it is in words: the pipeline file, its custom kernels and
+    every input."""
+    claimed = {cfg.source.resolve(): f"the pipeline file {cfg.source}"}
+    for i, table in enumerate(cfg.filters):
+        if table.get("type") == "custom" and isinstance(table.get("path"), str):
+            kernel = cfg.base_dir / Path(table["path"]).expanduser()
+            claimed[kernel.resolve()] = f"the custom kernel of bank.filter[{i}] ({kernel})"
+    for spec in specs:
+        claimed[Path(split_spec(spec)[0]).resolve()] = f"the input {spec}"
+    return claimed
+
+
+def check_output(cfg: Config, out: Path, claimed: dict[Path, str]) -> None:
+    """Refuse an output path that cannot be written or that names a file the run reads (or
+    its report): never replaced, --overwrite or not."""
+    try:
+        check_output_path(out)  # a folder, a FIFO, a name too long, an unwritable folder
+    except OutputError as e:
+        raise OutputError(f"{e} (output.path = {cfg.output!r})") from None
+    if (what := claimed.get(out.resolve())) is not None:
+        raise PipelineError(
+            f"{cfg.source}: output.path = {cfg.output!r} gives {out}, which is {what}; "
+            "volconv never replaces it"
+        )
+
+
+def check_report_path(report: Path, claimed: dict[Path, str]) -> None:
+    """Refuse a ``--report`` file that would replace a file the run reads or writes, or
+    anything but a volconv report: it is written after the work, so check it before."""
+    if (what := claimed.get(report.resolve())) is not None:
+        raise PipelineError(f"--report {report}: is {what}; give the report another name")
+    if os.path.lexists(report) and not os.path.islink(report) and not is_regular(report):
+        raise PipelineError(f"--report {report}: is {file_kind(report)}; give a file name")
+    if is_regular(report) and not is_report(report):
+        raise PipelineError(
+            f"--report {report}: exists and is not a volconv report (it holds "
+            f"{holds(report)}); move it away or give another name"
+        )
 
 
 # Page-locked slab buffers per convolver: one the device downloads into while the writer
@@ -350,6 +401,7 @@ def run(
     cfg: Config,
     *,
     overwrite: bool = False,
+    report: str | Path | None = None,
     on_plan: Callable[[list[Job]], None] | None = None,
     on_slab: Callable[[Job], None] | None = None,
     on_volume: Callable[[VolumeReport], None] | None = None,
@@ -358,9 +410,10 @@ def run(
 
     ``on_plan`` sees the jobs before any compute (for a progress total), ``on_slab`` is called
     after each slab and ``on_volume`` with each input's report, skipped ones included.
+    ``report``, the file the caller writes the run's report to, is checked with the outputs.
     """
     device = choose_device(cfg)
-    jobs = plan_jobs(cfg, device, overwrite=overwrite)
+    jobs = plan_jobs(cfg, device, overwrite=overwrite, report=report)
     result = RunResult(device, *peaks(device))
     if on_plan:
         on_plan(jobs)
@@ -434,12 +487,21 @@ def _stream(
         if job.whole_frames:
             if t not in frames:
                 frames.clear()
-                frames[t] = volume.read_frame(t)
+                frames[t] = narrowed(volume.read_frame(t))
             given = {"frame": frames[t]}
         else:
-            given = {"rows": volume.read_rows(conv.source_rows(a, b), t)}
+            given = {"rows": narrowed(volume.read_rows(conv.source_rows(a, b), t))}
         read_seconds += time.perf_counter() - t0
         return given
+
+    def narrowed(data: np.ndarray) -> np.ndarray:
+        """float64 as the engine would convert it, converted here, once, and checked."""
+        if data.dtype.kind != "f" or data.dtype.itemsize <= 4:
+            return data
+        try:
+            return as_float32(data, "it")
+        except ValueError as e:
+            raise InputError(f"{job.spec}: {e}") from None
 
     writer = ResponseWriter(
         job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,

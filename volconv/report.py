@@ -100,6 +100,20 @@ def write_json(doc: Any, path: str | Path) -> None:
         raise
 
 
+def is_report(path: str | Path) -> bool:
+    """Whether the regular file ``path`` holds a volconv report (`report_json`): a JSON
+    document with ``volconv_version`` and ``inputs``, which a rerun may replace."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(1) != b"{":  # not JSON: a binary file is not parsed whole
+                return False
+            f.seek(0)
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "volconv_version" in doc and "inputs" in doc
+
+
 @dataclass
 class VolumeReport:
     """One input of a run: where it went, the throughput record and seconds per stage."""

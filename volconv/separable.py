@@ -40,6 +40,7 @@ from volconv.device import select_device
 from volconv.engine import (
     BankConvolver,
     Padder,
+    check_out,
     check_volume_dtype,
     frame_bytes,
     native_volume,
@@ -559,8 +560,8 @@ class SeparableConvolver:
             )
         needed = self.source_rows(a, b)
         rows = slab_rows(a, b, needed, plan.shape, plan.src_dtype, rows, frame)
-        if out is None:
-            out = np.empty((plan.n_filters, depth, ny, nz), np.float32)
+        shape = (plan.n_filters, depth, ny, nz)
+        out = np.empty(shape, np.float32) if out is None else check_out(out, shape)
         # the direct groups correct non-finite voxels themselves; the passes get them as 0
         raw, nonfinite = rows, bool(self._slots) and rows is not None and has_nonfinite(rows)
         for idx, conv in zip(self._groups, self._direct, strict=True):

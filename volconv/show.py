@@ -31,7 +31,7 @@ def central_slices(responses: h5py.Dataset, index: int) -> list[np.ndarray]:
 
 def show(output: str | Path, png: str | Path | None = None) -> Path:
     """Draw the central slices of every response of ``output`` into ``png`` (default: the
-    output's name with ``.png``) and return its path."""
+    output's name with ``.png``; in a folder ``png``, that name there) and return its path."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -39,6 +39,8 @@ def show(output: str | Path, png: str | Path | None = None) -> Path:
 
     output = Path(output)
     png = Path(png) if png else output.with_suffix(".png")
+    if png.is_dir():  # a folder: the picture goes in it, named after the output
+        png = png / output.with_suffix(".png").name
     with h5py.File(output, "r") as f:
         if "responses" not in f or not f.attrs.get("complete", False):
             raise ValueError(f"{output}: not a complete volconv output")
@@ -59,6 +61,6 @@ def show(output: str | Path, png: str | Path | None = None) -> Path:
         source = f.attrs.get("source", "")
         fig.suptitle(f"{output.name} ({source})", fontsize=10)
         fig.tight_layout()
-        fig.savefig(png, dpi=80)
+        fig.savefig(png, dpi=80, format="png")  # at ``png`` itself, whatever its suffix
         plt.close(fig)
     return png

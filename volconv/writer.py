@@ -33,6 +33,7 @@ import h5py
 import numpy as np
 
 from volconv import __version__
+from volconv.checks import file_kind
 from volconv.errors import OutputError, OutputExistsError, OutputWriteError
 
 __all__ = ["OutputError", "OutputExistsError", "OutputWriteError", "ResponseWriter"]
@@ -93,8 +94,19 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(_cores(), thread_name_prefix="volconv-encode")
 
 
+def is_regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file (links followed): the only kind volconv ever opens
+    as an output, since opening a FIFO blocks and a device is no file to read."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # missing, a name too long, a loop of links
+        return False
+
+
 def is_complete(path: Path) -> bool:
     """Whether ``path`` is an HDF5 file whose root attribute ``complete`` is true."""
+    if not is_regular(path):
+        return False
     try:
         with h5py.File(path, "r") as f:
             flag = f.attrs.get("complete")
@@ -102,6 +114,73 @@ def is_complete(path: Path) -> bool:
         # killed writer's file can fail with KeyError "bad object header version number")
         return False
     return isinstance(flag, bool | np.bool_) and bool(flag)
+
+
+def holds(path: Path) -> str:
+    """What the file at ``path`` holds, in a few words for a message (``text``, ``a NumPy
+    array``, ``an HDF5 file without complete = True``); only a regular file is opened."""
+    if not is_regular(path):
+        return file_kind(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError as e:
+        return f"a file volconv cannot read ({_cause(e)})"
+    if not head:
+        return "an empty file"
+    if h5py.is_hdf5(path):
+        return "a volconv output" if is_complete(path) else "an HDF5 file without complete = True"
+    if head.startswith(b"\x93NUMPY"):
+        return "a NumPy array (.npy)"
+    if head.startswith(b"\x1f\x8b"):
+        return "gzip data"
+    try:
+        head.decode("utf-8")  # a multi-byte character cut at 512 bytes reads as binary
+    except UnicodeDecodeError:
+        return "binary data, not HDF5"
+    return "text"
+
+
+def _check_kind(path: Path) -> None:
+    """Refuse a path that holds something other than a regular file, a link or nothing:
+    replacing a FIFO, a device or a socket is never what an output is for."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode) or stat.S_ISDIR(mode)):
+        raise OutputError(
+            f"{path}: is {file_kind(path)}, not a regular file; volconv replaces only files"
+        )
+
+
+# mkdtemp's random part of a private folder's name
+_RANDOM_CHARS = 8
+
+
+def _check_name_length(path: Path, folder: Path) -> None:
+    """Refuse a name longer than the file system takes, counting the private folder's name
+    (`private_prefix`) that the file is written in first; ``folder`` exists."""
+    try:
+        name_max = os.pathconf(folder, "PC_NAME_MAX")
+        path_max = os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in path.parts[1:-1]:
+        if len(os.fsencode(part)) > name_max:
+            raise OutputError(
+                f"{path}: the folder name {part[:40]}... is too long "
+                f"({len(os.fsencode(part))} bytes; the file system takes {name_max})"
+            )
+    private = len(os.fsencode(private_prefix(path))) + _RANDOM_CHARS
+    if private > name_max:
+        extra = private - len(os.fsencode(path.name))
+        raise OutputError(
+            f"{path}: the file name is too long ({len(os.fsencode(path.name))} bytes; the file "
+            f"system takes {name_max}, and volconv's temporary folder beside it adds {extra})"
+        )
+    if len(os.fsencode(str(path.parent))) + 2 + private + len(os.fsencode(path.name)) >= path_max:
+        raise OutputError(f"{path}: the path is too long (the file system takes {path_max} bytes)")
 
 
 def check_output_path(path: Path) -> None:
@@ -113,14 +192,17 @@ def check_output_path(path: Path) -> None:
     Raises
     ------
     OutputError
-        ``path`` is a folder, an ancestor is a file, or the folder cannot be written.
+        ``path`` is a folder, a FIFO, a device or a socket, an ancestor is a file, a name is
+        longer than the file system takes, or the folder cannot be written.
     """
     path = Path(os.path.abspath(path))
-    if path.is_dir():
-        raise OutputError(f"{path}: is a folder; the output must be a file path")
     folder = path.parent
     while not os.path.lexists(folder):
         folder = folder.parent
+    _check_name_length(path, folder)
+    if os.path.isdir(path):
+        raise OutputError(f"{path}: is a folder; the output must be a file path")
+    _check_kind(path)
     if not folder.is_dir():
         raise OutputError(f"{path}: cannot create it, {folder} is not a folder")
     if os.statvfs(folder).f_flag & os.ST_RDONLY:
@@ -456,8 +538,7 @@ class ResponseWriter:
             self._folder = None
 
     def _check_path(self, overwrite: bool) -> None:
-        if self.path.is_dir():
-            raise OutputError(f"{self.path}: is a folder; the output must be a file path")
+        check_output_path(self.path)  # a folder, a FIFO, a name too long: before creating
         if self.path.exists() and not overwrite:
             what = (
                 "is already complete"
