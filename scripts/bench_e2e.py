@@ -46,7 +46,7 @@ def read_floor(path: Path) -> float:
     """Seconds for nibabel (numpy for .npy) to read the whole input, best of three."""
     if path.suffix == ".npy":
         return best_of(3, lambda: np.load(path))
-    return best_of(3, lambda: np.asarray(nib.load(path).dataobj))
+    return best_of(3, lambda: np.array(nib.load(path).dataobj))  # a copy: read, not mapped
 
 
 def write_floor(like: Path, compression: str, folder: Path) -> dict[str, float]:

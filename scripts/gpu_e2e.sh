@@ -14,4 +14,6 @@ echo "== demo"; python3 scripts/bench_e2e.py --device nvidia --dtypes float32,fl
   --out $local --json "$OUT/e2e-demo.json" 2>&1 | grep -v Warning
 echo "== 1024^3"; timeout 420 python3 scripts/bench_e2e.py --device nvidia --size 1024 \
   --dtypes float16 --out $local --json "$OUT/e2e-1024.json" 2>&1 | grep -v Warning
+echo "== separable"; timeout 300 python3 scripts/bench_separable.py --device nvidia --repeats 3 \
+  --json "$OUT/separable.json" 2>&1 | grep -v "Warning\|^ "
 exit 0
