@@ -67,10 +67,9 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
 
 def _direct_codec(filters: dict) -> Callable[[np.ndarray], bytes] | None:
     """The bytes HDF5 would store for a chunk under ``filters`` (see `compression_options`),
-    where volconv can make them itself: none, and shuffle + deflate (gzip-N); None for the
-    codecs only HDF5's filter plugins make."""
-    if not filters:
-        return lambda block: np.ascontiguousarray(block).tobytes()
+    where making them on every core pays: shuffle + deflate (gzip-N); None otherwise."""
+    # Uncompressed chunks are not among them: h5py's own write of whole chunks was faster
+    # (H100 node: 0.35 s against 0.57 s for 512 MiB, benchmarks/results/h100-e2e-*).
     if filters.get("compression") == "gzip" and filters.get("shuffle"):
         level = int(filters.get("compression_opts", 1))
 
@@ -454,8 +453,8 @@ class ResponseWriter:
         try:
             chunks = chunk_shape((n, *self.shape), slab_depth, self.dtype.itemsize)
             self._responses = self._layout(names, kernels, extents, chunks, filters, boundary, cval)
-            # Chunks we can encode ourselves go to the file with write_direct_chunk, compressed
-            # on every core: HDF5 copies each chunk through its cache otherwise, on one core.
+            # gzip chunks are compressed on every core and go to the file with
+            # write_direct_chunk: HDF5 would compress them on one core.
             self._direct = _direct_codec(filters)
         except BaseException:
             self._discard()
