@@ -3,11 +3,7 @@
 # through pipelines/demo.toml with --devices all against one device, float32 and float16, onto
 # the node's local disk, beside two raw h5py writers. Results into $OUT.
 set -u
-: "${OUT:?set OUT}"
-mkdir -p /etc/OpenCL/vendors
-echo libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD VOLCONV_CACHE_DIR=/tmp/volconv-cache
+source scripts/gpu_env.sh
 nvidia-smi -L
 python3 -m volconv devices --probe 2>&1 | grep -E "^[0-9]|FMA"
 timeout 540 python3 scripts/bench_batch.py --out /tmp/vb --devices all --inputs 16 \

@@ -3,11 +3,7 @@
 # scan (float32, float16) and on a synthetic 1024^3 uint8 scan to float16 (16 GiB out), onto
 # the node's local disk; the separable bench with the GPU cost model. Results into $OUT.
 set -u
-: "${OUT:?set OUT}"
-mkdir -p /etc/OpenCL/vendors
-echo libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD VOLCONV_CACHE_DIR=/tmp/volconv-cache
+source scripts/gpu_env.sh
 local=/tmp/e2e; mkdir -p $local; df -h /tmp | tail -1
 python3 -m volconv devices --probe > /dev/null 2>&1  # the probe cached, as a user's node has it
 echo "== demo"; python3 scripts/bench_e2e.py --device nvidia --dtypes float32,float16 \

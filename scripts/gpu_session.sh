@@ -4,11 +4,7 @@
 # end to end (float32 and float16). Results into $OUT. Needs .whl/ (pyopencl and friends for
 # the node's Python) and data/mni152_t1_256.nii carried along.
 set -u
-: "${OUT:?set OUT}"
-mkdir -p /etc/OpenCL/vendors
-echo libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=/tmp/site:$PWD VOLCONV_CACHE_DIR=/tmp/volconv-cache
+source scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv > "$OUT/nvidia-smi.txt" 2>&1
 step() { echo "== $1 ($(date +%T))"; }
 step devices; python3 -m volconv devices --probe 2>&1 | tee "$OUT/devices.txt"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -275,8 +276,40 @@ class Padder:
         return (ny * nz, nz, 1) if frame.flags.c_contiguous else (1, n, n * ny)
 
 
+class SlabConvolver:
+    """What every convolver shares (`BankConvolver`, `volconv.separable.SeparableConvolver`):
+    slabs along axis 0 of ``plan.slab_depth`` rows, and page-locked buffers to download them
+    into. Subclasses set ``plan`` (``shape``, ``slab_depth``, ``n_filters``), ``ctx`` and
+    ``queue``."""
+
+    plan: Any
+    ctx: cl.Context
+    queue: cl.CommandQueue
+
+    def slabs(self) -> Iterator[tuple[int, int]]:
+        """Output row ranges ``[a, b)`` along axis 0, in order."""
+        n0, depth = self.plan.shape[0], self.plan.slab_depth
+        for a in range(0, n0, depth):
+            yield a, min(a + depth, n0)
+
+    def pinned_slab(self) -> np.ndarray:
+        """A float32 ``(N, slab_depth, ny, nz)`` array in page-locked host memory.
+
+        Pass ``out=pinned[:, : b - a]`` to `convolve_slab`: downloads into pinned memory run
+        at the bus's speed, into fresh pageable memory at a fraction of it (2.5 GB/s on the
+        H100 node). The mapping lives as long as the array.
+        """
+        plan = self.plan
+        shape = (plan.n_filters, plan.slab_depth, *plan.shape[1:])
+        mf = cl.mem_flags
+        buf = cl.Buffer(self.ctx, mf.READ_WRITE | mf.ALLOC_HOST_PTR, 4 * int(np.prod(shape)))
+        flags = cl.map_flags.READ | cl.map_flags.WRITE
+        array, _ = cl.enqueue_map_buffer(self.queue, buf, flags, 0, shape, np.float32)
+        return array
+
+
 @docfiller
-class BankConvolver:
+class BankConvolver(SlabConvolver):
     """A planned, compiled bank convolution for volumes of one shape and type.
 
     Parameters
@@ -361,12 +394,6 @@ class BankConvolver:
         self._out = cl.Buffer(ctx, mf.WRITE_ONLY, sizes["responses"])
 
     # -- slabs -------------------------------------------------------------------------
-    def slabs(self) -> Iterator[tuple[int, int]]:
-        """Output row ranges ``[a, b)`` along axis 0, in order."""
-        n0, depth = self.plan.shape[0], self.plan.slab_depth
-        for a in range(0, n0, depth):
-            yield a, min(a + depth, n0)
-
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows (axis 0) that output rows ``[a, b)`` read."""
         return self.padder.source_rows(a, b)
@@ -446,21 +473,6 @@ class BankConvolver:
                               ("download", t_down)):  # fmt: skip
             self.timings[stage] += sum(e.profile.end - e.profile.start for e in events) * 1e-9
         return out
-
-    def pinned_slab(self) -> np.ndarray:
-        """A float32 ``(N, slab_depth, ny, nz)`` array in page-locked host memory.
-
-        Pass ``out=pinned[:, : b - a]`` to `convolve_slab`: downloads into pinned memory run
-        at the bus's speed, into fresh pageable memory at a fraction of it (2.5 GB/s on the
-        H100 node). The mapping lives as long as the array.
-        """
-        plan = self.plan
-        shape = (plan.n_filters, plan.slab_depth, *plan.shape[1:])
-        mf = cl.mem_flags
-        buf = cl.Buffer(self.ctx, mf.READ_WRITE | mf.ALLOC_HOST_PTR, 4 * int(np.prod(shape)))
-        flags = cl.map_flags.READ | cl.map_flags.WRITE
-        array, _ = cl.enqueue_map_buffer(self.queue, buf, flags, 0, shape, np.float32)
-        return array
 
     def _launch_passes(self, depth: int) -> list[cl.Event]:
         """Enqueue one bank_conv launch per pass over the padded slab of ``depth`` rows."""

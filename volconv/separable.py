@@ -40,6 +40,7 @@ from volconv.device import select_device
 from volconv.engine import (
     BankConvolver,
     Padder,
+    SlabConvolver,
     check_out,
     check_volume_dtype,
     frame_bytes,
@@ -374,7 +375,7 @@ def make_separable_plan(
     return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
 
 
-class SeparableConvolver:
+class SeparableConvolver(SlabConvolver):
     """A bank convolution that takes the separable path where the plan says so.
 
     Same slab interface as `BankConvolver`: `slabs`, `source_rows`, `convolve_slab`,
@@ -523,12 +524,6 @@ class SeparableConvolver:
                 yield from mid.children.values()
 
     # -- slabs -------------------------------------------------------------------------
-    def slabs(self) -> Iterator[tuple[int, int]]:
-        """Output row ranges ``[a, b)`` along axis 0, in order."""
-        n0, depth = self.plan.shape[0], self.plan.slab_depth
-        for a in range(0, n0, depth):
-            yield a, min(a + depth, n0)
-
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows (axis 0) that output rows ``[a, b)`` read, for every filter."""
         plan = self.plan
@@ -663,17 +658,6 @@ class SeparableConvolver:
                 glob = (-(-nz // v), ny, -(-rows // u))
                 events.append(cl.enqueue_nd_range_kernel(queue, knl, glob, None))
         return events
-
-    def pinned_slab(self) -> np.ndarray:
-        """A float32 ``(N, slab_depth, ny, nz)`` array in page-locked host memory (see
-        `BankConvolver.pinned_slab`)."""
-        plan = self.plan
-        shape = (plan.n_filters, plan.slab_depth, *plan.shape[1:])
-        mf = cl.mem_flags
-        buf = cl.Buffer(self.ctx, mf.READ_WRITE | mf.ALLOC_HOST_PTR, 4 * int(np.prod(shape)))
-        flags = cl.map_flags.READ | cl.map_flags.WRITE
-        array, _ = cl.enqueue_map_buffer(self.queue, buf, flags, 0, shape, np.float32)
-        return array
 
     def time_kernel(self, a: int, b: int, repeats: int = 10) -> np.ndarray:
         """Seconds of the filtering kernels alone (passes and direct groups) for output rows
