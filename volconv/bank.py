@@ -11,7 +11,6 @@ without moving any kernel's centre.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from volconv.checks import fits_float32
+from volconv.checks import closest, fits_float32
 from volconv.factor import Term, term
 from volconv.plan import MAX_EXTENT
 
@@ -280,8 +279,8 @@ def _size(key: str, value: object) -> tuple[int, int, int]:
 
 
 def _suggest(word: object, valid: Sequence[str]) -> str:
-    close = difflib.get_close_matches(str(word), valid, n=1)
-    return f"did you mean {close[0]!r}?" if close else f"one of {', '.join(valid)}"
+    near = closest(word, valid)  # the one closest-name rule (volconv.checks)
+    return f"did you mean {near!r}?" if near else f"one of {', '.join(valid)}"
 
 
 @dataclass

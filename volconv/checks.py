@@ -29,7 +29,7 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def closest(word: object, valid: Iterable[str]) -> str | None:
     """The valid name closest to ``word`` (a typo's likely meaning), or None."""
-    close = difflib.get_close_matches(str(word), list(valid), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(str(word), list(valid), n=1, cutoff=0.6)
     return close[0] if close else None
 
 

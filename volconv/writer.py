@@ -33,7 +33,7 @@ import h5py
 import numpy as np
 
 from volconv import __version__
-from volconv.checks import file_kind
+from volconv.checks import check_positive_int, file_kind
 from volconv.errors import OutputError, OutputExistsError, OutputWriteError
 
 __all__ = ["OutputError", "OutputExistsError", "OutputWriteError", "ResponseWriter"]
@@ -487,8 +487,7 @@ class ResponseWriter:
             raise OutputError(
                 f"scale must be finite and nonzero, offset finite; got {scale}, {offset}"
             )
-        if not (isinstance(slab_depth, int | np.integer) and slab_depth >= 1):
-            raise ValueError(f"slab_depth must be a positive integer; got {slab_depth!r}")
+        check_positive_int(slab_depth, "slab_depth")
 
     def _check_extents(self, extents: np.ndarray | None, kernels: np.ndarray) -> np.ndarray:
         common = np.array(kernels.shape[1:], np.int64)
