@@ -694,3 +694,16 @@ def test_bench_json_to_a_folder_is_refused_before_the_work(tmp_path, capsys):
                              "--json", tmp_path, capsys=capsys)  # fmt: skip
     assert_one_line_error(code, out, err, "--json", str(tmp_path), "is a folder")
     assert "volconv bench on" not in out
+
+
+def test_help_loads_neither_opencl_nor_numpy():
+    """`volconv --help` answers without the heavy imports (a fast start, issue 10)."""
+    code = (
+        "import sys\nfrom volconv import cli\nsys.argv = ['volconv', '--help']\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('numpy', 'pyopencl', 'h5py', 'nibabel') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

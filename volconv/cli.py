@@ -12,7 +12,6 @@ import sys
 import typer
 from rich.console import Console
 
-from volconv.checks import file_kind
 from volconv.errors import DeviceError, NoDeviceError, OutputWriteError
 
 app = typer.Typer(
@@ -210,6 +209,8 @@ def show(
     from volconv.show import show as draw
 
     if not os.path.isfile(output):
+        from volconv.checks import file_kind  # numpy: not for --help
+
         kind = file_kind(output)
         raise UserError(f"{output}: " + ("no such file" if kind == "nothing" else
                                          f"is {kind}, not a volconv output file"))  # fmt: skip
@@ -271,6 +272,8 @@ def bench(
         raise UserError(str(e)) from e
     if dtype not in {str(t) for t in CL_TYPES}:
         raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(map(str, CL_TYPES))}")
+    from volconv.checks import file_kind
+
     if json_path is not None and file_kind(json_path) not in ("nothing", "a file"):
         raise UserError(f"--json {json_path}: is {file_kind(json_path)}; give a file name")
 
