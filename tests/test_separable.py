@@ -280,3 +280,20 @@ def test_convolve_slab_refuses_an_out_of_another_shape_or_type(device):
     assert conv.convolve_slab(0, 8, rows, out) is out
     kernels = [f.kernel for f in filters]
     assert_spec_close(out, volume, kernels, reference(volume, kernels, "reflect"))
+
+
+def test_the_pass_shape_and_cost_model_follow_the_device_kind():
+    """GPUs get narrow vectors (coalesced loads) and costlier passes than CPUs, as measured."""
+    from test_plan import fake_device
+
+    from volconv.separable import PASS_SHAPE, make_separable_plan
+
+    filters = build_bank([{"type": "gaussian", "sigma": 3.5, "size": 23}], 7)
+    for gpu, kind in ((True, "gpu"), (False, "cpu")):
+        plan = make_separable_plan(filters, (32, 32, 32), np.uint8, "reflect", 0.0,
+                                   fake_device(gpu=gpu))  # fmt: skip
+        assert (plan.vector_width, plan.rows) == PASS_SHAPE[kind]
+        assert plan.choices[0].path == "separable"  # 23^3 is separable on both
+    small = build_bank([{"type": "gaussian", "sigma": 1.0, "size": 5}], 5)
+    assert plan_bank(small, kind="cpu")[0].path == "separable"
+    assert plan_bank(small, kind="gpu")[0].path == "direct"  # 125 taps: the direct kernel

@@ -69,13 +69,17 @@ PATHS = ("direct", "separable", "low-rank")
 #     tap 0.019 ns, a pass 0.37 ns at 3 taps .. 2.3-2.6 at 23-31 -> 12 + 3 per tap.
 #   GPUs: H100, OpenCL (benchmarks/results/h100-separable.json): a direct tap 0.046 ps, a pass
 #     6.4 ps + 0.69 ps per tap -> 140 + 15 per tap. The direct kernel runs near the FP32 peak
-#     while the passes are bound by memory, so a GPU takes them only for wide filters (7^3
-#     Gaussians stay direct: 343 taps against 3 passes of 245).
-PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (140.0, 15.0)}  # (PASS_FIXED, PASS_PER_TAP)
+#     while the passes are bound by memory, so a GPU takes them for wider filters than a CPU.
+#     Those passes ran at V = 16; at the GPU's own V = 2, U = 4 they are 2.9x faster (the
+#     sweep above), so the GPU's constants are the fit divided by 2.9: 48 + 5.2 per tap.
+PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (48.0, 5.2)}  # (PASS_FIXED, PASS_PER_TAP)
 MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 
-VECTOR_WIDTH = 16  # outputs per work-item along axis 2 (PoCL: 16 beat 8 by 20 %)
-ROWS = 4  # outputs per work-item along axis 0 in pass_out (PoCL: 4 beat 1, 2 and 8)
+# Outputs per work-item of the passes along axis 2 (the vector width V) and along axis 0 in
+# pass_out (rows U), per kind of device. CPUs (PoCL): V = 16 beat 8 by 20 %, U = 4 beat 1, 2
+# and 8. GPUs (H100, benchmarks/results/h100-separable-sweep.json): V = 2, U = 4 ran the
+# ilastik bank in 8.9 ms against 25.5 ms at V = 16 (wide vectors do not coalesce there).
+PASS_SHAPE = {"cpu": (16, 4), "gpu": (2, 4)}  # (V, U)
 MID_ROWS = 2  # ... and along axis 1 in pass_mid (1 and 4 were no faster on PoCL)
 BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab (blocks of 8..64: slower)
 
@@ -311,8 +315,8 @@ def make_separable_plan(
     choices: Sequence[Choice] | None = None,
     slab_depth: int | None = None,
     memory_budget: int | None = None,
-    vector_width: int = VECTOR_WIDTH,
-    rows: int = ROWS,
+    vector_width: int | None = None,
+    rows: int | None = None,
     block_rows: int = BLOCK_ROWS,
     stream: bool = False,
     **overrides: object,
@@ -327,9 +331,12 @@ def make_separable_plan(
     check_volume_dtype(dtype)
     if len(shape) != 3 or min(shape) < 1:
         raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
+    kind = device_kind(device)
+    vector_width = PASS_SHAPE[kind][0] if vector_width is None else vector_width
+    rows = PASS_SHAPE[kind][1] if rows is None else rows
     if vector_width not in (1, 2, 4, 8, 16):
         raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
-    choices = tuple(plan_bank(filters, kind=device_kind(device)) if choices is None else choices)
+    choices = tuple(plan_bank(filters, kind=kind) if choices is None else choices)
     if len(choices) != len(entries):
         raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
     shape = tuple(int(s) for s in shape)
@@ -414,8 +421,8 @@ class SeparableConvolver(SlabConvolver):
         choices: Sequence[Choice] | None = None,
         slab_depth: int | None = None,
         memory_budget: int | None = None,
-        vector_width: int = VECTOR_WIDTH,
-        rows: int = ROWS,
+        vector_width: int | None = None,
+        rows: int | None = None,
         block_rows: int = BLOCK_ROWS,
         **overrides: object,
     ) -> None:
