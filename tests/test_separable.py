@@ -185,7 +185,9 @@ def test_equal_factors_are_shared_and_work_is_counted(device):
                        (0, 0, 2), (1, 1, 0), (1, 0, 1), (0, 1, 1)]]  # fmt: skip
     specs += [{"type": "log", "sigma": 1.0, "size": 7}, {"type": "dog", "sigma": 1.0, "size": 7}]
     shape = (16, 12, 20)
-    conv = SeparableConvolver(build_bank(specs), shape, np.uint8, device=device)
+    bank = build_bank(specs)
+    conv = SeparableConvolver(bank, shape, np.uint8, device=device,
+                              choices=plan_bank(bank, force="separable"))  # fmt: skip
     assert conv.pass_counts == (4, 7, 11)
     assert conv.engines == ["separable"]
     assert conv.gflop == pytest.approx(2 * 12 * 343 * np.prod(shape) / 1e9)
