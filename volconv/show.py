@@ -60,7 +60,8 @@ def show(output: str | Path, png: str | Path | None = None) -> Path:
             axes[i][0].set_title(f"{name}: {lo:.4g} .. {hi:.4g}", loc="left", fontsize=9)
         source = f.attrs.get("source", "")
         fig.suptitle(f"{output.name} ({source})", fontsize=10)
-        fig.tight_layout()
+        height = fig.get_size_inches()[1]
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / height))  # room for the title above
         fig.savefig(png, dpi=80, format="png")  # at ``png`` itself, whatever its suffix
         plt.close(fig)
     return png
