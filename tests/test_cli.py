@@ -486,7 +486,7 @@ def test_devices_shows_the_probe_only_when_asked_or_cached(tmp_path, capsys, mon
     code, out, _ = volconv("devices", capsys=capsys)
     assert code == 0 and "FP32 peak" in out and "FMA probe" not in out  # no probe by itself
     code, out, _ = volconv("devices", "--probe", capsys=capsys)
-    assert code == 0 and "FMA probe" in out and "measured now" in out
+    assert code == 0 and "FMA probe" in out and "measured now" in out and "GB/s" in out
     code, out, _ = volconv("devices", capsys=capsys)
     assert code == 0 and "(cached; --probe measures again)" in out
 

@@ -166,6 +166,10 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
         assert f.attrs["gflop"] == pytest.approx(gflop)
         assert 0 < executed <= padded * (1 + 1e-9)
         assert set(f.attrs["engine"].split(",")) <= {"fp32", "separable"}
+        if "separable" in f.attrs["engine"]:  # memory-bound passes: their bandwidth
+            assert f.attrs["bandwidth_gbps"] > 0
+        else:
+            assert math.isnan(f.attrs["bandwidth_gbps"])
         np.testing.assert_array_equal(f["kernels"].attrs["extents"], own)
         assert f.attrs["gflops"] == pytest.approx(gflop / f.attrs["kernel_seconds"])
         for peak, fraction in (("peak_gflops", "fraction_of_peak"),

@@ -61,3 +61,12 @@ def test_write_json_replaces_atomically(tmp_path):
     write_json({"a": 2}, path)
     assert json.loads(path.read_text()) == {"a": 2}
     assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_memory_bound_passes_record_their_bandwidth():
+    r = throughput(2.0, 0.5, 1.0, 10.0, executed_gflop=0.4, engine="separable",
+                   kernel_bytes=4e9, measured_bandwidth_gbps=16.0)  # fmt: skip
+    assert r["bandwidth_gbps"] == pytest.approx(8.0)
+    assert r["fraction_of_bandwidth"] == pytest.approx(0.5)
+    plain = throughput(2.0, 0.5, 1.0, 10.0)  # the direct kernel alone: compute-bound
+    assert math.isnan(plain["bandwidth_gbps"]) and math.isnan(plain["fraction_of_bandwidth"])

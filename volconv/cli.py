@@ -85,7 +85,7 @@ def devices(
 ) -> None:
     """Every OpenCL platform and device with its theoretical FP32 peak."""
     from volconv.device import list_devices, missing_platform_help, select_device
-    from volconv.peak import measured_peak
+    from volconv.peak import measured_bandwidth, measured_peak
     from volconv.report import format_gflops
 
     found = list_devices()
@@ -113,10 +113,15 @@ def devices(
             soft_wrap=True,
         )
         console.print(f"      FP32 peak  {d.peak}  ({d.peak.how})", highlight=False, soft_wrap=True)
-        measured = measured_peak(select_device(d.spec), refresh=probe, probe=probe)
+        dev = select_device(d.spec)
+        measured = measured_peak(dev, refresh=probe, probe=probe)
+        copy = measured_bandwidth(dev, refresh=probe, probe=probe)
+        how = "measured now" if probe else "cached; --probe measures again"
         if measured is not None:
-            how = "measured now" if probe else "cached; --probe measures again"
             console.print(f"      FMA probe  {format_gflops(measured)}  ({how})", highlight=False,
+                          soft_wrap=True)  # fmt: skip
+        if copy is not None:
+            console.print(f"      copy       {copy:.1f} GB/s  ({how})", highlight=False,
                           soft_wrap=True)  # fmt: skip
 
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -358,22 +360,63 @@ def measured_peak(
     ``probe=False`` only the cache is read (None when it has no entry): `volconv run` records
     the probe's rate when known and never spends seconds measuring it.
     """
+    return _measured(device, "", probe_fma, "gflops", refresh, probe, cache_dir)
+
+
+def measured_bandwidth(
+    device: cl.Device,
+    *,
+    refresh: bool = False,
+    probe: bool = True,
+    cache_dir: Path | None = None,
+) -> float | None:
+    """The device's copy bandwidth in GB/s (bytes read plus written), cached beside the FMA
+    probe's rate and read the same way (see `measured_peak`): what the memory-bound separable
+    passes are measured against."""
+    return _measured(device, " | copy", probe_copy, "gbps", refresh, probe, cache_dir)
+
+
+def _measured(
+    device: cl.Device,
+    suffix: str,
+    measure: Callable[[cl.Device], dict[str, object]],
+    field: str,
+    refresh: bool,
+    probe: bool,
+    cache_dir: Path | None,
+) -> float | None:
     path = (cache_dir or default_cache_dir()) / "peak.json"
-    key = _cache_key(device)
+    key = _cache_key(device) + suffix
     if not refresh and (hit := _read_cache(path).get(key)):
-        return float(hit["gflops"])
+        return float(hit[field])
     if not probe:
         return None
     try:
-        entry = probe_fma(device)
-    except cl.Error as e:  # a driver that cannot build or run the probe: peak unknown
-        log.warning("FMA probe failed on %s: %s", device.name.strip(), e)
+        entry = measure(device)
+    except cl.Error as e:  # a driver that cannot build or run the probe: unknown
+        log.warning("probe %s failed on %s: %s", measure.__name__, device.name.strip(), e)
         return None
     entry["measured"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     cache = _read_cache(path)  # re-read: another process may have added a device
     cache[key] = entry
     write_json(cache, path)  # atomic: a reader never sees half a file
-    return float(entry["gflops"])
+    return float(entry[field])
+
+
+def probe_copy(device: cl.Device, repeats: int = 3) -> dict[str, object]:
+    """Best of ``repeats`` device-to-device copies of up to 256 MiB, in GB/s counting the
+    bytes read and written (the memory traffic a pass over the same data makes)."""
+    ctx, queue = context_for(device)
+    n = int(min(256 << 20, device.max_mem_alloc_size // 2))
+    src = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, n)
+    dst = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, n)
+    cl.enqueue_fill_buffer(queue, src, np.uint8(1), 0, n).wait()
+    best = math.inf
+    for _ in range(repeats + 1):  # the first is a warm-up
+        event = cl.enqueue_copy(queue, dst, src)
+        event.wait()
+        best = min(best, (event.profile.end - event.profile.start) * 1e-9)
+    return {"gbps": 2 * n / best / 1e9, "bytes": n}
 
 
 def fp32_peak(device: cl.Device, measured_gflops: float | None) -> Peak:

@@ -43,13 +43,17 @@ def throughput(
     *,
     executed_gflop: float | None = None,
     engine: str = "fp32",
+    kernel_bytes: float = 0.0,
+    measured_bandwidth_gbps: float | None = None,
 ) -> dict[str, Any]:
     """The record SPEC.md stores.
 
     ``gflop`` is the useful work (`work_gflop`) and ``gflops`` how fast it came; the fractions
     of peak count ``executed_gflop``, what the kernels actually computed (the padded bank on
     the direct path, fewer flops on a separable one), so they say how well the hardware was
-    used. ``executed_gflop`` defaults to ``gflop``.
+    used. ``executed_gflop`` defaults to ``gflop``. Passes bound by memory (the separable
+    ones) move ``kernel_bytes``: the record then holds the bandwidth they reached and its
+    fraction of the device's measured copy bandwidth (NaN where none ran, or unknown).
     """
     executed = float(gflop if executed_gflop is None else executed_gflop)
     gflops = gflop / kernel_seconds if kernel_seconds > 0 else math.nan
@@ -57,6 +61,10 @@ def throughput(
     peak = math.nan if peak_gflops is None else float(peak_gflops)
     # beside it, as SPEC.md says: what an FMA probe reached on this device (NaN: unknown)
     measured = math.nan if measured_peak_gflops is None else float(measured_peak_gflops)
+    bandwidth = (
+        kernel_bytes / kernel_seconds / 1e9 if kernel_bytes and kernel_seconds > 0 else math.nan
+    )
+    copy = math.nan if measured_bandwidth_gbps is None else float(measured_bandwidth_gbps)
     return {
         "gflop": float(gflop),
         "executed_gflop": executed,
@@ -68,6 +76,8 @@ def throughput(
         "measured_peak_gflops": measured,
         "fraction_of_measured_peak": executed_rate / measured if measured > 0 else math.nan,
         "engine": engine,
+        "bandwidth_gbps": bandwidth,
+        "fraction_of_bandwidth": bandwidth / copy if copy > 0 else math.nan,
     }
 
 
@@ -137,6 +147,8 @@ class VolumeReport:
     measured_peak_gflops: float = math.nan
     fraction_of_measured_peak: float = math.nan
     engine: str = ""
+    bandwidth_gbps: float = math.nan
+    fraction_of_bandwidth: float = math.nan
     reason: str = ""  # why an input was skipped or failed
     clipped: int = 0  # voxels a uint8 output could not hold (saturated, or NaN stored as 0)
     stages: dict[str, float] = field(default_factory=dict)
