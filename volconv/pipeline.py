@@ -89,7 +89,7 @@ class Job:
 
     @property
     def shape3(self) -> tuple[int, int, int]:
-        return tuple(int(s) for s in self.volume.shape[:3])  # type: ignore[return-value]
+        return spatial_shape(self.volume)
 
     @property
     def n_slabs(self) -> int:
@@ -153,7 +153,7 @@ def plan_jobs(
             choices[id(filters)] = plan_bank(filters, kind=device_kind(device))
         try:
             plan = make_separable_plan(
-                filters, job_shape(volume), volume.dtype, cfg.boundary, cfg.cval, device,
+                filters, spatial_shape(volume), volume.dtype, cfg.boundary, cfg.cval, device,
                 choices=choices[id(filters)], slab_depth=cfg.slab_depth, stream=True,
             )  # fmt: skip
         except ValueError as e:
@@ -278,7 +278,8 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, on_cpu)
 
 
-def job_shape(volume: Volume) -> tuple[int, int, int]:
+def spatial_shape(volume: Volume) -> tuple[int, int, int]:
+    """(x, y, z) of a 3D or 4D volume: what each frame's convolution sees."""
     return tuple(int(s) for s in volume.shape[:3])  # type: ignore[return-value]
 
 
@@ -421,12 +422,12 @@ def run(
     convolvers = Convolvers(cfg, device)
     with stop_on_ctrl_c(result.reports):
         for job in jobs:
-            report = interruptible(
+            record = interruptible(
                 run_one, cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab
             )
-            result.reports.append(report)
+            result.reports.append(record)
             if on_volume:
-                on_volume(report)
+                on_volume(record)
     return result
 
 
