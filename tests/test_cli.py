@@ -707,3 +707,19 @@ def test_help_loads_neither_opencl_nor_numpy():
                           cwd=ROOT, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_show_never_writes_over_what_is_not_a_picture(tmp_path, scan, capsys):
+    pipeline = write_pipeline(tmp_path, BOX)
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    output = tmp_path / "out" / "scan.h5"
+    before = {p: p.read_bytes() for p in (output, scan)}
+    for target, words in ((output, ".png"), (scan, ".png"), (tmp_path / "x.txt", ".png")):
+        code, out, err = volconv("show", output, "--png", target, capsys=capsys)
+        assert_one_line_error(code, out, err, str(target), words)
+    (tmp_path / "fake.png").write_text("not a picture")
+    code, out, err = volconv("show", output, "--png", tmp_path / "fake.png", capsys=capsys)
+    assert_one_line_error(code, out, err, "is not a PNG")
+    assert {p: p.read_bytes() for p in (output, scan)} == before
+    assert volconv("show", output, "--png", tmp_path / "a.png", capsys=capsys)[0] == 0
+    assert volconv("show", output, "--png", tmp_path / "a.png", capsys=capsys)[0] == 0  # redraw

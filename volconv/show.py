@@ -29,6 +29,14 @@ def central_slices(responses: h5py.Dataset, index: int) -> list[np.ndarray]:
     return [p.astype(np.float32) * np.float32(scale) + np.float32(offset) for p in planes]
 
 
+def _is_png(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False
+
+
 def show(output: str | Path, png: str | Path | None = None) -> Path:
     """Draw the central slices of every response of ``output`` into ``png`` (default: the
     output's name with ``.png``; in a folder ``png``, that name there) and return its path."""
@@ -41,6 +49,10 @@ def show(output: str | Path, png: str | Path | None = None) -> Path:
     png = Path(png) if png else output.with_suffix(".png")
     if png.is_dir():  # a folder: the picture goes in it, named after the output
         png = png / output.with_suffix(".png").name
+    if png.suffix.lower() not in (".png", ""):
+        raise ValueError(f"--png {png}: give a name ending in .png")
+    if png.exists() and not _is_png(png):  # never write over anything but an earlier picture
+        raise ValueError(f"--png {png}: exists and is not a PNG; give another name")
     with h5py.File(output, "r") as f:
         if "responses" not in f or not f.attrs.get("complete", False):
             raise ValueError(f"{output}: not a complete volconv output")
@@ -62,6 +74,6 @@ def show(output: str | Path, png: str | Path | None = None) -> Path:
         fig.suptitle(f"{output.name} ({source})", fontsize=10)
         height = fig.get_size_inches()[1]
         fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / height))  # room for the title above
-        fig.savefig(png, dpi=80, format="png")  # at ``png`` itself, whatever its suffix
+        fig.savefig(png, dpi=80, format="png")
         plt.close(fig)
     return png
