@@ -130,6 +130,26 @@ def direct_record(filters, vol, device, rows: int) -> dict:
     }
 
 
+def apply_spec(nd, xp, vol, spec: dict, out, tmp) -> None:
+    """``spec``'s filter by ``nd``'s own separable filters (scipy.ndimage or
+    cupyx.scipy.ndimage, arrays of ``xp``) into ``out``, reflect mode, scipy's truncation."""
+    size = int(spec["size"])
+    sigma = float(spec.get("sigma", 1))
+    kw = {"mode": "reflect", "truncate": (size // 2) / sigma}
+    if spec["type"] == "box":
+        nd.uniform_filter(vol, size, output=out, mode="reflect")
+    elif spec["type"] == "gaussian":
+        nd.gaussian_filter(vol, sigma, order=spec.get("order", 0), output=out, **kw)
+    elif spec["type"] == "log":
+        nd.gaussian_laplace(vol, sigma, output=out, **kw)
+    else:  # dog: two Gaussians, subtracted
+        sigma2 = float(spec["sigma2"])
+        nd.gaussian_filter(vol, sigma, output=out, **kw)
+        nd.gaussian_filter(vol, sigma2, output=tmp, mode="reflect",
+                           truncate=(size // 2) / sigma2)  # fmt: skip
+        xp.subtract(out, tmp, out=out)
+
+
 def scipy_record(specs, filters, vol, buf, last) -> dict:
     """scipy.ndimage's separable filters for each spec (uint8 in, float32 out), timed, and the
     largest error of our last slab against them in units of SPEC's tolerance."""
@@ -139,22 +159,8 @@ def scipy_record(specs, filters, vol, buf, last) -> dict:
     seconds, worst = 0.0, 0.0
     vmax = float(np.abs(vol).max())
     for f, (spec, flt) in enumerate(zip(specs, filters, strict=True)):
-        size = int(spec["size"])
-        sigma = float(spec.get("sigma", 1))
-        kw = {"mode": "reflect", "truncate": (size // 2) / sigma}
         t = time.perf_counter()
-        if spec["type"] == "box":
-            ndi.uniform_filter(vol, size, output=out, mode="reflect")
-        elif spec["type"] == "gaussian":
-            ndi.gaussian_filter(vol, sigma, order=spec.get("order", 0), output=out, **kw)
-        elif spec["type"] == "log":
-            ndi.gaussian_laplace(vol, sigma, output=out, **kw)
-        else:  # dog: two Gaussians, subtracted
-            sigma2 = float(spec["sigma2"])
-            ndi.gaussian_filter(vol, sigma, output=out, **kw)
-            ndi.gaussian_filter(vol, sigma2, output=tmp, mode="reflect",
-                                truncate=(size // 2) / sigma2)  # fmt: skip
-            np.subtract(out, tmp, out=out)
+        apply_spec(ndi, np, vol, spec, out, tmp)
         seconds += time.perf_counter() - t
         tol = spec_tolerance(flt.kernel, vmax)
         err = float(np.abs(buf[f, : b - a].astype(np.float64) - out[a:b]).max())
@@ -177,21 +183,7 @@ def cupyx_record(specs, vol, repeats: int) -> dict | None:
 
     def bank() -> None:
         for spec in specs:
-            size = int(spec["size"])
-            sigma = float(spec.get("sigma", 1))
-            kw = {"mode": "reflect", "truncate": (size // 2) / sigma}
-            if spec["type"] == "box":
-                cndi.uniform_filter(v, size, output=out, mode="reflect")
-            elif spec["type"] == "gaussian":
-                cndi.gaussian_filter(v, sigma, order=spec.get("order", 0), output=out, **kw)
-            elif spec["type"] == "log":
-                cndi.gaussian_laplace(v, sigma, output=out, **kw)
-            else:
-                sigma2 = float(spec["sigma2"])
-                cndi.gaussian_filter(v, sigma, output=out, **kw)
-                cndi.gaussian_filter(v, sigma2, output=tmp, mode="reflect",
-                                     truncate=(size // 2) / sigma2)  # fmt: skip
-                cp.subtract(out, tmp, out=out)
+            apply_spec(cndi, cp, v, spec, out, tmp)
 
     bank()  # warm-up: compiles
     best = math.inf

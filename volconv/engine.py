@@ -28,7 +28,7 @@ from volconv.checks import (
 from volconv.device import select_device
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
-from volconv.programs import build, context_for
+from volconv.programs import build, context_for, device_seconds
 from volconv.report import work_gflop
 
 
@@ -471,7 +471,7 @@ class BankConvolver(SlabConvolver):
         cl.wait_for_events(t_down)
         for stage, events in (("upload", t_up), ("pad", [t_pad]), ("kernel", t_conv),
                               ("download", t_down)):  # fmt: skip
-            self.timings[stage] += sum(e.profile.end - e.profile.start for e in events) * 1e-9
+            self.timings[stage] += device_seconds(events)
         return out
 
     def _launch_passes(self, depth: int) -> list[cl.Event]:
@@ -502,7 +502,7 @@ class BankConvolver(SlabConvolver):
         for r in range(repeats):
             events = self._launch_passes(b - a)
             cl.wait_for_events(events)
-            seconds[r] = sum(e.profile.end - e.profile.start for e in events) * 1e-9
+            seconds[r] = device_seconds(events)
         return seconds
 
     @property

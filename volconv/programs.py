@@ -39,3 +39,8 @@ def build(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]) -
     source, options and device."""
     options = [f"-D{k}={v}" for k, v in defines]
     return cl.Program(ctx, kernel_source(name)).build(options=options)
+
+
+def device_seconds(events: list[cl.Event]) -> float:
+    """Seconds ``events`` ran on the device, summed (OpenCL profiling counters)."""
+    return sum(e.profile.end - e.profile.start for e in events) * 1e-9

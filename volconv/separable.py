@@ -57,7 +57,7 @@ from volconv.plan import (
     pad_dtype_for,
     streaming_depth,
 )
-from volconv.programs import build, context_for
+from volconv.programs import build, context_for, device_seconds
 from volconv.report import work_gflop
 
 PATHS = ("direct", "separable", "low-rank")
@@ -595,7 +595,7 @@ class SeparableConvolver(SlabConvolver):
         cl.wait_for_events(t_down)
         for stage, events in (("upload", t_up), ("pad", [t_pad]), ("kernel", t_pass),
                               ("download", t_down)):  # fmt: skip
-            self.timings[stage] += sum(e.profile.end - e.profile.start for e in events) * 1e-9
+            self.timings[stage] += device_seconds(events)
         if nonfinite:
             self._correct(a, b, raw, needed, out)
         return out
@@ -677,7 +677,7 @@ class SeparableConvolver(SlabConvolver):
             for r in range(repeats):
                 events = self._launch_passes(b - a)
                 cl.wait_for_events(events)
-                seconds[r] += sum(e.profile.end - e.profile.start for e in events) * 1e-9
+                seconds[r] += device_seconds(events)
         return seconds
 
     # -- work --------------------------------------------------------------------------
