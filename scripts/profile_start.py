@@ -1,0 +1,96 @@
+"""Where a `volconv run` process spends its time before and after the in-run wall.
+
+    python scripts/profile_start.py PIPELINE [--device D] [--json OUT.json]
+
+Runs, in one go: `python -c pass`, the whole `volconv run` process (twice: the first fills
+caches), and then the same run phase by phase in this process (each import, load, device,
+plan, peaks, program build, the run itself), so the gap between the process and the in-run
+wall can be read off. Prints a table; ``--json`` saves it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def process_seconds(args: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pipeline")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    dev = ["--device", a.device] if a.device else []
+    report = Path(tempfile.mkdtemp()) / "report.json"
+    cmd = [sys.executable, "-m", "volconv", "run", a.pipeline, "--overwrite", *dev]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)  # caches
+    out: dict = {"python_pass": min(process_seconds([sys.executable, "-c", "pass"]) for _ in "12")}
+    out["process"] = min(process_seconds([*cmd, "--report", str(report)]) for _ in "12")
+    out["in_run_wall"] = json.loads(report.read_text())["total"]["wall_seconds"]
+
+    phases: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def mark(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        phases[name] = now - t
+        t = now
+
+    import numpy  # noqa: F401
+
+    mark("import numpy")
+    import pyopencl  # noqa: F401
+
+    mark("import pyopencl")
+    import h5py  # noqa: F401
+
+    mark("import h5py")
+    import nibabel  # noqa: F401
+
+    mark("import nibabel")
+    import volconv.cli  # noqa: F401
+
+    mark("import volconv.cli (typer, rich)")
+    from volconv import config, console, pipeline  # noqa: F401
+
+    mark("import volconv.config, pipeline, console")
+    cfg = config.load(a.pipeline, (), device=a.device)
+    mark("load pipeline")
+    device = pipeline.choose_device(cfg)
+    mark("choose device (platforms, context)")
+    jobs = pipeline.plan_jobs(cfg, device, overwrite=True, report=None)
+    mark("plan jobs")
+    result = pipeline.RunResult(device, *pipeline.peaks(device))
+    mark("peaks (cache)")
+    convolvers = pipeline.Convolvers(cfg, device)
+    for job in jobs:
+        convolvers.get(job)
+    mark("build programs, pinned buffers")
+    for job in jobs:
+        pipeline.run_one(cfg, job, convolvers, result, overwrite=True)
+    mark("run (in-run walls)")
+    out["phases"] = phases
+    out["process_minus_in_run"] = out["process"] - out["in_run_wall"]
+    out["process_minus_in_run_minus_pass"] = out["process_minus_in_run"] - out["python_pass"]
+    for k, v in phases.items():
+        print(f"{v * 1000:8.1f} ms  {k}")
+    for k in ("python_pass", "process", "in_run_wall", "process_minus_in_run"):
+        print(f"{out[k] * 1000:8.1f} ms  {k}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
