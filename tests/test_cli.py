@@ -723,3 +723,25 @@ def test_show_never_writes_over_what_is_not_a_picture(tmp_path, scan, capsys):
     assert {p: p.read_bytes() for p in (output, scan)} == before
     assert volconv("show", output, "--png", tmp_path / "a.png", capsys=capsys)[0] == 0
     assert volconv("show", output, "--png", tmp_path / "a.png", capsys=capsys)[0] == 0  # redraw
+
+
+def test_the_program_leaves_at_once_with_every_line_file_and_status(tmp_path):
+    """`volconv` skips the interpreter's teardown (a fast start, issue 10): what it printed,
+    its report and its outputs are whole, and the exit status is kept."""
+    np.save(tmp_path / "a.npy", random_volume((8, 9, 10), "uint8"))
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["a.npy"]})
+    report = tmp_path / "report.json"
+    args = [sys.executable, "-m", "volconv", "run", str(pipeline), "--device", DEVICE]
+    done = subprocess.run([*args, "--report", str(report)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    last = " ".join(done.stdout.split()[-12:])  # the device line ends the table, flushed
+    assert "FP32 peak" in last and last.endswith("GFLOP/s"), done.stdout
+    assert json.loads(report.read_text())["inputs"][0]["status"] == "done"
+    with check_output(tmp_path / "out" / "a.h5", np.load(tmp_path / "a.npy").astype(float)):
+        pass
+    again = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 0 and "skipped" in again.stdout, again
+    missing = subprocess.run([*args[:4], str(tmp_path / "nope.toml")], capture_output=True,
+                             text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    assert missing.returncode == 2 and missing.stderr.startswith("error: "), missing

@@ -1,6 +1,6 @@
 """``python -m volconv``: the same command line as ``volconv``."""
 
-from volconv.cli import main
+from volconv.cli import entry_point
 
 if __name__ == "__main__":
-    main()
+    entry_point()
