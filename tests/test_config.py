@@ -82,3 +82,13 @@ def test_mistakes_name_the_key(tmp_path, section, body, words):
     with pytest.raises(PipelineError, match=None) as e:
         load(write_pipeline(tmp_path, [{"type": "box"}], **{section: body}))
     assert words in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_a_byte_order_mark_is_not_an_error(tmp_path):
+    """Editors on Windows start UTF-8 files with a BOM; tomllib alone rejects it."""
+    plain = write_pipeline(tmp_path, [{"type": "box"}])
+    marked = tmp_path / "bom.toml"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    with pytest.raises(tomllib.TOMLDecodeError):
+        tomllib.loads(marked.read_text(encoding="utf-8"))
+    assert load(marked).filters == load(plain).filters

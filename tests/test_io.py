@@ -362,3 +362,14 @@ def test_3d_minc_keeps_its_axes() -> None:
     data = np.asarray(nib.load(file).dataobj)
     assert vol.shape == data.shape
     np.testing.assert_array_equal(vol.read_rows(np.arange(vol.shape[0])), data)
+
+
+def test_a_file_named_like_a_glob_is_that_file(tmp_path: Path) -> None:
+    for name in ("[x].npy", "scan*.npy", "a?.npy"):
+        np.save(tmp_path / name, np.zeros((2, 2, 2), np.uint8))
+    np.save(tmp_path / "x.npy", np.ones((2, 2, 2), np.uint8))  # what "[x].npy" globs to
+    assert expand_inputs(["[x].npy"], tmp_path) == [str(tmp_path / "[x].npy")]
+    assert expand_inputs(["scan*.npy"], tmp_path) == [str(tmp_path / "scan*.npy")]
+    assert len(expand_inputs(["*.npy"], tmp_path)) == 4  # a glob is still a glob
+    with pytest.raises(InputError, match=r"\[y\]\.npy: matches no file"):
+        expand_inputs(["[y].npy"], tmp_path)

@@ -99,7 +99,7 @@ def load(
     if not path.is_file():
         raise PipelineError(f"pipeline file is not a file: {path}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # an editor's byte-order mark is not TOML
     except (OSError, UnicodeDecodeError) as e:
         raise PipelineError(f"{path}: cannot read the pipeline file ({e})") from None
     try:

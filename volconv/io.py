@@ -483,7 +483,7 @@ def expand_inputs(patterns: list[str], base_dir: Path) -> list[str]:
     ----------
     patterns : list of str
         Files or globs (``*``, ``?``, ``[...]``, ``**``), relative to ``base_dir`` unless
-        absolute; an HDF5 dataset suffix (``"scans/*.h5:/data"``) is kept on every match.
+        absolute; a name that is a file is that file, whatever its characters; an HDF5 dataset suffix (``"scans/*.h5:/data"``) is kept on every match.
     base_dir : Path
         The folder relative paths start from (the pipeline file's folder).
 
@@ -496,10 +496,12 @@ def expand_inputs(patterns: list[str], base_dir: Path) -> list[str]:
     for pattern in patterns:
         name, dataset = split_spec(pattern)
         full = os.path.join(base_dir, os.path.expanduser(name))
-        if _GLOB.search(name):
+        if os.path.isfile(full):  # a file is itself, even named "[x].npy"
+            matches = [full]
+        elif _GLOB.search(name):
             matches = [m for m in glob.glob(full, recursive=True) if os.path.isfile(m)]
         else:
-            matches = [full] if os.path.isfile(full) else []
+            matches = []
         if not matches:
             if os.path.exists(full):  # a folder, a FIFO, a device
                 kind = file_kind(full)
