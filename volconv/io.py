@@ -483,7 +483,8 @@ def expand_inputs(patterns: list[str], base_dir: Path) -> list[str]:
     ----------
     patterns : list of str
         Files or globs (``*``, ``?``, ``[...]``, ``**``), relative to ``base_dir`` unless
-        absolute; a name that is a file is that file, whatever its characters; an HDF5 dataset suffix (``"scans/*.h5:/data"``) is kept on every match.
+        absolute; a name that is a file is that file, whatever its characters; an HDF5
+        dataset suffix (``"scans/*.h5:/data"``) is kept on every match.
     base_dir : Path
         The folder relative paths start from (the pipeline file's folder).
 
