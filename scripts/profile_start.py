@@ -79,6 +79,9 @@ def main() -> None:
         convolvers.get(job)
     mark("build programs, pinned buffers")
     for job in jobs:
+        convolvers.get(job)[0].pinned_slab()
+    mark("one more pinned slab buffer per convolver (its share of the line above)")
+    for job in jobs:
         pipeline.run_one(cfg, job, convolvers, result, overwrite=True)
     mark("run (in-run walls)")
     out["phases"] = phases
