@@ -361,7 +361,7 @@ class RunResult:
     peak_how: str
     measured_peak_gflops: float | None
     measured_bandwidth_gbps: float | None = None
-    tensor_peak_gflops: float | None = None
+    unit_peak_gflops: float | None = None
     reports: list[VolumeReport] = field(default_factory=list)
 
     @property
@@ -545,8 +545,8 @@ def _stream(
             executed_gflop=conv.executed_gflop * volume.n_frames, engine=",".join(conv.engines),
             kernel_bytes=conv.kernel_bytes * volume.n_frames,
             measured_bandwidth_gbps=peaks.measured_bandwidth_gbps,
-            tensor_gflop=conv.tensor_gflop * volume.n_frames,
-            tensor_peak_gflops=peaks.tensor_peak_gflops,
+            unit_gflop=conv.tensor_gflop * volume.n_frames,
+            unit_peak_gflops=peaks.unit_peak_gflops,
         )  # fmt: skip
         attrs = {
             "affine": np.asarray(volume.affine, np.float64),

@@ -86,13 +86,19 @@ def tensor_refusal(
 @dataclass(frozen=True)
 class TensorShape:
     """Work split of tensor_conv.cl: ``nt`` 8-filter tiles per warp, ``tyw`` output rows per
-    warp, ``wy`` x ``wz`` warps per work-group, ``xc`` outputs along x per work-group."""
+    warp, ``wy`` x ``wz`` warps per work-group, ``xc`` outputs along x per work-group;
+    ``maxrreg`` caps the registers per thread (-cl-nv-maxrregcount; 0: the compiler's choice)."""
 
     nt: int = 1
     tyw: int = 8
     wy: int = 1
     wz: int = 4
     xc: int = 32
+    maxrreg: int = 0
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return (f"-cl-nv-maxrregcount={self.maxrreg}",) if self.maxrreg else ()
 
 
 # Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor.json).
@@ -208,7 +214,7 @@ class TensorConvolver(BankConvolver):
                 f"tensor split {split} needs {local_bytes(self.defines)} bytes of local memory; "
                 f"the device has {self.device.local_mem_size}"
             )
-        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()))
+        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()), split.options)
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
