@@ -34,7 +34,9 @@
  *   LROWS, PL    rows of a plane tile, packed pairs per row
  *   NT           8-filter tiles per warp (filters per pass: 8 * NT)
  *   WY, WZ, TYW  warps along y and z, output rows per warp
- *   XC           outputs along x per work-group
+ *   XC           outputs along x per work-group (a grid of tiles x chunks)
+ *   PERSISTENT   optional: as many work-groups as run at once, each taking an equal run of
+ *                the x steps of all tiles in turn (no tail wave; the ring restarts at a tile)
  *   EMULATE_MMA  optional: emulate mma.sync and cvt through local memory (any device; tests)
  */
 
@@ -137,108 +139,124 @@ void tensor_conv(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
     __local uint *scratch = scratch_all + warp * 32 * 6;
 #endif
     const int wz = warp % WZ, wy = warp / WZ;
-    const int z_wg = (int)get_group_id(0) * (16 * WZ);
-    const int y_wg = (int)get_group_id(1) * TY;
-    const int x_wg = (int)get_group_id(2) * XC;
     const int P0 = D + KX - 1;
-    const int nx = min(XC, D - x_wg); /* the same for the whole group: barriers stay uniform */
-
-    /* The lane's place in its A fragments: k = 2t (+8) of row m = g (+8). */
-#if SEG == 8
-    const int lrow = 0, lz = g + 2 * t;
+#ifdef PERSISTENT
+    const int tiles_z = (nz + 16 * WZ - 1) / (16 * WZ);
+    const long total = (long)tiles_z * ((ny + TY - 1) / TY) * D; /* x steps of all tiles */
+    const long per = (total + get_num_groups(0) - 1) / get_num_groups(0);
+    const long end = min(total, (long)get_group_id(0) * per + per);
+    for (long pos = (long)get_group_id(0) * per; pos < end;) { /* uniform in the group */
+        const int tile = (int)(pos / D);
+        const int z_wg = (tile % tiles_z) * (16 * WZ);
+        const int y_wg = (tile / tiles_z) * TY;
+        const int x_wg = (int)(pos - (long)tile * D);
+        const int nx = (int)min(end - pos, (long)(D - x_wg));
+        pos += nx;
 #else
-    const int lrow = (2 * t) / SEG, lz = g + (2 * t) % SEG;
+    {
+        const int z_wg = (int)get_group_id(0) * (16 * WZ);
+        const int y_wg = (int)get_group_id(1) * TY;
+        const int x_wg = (int)get_group_id(2) * XC;
+        const int nx = min(XC, D - x_wg); /* the same for the whole group: barriers stay uniform */
 #endif
-    const int abase = (wy * TYW + lrow) * PL + wz * 16 + lz;
 
-    /* Plane xp of the padded slab into registers (as raw 16-bit pairs), zero outside it. */
-    uint pre[STAGE];
+        /* The lane's place in its A fragments: k = 2t (+8) of row m = g (+8). */
+#if SEG == 8
+        const int lrow = 0, lz = g + 2 * t;
+#else
+        const int lrow = (2 * t) / SEG, lz = g + (2 * t) % SEG;
+#endif
+        const int abase = (wy * TYW + lrow) * PL + wz * 16 + lz;
+
+        /* Plane xp of the padded slab into registers (as raw 16-bit pairs), zero outside it. */
+        uint pre[STAGE];
 #define FETCH(xp)                                                                        \
-    for (int q = 0; q < STAGE; q++) {                                                    \
-        const int idx = lid + q * NTHREADS;                                              \
-        const int r = idx / PL, c = idx - r * PL;                                        \
-        const int yg = y_wg + r, zg = z_wg + c;                                          \
-        const bool ok = idx < PLANE && (xp) < P0 && yg < P1;                             \
-        __global const IN_T *src = in + ((long)(xp) * P1 + yg) * P2 + zg;                \
-        const int e0 = (ok && zg < P2) ? (int)src[0] : 0;                                \
-        const int e1 = (ok && zg + 1 < P2) ? (int)src[1] : 0;                            \
-        pre[q] = ((uint)e0 & 0xffffu) | ((uint)e1 << 16);                                \
-    }
+        for (int q = 0; q < STAGE; q++) {                                                    \
+            const int idx = lid + q * NTHREADS;                                              \
+            const int r = idx / PL, c = idx - r * PL;                                        \
+            const int yg = y_wg + r, zg = z_wg + c;                                          \
+            const bool ok = idx < PLANE && (xp) < P0 && yg < P1;                             \
+            __global const IN_T *src = in + ((long)(xp) * P1 + yg) * P2 + zg;                \
+            const int e0 = (ok && zg < P2) ? (int)src[0] : 0;                                \
+            const int e1 = (ok && zg + 1 < P2) ? (int)src[1] : 0;                            \
+            pre[q] = ((uint)e0 & 0xffffu) | ((uint)e1 << 16);                                \
+        }
 #define STORE(slot)                                                                      \
-    for (int q = 0; q < STAGE; q++) {                                                    \
-        const int idx = lid + q * NTHREADS;                                              \
-        if (idx < PLANE)                                                                 \
-            ring[(slot) * PLANE + idx] =                                                 \
-                PACK((int)(short)(pre[q] & 0xffffu), (int)(short)(pre[q] >> 16));        \
-    }
-
-    for (int p = 0; p < KX; p++) {
-        FETCH(x_wg + p)
-        STORE(p)
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-
-    for (int xl = 0; xl < nx; xl++) {
-        const bool more = xl + 1 < nx;
-        if (more) {
-            FETCH(x_wg + xl + KX) /* in flight during the MMAs */
+        for (int q = 0; q < STAGE; q++) {                                                    \
+            const int idx = lid + q * NTHREADS;                                              \
+            if (idx < PLANE)                                                                 \
+                ring[(slot) * PLANE + idx] =                                                 \
+                    PACK((int)(short)(pre[q] & 0xffffu), (int)(short)(pre[q] >> 16));        \
         }
 
-        float acc[TYW][NT][2][4];
-#pragma unroll
-        for (int yy = 0; yy < TYW; yy++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[yy][nt][0][i] = acc[yy][nt][1][i] = 0.0f;
+        for (int p = 0; p < KX; p++) {
+            FETCH(x_wg + p)
+            STORE(p)
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
 
-        for (int dx = 0; dx < KX; dx++) {
-            __local const uint *a = ring + ((xl + dx) % RING) * PLANE + abase;
-            uint R[NROWS][NQ];
+        for (int xl = 0; xl < nx; xl++) {
+            const bool more = xl + 1 < nx;
+            if (more) {
+                FETCH(x_wg + xl + KX) /* in flight during the MMAs */
+            }
+
+            float acc[TYW][NT][2][4];
 #pragma unroll
-            for (int r = 0; r < NROWS; r++)
+            for (int yy = 0; yy < TYW; yy++)
 #pragma unroll
-                for (int q = 0; q < NQ; q++) R[r][q] = a[r * PL + 8 * q];
-            __global const uint2 *bf = bfrag + dx * (NJ * NT * 2 * 32) + lane;
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                const int i0 = j * IPM, i1 = j * IPM + IPH; /* the items of each half of K */
-                const int r0 = i0 / NSEG, q0 = i0 % NSEG, r1 = i1 / NSEG, q1 = i1 % NSEG;
+                    for (int i = 0; i < 4; i++) acc[yy][nt][0][i] = acc[yy][nt][1][i] = 0.0f;
+
+            for (int dx = 0; dx < KX; dx++) {
+                __local const uint *a = ring + ((xl + dx) % RING) * PLANE + abase;
+                uint R[NROWS][NQ];
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const uint2 bh = bf[((j * NT + nt) * 2) * 32];
-                    const uint2 bl = bf[((j * NT + nt) * 2 + 1) * 32];
+                for (int r = 0; r < NROWS; r++)
 #pragma unroll
-                    for (int yy = 0; yy < TYW; yy++) {
-                        MMA(acc[yy][nt][0], R[yy + r0][q0], R[yy + r0][q0 + 1],
-                            R[yy + r1][q1], R[yy + r1][q1 + 1], bh.x, bh.y);
-                        MMA(acc[yy][nt][1], R[yy + r0][q0], R[yy + r0][q0 + 1],
-                            R[yy + r1][q1], R[yy + r1][q1 + 1], bl.x, bl.y);
+                    for (int q = 0; q < NQ; q++) R[r][q] = a[r * PL + 8 * q];
+                __global const uint2 *bf = bfrag + dx * (NJ * NT * 2 * 32) + lane;
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    const int i0 = j * IPM, i1 = j * IPM + IPH; /* the items of each half of K */
+                    const int r0 = i0 / NSEG, q0 = i0 % NSEG, r1 = i1 / NSEG, q1 = i1 % NSEG;
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        const uint2 bh = bf[((j * NT + nt) * 2) * 32];
+                        const uint2 bl = bf[((j * NT + nt) * 2 + 1) * 32];
+#pragma unroll
+                        for (int yy = 0; yy < TYW; yy++) {
+                            MMA(acc[yy][nt][0], R[yy + r0][q0], R[yy + r0][q0 + 1],
+                                R[yy + r1][q1], R[yy + r1][q1 + 1], bh.x, bh.y);
+                            MMA(acc[yy][nt][1], R[yy + r0][q0], R[yy + r0][q0 + 1],
+                                R[yy + r1][q1], R[yy + r1][q1 + 1], bl.x, bl.y);
+                        }
                     }
                 }
             }
-        }
 
-        /* C fragment: c[i] is output z0 + g (+8 for i >= 2) of filter 2t (+1 for odd i). */
-        const long xrow = (long)(x_wg + xl) * ny;
+            /* C fragment: c[i] is output z0 + g (+8 for i >= 2) of filter 2t (+1 for odd i). */
+            const long xrow = (long)(x_wg + xl) * ny;
 #pragma unroll
-        for (int yy = 0; yy < TYW; yy++) {
-            const int y = y_wg + wy * TYW + yy;
+            for (int yy = 0; yy < TYW; yy++) {
+                const int y = y_wg + wy * TYW + yy;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int z = z_wg + wz * 16 + g + 8 * (i >> 1);
-                    const int f = nt * 8 + 2 * t + (i & 1);
-                    if (y < ny && z < nz && f < nreal)
-                        out[(long)(f0 + f) * plane + (xrow + y) * nz + z] =
-                            (acc[yy][nt][0][i] + acc[yy][nt][1][i]) * unscale[f];
-                }
-        }
+                    for (int i = 0; i < 4; i++) {
+                        const int z = z_wg + wz * 16 + g + 8 * (i >> 1);
+                        const int f = nt * 8 + 2 * t + (i & 1);
+                        if (y < ny && z < nz && f < nreal)
+                            out[(long)(f0 + f) * plane + (xrow + y) * nz + z] =
+                                (acc[yy][nt][0][i] + acc[yy][nt][1][i]) * unscale[f];
+                    }
+            }
 
-        if (more) {
-            STORE((xl + KX) % RING) /* plane xl - 1's slot: read by no output from here */
+            if (more) {
+                STORE((xl + KX) % RING) /* plane xl - 1's slot: read by no output from here */
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
     }
 }

@@ -25,6 +25,8 @@ import math
 import re
 import sys
 import time
+from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +40,13 @@ from volconv.programs import context_for, kernel_source
 from volconv.tensor import TensorConvolver, TensorShape, default_shape
 
 ROOT = Path(__file__).resolve().parent.parent
-SWEEP = {  # work splits tried for 7^3 banks, by N
-    8: [TensorShape(1, 8, 1, 4, 64), TensorShape(1, 8, 2, 2, 32), TensorShape(1, 4, 2, 4, 32),
-        TensorShape(1, 16, 1, 2, 32)],
-    32: [TensorShape(2, 8, 1, 4, 32), TensorShape(4, 4, 1, 4, 32), TensorShape(1, 8, 1, 4, 32)],
+SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, and it persistent)
+    8: [TensorShape(1, 8, 2, 2, persistent=3), TensorShape(1, 8, 2, 2, persistent=2),
+        TensorShape(1, 4, 2, 4, persistent=2), TensorShape(1, 8, 1, 4, persistent=3),
+        TensorShape(1, 4, 1, 4, persistent=4), TensorShape(1, 8, 2, 2, 16),
+        TensorShape(1, 8, 2, 2, 32, maxrreg=168)],
+    32: [TensorShape(2, 4, 1, 4, persistent=3), TensorShape(2, 4, 1, 4, persistent=2),
+         TensorShape(2, 4, 2, 2, persistent=2), TensorShape(2, 8, 2, 2, persistent=1)],
 }  # fmt: skip
 
 
@@ -72,9 +77,14 @@ def volconv_engine(conv, vol: np.ndarray, repeats: int) -> tuple[float, np.ndarr
 
 
 def verbose_log(device: cl.Device, defines: dict, split: TensorShape) -> dict:
+    return _verbose_log(device, tuple(defines.items()), split.options)
+
+
+@cache
+def _verbose_log(device: cl.Device, defines: tuple, split_options: tuple) -> dict:
     """Registers, spills and local memory the compiler reports for one tensor build."""
     ctx, _ = context_for(device)
-    options = [f"-D{k}={v}" for k, v in defines.items()] + ["-cl-nv-verbose", *split.options]
+    options = [f"-D{k}={v}" for k, v in defines] + ["-cl-nv-verbose", *split_options]
     prg = cl.Program(ctx, kernel_source("tensor_conv.cl")).build(options=options)
     text = prg.get_build_info(device, cl.program_build_info.LOG)
     found = {
@@ -170,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="nvidia")
     ap.add_argument("--size", type=int, default=256)
-    ap.add_argument("--extents", default="7:8,1,16,32;3:8;5:8;11:8", help="k:N,N;k:N ...")
+    ap.add_argument("--extents", default="7:8,1,2,4,16,32;3:8;5:8;11:8;9:16", help="k:N,N;k:N ...")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
@@ -207,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             row["fp32_seconds"], out32 = volconv_engine(fp32, vol, args.repeats)
             del fp32
             splits = [default_shape(n)]
-            if not args.no_sweep and k == 7:
-                splits += [s for s in SWEEP.get(n, []) if s != splits[0]]
+            if not args.no_sweep:
+                more = SWEEP.get(n, []) if k == 7 else [replace(splits[0], persistent=3)]
+                splits += [s for s in more if s != splits[0]]
             best = None
             row["tensor_sweep"] = []
             for split in splits:
@@ -220,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 seconds, out = volconv_engine(conv, vol, args.repeats)
                 info = verbose_log(device, conv.defines, split)
+                split = conv.split  # as fitted to the local memory
                 entry = {
                     "split": split.__dict__, "seconds": seconds,
                     "tflops": tflops(n, k, voxels, seconds),

@@ -11,6 +11,7 @@ from conftest import assert_spec_close, reference
 from volconv.engine import BankConvolver
 from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
+    MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
     TensorConvolver,
     TensorShape,
@@ -52,8 +53,9 @@ def volume_of(dtype: np.dtype, shape: tuple[int, ...], seed: int = 0) -> np.ndar
 
 def test_engine_choice_and_fallback(device):
     """Where the device has no mma.sync (PoCL, other GPUs) the direct groups take the FP32
-    kernel and the record says so; on NVIDIA cc >= 8 uint8 banks take the tensor cores."""
-    bank = np.random.default_rng(1).standard_normal((3, 3, 3, 3))
+    kernel and the record says so; on NVIDIA cc >= 8 uint8 banks take the tensor cores
+    (from MIN_TENSOR_FILTERS filters on: fewer run faster on the FP32 kernel)."""
+    bank = np.random.default_rng(1).standard_normal((MIN_TENSOR_FILTERS, 3, 3, 3))
     shape = (9, 10, 11)
     conv = direct_convolver(bank, shape, np.uint8, device=device)
     sep = SeparableConvolver(bank, shape, np.uint8, device=device, choices=direct(bank))
@@ -68,6 +70,8 @@ def test_engine_choice_and_fallback(device):
             direct_convolver(bank, shape, np.uint8, device=device, engine="tensor")
         with pytest.raises(ValueError, match=r"mma\.sync"):
             TensorConvolver(bank, shape, np.uint8, device=device)
+    few = direct_convolver(bank[: MIN_TENSOR_FILTERS - 1], shape, np.uint8, device=device)
+    assert few.engine == "fp32"
     forced = SeparableConvolver(bank, shape, np.uint8, device=device, choices=direct(bank),
                                 engine="fp32")  # fmt: skip
     assert forced.engines == ["fp32"]
@@ -150,11 +154,14 @@ def test_fragments_hold_every_tap_once(extents):
         ((2, 4, 11), 13, (9, 10, 21), "constant", np.int8, TensorShape(2, 2, 2, 1, 3)),
         ((4, 2, 2), 5, (7, 6, 18), "mirror", np.uint8, TensorShape(1, 3, 2, 2, 5)),
         ((2, 3, 4), 2, (5, 7, 9), "wrap", np.uint8, TensorShape(1, 2, 1, 1, 4)),
+        ((3, 5, 7), 3, (6, 9, 20), "nearest", np.uint8, TensorShape(1, 2, 1, 2, persistent=1)),
+        ((5, 3, 17), 9, (8, 9, 19), "reflect", np.int8, TensorShape(2, 1, 1, 1, persistent=3)),
     ],
 )
 def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
     """kernels/tensor_conv.cl with mma.sync emulated by its PTX fragment layout: the items,
-    rows, lanes and ring of the real kernel, checked on any device (slabs of 4 rows)."""
+    rows, lanes, ring and persistent runs of the real kernel, checked on any device (slabs of
+    4 rows)."""
     bank = np.random.default_rng(3).standard_normal((n, *extents))
     vol = volume_of(dtype, shape)
     conv = TensorConvolver(bank, shape, dtype, mode, 3.0, device=device, emulate=True,
@@ -191,9 +198,21 @@ def test_tensor_filters(nvidia, n, extents):
     bank = rng.standard_normal((n, *extents)) * 10.0 ** rng.integers(-6, 6, (n, 1, 1, 1))
     shape = (33, 40, 70)
     vol = volume_of(np.int8, shape, n)
-    conv = direct_convolver(bank, shape, np.int8, "reflect", device=nvidia, slab_depth=13)
-    assert conv.engine == TENSOR_ENGINE
+    conv = TensorConvolver(bank, shape, np.int8, "reflect", device=nvidia, slab_depth=13)
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
+
+
+@pytest.mark.parametrize("persistent", [0, 2, 3])
+@pytest.mark.parametrize("extents", [(7, 7, 7), (4, 4, 12)])
+def test_tensor_splits(nvidia, extents, persistent):
+    """The work splits the benchmark sweeps, grid and persistent, give the same results."""
+    bank = np.random.default_rng(7).standard_normal((16, *extents))
+    shape = (37, 45, 53)
+    vol = volume_of(np.uint8, shape)
+    for split in (TensorShape(1, 8, 2, 2, 16, persistent), TensorShape(2, 4, 1, 4, 8, persistent)):
+        conv = TensorConvolver(bank, shape, np.uint8, "wrap", device=nvidia, shape_split=split,
+                               slab_depth=20)  # fmt: skip
+        assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "wrap"))
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.float32])

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyopencl as cl
@@ -37,6 +37,9 @@ ENGINE_ENV = "VOLCONV_ENGINE"
 TENSOR_ENGINE = "tensor-fp16"
 EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # exact in FP16
 SCALE_TOP = 14  # each filter's largest |coefficient| scaled into [2^14, 2^15): FP16's top
+# Below this many filters in a group 'auto' keeps the FP32 kernel: a pass of the tensor engine
+# costs the same for 1..8 filters (H100, 256^3, 7^3: N = 1 took 0.79 ms against FP32's 0.46).
+MIN_TENSOR_FILTERS = 4
 
 
 def compute_capability(device: cl.Device) -> tuple[int, int] | None:
@@ -87,26 +90,60 @@ def tensor_refusal(
 class TensorShape:
     """Work split of tensor_conv.cl: ``nt`` 8-filter tiles per warp, ``tyw`` output rows per
     warp, ``wy`` x ``wz`` warps per work-group, ``xc`` outputs along x per work-group;
-    ``maxrreg`` caps the registers per thread (-cl-nv-maxrregcount; 0: the compiler's choice)."""
+    ``persistent`` > 0: that many work-groups per compute unit, each taking an equal run of x
+    steps (``xc`` unused); ``maxrreg`` caps the registers per thread (-cl-nv-maxrregcount;
+    0: what lets ``persistent`` groups share a multiprocessor's 64 K registers, else the
+    compiler's choice)."""
 
     nt: int = 1
     tyw: int = 8
     wy: int = 1
     wz: int = 4
     xc: int = 32
+    persistent: int = 0
     maxrreg: int = 0
 
     @property
+    def threads(self) -> int:
+        return 32 * self.wy * self.wz
+
+    @property
     def options(self) -> tuple[str, ...]:
-        return (f"-cl-nv-maxrregcount={self.maxrreg}",) if self.maxrreg else ()
+        cap = self.maxrreg
+        if not cap and self.persistent:
+            cap = min(255, 65536 // (self.persistent * self.threads) // 8 * 8)
+        return (f"-cl-nv-maxrregcount={cap}",) if cap else ()
 
 
-# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor.json).
-DEFAULT_SHAPES = {1: TensorShape(1, 8, 1, 4, 32), 2: TensorShape(2, 4, 1, 4, 32)}
+# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor*.json).
+DEFAULT_SHAPES = {1: TensorShape(1, 8, 2, 2, 32), 2: TensorShape(2, 4, 1, 4, 32)}
+SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
 
 def default_shape(n_filters: int) -> TensorShape:
     return DEFAULT_SHAPES[1 if n_filters <= 8 else 2]
+
+
+def fit_split(
+    extents: tuple[int, int, int], src: np.dtype, split: TensorShape, local_mem: int
+) -> TensorShape:
+    """``split`` narrowed (warps along z, then along y, then rows per warp) until its ring of
+    planes fits ``local_mem`` bytes: wide filters need taller and wider plane tiles."""
+    while local_bytes(tensor_defines(extents, src, split)) > local_mem:
+        if split.wz > 1:
+            split = replace(split, wz=split.wz // 2)
+        elif split.wy > 1:
+            split = replace(split, wy=split.wy // 2)
+        elif split.tyw > 1:
+            split = replace(split, tyw=split.tyw // 2)
+        else:
+            raise ValueError(f"no work split of tensor_conv.cl fits {local_mem} bytes")
+    if split.persistent:  # as many groups as the multiprocessor's shared memory holds
+        per_group = local_bytes(tensor_defines(extents, src, split)) + 1024
+        split = replace(
+            split, persistent=max(1, min(split.persistent, SM_LOCAL_BYTES // per_group))
+        )
+    return split
 
 
 def tensor_defines(
@@ -128,6 +165,8 @@ def tensor_defines(
         "PL": 16 * (shape.wz - 1) + lz_max + 8 * nseg + 1,
         "NT": shape.nt, "WY": shape.wy, "WZ": shape.wz, "TYW": shape.tyw, "XC": shape.xc,
     }  # fmt: skip
+    if shape.persistent:
+        defines["PERSISTENT"] = 1
     if emulate:
         defines["EMULATE_MMA"] = 1
     return defines
@@ -208,13 +247,12 @@ class TensorConvolver(BankConvolver):
         reason = tensor_refusal(self.device, self.kernels, plan.src_dtype, plan.mode, plan.cval)
         if reason and not (self.emulate and "mma.sync" in reason):
             raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
+        local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
+        self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
-        if local_bytes(self.defines) > self.device.local_mem_size:
-            raise ValueError(
-                f"tensor split {split} needs {local_bytes(self.defines)} bytes of local memory; "
-                f"the device has {self.device.local_mem_size}"
-            )
-        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()), split.options)
+        nv = compute_capability(self.device) is not None  # -cl-nv-* options are NVIDIA's
+        options = split.options if nv else ()
+        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()), options)
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
@@ -234,8 +272,11 @@ class TensorConvolver(BankConvolver):
         plan, s = self.plan, self.split
         ny, nz = plan.shape[1:]
         p1, p2 = plan.padded_yz
-        threads = 32 * s.wy * s.wz
-        glob = (threads * -(-nz // (16 * s.wz)), -(-ny // (s.wy * s.tyw)), -(-depth // s.xc))
+        threads = s.threads
+        if s.persistent:
+            glob = (threads * s.persistent * self.device.max_compute_units, 1, 1)
+        else:
+            glob = (threads * -(-nz // (16 * s.wz)), -(-ny // (s.wy * s.tyw)), -(-depth // s.xc))
         events = []
         for first, count, knl, frags, unscale in self._passes:
             knl.set_args(
@@ -281,12 +322,13 @@ def direct_convolver(
     **overrides: object,
 ) -> BankConvolver:
     """The direct engine for a bank: `TensorConvolver` where the device and the bank allow
-    it (`tensor_refusal`), else the FP32 `BankConvolver`. ``engine`` ('auto', 'fp32',
-    'tensor'; default $VOLCONV_ENGINE or 'auto') forces one; 'tensor' raises where it cannot.
-    The convolver's ``engine`` attribute names the choice for the record."""
+    it (`tensor_refusal`) and it measured faster (`MIN_TENSOR_FILTERS` filters or more), else
+    the FP32 `BankConvolver`. ``engine`` ('auto', 'fp32', 'tensor'; default $VOLCONV_ENGINE
+    or 'auto') forces one; 'tensor' raises where it cannot. The convolver's ``engine``
+    attribute names the choice for the record."""
     engine = choose_engine(engine)
-    if engine != "fp32":
-        bank = as_kernel_bank(kernels)
+    bank = as_kernel_bank(kernels)
+    if engine == "tensor" or (engine == "auto" and len(bank) >= MIN_TENSOR_FILTERS):
         reason = tensor_refusal(device, bank, np.dtype(dtype), mode, cval)
         if reason is None:
             return TensorConvolver(bank, shape, dtype, mode, cval, device=device, **overrides)
