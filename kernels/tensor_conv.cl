@@ -37,6 +37,9 @@
  *   XC           outputs along x per work-group (a grid of tiles x chunks)
  *   PERSISTENT   optional: as many work-groups as run at once, each taking an equal run of
  *                the x steps of all tiles in turn (no tail wave; the ring restarts at a tile)
+ *   BLOCAL       optional: the pass's B fragments copied to local memory once, not read from
+ *                global (L1) memory at every dx
+ *   DXU          optional: unroll factor of the loop over dx (default: the compiler's)
  *   EMULATE_MMA  optional: emulate mma.sync and cvt through local memory (any device; tests)
  */
 
@@ -133,6 +136,15 @@ void tensor_conv(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 {
     __local uint ring[RING * PLANE];
     const int lid = (int)get_local_id(0);
+#define NFRAG (KX * NJ * NT * 2 * 32)
+#ifdef BLOCAL
+    __local uint2 bfrag_local[NFRAG];
+    for (int i = lid; i < NFRAG; i += NTHREADS) bfrag_local[i] = bfrag[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+#define BFRAG bfrag_local
+#else
+#define BFRAG bfrag
+#endif
     const int warp = lid >> 5, lane = lid & 31, g = lane >> 2, t = lane & 3;
 #ifdef EMULATE_MMA
     __local uint scratch_all[NWARPS * 32 * 6];
@@ -209,6 +221,9 @@ void tensor_conv(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #pragma unroll
                     for (int i = 0; i < 4; i++) acc[yy][nt][0][i] = acc[yy][nt][1][i] = 0.0f;
 
+#ifdef DXU
+#pragma unroll DXU
+#endif
             for (int dx = 0; dx < KX; dx++) {
                 __local const uint *a = ring + ((xl + dx) % RING) * PLANE + abase;
                 uint R[NROWS][NQ];
@@ -216,15 +231,15 @@ void tensor_conv(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                 for (int r = 0; r < NROWS; r++)
 #pragma unroll
                     for (int q = 0; q < NQ; q++) R[r][q] = a[r * PL + 8 * q];
-                __global const uint2 *bf = bfrag + dx * (NJ * NT * 2 * 32) + lane;
+                const int bf = dx * (NJ * NT * 2 * 32) + lane;
 #pragma unroll
                 for (int j = 0; j < NJ; j++) {
                     const int i0 = j * IPM, i1 = j * IPM + IPH; /* the items of each half of K */
                     const int r0 = i0 / NSEG, q0 = i0 % NSEG, r1 = i1 / NSEG, q1 = i1 % NSEG;
 #pragma unroll
                     for (int nt = 0; nt < NT; nt++) {
-                        const uint2 bh = bf[((j * NT + nt) * 2) * 32];
-                        const uint2 bl = bf[((j * NT + nt) * 2 + 1) * 32];
+                        const uint2 bh = BFRAG[bf + ((j * NT + nt) * 2) * 32];
+                        const uint2 bl = BFRAG[bf + ((j * NT + nt) * 2 + 1) * 32];
 #pragma unroll
                         for (int yy = 0; yy < TYW; yy++) {
                             MMA(acc[yy][nt][0], R[yy + r0][q0], R[yy + r0][q0 + 1],

@@ -44,9 +44,13 @@ SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, and it 
     8: [TensorShape(1, 8, 2, 2, persistent=3), TensorShape(1, 8, 2, 2, persistent=2),
         TensorShape(1, 4, 2, 4, persistent=2), TensorShape(1, 8, 1, 4, persistent=3),
         TensorShape(1, 4, 1, 4, persistent=4), TensorShape(1, 8, 2, 2, 16),
-        TensorShape(1, 8, 2, 2, 32, maxrreg=168)],
+        TensorShape(1, 8, 2, 2, 32, maxrreg=168),
+        TensorShape(1, 8, 2, 2, persistent=3, blocal=True),
+        TensorShape(1, 8, 2, 2, persistent=3, dxu=1), TensorShape(1, 8, 2, 2, persistent=3, dxu=7),
+        TensorShape(1, 4, 2, 4, persistent=2, blocal=True)],
     32: [TensorShape(2, 4, 1, 4, persistent=3), TensorShape(2, 4, 1, 4, persistent=2),
-         TensorShape(2, 4, 2, 2, persistent=2), TensorShape(2, 8, 2, 2, persistent=1)],
+         TensorShape(2, 4, 2, 2, persistent=2), TensorShape(2, 8, 2, 2, persistent=1),
+         TensorShape(2, 4, 1, 4, persistent=3, dxu=1)],
 }  # fmt: skip
 
 

@@ -156,6 +156,14 @@ def test_fragments_hold_every_tap_once(extents):
         ((2, 3, 4), 2, (5, 7, 9), "wrap", np.uint8, TensorShape(1, 2, 1, 1, 4)),
         ((3, 5, 7), 3, (6, 9, 20), "nearest", np.uint8, TensorShape(1, 2, 1, 2, persistent=1)),
         ((5, 3, 17), 9, (8, 9, 19), "reflect", np.int8, TensorShape(2, 1, 1, 1, persistent=3)),
+        (
+            (3, 3, 3),
+            4,
+            (5, 6, 17),
+            "wrap",
+            np.uint8,
+            TensorShape(1, 2, 1, 1, 4, blocal=True, dxu=1),
+        ),
     ],
 )
 def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
@@ -209,7 +217,10 @@ def test_tensor_splits(nvidia, extents, persistent):
     bank = np.random.default_rng(7).standard_normal((16, *extents))
     shape = (37, 45, 53)
     vol = volume_of(np.uint8, shape)
-    for split in (TensorShape(1, 8, 2, 2, 16, persistent), TensorShape(2, 4, 1, 4, 8, persistent)):
+    for split in (
+        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True),
+        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1),
+    ):
         conv = TensorConvolver(bank, shape, np.uint8, "wrap", device=nvidia, shape_split=split,
                                slab_depth=20)  # fmt: skip
         assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "wrap"))

@@ -102,6 +102,8 @@ class TensorShape:
     xc: int = 32
     persistent: int = 0
     maxrreg: int = 0
+    blocal: bool = False  # B fragments in local memory
+    dxu: int = 0  # unroll of the dx loop (0: the compiler's)
 
     @property
     def threads(self) -> int:
@@ -167,14 +169,21 @@ def tensor_defines(
     }  # fmt: skip
     if shape.persistent:
         defines["PERSISTENT"] = 1
+    if shape.blocal:
+        defines["BLOCAL"] = 1
+    if shape.dxu:
+        defines["DXU"] = shape.dxu
     if emulate:
         defines["EMULATE_MMA"] = 1
     return defines
 
 
 def local_bytes(defines: dict[str, object]) -> int:
-    """Local memory of tensor_conv.cl: the ring of KX + 1 plane tiles."""
-    return 4 * (int(defines["KX"]) + 1) * int(defines["LROWS"]) * int(defines["PL"])
+    """Local memory of tensor_conv.cl: the ring of KX + 1 plane tiles (and the B fragments)."""
+    kx = int(defines["KX"])
+    ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
+    frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * 2 * 32 if "BLOCAL" in defines else 0
+    return ring + frags
 
 
 def b_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
