@@ -40,6 +40,9 @@
  *   BLOCAL       optional: the pass's B fragments copied to local memory once, not read from
  *                global (L1) memory at every dx
  *   DXU          optional: unroll factor of the loop over dx (default: the compiler's)
+ *   IEEE_SUM     optional: each hi MMA starts from zero and is added to its accumulator by an
+ *                IEEE FP32 add: the tensor cores' own accumulation truncates, which over the
+ *                ~100 MMAs of a 9^3 or 11^3 filter drifts past the FP32 kernel's error
  *   EMULATE_MMA  optional: emulate mma.sync and cvt through local memory (any device; tests)
  */
 
@@ -104,6 +107,11 @@ static void mma_emulated(float *c, uint a0, uint a1, uint a2, uint a3, uint b0, 
 }
 
 #define MMA(c, a0, a1, a2, a3, b0, b1) mma_emulated(c, a0, a1, a2, a3, b0, b1, scratch, lane)
+#define MMA0(d, a0, a1, a2, a3, b0, b1)                                                  \
+    {                                                                                    \
+        d[0] = d[1] = d[2] = d[3] = 0.0f;                                                \
+        MMA(d, a0, a1, a2, a3, b0, b1);                                                  \
+    }
 
 #else
 /* Two small integers as f16x2 (exact): lo in the low half, as the fragments want it. */
@@ -121,6 +129,13 @@ static inline uint pack_f16x2(float lo, float hi)
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                \
         : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                         \
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
+/* d = A B, from a zero accumulator */
+#define MMA0(d, a0, a1, a2, a3, b0, b1)                                                  \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "                             \
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"            \
+        : "=f"((d)[0]), "=f"((d)[1]), "=f"((d)[2]), "=f"((d)[3])                         \
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f))
 #endif
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
@@ -242,8 +257,16 @@ void tensor_conv(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                         const uint2 bl = BFRAG[bf + ((j * NT + nt) * 2 + 1) * 32];
 #pragma unroll
                         for (int yy = 0; yy < TYW; yy++) {
+#ifdef IEEE_SUM
+                            float d[4];
+                            MMA0(d, R[yy + r0][q0], R[yy + r0][q0 + 1], R[yy + r1][q1],
+                                 R[yy + r1][q1 + 1], bh.x, bh.y);
+#pragma unroll
+                            for (int i = 0; i < 4; i++) acc[yy][nt][0][i] += d[i];
+#else
                             MMA(acc[yy][nt][0], R[yy + r0][q0], R[yy + r0][q0 + 1],
                                 R[yy + r1][q1], R[yy + r1][q1 + 1], bh.x, bh.y);
+#endif
                             MMA(acc[yy][nt][1], R[yy + r0][q0], R[yy + r0][q0 + 1],
                                 R[yy + r1][q1], R[yy + r1][q1 + 1], bl.x, bl.y);
                         }

@@ -11,8 +11,10 @@ for banks of N random normal filters of k^3:
     max |err| / (sum|w| x 255) against a float64 reference on the same data (torch float64
     on the GPU over the volume padded by scipy's 'reflect', checked against
     scipy.ndimage.convolve on a crop first).
-The compiler's report (-cl-nv-verbose: registers, spills, local memory) of each tensor build
-is kept. torch and cupy are optional: absent, their rows say so.
+The first tensor split of each row is the engine as shipped (`default_shape`); the others are
+the sweep's candidates, each with its time and error. The compiler's report (-cl-nv-verbose:
+registers, spills, local memory) of each tensor build is kept. torch and cupy are optional:
+absent, their rows say so.
 
     python3 scripts/bench_tensor.py --device nvidia --json benchmarks/results/h100-tensor.json
 """
@@ -40,17 +42,11 @@ from volconv.programs import context_for, kernel_source
 from volconv.tensor import TensorConvolver, TensorShape, default_shape
 
 ROOT = Path(__file__).resolve().parent.parent
-SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, and it persistent)
-    8: [TensorShape(1, 8, 2, 2, persistent=3), TensorShape(1, 8, 2, 2, persistent=2),
-        TensorShape(1, 4, 2, 4, persistent=2), TensorShape(1, 8, 1, 4, persistent=3),
-        TensorShape(1, 4, 1, 4, persistent=4), TensorShape(1, 8, 2, 2, 16),
-        TensorShape(1, 8, 2, 2, 32, maxrreg=168),
-        TensorShape(1, 8, 2, 2, persistent=3, blocal=True),
-        TensorShape(1, 8, 2, 2, persistent=3, dxu=1), TensorShape(1, 8, 2, 2, persistent=3, dxu=7),
-        TensorShape(1, 4, 2, 4, persistent=2, blocal=True)],
-    32: [TensorShape(2, 4, 1, 4, persistent=3), TensorShape(2, 4, 1, 4, persistent=2),
-         TensorShape(2, 4, 2, 2, persistent=2), TensorShape(2, 8, 2, 2, persistent=1),
-         TensorShape(2, 4, 1, 4, persistent=3, dxu=1)],
+SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default and its grid form)
+    8: [TensorShape(1, 8, 2, 2, persistent=2, ieee_sum=False), TensorShape(1, 8, 2, 2, 32),
+        TensorShape(1, 8, 2, 2, persistent=2, blocal=True), TensorShape(1, 8, 2, 2, persistent=3)],
+    32: [TensorShape(2, 4, 2, 2, persistent=2, ieee_sum=False), TensorShape(2, 4, 1, 4, 32),
+         TensorShape(2, 4, 1, 4, persistent=2)],
 }  # fmt: skip
 
 
@@ -217,14 +213,19 @@ def main(argv: list[str] | None = None) -> int:
             row: dict = {"k": k, "n": n}
             t0 = time.perf_counter()
             whole = {"slab_depth": vol.shape[0]}  # one slab: the kernel over the whole volume
+            ref = reference.responses(vol, bank) if reference is not None else None
             fp32 = BankConvolver(bank, vol.shape, np.uint8, device=device, **whole)
-            row["fp32_seconds"], out32 = volconv_engine(fp32, vol, args.repeats)
-            del fp32
+            row["fp32_seconds"], out = volconv_engine(fp32, vol, args.repeats)
+            row["fp32_tflops"] = tflops(n, k, voxels, row["fp32_seconds"])
+            if ref is not None:
+                row["fp32_error"] = relative_error(out, ref, bank)
+            del fp32, out
+            # the engine as shipped (its default split) first, then the sweep's candidates
             splits = [default_shape(n)]
             if not args.no_sweep:
-                more = SWEEP.get(n, []) if k == 7 else [replace(splits[0], persistent=3)]
+                grid = replace(splits[0], persistent=0)
+                more = SWEEP.get(n, []) if k == 7 else [grid]
                 splits += [s for s in more if s != splits[0]]
-            best = None
             row["tensor_sweep"] = []
             for split in splits:
                 try:
@@ -234,35 +235,36 @@ def main(argv: list[str] | None = None) -> int:
                     row["tensor_sweep"].append({"split": split.__dict__, "error": str(e)[:300]})
                     continue
                 seconds, out = volconv_engine(conv, vol, args.repeats)
-                info = verbose_log(device, conv.defines, split)
-                split = conv.split  # as fitted to the local memory
+                info = verbose_log(device, conv.defines, conv.split)
                 entry = {
-                    "split": split.__dict__, "seconds": seconds,
+                    "split": conv.split.__dict__, "seconds": seconds,
                     "tflops": tflops(n, k, voxels, seconds),
                     "fraction_of_tensor_peak": conv.tensor_gflop / seconds / tpeak.gflops
                     if tpeak.gflops else None,
+                    "error": relative_error(out, ref, bank) if ref is not None else None,
                     **{key: v for key, v in info.items() if key != "log"},
                 }  # fmt: skip
                 row["tensor_sweep"].append(entry)
-                log(f"  k={k} N={n} {split}: {seconds * 1e3:.3f} ms "
-                    f"{entry['tflops']:.1f} TFLOP/s, regs {info['registers']} "
-                    f"spill {info['spill_stores']}/{info['spill_loads']}")  # fmt: skip
-                if best is None or seconds < best[0]:
-                    best = (seconds, out, split, info)
-                del conv
-            if best is not None:
-                row["tensor_seconds"], out16, split, info = best
-                row["tensor_split"] = split.__dict__
-                row["tensor_build_log"] = info["log"]
-                row["tensor_tflops"] = tflops(n, k, voxels, row["tensor_seconds"])
-                row["speedup_vs_fp32"] = row["fp32_seconds"] / row["tensor_seconds"]
-            row["fp32_tflops"] = tflops(n, k, voxels, row["fp32_seconds"])
-            if reference is not None:
-                ref = reference.responses(vol, bank)
-                row["fp32_error"] = relative_error(out32, ref, bank)
-                if best is not None:
-                    row["tensor_error"] = relative_error(out16, ref, bank)
-                del ref
+                spill = f"{info['spill_stores']}/{info['spill_loads']}"
+                log(f"  k={k} N={n} {conv.split}: {seconds * 1e3:.3f} ms "
+                    f"{entry['tflops']:.1f} TFLOP/s, err {entry['error']}, regs "
+                    f"{info['registers']} spill {spill}")  # fmt: skip
+                if split is splits[0]:
+                    row["tensor_seconds"] = seconds
+                    row["tensor_split"] = conv.split.__dict__
+                    row["tensor_build_log"] = info["log"]
+                    row["tensor_tflops"] = entry["tflops"]
+                    row["tensor_error"] = entry["error"]
+                    row["speedup_vs_fp32"] = row["fp32_seconds"] / seconds
+                    row["fraction_of_tensor_peak"] = entry["fraction_of_tensor_peak"]
+                del conv, out
+            timed = [e for e in row["tensor_sweep"] if "seconds" in e]
+            if timed:
+                fastest = min(timed, key=lambda e: e["seconds"])
+                row["sweep_best_seconds"] = fastest["seconds"]
+                row["sweep_best_tflops"] = fastest["tflops"]
+                row["sweep_best_error"] = fastest["error"]
+            del ref
             if not args.no_peers and reference is not None:
                 for name, s in peers(vol, bank, args.repeats).items():
                     row[name + "_seconds"] = s

@@ -104,6 +104,7 @@ class TensorShape:
     maxrreg: int = 0
     blocal: bool = False  # B fragments in local memory
     dxu: int = 0  # unroll of the dx loop (0: the compiler's)
+    ieee_sum: bool = True  # hi products summed by IEEE FP32 adds (accuracy; see the kernel)
 
     @property
     def threads(self) -> int:
@@ -118,7 +119,12 @@ class TensorShape:
 
 
 # Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor*.json).
-DEFAULT_SHAPES = {1: TensorShape(1, 8, 2, 2, 32), 2: TensorShape(2, 4, 1, 4, 32)}
+# 7^3: N = 8 in 0.784 ms at (1, 8, 2, 2) with 2 persistent groups per SM (0.805 as a grid of
+# x chunks of 32, 0.93 with 3 groups); N = 32 in 2.92 ms at (2, 4, 2, 2), 2 persistent.
+DEFAULT_SHAPES = {
+    1: TensorShape(1, 8, 2, 2, persistent=2),
+    2: TensorShape(2, 4, 2, 2, persistent=2),
+}
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
 
@@ -173,6 +179,8 @@ def tensor_defines(
         defines["BLOCAL"] = 1
     if shape.dxu:
         defines["DXU"] = shape.dxu
+    if shape.ieee_sum:
+        defines["IEEE_SUM"] = 1
     if emulate:
         defines["EMULATE_MMA"] = 1
     return defines
