@@ -44,9 +44,11 @@ from volconv.tensor import TensorConvolver, TensorShape, default_shape
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default and its grid form)
     8: [TensorShape(1, 8, 2, 2, persistent=2, ieee_sum=False), TensorShape(1, 8, 2, 2, 32),
-        TensorShape(1, 8, 2, 2, persistent=2, blocal=True), TensorShape(1, 8, 2, 2, persistent=3)],
+        TensorShape(1, 8, 2, 2, persistent=3), TensorShape(1, 8, 2, 2, persistent=4),
+        TensorShape(1, 4, 2, 4, persistent=2), TensorShape(1, 4, 1, 4, persistent=4),
+        TensorShape(1, 8, 2, 2, persistent=3, blocal=True)],
     32: [TensorShape(2, 4, 2, 2, persistent=2, ieee_sum=False), TensorShape(2, 4, 1, 4, 32),
-         TensorShape(2, 4, 1, 4, persistent=2)],
+         TensorShape(2, 4, 2, 2, persistent=3), TensorShape(2, 4, 1, 4, persistent=4)],
 }  # fmt: skip
 
 

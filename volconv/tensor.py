@@ -115,7 +115,7 @@ class TensorShape:
         cap = self.maxrreg
         if not cap and self.persistent:
             cap = min(255, 65536 // (self.persistent * self.threads) // 8 * 8)
-        return (f"-cl-nv-maxrregcount={cap}",) if cap else ()
+        return ("-cl-nv-maxrregcount", str(cap)) if cap else ()  # "=N" is ignored silently
 
 
 # Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor*.json).
