@@ -115,7 +115,9 @@ class TensorShape:
         cap = self.maxrreg
         if not cap and self.persistent:
             cap = min(255, 65536 // (self.persistent * self.threads) // 8 * 8)
-        return ("-cl-nv-maxrregcount", str(cap)) if cap else ()  # "=N" is ignored silently
+        if not cap or cap >= 255:  # 255: the most a thread can have anyway
+            return ()
+        return ("-cl-nv-maxrregcount", str(cap))  # the "=N" form is ignored silently
 
 
 # Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor*.json).
