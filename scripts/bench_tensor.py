@@ -43,12 +43,10 @@ from volconv.tensor import TensorConvolver, TensorShape, default_shape
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default and its grid form)
-    8: [TensorShape(1, 8, 2, 2, persistent=2, ieee_sum=False), TensorShape(1, 8, 2, 2, 32),
-        TensorShape(1, 8, 2, 2, persistent=3), TensorShape(1, 8, 2, 2, persistent=4),
-        TensorShape(1, 4, 2, 4, persistent=2), TensorShape(1, 4, 1, 4, persistent=4),
-        TensorShape(1, 8, 2, 2, persistent=3, blocal=True)],
-    32: [TensorShape(2, 4, 2, 2, persistent=2, ieee_sum=False), TensorShape(2, 4, 1, 4, 32),
-         TensorShape(2, 4, 2, 2, persistent=3), TensorShape(2, 4, 1, 4, persistent=4)],
+    8: [TensorShape(1, 8, 2, 2, persistent=2, ieee_sum=True), TensorShape(1, 8, 2, 2, 32),
+        TensorShape(1, 4, 2, 4, persistent=2), TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
+    32: [TensorShape(2, 4, 2, 2, persistent=2, ieee_sum=True), TensorShape(2, 4, 1, 4, 32),
+         TensorShape(2, 4, 1, 4, persistent=2)],
 }  # fmt: skip
 
 
@@ -78,15 +76,15 @@ def volconv_engine(conv, vol: np.ndarray, repeats: int) -> tuple[float, np.ndarr
     return float(conv.time_kernel(0, vol.shape[0], repeats).min()), out
 
 
-def verbose_log(device: cl.Device, defines: dict, split: TensorShape) -> dict:
-    return _verbose_log(device, tuple(defines.items()), split.options)
+def verbose_log(device: cl.Device, defines: dict) -> dict:
+    return _verbose_log(device, tuple(defines.items()))
 
 
 @cache
-def _verbose_log(device: cl.Device, defines: tuple, split_options: tuple) -> dict:
+def _verbose_log(device: cl.Device, defines: tuple) -> dict:
     """Registers, spills and local memory the compiler reports for one tensor build."""
     ctx, _ = context_for(device)
-    options = [f"-D{k}={v}" for k, v in defines] + ["-cl-nv-verbose", *split_options]
+    options = [f"-D{k}={v}" for k, v in defines] + ["-cl-nv-verbose"]
     prg = cl.Program(ctx, kernel_source("tensor_conv.cl")).build(options=options)
     text = prg.get_build_info(device, cl.program_build_info.LOG)
     found = {
@@ -237,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                     row["tensor_sweep"].append({"split": split.__dict__, "error": str(e)[:300]})
                     continue
                 seconds, out = volconv_engine(conv, vol, args.repeats)
-                info = verbose_log(device, conv.defines, conv.split)
+                info = verbose_log(device, conv.defines)
                 entry = {
                     "split": conv.split.__dict__, "seconds": seconds,
                     "tflops": tflops(n, k, voxels, seconds),

@@ -11,6 +11,7 @@ from conftest import assert_spec_close, reference
 from volconv.engine import BankConvolver
 from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
+    FP32_BLOCKED_TAPS,
     MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
     TensorConvolver,
@@ -20,6 +21,7 @@ from volconv.tensor import (
     direct_convolver,
     filter_exponents,
     tensor_defines,
+    tensor_pays,
     tensor_refusal,
     tensor_supported,
 )
@@ -77,6 +79,23 @@ def test_engine_choice_and_fallback(device):
     assert forced.engines == ["fp32"]
     vol = volume_of(np.uint8, shape)
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
+
+
+def test_tensor_pays():
+    """'auto' takes the tensor cores from 4 filters, below the FP32 kernel's blocked sums."""
+    assert tensor_pays(MIN_TENSOR_FILTERS, (7, 7, 7)) and tensor_pays(32, (9, 9, 9))
+    assert not tensor_pays(MIN_TENSOR_FILTERS - 1, (7, 7, 7))
+    assert not tensor_pays(8, (10, 10, 10)) and not tensor_pays(8, (11, 11, 11))
+    assert tensor_pays(8, (31, 31, 1))  # 961 taps
+
+
+def test_ieee_sum_above_7_cubed():
+    """Chained tensor-core sums up to 343 taps, IEEE FP32 adds of the hi products above."""
+    u8 = np.dtype(np.uint8)
+    assert "IEEE_SUM" not in tensor_defines((7, 7, 7), u8, TensorShape())
+    assert tensor_defines((7, 7, 8), u8, TensorShape())["IEEE_SUM"] == 1
+    assert tensor_defines((3, 3, 3), u8, TensorShape(ieee_sum=True))["IEEE_SUM"] == 1
+    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, TensorShape(ieee_sum=False))
 
 
 def test_engine_knob(monkeypatch):
@@ -210,7 +229,7 @@ def test_tensor_filters(nvidia, n, extents):
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
 
 
-@pytest.mark.parametrize("persistent", [0, 2, 3])
+@pytest.mark.parametrize("persistent", [0, 2])
 @pytest.mark.parametrize("extents", [(7, 7, 7), (4, 4, 12)])
 def test_tensor_splits(nvidia, extents, persistent):
     """The work splits the benchmark sweeps, grid and persistent, give the same results."""
@@ -218,8 +237,8 @@ def test_tensor_splits(nvidia, extents, persistent):
     shape = (37, 45, 53)
     vol = volume_of(np.uint8, shape)
     for split in (
-        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True),
-        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1),
+        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True),
+        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False),
     ):
         conv = TensorConvolver(bank, shape, np.uint8, "wrap", device=nvidia, shape_split=split,
                                slab_depth=20)  # fmt: skip
@@ -246,11 +265,17 @@ def test_tensor_cval_off_type_falls_back(nvidia):
     assert conv.engine == "fp32"
 
 
-@pytest.mark.parametrize("k", [7, 11])
+@pytest.mark.parametrize("k", [7, 9, 11])
 def test_tensor_no_worse_than_fp32(nvidia, k):
-    """Error against float64 (max |err| / (sum|w| x 255)) at most the FP32 kernel's."""
+    """Error against float64 (max |err| / (sum|w| x 255)) at most the FP32 kernel's, for the
+    extents 'auto' gives the tensor cores; from 1000 taps (11^3) it keeps the FP32 kernel."""
     bank = np.random.default_rng(6).standard_normal((8, k, k, k))
     vol = volume_of(np.uint8, (48, 56, 64))
+    auto = direct_convolver(bank, vol.shape, np.uint8, device=nvidia)
+    if k**3 >= FP32_BLOCKED_TAPS:
+        assert auto.engine == "fp32"
+        return
+    assert auto.engine == TENSOR_ENGINE
     ref = reference(vol, bank, "reflect")
     scale = np.abs(bank).sum(axis=(1, 2, 3)) * 255.0
     errs = {}

@@ -34,17 +34,11 @@ def context_for(device: cl.Device) -> tuple[cl.Context, cl.CommandQueue]:
 
 
 @cache
-def build(
-    ctx: cl.Context,
-    name: str,
-    defines: tuple[tuple[str, object], ...],
-    options: tuple[str, ...] = (),
-) -> cl.Program:
-    """Build kernels/``name`` with ``-D`` defines and further compiler ``options``; pyopencl
-    caches the binary on disk, keyed by source, options and device."""
-    return cl.Program(ctx, kernel_source(name)).build(
-        options=[*(f"-D{k}={v}" for k, v in defines), *options]
-    )
+def build(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]) -> cl.Program:
+    """Build kernels/``name`` with ``-D`` defines; pyopencl caches the binary on disk, keyed by
+    source, options and device."""
+    options = [f"-D{k}={v}" for k, v in defines]
+    return cl.Program(ctx, kernel_source(name)).build(options=options)
 
 
 def device_seconds(events: list[cl.Event]) -> float:

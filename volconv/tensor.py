@@ -40,6 +40,16 @@ SCALE_TOP = 14  # each filter's largest |coefficient| scaled into [2^14, 2^15): 
 # Below this many filters in a group 'auto' keeps the FP32 kernel: a pass of the tensor engine
 # costs the same for 1..8 filters (H100, 256^3, 7^3: N = 1 took 0.79 ms against FP32's 0.46).
 MIN_TENSOR_FILTERS = 4
+# Accuracy (max |err| / (sum|w| x 255) against float64, H100, 256^3 MNI uint8, random normal
+# filters; benchmarks/results/h100-tensor*.json). The tensor cores' own FP32 accumulation
+# truncates: chained over the MMAs of a 7^3 filter it stays below the FP32 kernel's error
+# (7.6e-8 against 1.3e-7 at N = 8), at 9^3 it passed it (2.0e-7 against 1.8e-7). Above
+# IEEE_SUM_TAPS the hi products go through IEEE FP32 adds (6.7e-8 at 9^3; 13-18 % slower at
+# 7^3). From FP32_BLOCKED_TAPS on the FP32 kernel sums each dx plane apart
+# (kernels/bank_conv.cl, BLOCK_TAPS) and is the more accurate (11^3: 3.8e-8 against 5.3e-8),
+# so 'auto' keeps it there although the tensor engine ran 2.3x faster.
+IEEE_SUM_TAPS = 343
+FP32_BLOCKED_TAPS = 1000
 
 
 def compute_capability(device: cl.Device) -> tuple[int, int] | None:
@@ -91,9 +101,10 @@ class TensorShape:
     """Work split of tensor_conv.cl: ``nt`` 8-filter tiles per warp, ``tyw`` output rows per
     warp, ``wy`` x ``wz`` warps per work-group, ``xc`` outputs along x per work-group;
     ``persistent`` > 0: that many work-groups per compute unit, each taking an equal run of x
-    steps (``xc`` unused); ``maxrreg`` caps the registers per thread (-cl-nv-maxrregcount;
-    0: what lets ``persistent`` groups share a multiprocessor's 64 K registers, else the
-    compiler's choice)."""
+    steps (``xc`` unused; groups beyond what a multiprocessor holds run as a tail wave: the
+    driver takes no register cap, -cl-nv-maxrregcount is refused); ``blocal``: B fragments
+    in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``ieee_sum``: hi
+    products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps)."""
 
     nt: int = 1
     tyw: int = 8
@@ -101,28 +112,19 @@ class TensorShape:
     wz: int = 4
     xc: int = 32
     persistent: int = 0
-    maxrreg: int = 0
-    blocal: bool = False  # B fragments in local memory
-    dxu: int = 0  # unroll of the dx loop (0: the compiler's)
-    ieee_sum: bool = True  # hi products summed by IEEE FP32 adds (accuracy; see the kernel)
+    blocal: bool = False
+    dxu: int = 0
+    ieee_sum: bool | None = None
 
     @property
     def threads(self) -> int:
         return 32 * self.wy * self.wz
 
-    @property
-    def options(self) -> tuple[str, ...]:
-        cap = self.maxrreg
-        if not cap and self.persistent:
-            cap = min(255, 65536 // (self.persistent * self.threads) // 8 * 8)
-        if not cap or cap >= 255:  # 255: the most a thread can have anyway
-            return ()
-        return ("-cl-nv-maxrregcount", str(cap))  # the "=N" form is ignored silently
-
 
 # Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor*.json).
-# 7^3: N = 8 in 0.784 ms at (1, 8, 2, 2) with 2 persistent groups per SM (0.805 as a grid of
-# x chunks of 32, 0.93 with 3 groups); N = 32 in 2.92 ms at (2, 4, 2, 2), 2 persistent.
+# 7^3: N = 8 in 0.782 ms at (1, 8, 2, 2) with 2 persistent groups per SM (0.805 as a grid of
+# x chunks of 32); N = 32 in 2.96 ms at (2, 4, 2, 2), 2 persistent (3.15 as a grid); 3^3, 5^3,
+# 9^3 and 11^3 10-40 % faster persistent than as a grid.
 DEFAULT_SHAPES = {
     1: TensorShape(1, 8, 2, 2, persistent=2),
     2: TensorShape(2, 4, 2, 2, persistent=2),
@@ -181,7 +183,7 @@ def tensor_defines(
         defines["BLOCAL"] = 1
     if shape.dxu:
         defines["DXU"] = shape.dxu
-    if shape.ieee_sum:
+    if shape.ieee_sum or (shape.ieee_sum is None and kx * ky * kz > IEEE_SUM_TAPS):
         defines["IEEE_SUM"] = 1
     if emulate:
         defines["EMULATE_MMA"] = 1
@@ -269,9 +271,7 @@ class TensorConvolver(BankConvolver):
         local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
-        nv = compute_capability(self.device) is not None  # -cl-nv-* options are NVIDIA's
-        options = split.options if nv else ()
-        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()), options)
+        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()))
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
@@ -321,6 +321,12 @@ class TensorConvolver(BankConvolver):
         return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
 
 
+def tensor_pays(n_filters: int, extents: tuple[int, ...]) -> bool:
+    """Whether 'auto' takes the tensor cores for a group (where they exist): faster from
+    `MIN_TENSOR_FILTERS` filters, at least as accurate below `FP32_BLOCKED_TAPS` taps."""
+    return n_filters >= MIN_TENSOR_FILTERS and math.prod(extents) < FP32_BLOCKED_TAPS
+
+
 def choose_engine(engine: str | None = None) -> str:
     """``engine``, else $VOLCONV_ENGINE, else 'auto'; checked."""
     engine = engine or os.environ.get(ENGINE_ENV) or "auto"
@@ -341,13 +347,13 @@ def direct_convolver(
     **overrides: object,
 ) -> BankConvolver:
     """The direct engine for a bank: `TensorConvolver` where the device and the bank allow
-    it (`tensor_refusal`) and it measured faster (`MIN_TENSOR_FILTERS` filters or more), else
-    the FP32 `BankConvolver`. ``engine`` ('auto', 'fp32', 'tensor'; default $VOLCONV_ENGINE
+    it (`tensor_refusal`) and it measured faster and as accurate (`tensor_pays`), else the
+    FP32 `BankConvolver`. ``engine`` ('auto', 'fp32', 'tensor'; default $VOLCONV_ENGINE
     or 'auto') forces one; 'tensor' raises where it cannot. The convolver's ``engine``
     attribute names the choice for the record."""
     engine = choose_engine(engine)
     bank = as_kernel_bank(kernels)
-    if engine == "tensor" or (engine == "auto" and len(bank) >= MIN_TENSOR_FILTERS):
+    if engine == "tensor" or (engine == "auto" and tensor_pays(len(bank), bank.shape[1:])):
         reason = tensor_refusal(device, bank, np.dtype(dtype), mode, cval)
         if reason is None:
             return TensorConvolver(bank, shape, dtype, mode, cval, device=device, **overrides)
