@@ -283,3 +283,19 @@ def test_tensor_no_worse_than_fp32(nvidia, k):
         out = run(direct_convolver(bank, vol.shape, np.uint8, device=nvidia, engine=engine), vol)
         errs[engine] = float((np.abs(out - ref).max(axis=(1, 2, 3)) / scale).max())
     assert errs["tensor"] <= errs["fp32"], errs
+
+
+def test_record_holds_the_unit_peak():
+    """Beside the FP32 peak: the tensor units' peak and the fraction the issued MMAs reached."""
+    from volconv.peak import nvidia_tensor_peak
+    from volconv.report import throughput
+
+    h100 = nvidia_tensor_peak((9, 0), 132, 1830.0)
+    assert h100.gflops == pytest.approx(989_400, rel=1e-3)  # the datasheet's dense FP16
+    assert nvidia_tensor_peak((7, 5), 40, 1500.0).gflops is None
+    r = throughput(92.0, 0.001, 0.01, 66_900.0, engine=TENSOR_ENGINE, unit_gflop=240.0,
+                   unit_peak_gflops=h100.gflops)  # fmt: skip
+    assert r["engine"] == TENSOR_ENGINE
+    assert r["fraction_of_unit_peak"] == pytest.approx(240.0 / 0.001 / h100.gflops)
+    plain = throughput(92.0, 0.001, 0.01, 66_900.0)
+    assert np.isnan(plain["unit_peak_gflops"]) and np.isnan(plain["fraction_of_unit_peak"])
