@@ -31,6 +31,11 @@ defines = {
     "pad.cl": (("SRC_T", "uchar"), ("DST_T", "float")),
     "fma_probe.cl": (),
     "separable.cl": (("K", 5), ("V", 16), ("U", 4), ("UM", 2), ("IN_T", "uchar")),
+    # mma.sync emulated: the inline PTX builds on NVIDIA only (tests/test_tensor.py runs it)
+    "tensor_conv.cl": (("KX", 3), ("KY", 3), ("KZ", 3), ("IN_T", "uchar"), ("SEG", 4),
+                       ("NSEG", 1), ("NJ", 1), ("ROWSPAN", 3), ("LROWS", 5), ("PL", 18),
+                       ("NT", 1), ("WY", 1), ("WZ", 1), ("TYW", 2), ("XC", 32),
+                       ("EMULATE_MMA", 1)),
 }
 for name in names:
     build(ctx, name, defines[name])

@@ -162,7 +162,7 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
     """Check the pipeline, its bank and every input (headers only) and print the plan."""
     device = choose_device(cfg)
     jobs = plan_jobs(cfg, device, overwrite=overwrite)
-    peak, how, _, _ = peaks(device)
+    peak, how, *_ = peaks(device)
     first = jobs[0]
 
     def say(text: str) -> None:

@@ -329,6 +329,9 @@ class BankConvolver(SlabConvolver):
         ``local_size``) when planning here; see `volconv.plan.make_plan`.
     """
 
+    engine = "fp32"  # the record's name of this engine
+    tensor_gflop = 0.0  # no tensor-core work (`volconv.tensor.TensorConvolver` has some)
+
     def __init__(
         self,
         kernels: object,
@@ -377,6 +380,15 @@ class BankConvolver(SlabConvolver):
             plan.halo_hi, plan.mode, plan.cval, plan.padded_yz, plan.slab_depth,
             frame_bytes(self.device),
         )  # fmt: skip
+        self._build_passes()
+        sizes = plan.slab_bytes(plan.slab_depth)
+        self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
+        self._out = cl.Buffer(ctx, mf.WRITE_ONLY, sizes["responses"])
+
+    def _build_passes(self) -> None:
+        """Compile the kernel and upload the coefficients of every pass."""
+        plan, ctx = self.plan, self.ctx
+        mf = cl.mem_flags
         # The kernel correlates, so it gets each filter flipped; lanes beyond a pass's
         # filters stay zero. Layout (taps, width) matches the kernel's vecf array.
         flipped = self.kernels[:, ::-1, ::-1, ::-1].reshape(plan.n_filters, -1)
@@ -389,9 +401,6 @@ class BankConvolver(SlabConvolver):
             self._passes.append(
                 (p, cl.Kernel(build(ctx, "bank_conv.cl", defines), "bank_conv"), buf)
             )
-        sizes = plan.slab_bytes(plan.slab_depth)
-        self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
-        self._out = cl.Buffer(ctx, mf.WRITE_ONLY, sizes["responses"])
 
     # -- slabs -------------------------------------------------------------------------
     def source_rows(self, a: int, b: int) -> np.ndarray:

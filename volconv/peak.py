@@ -45,6 +45,12 @@ NVIDIA_FP32_LANES_PER_SM: dict[tuple[int, int], int] = {
     (12, 0): 128, (12, 1): 128,  # Blackwell GeForce / workstation, GB10
 }  # fmt: skip
 
+# Dense FP16 tensor-core flops (FP32 accumulation) per SM and clock by compute capability:
+# A100 312 TFLOP/s = 108 SM x 2048 x 1.41 GHz; H100 SXM 989 = 132 SM x 4096 x 1.83 GHz
+# (NVIDIA's A100 and H100 datasheets, dense). mma.sync reaches about 65 % of Hopper's figure,
+# which counts wgmma (DESIGN.md "Tensor cores": 644 TFLOP/s measured).
+NVIDIA_FP16_TENSOR_FLOPS_PER_SM: dict[tuple[int, int], int] = {(8, 0): 2048, (9, 0): 4096}
+
 # AMD GPU targets that issue two FP32 FMAs per lane and clock: packed FP32 (v_pk_fma_f32) on
 # CDNA 2/3 and dual-issue (VOPD, wave64 on both halves) on RDNA 3/4. The vendor's FP32 peak
 # counts both; kernels need float2 work or the compiler's pairing to reach it.
@@ -104,6 +110,28 @@ def nvidia_peak(cc: tuple[int, int], sms: int, clock_mhz: float) -> Peak:
         2 * lanes * sms * ghz,
         f"{sms} SM x {lanes} FP32 lanes (cc {cc[0]}.{cc[1]}) x 2 x {ghz:.3f} GHz",
     )
+
+
+def nvidia_tensor_peak(cc: tuple[int, int], sms: int, clock_mhz: float) -> Peak:
+    """Dense FP16 tensor-core flops with FP32 accumulation: per SM per clock x SMs x clock."""
+    per_sm = NVIDIA_FP16_TENSOR_FLOPS_PER_SM.get(tuple(cc))
+    if per_sm is None:
+        return Peak(None, f"no FP16 tensor-core figure for cc {cc[0]}.{cc[1]}")
+    ghz = clock_mhz / 1000
+    return Peak(
+        per_sm * sms * ghz,
+        f"{sms} SM x {per_sm} FP16 tensor flops (cc {cc[0]}.{cc[1]}) x {ghz:.3f} GHz",
+    )
+
+
+def tensor_peak(device: cl.Device) -> Peak:
+    """The FP16 tensor-core peak of ``device`` (FP32 accumulation), or unknown with the reason."""
+    if not (
+        device.type & cl.device_type.GPU and "cl_nv_device_attribute_query" in device.extensions
+    ):
+        return Peak(None, "tensor-core peaks are modelled for NVIDIA GPUs only")
+    cc = (device.compute_capability_major_nv, device.compute_capability_minor_nv)
+    return nvidia_tensor_peak(cc, device.max_compute_units, device.max_clock_frequency)
 
 
 def amd_gpu_peak(

@@ -34,7 +34,7 @@ from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
 from volconv.device import DeviceError, select_device
 from volconv.io import InputError, Volume, expand_inputs, open_volume, split_spec
-from volconv.peak import fp32_peak, measured_bandwidth, measured_peak
+from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
 from volconv.plan import MAX_FILTERS
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
 from volconv.separable import (
@@ -361,6 +361,7 @@ class RunResult:
     peak_how: str
     measured_peak_gflops: float | None
     measured_bandwidth_gbps: float | None = None
+    unit_peak_gflops: float | None = None
     reports: list[VolumeReport] = field(default_factory=list)
 
     @property
@@ -368,12 +369,14 @@ class RunResult:
         return [r for r in self.reports if r.status == "failed"]
 
 
-def peaks(device: cl.Device) -> tuple[float | None, str, float | None, float | None]:
-    """The FP32 peak fractions are taken against, how it was found, and the FMA probe's rate
-    and copy bandwidth if cached: a run never probes (`volconv devices --probe` does)."""
+def peaks(device: cl.Device) -> tuple[float | None, str, float | None, float | None, float | None]:
+    """The FP32 peak fractions are taken against, how it was found, the FMA probe's rate and
+    copy bandwidth if cached (a run never probes: `volconv devices --probe` does), and the
+    tensor units' peak (None: none or unknown)."""
     measured = measured_peak(device, probe=False)
     peak = fp32_peak(device, measured)
-    return peak.gflops, peak.how, measured, measured_bandwidth(device, probe=False)
+    bandwidth = measured_bandwidth(device, probe=False)
+    return peak.gflops, peak.how, measured, bandwidth, tensor_peak(device).gflops
 
 
 class Convolvers:
@@ -542,6 +545,8 @@ def _stream(
             executed_gflop=conv.executed_gflop * volume.n_frames, engine=",".join(conv.engines),
             kernel_bytes=conv.kernel_bytes * volume.n_frames,
             measured_bandwidth_gbps=peaks.measured_bandwidth_gbps,
+            unit_gflop=conv.tensor_gflop * volume.n_frames,
+            unit_peak_gflops=peaks.unit_peak_gflops,
         )  # fmt: skip
         attrs = {
             "affine": np.asarray(volume.affine, np.float64),

@@ -45,6 +45,8 @@ def throughput(
     engine: str = "fp32",
     kernel_bytes: float = 0.0,
     measured_bandwidth_gbps: float | None = None,
+    unit_gflop: float = 0.0,
+    unit_peak_gflops: float | None = None,
 ) -> dict[str, Any]:
     """The record SPEC.md stores.
 
@@ -54,6 +56,8 @@ def throughput(
     used. ``executed_gflop`` defaults to ``gflop``. Passes bound by memory (the separable
     ones) move ``kernel_bytes``: the record then holds the bandwidth they reached and its
     fraction of the device's measured copy bandwidth (NaN where none ran, or unknown).
+    Tensor-core engines execute ``unit_gflop`` on those units (every MMA slot): beside the FP32
+    peak, the record holds their peak and the fraction of it reached (NaN where none ran).
     """
     executed = float(gflop if executed_gflop is None else executed_gflop)
     gflops = gflop / kernel_seconds if kernel_seconds > 0 else math.nan
@@ -65,6 +69,8 @@ def throughput(
         kernel_bytes / kernel_seconds / 1e9 if kernel_bytes and kernel_seconds > 0 else math.nan
     )
     copy = math.nan if measured_bandwidth_gbps is None else float(measured_bandwidth_gbps)
+    unit_peak = math.nan if unit_peak_gflops is None else float(unit_peak_gflops)
+    unit_rate = unit_gflop / kernel_seconds if unit_gflop and kernel_seconds > 0 else math.nan
     return {
         "gflop": float(gflop),
         "executed_gflop": executed,
@@ -78,6 +84,8 @@ def throughput(
         "engine": engine,
         "bandwidth_gbps": bandwidth,
         "fraction_of_bandwidth": bandwidth / copy if copy > 0 else math.nan,
+        "unit_peak_gflops": unit_peak,
+        "fraction_of_unit_peak": unit_rate / unit_peak if unit_peak > 0 else math.nan,
     }
 
 
@@ -149,6 +157,8 @@ class VolumeReport:
     engine: str = ""
     bandwidth_gbps: float = math.nan
     fraction_of_bandwidth: float = math.nan
+    unit_peak_gflops: float = math.nan
+    fraction_of_unit_peak: float = math.nan
     reason: str = ""  # why an input was skipped or failed
     clipped: int = 0  # voxels a uint8 output could not hold (saturated, or NaN stored as 0)
     stages: dict[str, float] = field(default_factory=dict)

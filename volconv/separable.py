@@ -59,6 +59,7 @@ from volconv.plan import (
 )
 from volconv.programs import build, context_for, device_seconds
 from volconv.report import work_gflop
+from volconv.tensor import direct_convolver
 
 PATHS = ("direct", "separable", "low-rank")
 
@@ -405,6 +406,9 @@ class SeparableConvolver(SlabConvolver):
         Force the slab depth, or bound the device memory (bytes) of all buffers.
     vector_width
         Outputs per work-item of the passes along axis 2.
+    engine : {'auto', 'fp32', 'tensor'}, optional
+        The direct groups' engine (`volconv.tensor.direct_convolver`; default
+        $VOLCONV_ENGINE or 'auto': the tensor cores where the device and bank allow).
     **overrides
         Plan knobs for the direct groups (see `volconv.plan.make_plan`).
     """
@@ -424,6 +428,7 @@ class SeparableConvolver(SlabConvolver):
         vector_width: int | None = None,
         rows: int | None = None,
         block_rows: int = BLOCK_ROWS,
+        engine: str | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -437,13 +442,14 @@ class SeparableConvolver(SlabConvolver):
         self.kernels = [k for k, _ in _entries(filters)]
         self._groups = [list(g) for g in plan.groups]
         self._direct = [
-            BankConvolver(
+            direct_convolver(
                 np.stack([self.kernels[f] for f in idx]),
                 plan.shape,
                 dtype,
                 plan.mode,
                 plan.cval,
                 device=self.device,
+                engine=engine,
                 slab_depth=plan.slab_depth,
                 **overrides,
             )
@@ -692,8 +698,15 @@ class SeparableConvolver(SlabConvolver):
 
     @property
     def engines(self) -> list[str]:
-        """The paths taken: 'separable' for the passes, 'fp32' for the direct kernel."""
-        return (["separable"] if self._slots else []) + (["fp32"] if self._direct else [])
+        """The paths taken: 'separable' for the passes, then each direct engine ('fp32',
+        'tensor-fp16')."""
+        direct = sorted({c.engine for c in self._direct})
+        return (["separable"] if self._slots else []) + direct
+
+    @property
+    def tensor_gflop(self) -> float:
+        """GFLOP the tensor cores execute for one volume (0 without a tensor-core group)."""
+        return sum(c.tensor_gflop for c in self._direct)
 
     @property
     def gflop(self) -> float:

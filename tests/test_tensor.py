@@ -1,0 +1,301 @@
+"""The tensor-core engine: its choice and fallback (every device), its fragment layout (the
+kernel with mma.sync emulated, on any device) and its results on NVIDIA cc >= 8.0 against
+scipy.ndimage.convolve in float64 at SPEC's tolerance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import assert_spec_close, reference
+
+from volconv.engine import BankConvolver
+from volconv.separable import SeparableConvolver, plan_bank
+from volconv.tensor import (
+    FP32_BLOCKED_TAPS,
+    MIN_TENSOR_FILTERS,
+    TENSOR_ENGINE,
+    TensorConvolver,
+    TensorShape,
+    b_fragments,
+    choose_engine,
+    direct_convolver,
+    filter_exponents,
+    tensor_defines,
+    tensor_pays,
+    tensor_refusal,
+    tensor_supported,
+)
+
+MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
+
+
+def direct(bank: np.ndarray) -> list:
+    """Every filter on the direct path (the engines under test), whatever the cost model."""
+    return plan_bank(bank, force="direct")
+
+
+def run(conv: BankConvolver, volume: np.ndarray) -> np.ndarray:
+    """Every slab of ``volume`` through ``conv``: the seams between slabs included."""
+    out = np.empty((conv.plan.n_filters, *volume.shape), np.float32)
+    for a, b in conv.slabs():
+        conv.convolve_slab(a, b, volume[conv.source_rows(a, b)], out[:, a:b])
+    return out
+
+
+def volume_of(dtype: np.dtype, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        return (rng.standard_normal(shape) * 1000).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
+
+
+# -- choice and fallback ------------------------------------------------------------------
+
+
+def test_engine_choice_and_fallback(device):
+    """Where the device has no mma.sync (PoCL, other GPUs) the direct groups take the FP32
+    kernel and the record says so; on NVIDIA cc >= 8 uint8 banks take the tensor cores
+    (from MIN_TENSOR_FILTERS filters on: fewer run faster on the FP32 kernel)."""
+    bank = np.random.default_rng(1).standard_normal((MIN_TENSOR_FILTERS, 3, 3, 3))
+    shape = (9, 10, 11)
+    conv = direct_convolver(bank, shape, np.uint8, device=device)
+    sep = SeparableConvolver(bank, shape, np.uint8, device=device, choices=direct(bank))
+    if tensor_supported(device):
+        assert type(conv) is TensorConvolver and conv.engine == TENSOR_ENGINE
+        assert sep.engines == [TENSOR_ENGINE] and sep.tensor_gflop > 0
+    else:
+        assert type(conv) is BankConvolver and conv.engine == "fp32"
+        assert sep.engines == ["fp32"] and sep.tensor_gflop == 0
+        assert "mma.sync" in tensor_refusal(device, bank, np.dtype(np.uint8), "reflect", 0.0)
+        with pytest.raises(ValueError, match=r"mma\.sync"):
+            direct_convolver(bank, shape, np.uint8, device=device, engine="tensor")
+        with pytest.raises(ValueError, match=r"mma\.sync"):
+            TensorConvolver(bank, shape, np.uint8, device=device)
+    few = direct_convolver(bank[: MIN_TENSOR_FILTERS - 1], shape, np.uint8, device=device)
+    assert few.engine == "fp32"
+    forced = SeparableConvolver(bank, shape, np.uint8, device=device, choices=direct(bank),
+                                engine="fp32")  # fmt: skip
+    assert forced.engines == ["fp32"]
+    vol = volume_of(np.uint8, shape)
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
+
+
+def test_tensor_pays():
+    """'auto' takes the tensor cores from 4 filters, below the FP32 kernel's blocked sums."""
+    assert tensor_pays(MIN_TENSOR_FILTERS, (7, 7, 7)) and tensor_pays(32, (9, 9, 9))
+    assert not tensor_pays(MIN_TENSOR_FILTERS - 1, (7, 7, 7))
+    assert not tensor_pays(8, (10, 10, 10)) and not tensor_pays(8, (11, 11, 11))
+    assert tensor_pays(8, (31, 31, 1))  # 961 taps
+
+
+def test_ieee_sum_above_7_cubed():
+    """Chained tensor-core sums up to 343 taps, IEEE FP32 adds of the hi products above."""
+    u8 = np.dtype(np.uint8)
+    assert "IEEE_SUM" not in tensor_defines((7, 7, 7), u8, TensorShape())
+    assert tensor_defines((7, 7, 8), u8, TensorShape())["IEEE_SUM"] == 1
+    assert tensor_defines((3, 3, 3), u8, TensorShape(ieee_sum=True))["IEEE_SUM"] == 1
+    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, TensorShape(ieee_sum=False))
+
+
+def test_engine_knob(monkeypatch):
+    monkeypatch.setenv("VOLCONV_ENGINE", "fp32")
+    assert choose_engine() == "fp32"
+    assert choose_engine("tensor") == "tensor"
+    monkeypatch.setenv("VOLCONV_ENGINE", "fp16")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        choose_engine()
+
+
+def test_refusals_name_the_reason(device):
+    """Types FP16 does not hold exactly, a cval off the type and extreme scales stay on FP32."""
+    if not tensor_supported(device):
+        pytest.skip("the refusals past the device's are reached on NVIDIA cc >= 8.0 only")
+    bank = np.ones((1, 3, 3, 3))
+    ok = tensor_refusal(device, bank, np.dtype(np.uint8), "reflect", 0.0)
+    assert ok is None
+    for dt in (np.int16, np.uint16, np.float32, np.float64):
+        assert "not exact in FP16" in tensor_refusal(device, bank, np.dtype(dt), "reflect", 0.0)
+    assert "cval" in tensor_refusal(device, bank, np.dtype(np.uint8), "constant", 0.5)
+    assert tensor_refusal(device, bank, np.dtype(np.uint8), "constant", 7.0) is None
+    assert "normal range" in tensor_refusal(device, bank * 1e-38, np.dtype(np.uint8), "wrap", 0)
+
+
+# -- the coefficient split and fragments (pure) -------------------------------------------
+
+
+def test_filter_exponents_scale_into_fp16_top():
+    bank = np.array([3.0, 1e-20, 0.0, -7e30]).reshape(4, 1, 1, 1)
+    e = filter_exponents(bank)
+    scaled = np.abs(np.ldexp(bank.ravel(), e))
+    assert np.all((scaled[[0, 1, 3]] >= 2**14) & (scaled[[0, 1, 3]] < 2**15))
+    assert e[2] == 0
+
+
+@pytest.mark.parametrize("extents", [(7, 7, 7), (2, 5, 3), (3, 4, 2), (1, 3, 17)])
+def test_fragments_hold_every_tap_once(extents):
+    """hi + lo of the B fragments, read back by the PTX layout, rebuild every scaled tap to
+    about 22 bits, each exactly once, and nothing else."""
+    rng = np.random.default_rng(2)
+    bank = rng.standard_normal((5, *extents)) * 10.0 ** rng.integers(-5, 5, (5, 1, 1, 1))
+    d = tensor_defines(extents, np.dtype(np.uint8), TensorShape(nt=1))
+    frags = b_fragments(bank, d)
+    seg, nseg = d["SEG"], d["NSEG"]
+    halves = frags.view(np.uint16).reshape(*frags.shape[:-1], 2, 2).view(np.float16)
+    kx = extents[0]
+    rebuilt = np.zeros((8, *extents))
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    for dx in range(kx):
+        for j in range(d["NJ"]):
+            for reg in range(2):
+                for half in range(2):
+                    k = 2 * t + 8 * reg + half
+                    item = j * 16 // seg + k // seg
+                    dy, dz = item // nseg, (item % nseg) * seg + k % seg
+                    value = halves[dx, j, 0, :, :, reg, half].astype(np.float64)
+                    value = value[0] + value[1]  # hi + lo
+                    inside = (dy < extents[1]) & (dz < extents[2])
+                    assert np.all(value[~inside] == 0)
+                    np.add.at(rebuilt, (g[inside], dx, dy[inside], dz[inside]), value[inside])
+    scaled = np.ldexp(bank, filter_exponents(bank)[:, None, None, None])
+    assert np.allclose(rebuilt[:5], scaled, rtol=2**-21, atol=2**-24)
+    assert np.all(rebuilt[5:] == 0)
+
+
+# -- the kernel with mma.sync emulated (any device) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extents", "n", "shape", "mode", "dtype", "split"),
+    [
+        ((3, 5, 7), 3, (6, 9, 20), "reflect", np.uint8, TensorShape(1, 2, 1, 2, 4)),
+        ((2, 4, 11), 13, (9, 10, 21), "constant", np.int8, TensorShape(2, 2, 2, 1, 3)),
+        ((4, 2, 2), 5, (7, 6, 18), "mirror", np.uint8, TensorShape(1, 3, 2, 2, 5)),
+        ((2, 3, 4), 2, (5, 7, 9), "wrap", np.uint8, TensorShape(1, 2, 1, 1, 4)),
+        ((3, 5, 7), 3, (6, 9, 20), "nearest", np.uint8, TensorShape(1, 2, 1, 2, persistent=1)),
+        ((5, 3, 17), 9, (8, 9, 19), "reflect", np.int8, TensorShape(2, 1, 1, 1, persistent=3)),
+        (
+            (3, 3, 3),
+            4,
+            (5, 6, 17),
+            "wrap",
+            np.uint8,
+            TensorShape(1, 2, 1, 1, 4, blocal=True, dxu=1),
+        ),
+    ],
+)
+def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
+    """kernels/tensor_conv.cl with mma.sync emulated by its PTX fragment layout: the items,
+    rows, lanes, ring and persistent runs of the real kernel, checked on any device (slabs of
+    4 rows)."""
+    bank = np.random.default_rng(3).standard_normal((n, *extents))
+    vol = volume_of(dtype, shape)
+    conv = TensorConvolver(bank, shape, dtype, mode, 3.0, device=device, emulate=True,
+                           shape_split=split, slab_depth=4)  # fmt: skip
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, mode, 3.0))
+
+
+# -- the kernel on the tensor cores (NVIDIA cc >= 8.0) -------------------------------------
+
+
+@pytest.fixture
+def nvidia(device):
+    if not tensor_supported(device):
+        pytest.skip("needs an NVIDIA GPU of compute capability >= 8.0 (mma.sync)")
+    return device
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("extents", [(7, 7, 7), (3, 4, 5), (2, 6, 11)])
+def test_tensor_modes(nvidia, mode, extents):
+    """Every mode, odd and even extents, slabs of 7 rows (seams), cval an integer."""
+    bank = np.random.default_rng(4).standard_normal((8, *extents))
+    shape = (26, 23, 37)
+    vol = volume_of(np.uint8, shape)
+    conv = direct_convolver(bank, shape, np.uint8, mode, 9.0, device=nvidia, slab_depth=7)
+    assert conv.engine == TENSOR_ENGINE
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, mode, 9.0))
+
+
+@pytest.mark.parametrize("n", [1, 8, 13, 32])
+@pytest.mark.parametrize("extents", [(5, 5, 5), (4, 1, 8), (1, 1, 1), (9, 8, 17)])
+def test_tensor_filters(nvidia, n, extents):
+    rng = np.random.default_rng(n)
+    bank = rng.standard_normal((n, *extents)) * 10.0 ** rng.integers(-6, 6, (n, 1, 1, 1))
+    shape = (33, 40, 70)
+    vol = volume_of(np.int8, shape, n)
+    conv = TensorConvolver(bank, shape, np.int8, "reflect", device=nvidia, slab_depth=13)
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
+
+
+@pytest.mark.parametrize("persistent", [0, 2])
+@pytest.mark.parametrize("extents", [(7, 7, 7), (4, 4, 12)])
+def test_tensor_splits(nvidia, extents, persistent):
+    """The work splits the benchmark sweeps, grid and persistent, give the same results."""
+    bank = np.random.default_rng(7).standard_normal((16, *extents))
+    shape = (37, 45, 53)
+    vol = volume_of(np.uint8, shape)
+    for split in (
+        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True),
+        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False),
+    ):
+        conv = TensorConvolver(bank, shape, np.uint8, "wrap", device=nvidia, shape_split=split,
+                               slab_depth=20)  # fmt: skip
+        assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "wrap"))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.float32])
+def test_tensor_dtypes(nvidia, dtype):
+    """uint8 and int8 take the tensor cores; int16 and float32 the FP32 kernel, as exact."""
+    bank = np.random.default_rng(5).standard_normal((8, 5, 6, 7))
+    shape = (30, 31, 45)
+    vol = volume_of(dtype, shape)
+    sep = SeparableConvolver(bank, shape, dtype, "mirror", device=nvidia, slab_depth=11,
+                             choices=direct(bank))  # fmt: skip
+    tensor = np.dtype(dtype) in (np.dtype(np.uint8), np.dtype(np.int8))
+    assert sep.engines == [TENSOR_ENGINE if tensor else "fp32"]
+    out = run(sep, vol)
+    assert_spec_close(out, vol, bank, reference(vol, bank, "mirror"))
+
+
+def test_tensor_cval_off_type_falls_back(nvidia):
+    bank = np.ones((2, 3, 3, 3))
+    conv = direct_convolver(bank, (8, 9, 10), np.uint8, "constant", 0.5, device=nvidia)
+    assert conv.engine == "fp32"
+
+
+@pytest.mark.parametrize("k", [7, 9, 11])
+def test_tensor_no_worse_than_fp32(nvidia, k):
+    """Error against float64 (max |err| / (sum|w| x 255)) at most the FP32 kernel's, for the
+    extents 'auto' gives the tensor cores; from 1000 taps (11^3) it keeps the FP32 kernel."""
+    bank = np.random.default_rng(6).standard_normal((8, k, k, k))
+    vol = volume_of(np.uint8, (48, 56, 64))
+    auto = direct_convolver(bank, vol.shape, np.uint8, device=nvidia)
+    if k**3 >= FP32_BLOCKED_TAPS:
+        assert auto.engine == "fp32"
+        return
+    assert auto.engine == TENSOR_ENGINE
+    ref = reference(vol, bank, "reflect")
+    scale = np.abs(bank).sum(axis=(1, 2, 3)) * 255.0
+    errs = {}
+    for engine in ("tensor", "fp32"):
+        out = run(direct_convolver(bank, vol.shape, np.uint8, device=nvidia, engine=engine), vol)
+        errs[engine] = float((np.abs(out - ref).max(axis=(1, 2, 3)) / scale).max())
+    assert errs["tensor"] <= errs["fp32"], errs
+
+
+def test_record_holds_the_unit_peak():
+    """Beside the FP32 peak: the tensor units' peak and the fraction the issued MMAs reached."""
+    from volconv.peak import nvidia_tensor_peak
+    from volconv.report import throughput
+
+    h100 = nvidia_tensor_peak((9, 0), 132, 1830.0)
+    assert h100.gflops == pytest.approx(989_400, rel=1e-3)  # the datasheet's dense FP16
+    assert nvidia_tensor_peak((7, 5), 40, 1500.0).gflops is None
+    r = throughput(92.0, 0.001, 0.01, 66_900.0, engine=TENSOR_ENGINE, unit_gflop=240.0,
+                   unit_peak_gflops=h100.gflops)  # fmt: skip
+    assert r["engine"] == TENSOR_ENGINE
+    assert r["fraction_of_unit_peak"] == pytest.approx(240.0 / 0.001 / h100.gflops)
+    plain = throughput(92.0, 0.001, 0.01, 66_900.0)
+    assert np.isnan(plain["unit_peak_gflops"]) and np.isnan(plain["fraction_of_unit_peak"])

@@ -1,0 +1,362 @@
+"""The tensor-core engine (NVIDIA, compute capability >= 8.0) and the one place an engine is
+chosen for a direct bank: `direct_convolver`.
+
+`TensorConvolver` has `BankConvolver`'s slab interface and semantics (the same padded slab,
+responses, non-finite override); its kernel, kernels/tensor_conv.cl, computes the valid
+correlation as an implicit GEMM on ``mma.sync.m16n8k16`` with FP16 inputs and FP32
+accumulation. uint8 and int8 volumes are exact in FP16; each filter's coefficients are scaled
+by a power of two and split into hi + lo FP16 halves with separate accumulators, which keeps
+the error against float64 at or below the FP32 kernel's (DESIGN.md, "Tensor cores").
+
+Inputs FP16 cannot hold exactly (16-bit integers, float32 and wider, a non-integer ``cval``
+in constant mode) and filters whose scale leaves float32's normal range stay on the FP32
+kernel: `tensor_refusal` says why. ``VOLCONV_ENGINE=fp32`` (or ``engine='fp32'``) forces the
+FP32 kernel everywhere, for comparison.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.engine import BankConvolver, as_kernel_bank, native_volume
+from volconv.plan import pad_dtype_for
+from volconv.programs import build
+from volconv.report import work_gflop
+
+# cl_nv_device_attribute_query
+CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV = 0x4000
+CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV = 0x4001
+MIN_CC = (8, 0)  # mma.sync.m16n8k16 with f16 inputs and f32 accumulators
+ENGINES = ("auto", "fp32", "tensor")
+ENGINE_ENV = "VOLCONV_ENGINE"
+TENSOR_ENGINE = "tensor-fp16"
+EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # exact in FP16
+SCALE_TOP = 14  # each filter's largest |coefficient| scaled into [2^14, 2^15): FP16's top
+# Below this many filters in a group 'auto' keeps the FP32 kernel: a pass of the tensor engine
+# costs the same for 1..8 filters (H100, 256^3, 7^3: N = 1 took 0.79 ms against FP32's 0.46).
+MIN_TENSOR_FILTERS = 4
+# Accuracy (max |err| / (sum|w| x 255) against float64, H100, 256^3 MNI uint8, random normal
+# filters; benchmarks/results/h100-tensor*.json). The tensor cores' own FP32 accumulation
+# truncates: chained over the MMAs of a 7^3 filter it stays below the FP32 kernel's error
+# (7.6e-8 against 1.3e-7 at N = 8), at 9^3 it passed it (2.0e-7 against 1.8e-7). Above
+# IEEE_SUM_TAPS the hi products go through IEEE FP32 adds (6.7e-8 at 9^3; 13-18 % slower at
+# 7^3). From FP32_BLOCKED_TAPS on the FP32 kernel sums each dx plane apart
+# (kernels/bank_conv.cl, BLOCK_TAPS) and is the more accurate (11^3: 3.8e-8 against 5.3e-8),
+# so 'auto' keeps it there although the tensor engine ran 2.3x faster.
+IEEE_SUM_TAPS = 343
+FP32_BLOCKED_TAPS = 1000
+
+
+def compute_capability(device: cl.Device) -> tuple[int, int] | None:
+    """An NVIDIA device's compute capability (cl_nv_device_attribute_query), else None."""
+    if "cl_nv_device_attribute_query" not in device.extensions:
+        return None
+    try:
+        return (
+            int(device.get_info(CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV)),
+            int(device.get_info(CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV)),
+        )
+    except cl.Error:
+        return None
+
+
+def tensor_supported(device: cl.Device) -> bool:
+    """Whether ``device`` runs kernels/tensor_conv.cl: an NVIDIA GPU of cc >= 8.0."""
+    cc = compute_capability(device)
+    return bool(device.type & cl.device_type.GPU) and cc is not None and cc >= MIN_CC
+
+
+def filter_exponents(bank: np.ndarray) -> np.ndarray:
+    """Per filter, the power of two ``e`` that scales its largest |coefficient| into
+    [2^14, 2^15) (0 for a zero filter)."""
+    peak = np.abs(bank.reshape(len(bank), -1)).max(axis=1)
+    _, ex = np.frexp(np.where(peak > 0, peak, 1.0))
+    return np.where(peak > 0, SCALE_TOP + 1 - ex, 0).astype(np.int64)
+
+
+def tensor_refusal(
+    device: cl.Device, bank: np.ndarray, dtype: np.dtype, mode: str, cval: float
+) -> str | None:
+    """Why the tensor-core engine does not take this bank and volume type (None: it does)."""
+    if not tensor_supported(device):
+        return f"{device.name.strip()} has no mma.sync (NVIDIA cc >= 8.0 wanted)"
+    src = native_volume(np.empty(0, dtype)).dtype
+    if src not in EXACT_TYPES:
+        return f"{src} inputs are not exact in FP16 (uint8 and int8 are)"
+    if pad_dtype_for(src, mode, cval) != src:
+        return f"cval {cval} is not a {src} value"
+    e = filter_exponents(bank)
+    if np.any(e > 126) or np.any(e < -127):
+        return "a filter's scale 2^-e leaves float32's normal range"
+    return None
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """Work split of tensor_conv.cl: ``nt`` 8-filter tiles per warp, ``tyw`` output rows per
+    warp, ``wy`` x ``wz`` warps per work-group, ``xc`` outputs along x per work-group;
+    ``persistent`` > 0: that many work-groups per compute unit, each taking an equal run of x
+    steps (``xc`` unused; groups beyond what a multiprocessor holds run as a tail wave: the
+    driver takes no register cap, -cl-nv-maxrregcount is refused); ``blocal``: B fragments
+    in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``ieee_sum``: hi
+    products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps)."""
+
+    nt: int = 1
+    tyw: int = 8
+    wy: int = 1
+    wz: int = 4
+    xc: int = 32
+    persistent: int = 0
+    blocal: bool = False
+    dxu: int = 0
+    ieee_sum: bool | None = None
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wy * self.wz
+
+
+# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor*.json).
+# 7^3: N = 8 in 0.782 ms at (1, 8, 2, 2) with 2 persistent groups per SM (0.805 as a grid of
+# x chunks of 32); N = 32 in 2.96 ms at (2, 4, 2, 2), 2 persistent (3.15 as a grid); 3^3, 5^3,
+# 9^3 and 11^3 10-40 % faster persistent than as a grid.
+DEFAULT_SHAPES = {
+    1: TensorShape(1, 8, 2, 2, persistent=2),
+    2: TensorShape(2, 4, 2, 2, persistent=2),
+}
+SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
+
+
+def default_shape(n_filters: int) -> TensorShape:
+    return DEFAULT_SHAPES[1 if n_filters <= 8 else 2]
+
+
+def fit_split(
+    extents: tuple[int, int, int], src: np.dtype, split: TensorShape, local_mem: int
+) -> TensorShape:
+    """``split`` narrowed (warps along z, then along y, then rows per warp) until its ring of
+    planes fits ``local_mem`` bytes: wide filters need taller and wider plane tiles."""
+    while local_bytes(tensor_defines(extents, src, split)) > local_mem:
+        if split.wz > 1:
+            split = replace(split, wz=split.wz // 2)
+        elif split.wy > 1:
+            split = replace(split, wy=split.wy // 2)
+        elif split.tyw > 1:
+            split = replace(split, tyw=split.tyw // 2)
+        else:
+            raise ValueError(f"no work split of tensor_conv.cl fits {local_mem} bytes")
+    if split.persistent:  # as many groups as the multiprocessor's shared memory holds
+        per_group = local_bytes(tensor_defines(extents, src, split)) + 1024
+        split = replace(
+            split, persistent=max(1, min(split.persistent, SM_LOCAL_BYTES // per_group))
+        )
+    return split
+
+
+def tensor_defines(
+    extents: tuple[int, int, int], src: np.dtype, shape: TensorShape, emulate: bool = False
+) -> dict[str, object]:
+    """Every -D of kernels/tensor_conv.cl for filters of ``extents``."""
+    kx, ky, kz = extents
+    seg = 2 if kz <= 2 else 4 if kz <= 4 else 8
+    nseg = math.ceil(kz / seg)
+    iph = 8 // seg
+    nj = math.ceil(ky * nseg / (2 * iph))
+    rowspan = ((nj - 1) * 2 * iph + iph) // nseg + 1
+    lrow_max = 0 if seg == 8 else 6 // seg
+    lz_max = 7 + (6 if seg == 8 else 6 % seg)
+    defines = {
+        "KX": kx, "KY": ky, "KZ": kz, "IN_T": "uchar" if src == np.uint8 else "char",
+        "SEG": seg, "NSEG": nseg, "NJ": nj, "ROWSPAN": rowspan,
+        "LROWS": shape.wy * shape.tyw - 1 + rowspan + lrow_max,
+        "PL": 16 * (shape.wz - 1) + lz_max + 8 * nseg + 1,
+        "NT": shape.nt, "WY": shape.wy, "WZ": shape.wz, "TYW": shape.tyw, "XC": shape.xc,
+    }  # fmt: skip
+    if shape.persistent:
+        defines["PERSISTENT"] = 1
+    if shape.blocal:
+        defines["BLOCAL"] = 1
+    if shape.dxu:
+        defines["DXU"] = shape.dxu
+    if shape.ieee_sum or (shape.ieee_sum is None and kx * ky * kz > IEEE_SUM_TAPS):
+        defines["IEEE_SUM"] = 1
+    if emulate:
+        defines["EMULATE_MMA"] = 1
+    return defines
+
+
+def local_bytes(defines: dict[str, object]) -> int:
+    """Local memory of tensor_conv.cl: the ring of KX + 1 plane tiles (and the B fragments)."""
+    kx = int(defines["KX"])
+    ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
+    frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * 2 * 32 if "BLOCAL" in defines else 0
+    return ring + frags
+
+
+def b_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
+    """The B operands of one pass: ``flipped`` (F <= 8 NT filters, kx, ky, kz), scaled and split,
+    as (KX, NJ, NT, hi/lo, lane, 2) uint32 in mma.sync's fragment layout: lane (g, t) holds
+    rows k = 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of column n = g, the lower k in the low
+    half."""
+    kx, ky, kz = flipped.shape[1:]
+    seg, nseg, nj, nt = (int(defines[k]) for k in ("SEG", "NSEG", "NJ", "NT"))
+    ipm = 16 // seg
+    scaled = np.ldexp(flipped, filter_exponents(flipped)[:, None, None, None])
+    hi = scaled.astype(np.float16)
+    lo = (scaled - hi.astype(np.float64)).astype(np.float16)
+    # B[dx, j, k, n]: the coefficient of item j * ipm + k // seg, tap k % seg of it
+    k = np.arange(16)
+    item = np.arange(nj)[:, None] * ipm + k // seg  # (NJ, 16)
+    dy, dz = item // nseg, (item % nseg) * seg + k % seg
+    valid = (dy < ky) & (dz < kz)
+    frags = np.zeros((kx, nj, nt, 2, 32, 2), np.uint32)
+    g, t = np.arange(32) // 4, np.arange(32) % 4
+    for h, part in enumerate((hi, lo)):
+        coef = np.where(valid, part[:, :, np.minimum(dy, ky - 1), np.minimum(dz, kz - 1)], 0)
+        full = np.zeros((8 * nt, kx, nj, 16), np.float16)  # (filter, dx, j, k)
+        full[: len(part)] = coef
+        bits = full.view(np.uint16).astype(np.uint32)
+        for tile in range(nt):
+            f = tile * 8 + g
+            for reg in range(2):
+                k0 = 2 * t + 8 * reg  # (lane,) indices: each gives (lane, KX, NJ)
+                pair = bits[f, :, :, k0] | bits[f, :, :, k0 + 1] << 16
+                frags[:, :, tile, h, :, reg] = pair.transpose(1, 2, 0)
+    return frags
+
+
+class TensorConvolver(BankConvolver):
+    """`BankConvolver` on the tensor cores: same parameters, slabs and results.
+
+    Parameters
+    ----------
+    shape_split : TensorShape, optional
+        The kernel's work split (default: `default_shape` of the bank).
+    emulate : bool
+        Build kernels/tensor_conv.cl with mma.sync emulated through local memory, on any
+        device (slow; tests of the fragment layout on PoCL).
+    **kwargs
+        As `BankConvolver`.
+    """
+
+    engine = TENSOR_ENGINE
+
+    def __init__(
+        self,
+        kernels: object,
+        shape: tuple[int, int, int],
+        dtype: np.dtype,
+        mode: str = "reflect",
+        cval: float = 0.0,
+        *,
+        shape_split: TensorShape | None = None,
+        emulate: bool = False,
+        **kwargs: object,
+    ) -> None:
+        bank = as_kernel_bank(kernels)
+        self.split = shape_split or default_shape(len(bank))
+        self.emulate = emulate
+        super().__init__(bank, shape, dtype, mode, cval, **kwargs)
+
+    def _build_passes(self) -> None:
+        plan, ctx, split = self.plan, self.ctx, self.split
+        reason = tensor_refusal(self.device, self.kernels, plan.src_dtype, plan.mode, plan.cval)
+        if reason and not (self.emulate and "mma.sync" in reason):
+            raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
+        local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
+        self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
+        self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
+        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()))
+        flipped = self.kernels[:, ::-1, ::-1, ::-1]
+        width = 8 * split.nt
+        mf = cl.mem_flags
+        self._passes = []
+        for first in range(0, plan.n_filters, width):
+            part = flipped[first : first + width]
+            frags = b_fragments(part, self.defines)
+            unscale = np.zeros(width, np.float32)
+            unscale[: len(part)] = np.ldexp(1.0, -filter_exponents(part))
+            self._passes.append((
+                first, len(part), cl.Kernel(self.program, "tensor_conv"),
+                cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=frags),
+                cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=unscale),
+            ))  # fmt: skip
+
+    def _launch_passes(self, depth: int) -> list[cl.Event]:
+        plan, s = self.plan, self.split
+        ny, nz = plan.shape[1:]
+        p1, p2 = plan.padded_yz
+        threads = s.threads
+        if s.persistent:
+            glob = (threads * s.persistent * self.device.max_compute_units, 1, 1)
+        else:
+            glob = (threads * -(-nz // (16 * s.wz)), -(-ny // (s.wy * s.tyw)), -(-depth // s.xc))
+        events = []
+        for first, count, knl, frags, unscale in self._passes:
+            knl.set_args(
+                self._padded, self._out, frags, unscale, np.int32(depth), np.int32(ny),
+                np.int32(nz), np.int32(p1), np.int32(p2), np.int64(depth * ny * nz),
+                np.int32(first), np.int32(count),
+            )  # fmt: skip
+            events.append(cl.enqueue_nd_range_kernel(self.queue, knl, glob, (threads, 1, 1)))
+        return events
+
+    @property
+    def tensor_gflop(self) -> float:
+        """GFLOP the tensor cores execute for one volume: every MMA slot, zero taps, padding
+        filters and the lo half included (fractions of the tensor peak count these)."""
+        d, s = self.defines, self.split
+        mmas = int(d["KX"]) * int(d["NJ"]) * 2 * len(self._passes) * s.nt
+        tiles = math.prod(self.plan.shape) / 16
+        return tiles * mmas * 2 * 16 * 8 * 16 / 1e9
+
+    @property
+    def useful_gflop(self) -> float:
+        plan = self.plan
+        return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
+
+
+def tensor_pays(n_filters: int, extents: tuple[int, ...]) -> bool:
+    """Whether 'auto' takes the tensor cores for a group (where they exist): faster from
+    `MIN_TENSOR_FILTERS` filters, at least as accurate below `FP32_BLOCKED_TAPS` taps."""
+    return n_filters >= MIN_TENSOR_FILTERS and math.prod(extents) < FP32_BLOCKED_TAPS
+
+
+def choose_engine(engine: str | None = None) -> str:
+    """``engine``, else $VOLCONV_ENGINE, else 'auto'; checked."""
+    engine = engine or os.environ.get(ENGINE_ENV) or "auto"
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
+    return engine
+
+
+def direct_convolver(
+    kernels: object,
+    shape: tuple[int, int, int],
+    dtype: np.dtype,
+    mode: str = "reflect",
+    cval: float = 0.0,
+    *,
+    device: cl.Device,
+    engine: str | None = None,
+    **overrides: object,
+) -> BankConvolver:
+    """The direct engine for a bank: `TensorConvolver` where the device and the bank allow
+    it (`tensor_refusal`) and it measured faster and as accurate (`tensor_pays`), else the
+    FP32 `BankConvolver`. ``engine`` ('auto', 'fp32', 'tensor'; default $VOLCONV_ENGINE
+    or 'auto') forces one; 'tensor' raises where it cannot. The convolver's ``engine``
+    attribute names the choice for the record."""
+    engine = choose_engine(engine)
+    bank = as_kernel_bank(kernels)
+    if engine == "tensor" or (engine == "auto" and tensor_pays(len(bank), bank.shape[1:])):
+        reason = tensor_refusal(device, bank, np.dtype(dtype), mode, cval)
+        if reason is None:
+            return TensorConvolver(bank, shape, dtype, mode, cval, device=device, **overrides)
+        if engine == "tensor":
+            raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
+    return BankConvolver(kernels, shape, dtype, mode, cval, device=device, **overrides)
