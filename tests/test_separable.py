@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from volconv.factor import amplification, factorise, reconstruct, reconstruction
 from volconv.separable import SeparableConvolver, convolve_separable, describe_plan, plan_bank
 
 RNG = np.random.default_rng(20261123)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def volume(shape: tuple[int, ...], dtype: str = "uint8") -> np.ndarray:
@@ -120,6 +123,67 @@ def test_low_rank_even_extents_through_the_passes(device):
     for mode in MODES:
         options = {"device": device, "slab_depth": 5, "block_rows": 2, "choices": choices}
         assert_matches_scipy(volume((11, 9, 14), "int16"), bank, mode, -2.0, **options)
+
+
+# A bank for the fused kernel: every kind of factor, extents that differ per axis and per
+# filter (even ones from a custom rank-2 kernel), 6 responses x 9 axis-0 taps of partial sums.
+FUSED = [
+    {"type": "gaussian", "sigma": [1.2, 0.8, 1.0], "order": [1, 0, 2], "size": [7, 5, 9]},
+    {"type": "log", "sigma": 1.1, "size": 9},
+    {"type": "dog", "sigma": 0.9, "size": [7, 7, 5]},
+    {"type": "box", "size": [3, 5, 1]},
+    {"type": "sobel", "axis": 2},
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_fused_kernel_in_every_mode_with_seams(device, mode):
+    """Slabs of 3 rows, chunks of 2 rows and tiles of 4 x 8 put seams inside every kernel and
+    tiles past the volume's edges; constant mode with cval != 0."""
+    bank = [*build_bank(FUSED), rank_r((4, 3, 6), 2)]
+    options = {"choices": plan_bank(bank, force="separable"), "fused": True, "tile": (4, 8, 2),
+               "slab_depth": 3}  # fmt: skip
+    conv = SeparableConvolver(bank, (13, 17, 21), np.uint8, mode, -7.5, device=device, **options)
+    assert conv.plan.fused and conv.pass_counts[2] >= len(bank)
+    assert_matches_scipy(volume((13, 17, 21)), bank, mode, -7.5, device=device, **options)
+
+
+def test_the_fused_kernel_beside_direct_groups_and_nonfinite_voxels(device):
+    """The default tile over a volume smaller than it; direct filters of two extents beside the
+    fused ones; NaN and +-Inf where scipy puts them."""
+    bank = [*build_bank(FUSED[:3]), RNG.standard_normal((3, 5, 4)), RNG.standard_normal((2, 2, 2))]
+    vol = volume((11, 9, 14), "float32")
+    vol[5, 4, 7], vol[0, 0, 0], vol[10, 8, 13] = np.nan, np.inf, -np.inf
+    out = convolve_separable(vol, bank, "mirror", device=device, fused=True, slab_depth=4)
+    ref = reference(vol, [getattr(f, "kernel", f) for f in bank], "mirror")
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(np.isposinf(out), np.isposinf(ref))
+    finite = np.isfinite(ref)
+    for f, k in enumerate(bank):
+        k = getattr(k, "kernel", k)
+        m = float(np.max(np.abs(vol[np.isfinite(vol)])))
+        assert np.max(np.abs(out[f][finite[f]] - ref[f][finite[f]])) <= spec_tolerance(k, m)
+
+
+def test_the_fused_kernel_is_the_gpus_for_banks_that_fit():
+    """GPUs fuse a bank whose partial sums fit in registers (the demo bank, planned by the
+    fused cost model: every filter separable) and run a larger one as the pass tree; CPUs run
+    the tree; asking to fuse a bank that does not fit is an error."""
+    from test_plan import fake_device
+
+    from volconv.separable import make_separable_plan
+
+    bank = tomllib.loads((ROOT / "pipelines" / "demo.toml").read_text())["bank"]
+    demo = build_bank(bank["filter"], bank["size"])
+    large = build_bank([{"type": "gaussian", "sigma": 1 + i / 10} for i in range(12)], 7)
+    shape = (64, 64, 64)
+    for bank, gpu, fused in ((demo, True, True), (demo, False, False), (large, True, False)):
+        plan = make_separable_plan(bank, shape, np.uint8, "reflect", 0.0, fake_device(gpu=gpu))
+        assert plan.fused == fused
+        assert {c.path for c in plan.choices} == {"separable"}
+        assert ("fast" in plan.slab_bytes(1)) != fused  # no intermediates when fused
+    with pytest.raises(ValueError, match="fused"):
+        make_separable_plan(large, shape, np.uint8, "reflect", 0.0, fake_device(), fused=True)
 
 
 def test_4d_volume_as_independent_frames(device):

@@ -72,7 +72,8 @@ PATHS = ("direct", "separable", "low-rank")
 #     while the passes are bound by memory, so a GPU takes them for wider filters than a CPU.
 #     Those passes ran at V = 16; at the GPU's own V = 2, U = 4 they are 2.9x faster (the
 #     sweep above), so the GPU's constants are the fit divided by 2.9: 48 + 5.2 per tap.
-PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (48.0, 5.2)}  # (PASS_FIXED, PASS_PER_TAP)
+#   GPUs, fused (kernels/fused.cl, one kernel for a small bank): FITTED BELOW.
+PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (48.0, 5.2), "gpu-fused": (16.0, 1.5)}
 MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 
 # Outputs per work-item of the passes along axis 2 (the vector width V) and along axis 0 in
@@ -82,6 +83,12 @@ MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 PASS_SHAPE = {"cpu": (16, 4), "gpu": (2, 4)}  # (V, U)
 MID_ROWS = 2  # ... and along axis 1 in pass_mid (1 and 4 were no faster on PoCL)
 BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab (blocks of 8..64: slower)
+
+# The fused kernel (kernels/fused.cl): a work-group's tile (TY, TZ) of output columns and its
+# CX output rows along axis 0. GPUs take it by default for banks whose partial sums fit in
+# registers: N_OUT responses x KX axis-0 taps at most MAX_FUSED_SUMS.
+FUSED_TILE = (8, 32, 32)  # (TY, TZ, CX)
+MAX_FUSED_SUMS = 64
 
 
 @dataclass(frozen=True)
@@ -173,8 +180,9 @@ def plan_bank(filters: object, force: str | None = None, kind: str = "cpu") -> l
     force : {'direct', 'separable'}, optional
         Override the cost model (tests, benchmarks): 'separable' takes every filter that has an
         acceptable decomposition to the passes, 'direct' none.
-    kind : {'cpu', 'gpu'}
-        The device's kind (`device_kind`): its cost model.
+    kind : {'cpu', 'gpu', 'gpu-fused'}
+        The cost model: the device's kind (`device_kind`), 'gpu-fused' for a GPU's fused
+        kernel.
     """
     if force not in (None, "direct", "separable"):
         raise ValueError(f"force must be None, 'direct' or 'separable'; got {force!r}")
@@ -238,6 +246,69 @@ def _key(a: np.ndarray) -> tuple[int, bytes]:
 
 
 @dataclass(frozen=True)
+class FusedTree:
+    """The pass tree as kernels/fused.cl reads it: flipped factors zero-padded to each axis's
+    window (``taps[d]`` taps from ``start[d]`` of the bank's halo), one row per root (wz),
+    mid (wy) and combo (wx: a response's terms through one mid, coefficients folded in)."""
+
+    start: tuple[int, int, int]
+    taps: tuple[int, int, int]
+    wz: np.ndarray  # (roots, KZ) float32
+    wy: np.ndarray  # (mids, KY)
+    wx: np.ndarray  # (combos, KX)
+    mid_root: tuple[int, ...]
+    combo_mid: tuple[int, ...]
+    combo_out: tuple[int, ...]
+    n_out: int
+
+    @property
+    def sums(self) -> int:
+        """Partial sums a work-item holds: every response at each of the KX rows in flight."""
+        return self.n_out * self.taps[0]
+
+
+def fused_tree(choices: Sequence[Choice], halo_lo: tuple[int, int, int]) -> FusedTree | None:
+    """The tables of the separable filters of ``choices`` (in slot order), or None if none."""
+    terms = [c.terms for c in choices if c.path != "direct"]
+    if not terms:
+        return None
+    # the window along each axis: the widest halo before and after of the factors on it
+    extents = [[len(t.axes[d]) for ts in terms for t in ts] for d in range(3)]
+    before = [max(halo(k)[0] for k in e) for e in extents]
+    after = [max(halo(k)[1] for k in e) for e in extents]
+    start = tuple(halo_lo[d] - before[d] for d in range(3))
+    taps = tuple(b + a + 1 for b, a in zip(before, after, strict=True))
+
+    def padded(a: np.ndarray, d: int) -> np.ndarray:
+        row = np.zeros(taps[d])
+        at = halo_lo[d] - halo(len(a))[0] - start[d]
+        row[at : at + len(a)] = a[::-1]
+        return row
+
+    roots: dict = {}
+    mids: dict = {}
+    combos: dict = {}
+    for slot, ts in enumerate(terms):
+        for t in ts:
+            a0, a1, a2 = t.axes
+            root = roots.setdefault(_key(a2), (len(roots), padded(a2, 2)))[0]
+            mid = mids.setdefault((_key(a2), _key(a1)), (len(mids), padded(a1, 1), root))[0]
+            row = combos.setdefault((slot, mid), np.zeros(taps[0]))
+            row += t.coef * padded(a0, 0)
+    f32 = np.float32
+    return FusedTree(
+        start, taps,
+        np.array([w for _, w in roots.values()], f32).reshape(-1, taps[2]),
+        np.array([w for _, w, _ in mids.values()], f32).reshape(-1, taps[1]),
+        np.array(list(combos.values()), f32).reshape(-1, taps[0]),
+        tuple(r for _, _, r in mids.values()),
+        tuple(mid for _, mid in combos),
+        tuple(slot for slot, _ in combos),
+        len(terms),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class SeparablePlan:
     """Sizes of one separable bank convolution (the direct groups plan their own)."""
 
@@ -256,6 +327,8 @@ class SeparablePlan:
     choices: tuple[Choice, ...]
     groups: tuple[tuple[int, ...], ...]  # direct filters, by extent
     direct_bytes: tuple[tuple[int, int], ...]  # per group: (fixed, per output row)
+    fused: bool = False  # one kernel (kernels/fused.cl) rather than the pass tree
+    tile: tuple[int, int, int] = FUSED_TILE  # the fused kernel's (TY, TZ, CX)
 
     @property
     def extents(self) -> tuple[int, int, int]:
@@ -294,7 +367,7 @@ class SeparablePlan:
         rows = depth + self.halo_lo[0] + self.halo_hi[0]
         if not self.n_separable:
             return {}
-        return {
+        sizes = {
             "source": min(rows, self.shape[0]) * ny * nz * self.src_dtype.itemsize,
             "padded": rows * p1 * p2 * self.pad_dtype.itemsize,
             # blocked passes load up to U - 1 rows past the last they need (unused): slack
@@ -302,6 +375,9 @@ class SeparablePlan:
             "mid": (rows + self.rows) * ny * self.row * 4,
             "responses": self.n_separable * depth * ny * nz * 4,
         }
+        if self.fused:  # no intermediates
+            del sizes["fast"], sizes["mid"]
+        return sizes
 
 
 def make_separable_plan(
@@ -318,6 +394,8 @@ def make_separable_plan(
     vector_width: int | None = None,
     rows: int | None = None,
     block_rows: int = BLOCK_ROWS,
+    fused: bool | None = None,
+    tile: tuple[int, int, int] | None = None,
     stream: bool = False,
     **overrides: object,
 ) -> SeparablePlan:
@@ -325,7 +403,11 @@ def make_separable_plan(
     the paths (`plan_bank` unless ``choices`` are given), the common halo, the direct groups
     and the deepest slab whose buffers fit ``memory_budget`` (default: a quarter of the
     device's memory, at most 2 GiB) and the device's largest allocation; ``stream`` caps it
-    so that reading, computing and writing overlap, as `volconv.plan.make_plan` does."""
+    so that reading, computing and writing overlap, as `volconv.plan.make_plan` does.
+
+    ``fused`` (default: on GPUs) runs the separable filters in one kernel when their tree fits
+    it (`fused_fits`), planned by the fused cost model; else, or when it is False, as the pass
+    tree. True where the tree does not fit is an error."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
@@ -336,14 +418,28 @@ def make_separable_plan(
     rows = PASS_SHAPE[kind][1] if rows is None else rows
     if vector_width not in (1, 2, 4, 8, 16):
         raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
-    choices = tuple(plan_bank(filters, kind=kind) if choices is None else choices)
-    if len(choices) != len(entries):
-        raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
-    shape = tuple(int(s) for s in shape)
-    src = native_volume(np.empty(0, dtype)).dtype
+    tile = FUSED_TILE if tile is None else tuple(int(t) for t in tile)
     halos = [[halo(e) for e in k.shape] for k, _ in entries]
     lo = tuple(max(h[d][0] for h in halos) for d in range(3))
     hi = tuple(max(h[d][1] for h in halos) for d in range(3))
+    want = kind == "gpu" if fused is None else bool(fused)
+    if choices is None:
+        choices = plan_bank(filters, kind=f"{kind}-fused" if want and kind == "gpu" else kind)
+        if want and fused is None and not fused_fits(fused_tree(choices, lo), tile, device):
+            want, choices = False, plan_bank(filters, kind=kind)  # the tree's own choices
+    choices = tuple(choices)
+    if len(choices) != len(entries):
+        raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
+    tree = fused_tree(choices, lo)
+    if want and not fused_fits(tree, tile, device):
+        if fused:
+            raise ValueError(
+                f"fused: the bank's separable filters do not fit the fused kernel (at most "
+                f"{MAX_FUSED_SUMS} responses x axis-0 taps, and its tile in local memory)"
+            )
+        want = False
+    shape = tuple(int(s) for s in shape)
+    src = native_volume(np.empty(0, dtype)).dtype
     by_extent: dict[tuple[int, ...], list[int]] = {}
     for f, c in enumerate(choices):
         if c.path == "direct":
@@ -361,6 +457,7 @@ def make_separable_plan(
     plan = SeparablePlan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
+        want, tile,
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
@@ -380,6 +477,21 @@ def make_separable_plan(
         if stream:
             slab_depth = min(slab_depth, streaming_depth(shape[0]))
     return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
+
+
+def fused_fits(tree: FusedTree | None, tile: tuple[int, int, int], device: cl.Device) -> bool:
+    """Whether the fused kernel can run ``tree``: its partial sums in registers, its tiles in
+    the device's local memory."""
+    if tree is None:
+        return False
+    ty, tz, _ = tile
+    tile_y = ty + tree.taps[1] - 1
+    local = (tile_y * (tz + tree.taps[2] - 1) + len(tree.wz) * tile_y * tz) * 4
+    return (
+        tree.sums <= MAX_FUSED_SUMS
+        and local <= device.local_mem_size
+        and ty * tz <= device.max_work_group_size
+    )
 
 
 class SeparableConvolver(SlabConvolver):
@@ -403,8 +515,12 @@ class SeparableConvolver(SlabConvolver):
         Per-filter `Choice`s (default: `plan_bank(filters)`).
     slab_depth, memory_budget
         Force the slab depth, or bound the device memory (bytes) of all buffers.
-    vector_width
-        Outputs per work-item of the passes along axis 2.
+    vector_width, rows, block_rows
+        The pass tree's shape: outputs per work-item along axis 2 and axis 0, and the output
+        rows it runs over at a time.
+    fused, tile
+        One kernel for the separable filters (default: on GPUs, where the bank fits it), and
+        its work-group tile (see `make_separable_plan`).
     **overrides
         Plan knobs for the direct groups (see `volconv.plan.make_plan`).
     """
@@ -424,6 +540,8 @@ class SeparableConvolver(SlabConvolver):
         vector_width: int | None = None,
         rows: int | None = None,
         block_rows: int = BLOCK_ROWS,
+        fused: bool | None = None,
+        tile: tuple[int, int, int] | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -431,7 +549,7 @@ class SeparableConvolver(SlabConvolver):
         self.plan = make_separable_plan(
             filters, shape, dtype, mode, cval, self.device, choices=choices,
             slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
-            rows=rows, block_rows=block_rows, **overrides,
+            rows=rows, block_rows=block_rows, fused=fused, tile=tile, **overrides,
         )  # fmt: skip
         plan = self.plan
         self.kernels = [k for k, _ in _entries(filters)]
@@ -459,6 +577,36 @@ class SeparableConvolver(SlabConvolver):
         plan, ctx = self.plan, self.ctx
         mf = cl.mem_flags
         lo, hi = plan.halo_lo, plan.halo_hi
+        pad_t = CL_TYPES[plan.pad_dtype]
+        self.padder = Padder(
+            ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, lo, hi, plan.mode,
+            plan.cval, plan.padded_yz, plan.slab_depth, frame_bytes(self.device),
+        )  # fmt: skip
+        sizes = plan.slab_bytes(plan.slab_depth)
+        self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
+        self._out = cl.Buffer(ctx, mf.READ_WRITE, sizes["responses"])
+        self._roots: dict = {}
+        self._tree = fused_tree(plan.choices, lo)
+        if plan.fused:
+            tree = self._tree
+
+            def table(t: tuple[int, ...]) -> str:
+                return ",".join(map(str, t))
+
+            defines = (
+                ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
+                ("TY", plan.tile[0]), ("TZ", plan.tile[1]), ("CX", plan.tile[2]),
+                ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
+                ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
+                ("MID_ROOT", table(tree.mid_root)), ("COMBO_MID", table(tree.combo_mid)),
+                ("COMBO_OUT", table(tree.combo_out)), ("IN_T", pad_t),
+            )  # fmt: skip
+            self._fused = cl.Kernel(build(ctx, "fused.cl", defines), "fused")
+            self._fused_w = [
+                cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=w)
+                for w in (tree.wz, tree.wy, tree.wx)
+            ]
+            return
 
         def node(parent: dict, a: np.ndarray, d: int) -> _Node:
             k = len(a)
@@ -468,7 +616,6 @@ class SeparableConvolver(SlabConvolver):
                 parent[key] = _Node(k, off, np.ascontiguousarray(a[::-1], np.float32))
             return parent[key]
 
-        self._roots: dict = {}
         for slot, f in enumerate(self._slots):
             for t in plan.choices[f].terms:
                 a0, a1, a2 = t.axes
@@ -500,12 +647,6 @@ class SeparableConvolver(SlabConvolver):
             root.y_n = max(m.off + m.k - 1 for m in root.children.values()) - root.y_lo
         for n in self._nodes():
             n.buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=n.taps)
-
-        pad_t = CL_TYPES[plan.pad_dtype]
-        self.padder = Padder(
-            ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, lo, hi, plan.mode,
-            plan.cval, plan.padded_yz, plan.slab_depth, frame_bytes(self.device),
-        )  # fmt: skip
         self._programs: dict[int, cl.Program] = {}
         for n in self._nodes():
             if n.k not in self._programs:
@@ -517,11 +658,8 @@ class SeparableConvolver(SlabConvolver):
                 self._programs[n.k] = {
                     name: cl.Kernel(prog, name) for name in ("pass_fast", "pass_mid", "pass_out")
                 }
-        sizes = plan.slab_bytes(plan.slab_depth)
-        self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
         self._fast = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
         self._mid = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
-        self._out = cl.Buffer(ctx, mf.READ_WRITE, sizes["responses"])
 
     def _nodes(self) -> Iterator[_Node]:
         for root in self._roots.values():
@@ -623,7 +761,10 @@ class SeparableConvolver(SlabConvolver):
         out[self._slots] = slots
 
     def _launch_passes(self, depth: int) -> list[cl.Event]:
-        """Enqueue the pass tree over the padded slab of ``depth`` output rows."""
+        """Enqueue the pass tree (or the fused kernel) over the padded slab of ``depth``
+        output rows."""
+        if self.plan.fused:
+            return [self._launch_fused(depth)]
         events = []
         block = self.plan.block_rows or depth
         for root in self._roots.values():
@@ -631,6 +772,20 @@ class SeparableConvolver(SlabConvolver):
                 rows = min(block, depth - c0)  # output rows [c0, c0 + rows) of the slab
                 events += self._launch_root(root, c0, rows, depth)
         return events
+
+    def _launch_fused(self, depth: int) -> cl.Event:
+        plan = self.plan
+        ny, nz = plan.shape[1:]
+        p1, p2 = plan.padded_yz
+        ty, tz, cx = plan.tile
+        i32 = np.int32
+        s0, s1, s2 = self._tree.start
+        self._fused.set_args(
+            self._padded, self._out, *self._fused_w, i32(depth), i32(ny), i32(nz), i32(p1),
+            i32(p2), i32(s0), i32(s1), i32(s2),
+        )  # fmt: skip
+        glob = (-(-nz // tz) * tz, -(-ny // ty) * ty, -(-depth // cx))
+        return cl.enqueue_nd_range_kernel(self.queue, self._fused, glob, (tz, ty, 1))
 
     def _launch_root(self, root: _Node, c0: int, rows: int, depth: int) -> list[cl.Event]:
         """Enqueue one root's subtree for output rows ``[c0, c0 + rows)`` of the slab."""
@@ -684,9 +839,11 @@ class SeparableConvolver(SlabConvolver):
     @property
     def pass_counts(self) -> tuple[int, int, int]:
         """Launches per slab along axes 2, 1 and 0: distinct axis-2 factors, distinct
-        (axis-2, axis-1) pairs, distinct terms."""
+        (axis-2, axis-1) pairs, distinct terms (fused: the tables' roots, mids and combos)."""
         if not self._slots:
             return 0, 0, 0
+        if self.plan.fused:  # one launch: the tree's sizes
+            return len(self._tree.wz), len(self._tree.wy), len(self._tree.wx)
         mids = [m for r in self._roots.values() for m in r.children.values()]
         return len(self._roots), len(mids), sum(len(m.children) for m in mids)
 
@@ -717,6 +874,8 @@ class SeparableConvolver(SlabConvolver):
     def _work(self) -> tuple[float, int]:
         if not self._slots:
             return 0.0, 0
+        if self.plan.fused:
+            return self._fused_work()
         plan = self.plan
         ny, nz = plan.shape[1:]
         r = plan.row
@@ -741,6 +900,27 @@ class SeparableConvolver(SlabConvolver):
                             flop += 2 * (leaf.k + len(leaf.targets)) * outs
                             moved += (rows + leaf.k - 1) * ny * r * 4
                             moved += outs * 4 * (2 * len(leaf.targets) - 1)
+        return flop, moved
+
+    def _fused_work(self) -> tuple[float, int]:
+        """(flop, bytes) of the fused kernel over one volume: every work-group's taps over its
+        whole tile (edge tiles included), the padded rows each chunk reads and the responses."""
+        plan, tree = self.plan, self._tree
+        ny, nz = plan.shape[1:]
+        ty, tz, cx = plan.tile
+        kx, ky, kz = tree.taps
+        tiles = -(-ny // ty) * -(-nz // tz)
+        per_plane = 2 * tiles * (
+            kz * len(tree.wz) * (ty + ky - 1) * tz + ky * len(tree.wy) * ty * tz
+            + kx * len(tree.wx) * ty * tz
+        )  # fmt: skip
+        flop, moved = 0.0, 0
+        for a, b in self.slabs():
+            for x0 in range(0, b - a, cx):
+                planes = min(cx, b - a - x0) + kx - 1
+                flop += per_plane * planes
+                moved += planes * (ny + ky - 1) * (nz + kz - 1) * plan.pad_dtype.itemsize
+            moved += tree.n_out * (b - a) * ny * nz * 4
         return flop, moved
 
 
