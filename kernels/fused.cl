@@ -5,7 +5,9 @@
  * volconv/separable.py gives the tree as tables: N_ROOTS distinct axis-2 factors (wz), N_MIDS
  * distinct (axis-2, axis-1) pairs (wy; MID_ROOT their root) and N_COMBOS distinct (response,
  * mid) pairs (wx; COMBO_MID their mid, COMBO_OUT their response), whose axis-0 taps are the sum
- * over the response's terms through that mid of coef * factor. Every factor is flipped
+ * over the response's terms through that mid of coef * factor. The taps come as build options
+ * too, so that after unrolling each is an immediate operand of its multiply-add (no loads of
+ * weights in the loop; each bank builds its own binary, cached). Every factor is flipped
  * (convolution = correlation with the flipped kernel) and zero-padded to its axis's window of
  * the bank's halo (K taps from S), so each filter keeps its own extent exactly.
  *
@@ -22,7 +24,8 @@
  *
  * Build options (-D): KX, KY, KZ window taps; TY, TZ the tile; CX output rows per work-group;
  * N_ROOTS, N_MIDS, N_COMBOS, N_OUT the table sizes; MID_ROOT, COMBO_MID, COMBO_OUT the tables
- * (comma-separated indices); IN_T the padded slab's element type.
+ * (comma-separated indices); WZ (N_ROOTS x KZ), WY (N_MIDS x KY), WX (N_COMBOS x KX) the taps
+ * (comma-separated float literals, row-major); IN_T the padded slab's element type.
  */
 
 #define TILE_Y (TY + KY - 1)
@@ -31,9 +34,6 @@
 __kernel __attribute__((reqd_work_group_size(TZ, TY, 1)))
 void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
            __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
-           __constant float *restrict wz,      /* (N_ROOTS, KZ) */
-           __constant float *restrict wy,      /* (N_MIDS, KY) */
-           __constant float *restrict wx,      /* (N_COMBOS, KX), coefficients folded in */
            const int DEPTH, const int NY, const int NZ, const int P1, const int P2,
            const int S0, const int S1, const int S2)
 {
@@ -42,6 +42,9 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
     const int mid_root[N_MIDS] = {MID_ROOT};
     const int combo_mid[N_COMBOS] = {COMBO_MID};
     const int combo_out[N_COMBOS] = {COMBO_OUT};
+    const float wz[N_ROOTS * KZ] = {WZ};
+    const float wy[N_MIDS * KY] = {WY};
+    const float wx[N_COMBOS * KX] = {WX}; /* coefficients folded in */
 
     const int tz = (int)get_local_id(0), ty = (int)get_local_id(1);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;

@@ -590,7 +590,9 @@ class SeparableConvolver(SlabConvolver):
         if plan.fused:
             tree = self._tree
 
-            def table(t: tuple[int, ...]) -> str:
+            def table(t: object) -> str:  # indices, or float32 taps as exact hex literals
+                if isinstance(t, np.ndarray):
+                    return ",".join(f"{float(w).hex()}f" for w in t.ravel())
                 return ",".join(map(str, t))
 
             defines = (
@@ -599,13 +601,10 @@ class SeparableConvolver(SlabConvolver):
                 ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
                 ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
                 ("MID_ROOT", table(tree.mid_root)), ("COMBO_MID", table(tree.combo_mid)),
-                ("COMBO_OUT", table(tree.combo_out)), ("IN_T", pad_t),
+                ("COMBO_OUT", table(tree.combo_out)), ("WZ", table(tree.wz)),
+                ("WY", table(tree.wy)), ("WX", table(tree.wx)), ("IN_T", pad_t),
             )  # fmt: skip
             self._fused = cl.Kernel(build(ctx, "fused.cl", defines), "fused")
-            self._fused_w = [
-                cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=w)
-                for w in (tree.wz, tree.wy, tree.wx)
-            ]
             return
 
         def node(parent: dict, a: np.ndarray, d: int) -> _Node:
@@ -781,8 +780,8 @@ class SeparableConvolver(SlabConvolver):
         i32 = np.int32
         s0, s1, s2 = self._tree.start
         self._fused.set_args(
-            self._padded, self._out, *self._fused_w, i32(depth), i32(ny), i32(nz), i32(p1),
-            i32(p2), i32(s0), i32(s1), i32(s2),
+            self._padded, self._out, i32(depth), i32(ny), i32(nz), i32(p1), i32(p2), i32(s0),
+            i32(s1), i32(s2),
         )  # fmt: skip
         glob = (-(-nz // tz) * tz, -(-ny // ty) * ty, -(-depth // cx))
         return cl.enqueue_nd_range_kernel(self.queue, self._fused, glob, (tz, ty, 1))
