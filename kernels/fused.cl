@@ -13,7 +13,8 @@
  *
  * A work-group owns a TY x TZ tile of output columns (axes 1, 2) and CX output rows along axis
  * 0, and walks the padded slab's planes along axis 0; for each plane:
- *   1. the (TY + KY - 1) x (TZ + KZ - 1) input tile goes to local memory, as float;
+ *   1. the (TY + KY - 1) x (TZ + KZ - 1) input tile goes to local memory, as float (each
+ *      work-item loads its elements of the next plane meanwhile, so their latency hides);
  *   2. every root filters it along axis 2, into local memory;
  *   3. each work-item filters its column along axis 1 for every mid, in registers;
  *   4. each combo adds its mid's value times each axis-0 tap into the partial sums of the KX
@@ -30,6 +31,7 @@
 
 #define TILE_Y (TY + KY - 1)
 #define TILE_Z (TZ + KZ - 1)
+#define LOADS ((TILE_Y * TILE_Z + TY * TZ - 1) / (TY * TZ)) /* tile elements per work-item */
 
 __kernel __attribute__((reqd_work_group_size(TZ, TY, 1)))
 void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
@@ -37,8 +39,10 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
            const int DEPTH, const int NY, const int NZ, const int P1, const int P2,
            const int S0, const int S1, const int S2)
 {
-    __local float tile[TILE_Y][TILE_Z];
-    __local float rows[N_ROOTS][TILE_Y][TZ];
+    /* two of each, alternating by plane: a plane's tile is written while the last plane's
+     * rows are still read, so one barrier fewer per plane */
+    __local float tile[2][TILE_Y][TILE_Z];
+    __local float rows[2][N_ROOTS][TILE_Y][TZ];
     const int mid_root[N_MIDS] = {MID_ROOT};
     const int combo_mid[N_COMBOS] = {COMBO_MID};
     const int combo_out[N_COMBOS] = {COMBO_OUT};
@@ -55,6 +59,20 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
     const int planes = min(CX, DEPTH - x0) + KX - 1;
     const long plane_size = (long)NY * NZ;
 
+    /* this work-item's elements of the input tile: offsets in a plane, or -1 where the tile
+     * reaches past the slab (at its far edges: only outputs never stored read them) */
+    long at[LOADS];
+#pragma unroll
+    for (int l = 0; l < LOADS; ++l) {
+        const int i = lid + l * TY * TZ, r = i / TILE_Z, c = i % TILE_Z;
+        const bool inside = i < TILE_Y * TILE_Z && y0 + S1 + r < P1 && z0 + S2 + c < P2;
+        at[l] = inside ? (long)(y0 + S1 + r) * P2 + z0 + S2 + c : -1;
+    }
+    const __global IN_T *in = src + (long)(x0 + S0) * P1 * P2;
+    float next[LOADS]; /* the next plane's elements, loaded while this plane is computed */
+#pragma unroll
+    for (int l = 0; l < LOADS; ++l) next[l] = at[l] < 0 ? 0.0f : (float)in[at[l]];
+
     float acc[N_OUT][KX]; /* acc[f][i]: response f at output row p - (KX - 1) + i */
 #pragma unroll
     for (int f = 0; f < N_OUT; ++f) {
@@ -63,13 +81,17 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
     }
 
     for (int p = 0; p < planes; ++p) {
-        const __global IN_T *in = src + ((long)(x0 + S0 + p) * P1 + y0 + S1) * P2 + z0 + S2;
-        barrier(CLK_LOCAL_MEM_FENCE); /* the last plane's readers are done */
-        for (int i = lid; i < TILE_Y * TILE_Z; i += TY * TZ) {
-            const int r = i / TILE_Z, c = i % TILE_Z;
-            /* tiles at the far edges reach past the slab: only outputs never stored read it */
-            const bool inside = y0 + S1 + r < P1 && z0 + S2 + c < P2;
-            tile[r][c] = inside ? (float)in[(long)r * P2 + c] : 0.0f;
+        const int b = p & 1;
+        __local float *t = &tile[b][0][0];
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) {
+            const int i = lid + l * TY * TZ;
+            if (i < TILE_Y * TILE_Z) t[i] = next[l];
+        }
+        if (p + 1 < planes) {
+            in += (long)P1 * P2;
+#pragma unroll
+            for (int l = 0; l < LOADS; ++l) next[l] = at[l] < 0 ? 0.0f : (float)in[at[l]];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = lid; i < TILE_Y * TZ; i += TY * TZ) {
@@ -79,12 +101,12 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
             for (int k = 0; k < N_ROOTS; ++k) a[k] = 0.0f;
 #pragma unroll
             for (int j = 0; j < KZ; ++j) {
-                const float v = tile[r][c + j];
+                const float v = tile[b][r][c + j];
 #pragma unroll
                 for (int k = 0; k < N_ROOTS; ++k) a[k] += wz[k * KZ + j] * v;
             }
 #pragma unroll
-            for (int k = 0; k < N_ROOTS; ++k) rows[k][r][c] = a[k];
+            for (int k = 0; k < N_ROOTS; ++k) rows[b][k][r][c] = a[k];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         float m[N_MIDS];
@@ -92,7 +114,7 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
         for (int k = 0; k < N_MIDS; ++k) {
             m[k] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < KY; ++j) m[k] += wy[k * KY + j] * rows[mid_root[k]][ty + j][tz];
+            for (int j = 0; j < KY; ++j) m[k] += wy[k * KY + j] * rows[b][mid_root[k]][ty + j][tz];
         }
 #pragma unroll
         for (int c = 0; c < N_COMBOS; ++c) {

@@ -26,8 +26,8 @@ from volconv.programs import context_for, device_seconds
 from volconv.separable import SeparableConvolver, plan_bank
 
 ROOT = Path(__file__).resolve().parent.parent
-TILES = [(4, 32), (8, 32), (16, 32), (4, 64), (8, 64), (16, 16), (8, 16), (2, 128)]
-ROWS = [16, 32, 64, 128]
+TILES = [(4, 16), (8, 8), (2, 32), (4, 32), (8, 16), (16, 16), (2, 64), (8, 32)]
+ROWS = [16, 32, 64]
 
 
 def bank(name: str) -> list:

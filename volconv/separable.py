@@ -87,7 +87,7 @@ BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab (blocks of 8..6
 # The fused kernel (kernels/fused.cl): a work-group's tile (TY, TZ) of output columns and its
 # CX output rows along axis 0. GPUs take it by default for banks whose partial sums fit in
 # registers: N_OUT responses x KX axis-0 taps at most MAX_FUSED_SUMS.
-FUSED_TILE = (8, 32, 32)  # (TY, TZ, CX)
+FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
 MAX_FUSED_SUMS = 64
 
 
@@ -203,6 +203,33 @@ def plan_bank(filters: object, force: str | None = None, kind: str = "cpu") -> l
         take = terms is not None and (force == "separable" or (force is None and cost < direct))
         choices.append(Choice(path if take else "direct", extent, terms, direct, cost))
     return choices
+
+
+def plan_paths(
+    filters: object,
+    device: cl.Device,
+    *,
+    fused: bool | None = None,
+    tile: tuple[int, int, int] | None = None,
+) -> list[Choice]:
+    """`plan_bank` by the cost model of the kernels that will run on ``device``: on a GPU the
+    fused kernel's, when the bank's separable filters then fit it (``fused`` None or True),
+    else the pass tree's."""
+    kind = device_kind(device)
+    if kind == "gpu" and fused is not False:
+        choices = plan_bank(filters, kind="gpu-fused")
+        lo, _ = _bank_halo(_entries(filters))
+        if fused_fits(fused_tree(choices, lo), tile or FUSED_TILE, device):
+            return choices
+    return plan_bank(filters, kind=kind)
+
+
+def _bank_halo(entries: list) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The common halo before and after the outputs that covers every filter's extent."""
+    halos = [[halo(e) for e in k.shape] for k, _ in entries]
+    lo = tuple(max(h[d][0] for h in halos) for d in range(3))
+    hi = tuple(max(h[d][1] for h in halos) for d in range(3))
+    return lo, hi
 
 
 def describe_plan(choices: Sequence[Choice], names: Sequence[str] | None = None) -> str:
@@ -406,8 +433,8 @@ def make_separable_plan(
     so that reading, computing and writing overlap, as `volconv.plan.make_plan` does.
 
     ``fused`` (default: on GPUs) runs the separable filters in one kernel when their tree fits
-    it (`fused_fits`), planned by the fused cost model; else, or when it is False, as the pass
-    tree. True where the tree does not fit is an error."""
+    it (`fused_fits`); else, or when it is False, as the pass tree (the paths, if not given,
+    by `plan_paths`). True where the tree does not fit is an error."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
@@ -419,19 +446,16 @@ def make_separable_plan(
     if vector_width not in (1, 2, 4, 8, 16):
         raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
     tile = FUSED_TILE if tile is None else tuple(int(t) for t in tile)
-    halos = [[halo(e) for e in k.shape] for k, _ in entries]
-    lo = tuple(max(h[d][0] for h in halos) for d in range(3))
-    hi = tuple(max(h[d][1] for h in halos) for d in range(3))
-    want = kind == "gpu" if fused is None else bool(fused)
+    if len(tile) != 3 or min(tile) < 1:
+        raise ValueError(f"tile must be 3 positive ints (TY, TZ, CX); got {tile}")
+    lo, hi = _bank_halo(entries)
     if choices is None:
-        choices = plan_bank(filters, kind=f"{kind}-fused" if want and kind == "gpu" else kind)
-        if want and fused is None and not fused_fits(fused_tree(choices, lo), tile, device):
-            want, choices = False, plan_bank(filters, kind=kind)  # the tree's own choices
+        choices = plan_paths(filters, device, fused=fused, tile=tile)
     choices = tuple(choices)
     if len(choices) != len(entries):
         raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
-    tree = fused_tree(choices, lo)
-    if want and not fused_fits(tree, tile, device):
+    want = kind == "gpu" if fused is None else bool(fused)
+    if want and not fused_fits(fused_tree(choices, lo), tile, device):
         if fused:
             raise ValueError(
                 f"fused: the bank's separable filters do not fit the fused kernel (at most "
