@@ -208,7 +208,7 @@ def cost_terms(device, repeats: int) -> dict:
     per_output = {}
     for k in (3, 7, 11, 15, 23, 31):
         f = build_bank([{"type": "gaussian", "sigma": k / 6, "size": k}])
-        conv = SeparableConvolver(f, vol.shape, vol.dtype, device=device,
+        conv = SeparableConvolver(f, vol.shape, vol.dtype, device=device, fused=False,
                                   choices=plan_bank(f, force="separable"))  # fmt: skip
         run_convolver(conv, vol, 1)
         a, b = next(conv.slabs())
@@ -234,9 +234,8 @@ def cost_terms(device, repeats: int) -> dict:
 
 
 def fused_terms(device, vol: np.ndarray, repeats: int, direct: float) -> dict:
-    """The fused kernel's cost per output and term (a bank of 4 distinct Gaussians of k^3 in
-    one kernel; the response written is part of its cost), fitted a + b * k: the model's
-    3 * PASS_FIXED + PASS_PER_TAP * 3k per term."""
+    """The fused kernel's cost per output and filter (a bank of 4 distinct Gaussians of k^3 in
+    one kernel), fitted a + b * k: the model's FIXED (the response's write) + PER_TAP * 3k."""
     per_term = {}
     for k in (3, 7, 11):
         f = build_bank([{"type": "gaussian", "sigma": k / 6 * (1 + i / 10), "size": k}
@@ -248,9 +247,8 @@ def fused_terms(device, vol: np.ndarray, repeats: int, direct: float) -> dict:
         per_term[k] = float(np.min(conv.time_kernel(a, b, repeats))) / (4 * vol.size)
     fit_b, fit_a = np.polyfit(np.array(list(per_term)), np.array(list(per_term.values())), 1)
     return {
-        "fused_seconds_per_output_and_term": {str(k): v for k, v in per_term.items()},
-        "fused_model_in_direct_taps": {"PASS_FIXED": fit_a / 3 / direct,
-                                       "PASS_PER_TAP": fit_b / 3 / direct},
+        "fused_seconds_per_output_and_filter": {str(k): v for k, v in per_term.items()},
+        "fused_model_in_direct_taps": {"FIXED": fit_a / direct, "PER_TAP": fit_b / 3 / direct},
     }  # fmt: skip
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
+from bench_separable import derivative_specs
 
+from volconv import separable
 from volconv.bank import build_bank
 from volconv.device import select_device
 from volconv.programs import context_for, device_seconds
@@ -107,6 +109,26 @@ def sweep_fused(device, vol, result: list, ptx: Path | None) -> None:
               flush=True)  # fmt: skip
     result.append({"floors": floors(device, 8 * vol.size * 4)})
     print(result[-1], flush=True)
+    # banks past MAX_FUSED_SUMS, fused anyway (the limit lifted) beside their pass tree
+    separable.MAX_FUSED_SUMS = 1 << 30
+    for sigma, size in ((1.0, 7), (1.6, 11), (1.0, 11)):
+        filters = build_bank(derivative_specs(sigma, size))
+        choices = plan_bank(filters, force="separable")
+        for fused in (False, True):
+            conv = SeparableConvolver(filters, vol.shape, vol.dtype, device=device,
+                                      choices=choices, fused=fused)  # fmt: skip
+            seconds = kernel_seconds(conv, vol)
+            private = (
+                conv._fused.get_work_group_info(cl.kernel_work_group_info.PRIVATE_MEM_SIZE, device)
+                if fused
+                else None
+            )
+            name = f"derivatives s{sigma} {size}^3"
+            result.append({"bank": name, "engine": "fused" if fused else "tree",
+                           "sums": len(filters) * size, "kernel_s": seconds,
+                           "private_bytes": private})  # fmt: skip
+            print(f"{name} {result[-1]['engine']} ({len(filters) * size} sums): "
+                  f"{seconds * 1e3:.3f} ms (private {private} B)", flush=True)  # fmt: skip
 
 
 def main() -> None:

@@ -171,11 +171,12 @@ def test_the_fused_kernel_is_the_gpus_for_banks_that_fit():
     the tree; asking to fuse a bank that does not fit is an error."""
     from test_plan import fake_device
 
-    from volconv.separable import make_separable_plan
+    from volconv.separable import MAX_FUSED_SUMS, make_separable_plan
 
     bank = tomllib.loads((ROOT / "pipelines" / "demo.toml").read_text())["bank"]
     demo = build_bank(bank["filter"], bank["size"])
-    large = build_bank([{"type": "gaussian", "sigma": 1 + i / 10} for i in range(12)], 7)
+    n = MAX_FUSED_SUMS // 7 + 1  # 7^3 filters: one too many
+    large = build_bank([{"type": "gaussian", "sigma": 1 + i / 10} for i in range(n)], 7)
     shape = (64, 64, 64)
     for bank, gpu, fused in ((demo, True, True), (demo, False, False), (large, True, False)):
         plan = make_separable_plan(bank, shape, np.uint8, "reflect", 0.0, fake_device(gpu=gpu))

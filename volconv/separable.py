@@ -72,8 +72,12 @@ PATHS = ("direct", "separable", "low-rank")
 #     while the passes are bound by memory, so a GPU takes them for wider filters than a CPU.
 #     Those passes ran at V = 16; at the GPU's own V = 2, U = 4 they are 2.9x faster (the
 #     sweep above), so the GPU's constants are the fit divided by 2.9: 48 + 5.2 per tap.
-#   GPUs, fused (kernels/fused.cl, one kernel for a small bank): FITTED BELOW.
-PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (48.0, 5.2), "gpu-fused": (16.0, 1.5)}
+PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (48.0, 5.2)}  # (PASS_FIXED, PASS_PER_TAP)
+# The fused kernel (kernels/fused.cl, a small bank's whole tree in one kernel) costs a filter
+# its response's write plus the taps of its distinct passes (`separable_cost`). H100, banks of
+# 4 distinct Gaussians (bench_separable's "fused_model_in_direct_taps"): a Gaussian 4.1 ps
+# per output at 3^3 .. 8.4 at 11^3 -> 45 + 3.9 per tap.
+FUSED_COSTS = {"gpu": (45.0, 3.9)}  # (per response, per tap)
 MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 
 # Outputs per work-item of the passes along axis 2 (the vector width V) and along axis 0 in
@@ -86,9 +90,11 @@ BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab (blocks of 8..6
 
 # The fused kernel (kernels/fused.cl): a work-group's tile (TY, TZ) of output columns and its
 # CX output rows along axis 0. GPUs take it by default for banks whose partial sums fit in
-# registers: N_OUT responses x KX axis-0 taps at most MAX_FUSED_SUMS.
+# registers: N_OUT responses x KX axis-0 taps at most MAX_FUSED_SUMS. H100
+# (benchmarks/results/h100-separable-sweep.json): the demo bank in 0.40 ms at 8 x 16, 32 rows
+# (0.40 .. 0.57 over tiles of 64 .. 256 work-items and 16 .. 64 rows; the pass tree 1.69 ms).
 FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
-MAX_FUSED_SUMS = 64
+MAX_FUSED_SUMS = 128
 
 
 @dataclass(frozen=True)
@@ -133,8 +139,16 @@ class Choice:
 
 
 def separable_cost(terms: Sequence[Term], kind: str = "cpu") -> float:
-    """Cost per output voxel of the terms' passes on a ``kind`` of device ('cpu' or 'gpu'),
-    unshared, in direct taps."""
+    """Cost per output voxel of a filter's terms on a ``kind`` of device, in direct taps:
+    'cpu' and 'gpu' (the pass tree) each term's three passes, unshared; 'gpu-fused' its
+    response's write and the taps of its distinct passes (sharing inside the filter counted:
+    a LoG's three terms share an axis-2 Gaussian; across filters not)."""
+    if kind == "gpu-fused":
+        fixed, per_tap = FUSED_COSTS["gpu"]
+        roots = {_key(t.axes[2]) for t in terms}
+        mids = {(_key(t.axes[2]), _key(t.axes[1])) for t in terms}
+        taps = sum(k for k, _ in roots) + sum(k for _, (k, _) in mids)
+        return fixed + per_tap * (taps + len(mids) * max(len(t.axes[0]) for t in terms))
     fixed, per_tap = PASS_COSTS[kind]
     return sum(3 * fixed + per_tap * sum(t.extent) for t in terms)
 
