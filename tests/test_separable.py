@@ -242,18 +242,20 @@ def test_custom_decompositions_within_a_quarter_of_the_tolerance():
     assert factorise(RNG.standard_normal((7, 7, 7))) is None
 
 
-def test_equal_factors_are_shared_and_work_is_counted(device):
+@pytest.mark.parametrize("fused", [False, True])
+def test_equal_factors_are_shared_and_work_is_counted(device, fused):
     """One sigma of the ilastik bank: 12 filters, 4 distinct axis-2 factors, 7 (axis-2,
-    axis-1) pairs, 11 distinct terms; gflop counts each filter's own extent."""
+    axis-1) pairs, 11 distinct terms (fused: 15 distinct (response, pair) combos, the DoG's
+    Gaussian feeding two responses); gflop counts each filter's own extent."""
     specs = [{"type": "gaussian", "sigma": 1.0, "order": list(o), "size": 7}
              for o in [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (2, 0, 0), (0, 2, 0),
                        (0, 0, 2), (1, 1, 0), (1, 0, 1), (0, 1, 1)]]  # fmt: skip
     specs += [{"type": "log", "sigma": 1.0, "size": 7}, {"type": "dog", "sigma": 1.0, "size": 7}]
     shape = (16, 12, 20)
     bank = build_bank(specs)
-    conv = SeparableConvolver(bank, shape, np.uint8, device=device,
+    conv = SeparableConvolver(bank, shape, np.uint8, device=device, fused=fused,
                               choices=plan_bank(bank, force="separable"))  # fmt: skip
-    assert conv.pass_counts == (4, 7, 11)
+    assert conv.pass_counts == ((4, 7, 15) if fused else (4, 7, 11))
     assert conv.engines == ["separable"]
     assert conv.gflop == pytest.approx(2 * 12 * 343 * np.prod(shape) / 1e9)
     assert 0 < conv.executed_gflop < conv.gflop / 5
