@@ -84,6 +84,7 @@ def separable_record(filters, vol, device, repeats, peak) -> tuple[dict, np.ndar
     conv = SeparableConvolver(filters, vol.shape, vol.dtype, "reflect", device=device)
     rec, buf, last = run_convolver(conv, vol, repeats)
     k = rec["stages"]["kernel"]
+    names = [f.name for f in filters]
     rec.update(
         kernel_seconds=k,
         gflop=conv.gflop,
@@ -98,7 +99,7 @@ def separable_record(filters, vol, device, repeats, peak) -> tuple[dict, np.ndar
         fused=conv.plan.fused,
         tile=conv.plan.tile if conv.plan.fused else None,
         slab_depth=conv.plan.slab_depth,
-        paths=describe_plan(conv.plan.choices, [f.name for f in filters]).splitlines()[0],
+        paths=describe_plan(conv.plan.choices, names, conv.plan.fused).splitlines()[0],
     )
     return rec, buf, last
 

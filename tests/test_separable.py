@@ -273,7 +273,9 @@ def test_describe_plan_names_each_filter():
     text = describe_plan(plan_bank(bank), ["smooth", "mine"])
     assert "smooth" in text and "separable 9x9x9: 1 term" in text
     assert "mine" in text and "direct 3x3x3" in text
-    assert text.startswith("paths: 1 direct, 1 separable")
+    assert text.startswith("paths: 1 direct, 1 separable\n")
+    fused = describe_plan(plan_bank(bank), ["smooth", "mine"], fused=True)
+    assert fused.startswith("paths: 1 direct, 1 separable (in one fused kernel)\n")
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 33), (5, 1, 1), (2, 3, 17)])

@@ -14,6 +14,12 @@ into the bank's common halo. Equal factors are computed once: the passes form a 
 axis-2 factors -> distinct (axis-2, axis-1) pairs -> distinct terms, each term added with its
 coefficient into every response that holds it, on the device before the download.
 
+On a GPU a bank whose tree fits (`fused_fits`) runs it in one kernel, kernels/fused.cl: the
+tree as tables (`fused_tree`), each factor zero-padded to its axis's window of the halo, the
+axis-2 and axis-1 passes through local-memory tiles and the axis-0 pass as running sums in
+registers, so no intermediate volume is written and each response is written once. Its own
+cost model plans such a bank (`plan_paths`); the pass tree runs the rest and on CPUs.
+
 Non-finite voxels (NaN, +-Inf) are exact as in scipy, as on the direct path: the passes filter
 the slab with them set to 0, and `volconv.nonfinite` sets the outputs they reach.
 
@@ -246,13 +252,16 @@ def _bank_halo(entries: list) -> tuple[tuple[int, int, int], tuple[int, int, int
     return lo, hi
 
 
-def describe_plan(choices: Sequence[Choice], names: Sequence[str] | None = None) -> str:
-    """One line per filter, as `volconv validate` prints the plan."""
+def describe_plan(
+    choices: Sequence[Choice], names: Sequence[str] | None = None, fused: bool = False
+) -> str:
+    """One line per filter, as `volconv validate` prints the plan (``fused``: the plan runs
+    the separable filters in one kernel)."""
     names = names or [f"filter {i}" for i in range(len(choices))]
     width = max(len(n) for n in names)
     counts = {p: sum(c.path == p for c in choices) for p in PATHS}
     head = ", ".join(f"{n} {p}" for p, n in counts.items() if n)
-    lines = [f"paths: {head}"]
+    lines = [f"paths: {head}" + (" (in one fused kernel)" if fused else "")]
     lines += [f"  {n:<{width}}  {c.describe()}" for n, c in zip(names, choices, strict=True)]
     return "\n".join(lines)
 
