@@ -151,8 +151,12 @@ def separable_cost(terms: Sequence[Term], kind: str = "cpu") -> float:
     a LoG's three terms share an axis-2 Gaussian; across filters not)."""
     if kind == "gpu-fused":
         fixed, per_tap = FUSED_COSTS["gpu"]
-        roots = {_key(t.axes[2]) for t in terms}
-        mids = {(_key(t.axes[2]), _key(t.axes[1])) for t in terms}
+
+        def key(a: np.ndarray) -> tuple[int, bytes]:  # float64: no overflow for wild factors
+            return len(a), a.tobytes()
+
+        roots = {key(t.axes[2]) for t in terms}
+        mids = {(key(t.axes[2]), key(t.axes[1])) for t in terms}
         taps = sum(k for k, _ in roots) + sum(k for _, (k, _) in mids)
         return fixed + per_tap * (taps + len(mids) * max(len(t.axes[0]) for t in terms))
     fixed, per_tap = PASS_COSTS[kind]
