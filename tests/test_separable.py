@@ -166,16 +166,16 @@ def test_the_fused_kernel_beside_direct_groups_and_nonfinite_voxels(device):
 
 
 def test_the_fused_kernel_is_the_gpus_for_banks_that_fit():
-    """GPUs fuse a bank whose partial sums fit in registers (the demo bank, planned by the
+    """GPUs fuse a bank whose values fit in registers (the demo bank, planned by the
     fused cost model: every filter separable) and run a larger one as the pass tree; CPUs run
     the tree; asking to fuse a bank that does not fit is an error."""
     from test_plan import fake_device
 
-    from volconv.separable import MAX_FUSED_SUMS, make_separable_plan
+    from volconv.separable import MAX_FUSED_VALUES, make_separable_plan
 
     bank = tomllib.loads((ROOT / "pipelines" / "demo.toml").read_text())["bank"]
     demo = build_bank(bank["filter"], bank["size"])
-    n = MAX_FUSED_SUMS // 7 + 1  # 7^3 filters: one too many
+    n = MAX_FUSED_VALUES // 8 + 1  # 7^3 filters: 7 sums and a mid each, one too many
     large = build_bank([{"type": "gaussian", "sigma": 1 + i / 10} for i in range(n)], 7)
     shape = (64, 64, 64)
     for bank, gpu, fused in ((demo, True, True), (demo, False, False), (large, True, False)):

@@ -95,12 +95,14 @@ MID_ROWS = 2  # ... and along axis 1 in pass_mid (1 and 4 were no faster on PoCL
 BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab (blocks of 8..64: slower)
 
 # The fused kernel (kernels/fused.cl): a work-group's tile (TY, TZ) of output columns and its
-# CX output rows along axis 0. GPUs take it by default for banks whose partial sums fit in
-# registers: N_OUT responses x KX axis-0 taps at most MAX_FUSED_SUMS. H100
+# CX output rows along axis 0. GPUs take it by default for banks whose values held across a
+# plane fit in registers: N_OUT responses x KX axis-0 taps of partial sums plus the N_MIDS
+# mids' values at most MAX_FUSED_VALUES (H100: 11 responses x 11 taps + 6 ran unspilled, 0.93
+# ms against the tree's 1.38; h100-separable-fused-sweep.json). H100
 # (benchmarks/results/h100-separable-sweep.json): the demo bank in 0.40 ms at 8 x 16, 32 rows
 # (0.40 .. 0.57 over tiles of 64 .. 256 work-items and 16 .. 64 rows; the pass tree 1.69 ms).
 FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
-MAX_FUSED_SUMS = 128
+MAX_FUSED_VALUES = 128
 
 
 @dataclass(frozen=True)
@@ -316,9 +318,10 @@ class FusedTree:
     n_out: int
 
     @property
-    def sums(self) -> int:
-        """Partial sums a work-item holds: every response at each of the KX rows in flight."""
-        return self.n_out * self.taps[0]
+    def values(self) -> int:
+        """Values a work-item holds across a plane: every response's partial sums at each of
+        the KX rows in flight, and the mids' values."""
+        return self.n_out * self.taps[0] + len(self.wy)
 
 
 def fused_tree(choices: Sequence[Choice], halo_lo: tuple[int, int, int]) -> FusedTree | None:
@@ -486,7 +489,8 @@ def make_separable_plan(
         if fused:
             raise ValueError(
                 f"fused: the bank's separable filters do not fit the fused kernel (at most "
-                f"{MAX_FUSED_SUMS} responses x axis-0 taps, and its tile in local memory)"
+                f"{MAX_FUSED_VALUES} responses x axis-0 taps + distinct (axis-2, axis-1) "
+                f"pairs, and its tiles in local memory)"
             )
         want = False
     shape = tuple(int(s) for s in shape)
@@ -531,15 +535,15 @@ def make_separable_plan(
 
 
 def fused_fits(tree: FusedTree | None, tile: tuple[int, int, int], device: cl.Device) -> bool:
-    """Whether the fused kernel can run ``tree``: its partial sums in registers, its tiles in
-    the device's local memory."""
+    """Whether the fused kernel can run ``tree``: its values in registers, its tiles (two of
+    each) in the device's local memory."""
     if tree is None:
         return False
     ty, tz, _ = tile
     tile_y = ty + tree.taps[1] - 1
-    local = (tile_y * (tz + tree.taps[2] - 1) + len(tree.wz) * tile_y * tz) * 4
+    local = 2 * (tile_y * (tz + tree.taps[2] - 1) + len(tree.wz) * tile_y * tz) * 4
     return (
-        tree.sums <= MAX_FUSED_SUMS
+        tree.values <= MAX_FUSED_VALUES
         and local <= device.local_mem_size
         and ty * tz <= device.max_work_group_size
     )
