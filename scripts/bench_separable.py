@@ -12,7 +12,7 @@ On a synthetic n^3 uint8 volume (reflect mode), on one OpenCL device:
      gaussian_laplace, DoG as two gaussian_filter calls) on the same data, float32 output,
      each response checked against scipy's at SPEC.md's tolerance.
   3. The cost model's terms: seconds per output of one pass by taps (fitted a + b * taps) and
-     of the direct kernel per tap.
+     of the direct kernel per tap; where the device fuses (GPUs), the fused kernel's per term.
 Times are the best of ``--repeats`` after a warm-up run (PoCL compiles each kernel at its
 first launch). Kernel seconds come from OpenCL profiling events; wall seconds are the time to
 all responses in host memory, slab by slab into one pinned buffer, as `volconv run` gets them.
@@ -84,6 +84,7 @@ def separable_record(filters, vol, device, repeats, peak) -> tuple[dict, np.ndar
     conv = SeparableConvolver(filters, vol.shape, vol.dtype, "reflect", device=device)
     rec, buf, last = run_convolver(conv, vol, repeats)
     k = rec["stages"]["kernel"]
+    names = [f.name for f in filters]
     rec.update(
         kernel_seconds=k,
         gflop=conv.gflop,
@@ -95,8 +96,10 @@ def separable_record(filters, vol, device, repeats, peak) -> tuple[dict, np.ndar
         bandwidth_gbps=conv.kernel_bytes / k / 1e9,
         pass_counts=conv.pass_counts,
         engines=conv.engines,
+        fused=conv.plan.fused,
+        tile=conv.plan.tile if conv.plan.fused else None,
         slab_depth=conv.plan.slab_depth,
-        paths=describe_plan(conv.plan.choices, [f.name for f in filters]).splitlines()[0],
+        paths=describe_plan(conv.plan.choices, names, conv.plan.fused).splitlines()[0],
     )
     return rec, buf, last
 
@@ -206,7 +209,7 @@ def cost_terms(device, repeats: int) -> dict:
     per_output = {}
     for k in (3, 7, 11, 15, 23, 31):
         f = build_bank([{"type": "gaussian", "sigma": k / 6, "size": k}])
-        conv = SeparableConvolver(f, vol.shape, vol.dtype, device=device,
+        conv = SeparableConvolver(f, vol.shape, vol.dtype, device=device, fused=False,
                                   choices=plan_bank(f, force="separable"))  # fmt: skip
         run_convolver(conv, vol, 1)
         a, b = next(conv.slabs())
@@ -219,13 +222,35 @@ def cost_terms(device, repeats: int) -> dict:
     run_convolver(conv, vol, 1)
     a, b = next(conv.slabs())
     direct = float(np.min(conv.time_kernel(a, b, repeats))) / (vol.size * 8 * 343)
-    return {
+    result = {
         "pass_seconds_per_output": {str(k): v for k, v in per_output.items()},
         "pass_fixed_seconds": fit_a,
         "pass_per_tap_seconds": fit_b,
         "direct_per_tap_seconds": direct,
         "model_in_direct_taps": {"PASS_FIXED": fit_a / direct, "PASS_PER_TAP": fit_b / direct},
     }
+    if SeparableConvolver(f, vol.shape, vol.dtype, device=device).plan.fused:
+        result.update(fused_terms(device, vol, repeats, direct))
+    return result
+
+
+def fused_terms(device, vol: np.ndarray, repeats: int, direct: float) -> dict:
+    """The fused kernel's cost per output and filter (a bank of 4 distinct Gaussians of k^3 in
+    one kernel), fitted a + b * k: the model's FIXED (the response's write) + PER_TAP * 3k."""
+    per_term = {}
+    for k in (3, 7, 11):
+        f = build_bank([{"type": "gaussian", "sigma": k / 6 * (1 + i / 10), "size": k}
+                        for i in range(4)])  # fmt: skip
+        conv = SeparableConvolver(f, vol.shape, vol.dtype, device=device, fused=True,
+                                  choices=plan_bank(f, force="separable"))  # fmt: skip
+        run_convolver(conv, vol, 1)
+        a, b = next(conv.slabs())
+        per_term[k] = float(np.min(conv.time_kernel(a, b, repeats))) / (4 * vol.size)
+    fit_b, fit_a = np.polyfit(np.array(list(per_term)), np.array(list(per_term.values())), 1)
+    return {
+        "fused_seconds_per_output_and_filter": {str(k): v for k, v in per_term.items()},
+        "fused_model_in_direct_taps": {"FIXED": fit_a / direct, "PER_TAP": fit_b / 3 / direct},
+    }  # fmt: skip
 
 
 def copy_bandwidth(device) -> float:
@@ -307,7 +332,8 @@ def main() -> None:
               f"{sep['kernel_seconds']:.3f} s), scipy {ref['seconds']:.2f} s")  # fmt: skip
 
     result["cost_model"] = cost_terms(device, 3)
-    print(json.dumps(result["cost_model"]["model_in_direct_taps"]), flush=True)
+    for key in ("model_in_direct_taps", "fused_model_in_direct_taps"):
+        print(key, json.dumps(result["cost_model"].get(key)), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")

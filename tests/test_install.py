@@ -36,6 +36,10 @@ defines = {
                        ("NSEG", 1), ("NJ", 1), ("ROWSPAN", 3), ("LROWS", 5), ("PL", 18),
                        ("NT", 1), ("WY", 1), ("WZ", 1), ("TYW", 2), ("XC", 32),
                        ("EMULATE_MMA", 1)),
+    "fused.cl": (("KX", 3), ("KY", 3), ("KZ", 3), ("TY", 2), ("TZ", 4), ("CX", 2), ("N_ROOTS", 1),
+                 ("N_MIDS", 1), ("N_COMBOS", 1), ("N_OUT", 1), ("MID_ROOT", 0), ("COMBO_MID", 0),
+                 ("COMBO_OUT", 0), ("WZ", "1.0f,2.0f,1.0f"), ("WY", "1.0f,0.0f,-1.0f"),
+                 ("WX", "0.5f,0.5f,0.5f"), ("IN_T", "uchar")),
 }
 for name in names:
     build(ctx, name, defines[name])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from volconv.factor import amplification, factorise, reconstruct, reconstruction
 from volconv.separable import SeparableConvolver, convolve_separable, describe_plan, plan_bank
 
 RNG = np.random.default_rng(20261123)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def volume(shape: tuple[int, ...], dtype: str = "uint8") -> np.ndarray:
@@ -122,6 +125,68 @@ def test_low_rank_even_extents_through_the_passes(device):
         assert_matches_scipy(volume((11, 9, 14), "int16"), bank, mode, -2.0, **options)
 
 
+# A bank for the fused kernel: every kind of factor, extents that differ per axis and per
+# filter (even ones from a custom rank-2 kernel), 6 responses x 9 axis-0 taps of partial sums.
+FUSED = [
+    {"type": "gaussian", "sigma": [1.2, 0.8, 1.0], "order": [1, 0, 2], "size": [7, 5, 9]},
+    {"type": "log", "sigma": 1.1, "size": 9},
+    {"type": "dog", "sigma": 0.9, "size": [7, 7, 5]},
+    {"type": "box", "size": [3, 5, 1]},
+    {"type": "sobel", "axis": 2},
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_fused_kernel_in_every_mode_with_seams(device, mode):
+    """Slabs of 3 rows, chunks of 2 rows and tiles of 4 x 8 put seams inside every kernel and
+    tiles past the volume's edges; constant mode with cval != 0."""
+    bank = [*build_bank(FUSED), rank_r((4, 3, 6), 2)]
+    options = {"choices": plan_bank(bank, force="separable"), "fused": True, "tile": (4, 8, 2),
+               "slab_depth": 3}  # fmt: skip
+    conv = SeparableConvolver(bank, (13, 17, 21), np.uint8, mode, -7.5, device=device, **options)
+    assert conv.plan.fused and conv.pass_counts[2] >= len(bank)
+    assert_matches_scipy(volume((13, 17, 21)), bank, mode, -7.5, device=device, **options)
+
+
+def test_the_fused_kernel_beside_direct_groups_and_nonfinite_voxels(device):
+    """The default tile over a volume smaller than it; direct filters of two extents beside the
+    fused ones; NaN and +-Inf where scipy puts them."""
+    bank = [*build_bank(FUSED[:3]), RNG.standard_normal((3, 5, 4)), RNG.standard_normal((2, 2, 2))]
+    vol = volume((11, 9, 14), "float32")
+    vol[5, 4, 7], vol[0, 0, 0], vol[10, 8, 13] = np.nan, np.inf, -np.inf
+    out = convolve_separable(vol, bank, "mirror", device=device, fused=True, slab_depth=4)
+    ref = reference(vol, [getattr(f, "kernel", f) for f in bank], "mirror")
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(np.isposinf(out), np.isposinf(ref))
+    finite = np.isfinite(ref)
+    for f, k in enumerate(bank):
+        k = getattr(k, "kernel", k)
+        m = float(np.max(np.abs(vol[np.isfinite(vol)])))
+        assert np.max(np.abs(out[f][finite[f]] - ref[f][finite[f]])) <= spec_tolerance(k, m)
+
+
+def test_the_fused_kernel_is_the_gpus_for_banks_that_fit():
+    """GPUs fuse a bank whose values fit in registers (the demo bank, planned by the
+    fused cost model: every filter separable) and run a larger one as the pass tree; CPUs run
+    the tree; asking to fuse a bank that does not fit is an error."""
+    from test_plan import fake_device
+
+    from volconv.separable import MAX_FUSED_VALUES, make_separable_plan
+
+    bank = tomllib.loads((ROOT / "pipelines" / "demo.toml").read_text())["bank"]
+    demo = build_bank(bank["filter"], bank["size"])
+    n = MAX_FUSED_VALUES // 8 + 1  # 7^3 filters: 7 sums and a mid each, one too many
+    large = build_bank([{"type": "gaussian", "sigma": 1 + i / 10} for i in range(n)], 7)
+    shape = (64, 64, 64)
+    for bank, gpu, fused in ((demo, True, True), (demo, False, False), (large, True, False)):
+        plan = make_separable_plan(bank, shape, np.uint8, "reflect", 0.0, fake_device(gpu=gpu))
+        assert plan.fused == fused
+        assert {c.path for c in plan.choices} == {"separable"}
+        assert ("fast" in plan.slab_bytes(1)) != fused  # no intermediates when fused
+    with pytest.raises(ValueError, match="fused"):
+        make_separable_plan(large, shape, np.uint8, "reflect", 0.0, fake_device(), fused=True)
+
+
 def test_4d_volume_as_independent_frames(device):
     specs = [
         {"type": "log", "sigma": 1.0, "size": 7},
@@ -177,18 +242,20 @@ def test_custom_decompositions_within_a_quarter_of_the_tolerance():
     assert factorise(RNG.standard_normal((7, 7, 7))) is None
 
 
-def test_equal_factors_are_shared_and_work_is_counted(device):
+@pytest.mark.parametrize("fused", [False, True])
+def test_equal_factors_are_shared_and_work_is_counted(device, fused):
     """One sigma of the ilastik bank: 12 filters, 4 distinct axis-2 factors, 7 (axis-2,
-    axis-1) pairs, 11 distinct terms; gflop counts each filter's own extent."""
+    axis-1) pairs, 11 distinct terms (fused: 15 distinct (response, pair) combos, the DoG's
+    Gaussian feeding two responses); gflop counts each filter's own extent."""
     specs = [{"type": "gaussian", "sigma": 1.0, "order": list(o), "size": 7}
              for o in [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1), (2, 0, 0), (0, 2, 0),
                        (0, 0, 2), (1, 1, 0), (1, 0, 1), (0, 1, 1)]]  # fmt: skip
     specs += [{"type": "log", "sigma": 1.0, "size": 7}, {"type": "dog", "sigma": 1.0, "size": 7}]
     shape = (16, 12, 20)
     bank = build_bank(specs)
-    conv = SeparableConvolver(bank, shape, np.uint8, device=device,
+    conv = SeparableConvolver(bank, shape, np.uint8, device=device, fused=fused,
                               choices=plan_bank(bank, force="separable"))  # fmt: skip
-    assert conv.pass_counts == (4, 7, 11)
+    assert conv.pass_counts == ((4, 7, 15) if fused else (4, 7, 11))
     assert conv.engines == ["separable"]
     assert conv.gflop == pytest.approx(2 * 12 * 343 * np.prod(shape) / 1e9)
     assert 0 < conv.executed_gflop < conv.gflop / 5
@@ -206,7 +273,9 @@ def test_describe_plan_names_each_filter():
     text = describe_plan(plan_bank(bank), ["smooth", "mine"])
     assert "smooth" in text and "separable 9x9x9: 1 term" in text
     assert "mine" in text and "direct 3x3x3" in text
-    assert text.startswith("paths: 1 direct, 1 separable")
+    assert text.startswith("paths: 1 direct, 1 separable\n")
+    fused = describe_plan(plan_bank(bank), ["smooth", "mine"], fused=True)
+    assert fused.startswith("paths: 1 direct, 1 separable (in one fused kernel)\n")
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 33), (5, 1, 1), (2, 3, 17)])

@@ -172,7 +172,8 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
     say(f"device   {device_name(device)}, FP32 peak {format_gflops(peak)} ({how})")
     cval = f" (cval {cfg.cval:g})" if cfg.boundary == "constant" else ""
     say(f"bank     N = {len(first.filters)}, boundary {cfg.boundary}{cval}")
-    say(describe_plan(first.plan.choices, [f"{f.name} ({f.type})" for f in first.filters]))
+    names = [f"{f.name} ({f.type})" for f in first.filters]
+    say(describe_plan(first.plan.choices, names, first.plan.fused))
     scaled = f", value = stored * {cfg.scale:g} + {cfg.offset:g}" if cfg.dtype == "uint8" else ""
     say(f"output   {cfg.dtype}, compression {cfg.compression}{scaled}")
     say(f"inputs   {len(jobs)}")

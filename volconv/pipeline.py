@@ -41,9 +41,8 @@ from volconv.separable import (
     Choice,
     SeparableConvolver,
     SeparablePlan,
-    device_kind,
     make_separable_plan,
-    plan_bank,
+    plan_paths,
 )
 from volconv.writer import (
     OutputError,
@@ -150,7 +149,7 @@ def plan_jobs(
         volume = open_volume(spec)
         filters, kernels = _bank_for(cfg, volume, spec, banks)
         if id(filters) not in choices:  # the path of each filter: once per bank
-            choices[id(filters)] = plan_bank(filters, kind=device_kind(device))
+            choices[id(filters)] = plan_paths(filters, device)
         try:
             plan = make_separable_plan(
                 filters, spatial_shape(volume), volume.dtype, cfg.boundary, cfg.cval, device,

@@ -14,6 +14,12 @@ into the bank's common halo. Equal factors are computed once: the passes form a 
 axis-2 factors -> distinct (axis-2, axis-1) pairs -> distinct terms, each term added with its
 coefficient into every response that holds it, on the device before the download.
 
+On a GPU a bank whose tree fits (`fused_fits`) runs it in one kernel, kernels/fused.cl: the
+tree as tables (`fused_tree`), each factor zero-padded to its axis's window of the halo, the
+axis-2 and axis-1 passes through local-memory tiles and the axis-0 pass as running sums in
+registers, so no intermediate volume is written and each response is written once. Its own
+cost model plans such a bank (`plan_paths`); the pass tree runs the rest and on CPUs.
+
 Non-finite voxels (NaN, +-Inf) are exact as in scipy, as on the direct path: the passes filter
 the slab with them set to 0, and `volconv.nonfinite` sets the outputs they reach.
 
@@ -74,6 +80,11 @@ PATHS = ("direct", "separable", "low-rank")
 #     Those passes ran at V = 16; at the GPU's own V = 2, U = 4 they are 2.9x faster (the
 #     sweep above), so the GPU's constants are the fit divided by 2.9: 48 + 5.2 per tap.
 PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (48.0, 5.2)}  # (PASS_FIXED, PASS_PER_TAP)
+# The fused kernel (kernels/fused.cl, a small bank's whole tree in one kernel) costs a filter
+# its response's write plus the taps of its distinct passes (`separable_cost`). H100, banks of
+# 4 distinct Gaussians (bench_separable's "fused_model_in_direct_taps"): a Gaussian 4.1 ps
+# per output at 3^3 .. 8.4 at 11^3 -> 45 + 3.9 per tap.
+FUSED_COSTS = {"gpu": (45.0, 3.9)}  # (per response, per tap)
 MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 
 # Outputs per work-item of the passes along axis 2 (the vector width V) and along axis 0 in
@@ -83,6 +94,16 @@ MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 PASS_SHAPE = {"cpu": (16, 4), "gpu": (2, 4)}  # (V, U)
 MID_ROWS = 2  # ... and along axis 1 in pass_mid (1 and 4 were no faster on PoCL)
 BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab (blocks of 8..64: slower)
+
+# The fused kernel (kernels/fused.cl): a work-group's tile (TY, TZ) of output columns and its
+# CX output rows along axis 0. GPUs take it by default for banks whose values held across a
+# plane fit in registers: N_OUT responses x KX axis-0 taps of partial sums plus the N_MIDS
+# mids' values at most MAX_FUSED_VALUES (H100: 11 responses x 11 taps + 6 ran unspilled, 0.93
+# ms against the tree's 1.38; h100-separable-fused-sweep.json). H100
+# (benchmarks/results/h100-separable-sweep.json): the demo bank in 0.40 ms at 8 x 16, 32 rows
+# (0.40 .. 0.57 over tiles of 64 .. 256 work-items and 16 .. 64 rows; the pass tree 1.69 ms).
+FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
+MAX_FUSED_VALUES = 128
 
 
 @dataclass(frozen=True)
@@ -127,8 +148,20 @@ class Choice:
 
 
 def separable_cost(terms: Sequence[Term], kind: str = "cpu") -> float:
-    """Cost per output voxel of the terms' passes on a ``kind`` of device ('cpu' or 'gpu'),
-    unshared, in direct taps."""
+    """Cost per output voxel of a filter's terms on a ``kind`` of device, in direct taps:
+    'cpu' and 'gpu' (the pass tree) each term's three passes, unshared; 'gpu-fused' its
+    response's write and the taps of its distinct passes (sharing inside the filter counted:
+    a LoG's three terms share an axis-2 Gaussian; across filters not)."""
+    if kind == "gpu-fused":
+        fixed, per_tap = FUSED_COSTS["gpu"]
+
+        def key(a: np.ndarray) -> tuple[int, bytes]:  # float64: no overflow for wild factors
+            return len(a), a.tobytes()
+
+        roots = {key(t.axes[2]) for t in terms}
+        mids = {(key(t.axes[2]), key(t.axes[1])) for t in terms}
+        taps = sum(k for k, _ in roots) + sum(k for _, (k, _) in mids)
+        return fixed + per_tap * (taps + len(mids) * max(len(t.axes[0]) for t in terms))
     fixed, per_tap = PASS_COSTS[kind]
     return sum(3 * fixed + per_tap * sum(t.extent) for t in terms)
 
@@ -174,8 +207,9 @@ def plan_bank(filters: object, force: str | None = None, kind: str = "cpu") -> l
     force : {'direct', 'separable'}, optional
         Override the cost model (tests, benchmarks): 'separable' takes every filter that has an
         acceptable decomposition to the passes, 'direct' none.
-    kind : {'cpu', 'gpu'}
-        The device's kind (`device_kind`): its cost model.
+    kind : {'cpu', 'gpu', 'gpu-fused'}
+        The cost model: the device's kind (`device_kind`), 'gpu-fused' for a GPU's fused
+        kernel.
     """
     if force not in (None, "direct", "separable"):
         raise ValueError(f"force must be None, 'direct' or 'separable'; got {force!r}")
@@ -198,13 +232,43 @@ def plan_bank(filters: object, force: str | None = None, kind: str = "cpu") -> l
     return choices
 
 
-def describe_plan(choices: Sequence[Choice], names: Sequence[str] | None = None) -> str:
-    """One line per filter, as `volconv validate` prints the plan."""
+def plan_paths(
+    filters: object,
+    device: cl.Device,
+    *,
+    fused: bool | None = None,
+    tile: tuple[int, int, int] | None = None,
+) -> list[Choice]:
+    """`plan_bank` by the cost model of the kernels that will run on ``device``: on a GPU the
+    fused kernel's, when the bank's separable filters then fit it (``fused`` None or True),
+    else the pass tree's."""
+    kind = device_kind(device)
+    if kind == "gpu" and fused is not False:
+        choices = plan_bank(filters, kind="gpu-fused")
+        lo, _ = _bank_halo(_entries(filters))
+        if fused_fits(fused_tree(choices, lo), tile or FUSED_TILE, device):
+            return choices
+    return plan_bank(filters, kind=kind)
+
+
+def _bank_halo(entries: list) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The common halo before and after the outputs that covers every filter's extent."""
+    halos = [[halo(e) for e in k.shape] for k, _ in entries]
+    lo = tuple(max(h[d][0] for h in halos) for d in range(3))
+    hi = tuple(max(h[d][1] for h in halos) for d in range(3))
+    return lo, hi
+
+
+def describe_plan(
+    choices: Sequence[Choice], names: Sequence[str] | None = None, fused: bool = False
+) -> str:
+    """One line per filter, as `volconv validate` prints the plan (``fused``: the plan runs
+    the separable filters in one kernel)."""
     names = names or [f"filter {i}" for i in range(len(choices))]
     width = max(len(n) for n in names)
     counts = {p: sum(c.path == p for c in choices) for p in PATHS}
     head = ", ".join(f"{n} {p}" for p, n in counts.items() if n)
-    lines = [f"paths: {head}"]
+    lines = [f"paths: {head}" + (" (in one fused kernel)" if fused else "")]
     lines += [f"  {n:<{width}}  {c.describe()}" for n, c in zip(names, choices, strict=True)]
     return "\n".join(lines)
 
@@ -239,6 +303,70 @@ def _key(a: np.ndarray) -> tuple[int, bytes]:
 
 
 @dataclass(frozen=True)
+class FusedTree:
+    """The pass tree as kernels/fused.cl reads it: flipped factors zero-padded to each axis's
+    window (``taps[d]`` taps from ``start[d]`` of the bank's halo), one row per root (wz),
+    mid (wy) and combo (wx: a response's terms through one mid, coefficients folded in)."""
+
+    start: tuple[int, int, int]
+    taps: tuple[int, int, int]
+    wz: np.ndarray  # (roots, KZ) float32
+    wy: np.ndarray  # (mids, KY)
+    wx: np.ndarray  # (combos, KX)
+    mid_root: tuple[int, ...]
+    combo_mid: tuple[int, ...]
+    combo_out: tuple[int, ...]
+    n_out: int
+
+    @property
+    def values(self) -> int:
+        """Values a work-item holds across a plane: every response's partial sums at each of
+        the KX rows in flight, and the mids' values."""
+        return self.n_out * self.taps[0] + len(self.wy)
+
+
+def fused_tree(choices: Sequence[Choice], halo_lo: tuple[int, int, int]) -> FusedTree | None:
+    """The tables of the separable filters of ``choices`` (in slot order), or None if none."""
+    terms = [c.terms for c in choices if c.path != "direct"]
+    if not terms:
+        return None
+    # the window along each axis: the widest halo before and after of the factors on it
+    extents = [[len(t.axes[d]) for ts in terms for t in ts] for d in range(3)]
+    before = [max(halo(k)[0] for k in e) for e in extents]
+    after = [max(halo(k)[1] for k in e) for e in extents]
+    start = tuple(halo_lo[d] - before[d] for d in range(3))
+    taps = tuple(b + a + 1 for b, a in zip(before, after, strict=True))
+
+    def padded(a: np.ndarray, d: int) -> np.ndarray:
+        row = np.zeros(taps[d])
+        at = halo_lo[d] - halo(len(a))[0] - start[d]
+        row[at : at + len(a)] = a[::-1]
+        return row
+
+    roots: dict = {}
+    mids: dict = {}
+    combos: dict = {}
+    for slot, ts in enumerate(terms):
+        for t in ts:
+            a0, a1, a2 = t.axes
+            root = roots.setdefault(_key(a2), (len(roots), padded(a2, 2)))[0]
+            mid = mids.setdefault((_key(a2), _key(a1)), (len(mids), padded(a1, 1), root))[0]
+            row = combos.setdefault((slot, mid), np.zeros(taps[0]))
+            row += t.coef * padded(a0, 0)
+    f32 = np.float32
+    return FusedTree(
+        start, taps,
+        np.array([w for _, w in roots.values()], f32).reshape(-1, taps[2]),
+        np.array([w for _, w, _ in mids.values()], f32).reshape(-1, taps[1]),
+        np.array(list(combos.values()), f32).reshape(-1, taps[0]),
+        tuple(r for _, _, r in mids.values()),
+        tuple(mid for _, mid in combos),
+        tuple(slot for slot, _ in combos),
+        len(terms),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class SeparablePlan:
     """Sizes of one separable bank convolution (the direct groups plan their own)."""
 
@@ -257,6 +385,8 @@ class SeparablePlan:
     choices: tuple[Choice, ...]
     groups: tuple[tuple[int, ...], ...]  # direct filters, by extent
     direct_bytes: tuple[tuple[int, int], ...]  # per group: (fixed, per output row)
+    fused: bool = False  # one kernel (kernels/fused.cl) rather than the pass tree
+    tile: tuple[int, int, int] = FUSED_TILE  # the fused kernel's (TY, TZ, CX)
 
     @property
     def extents(self) -> tuple[int, int, int]:
@@ -295,7 +425,7 @@ class SeparablePlan:
         rows = depth + self.halo_lo[0] + self.halo_hi[0]
         if not self.n_separable:
             return {}
-        return {
+        sizes = {
             "source": min(rows, self.shape[0]) * ny * nz * self.src_dtype.itemsize,
             "padded": rows * p1 * p2 * self.pad_dtype.itemsize,
             # blocked passes load up to U - 1 rows past the last they need (unused): slack
@@ -303,6 +433,9 @@ class SeparablePlan:
             "mid": (rows + self.rows) * ny * self.row * 4,
             "responses": self.n_separable * depth * ny * nz * 4,
         }
+        if self.fused:  # no intermediates
+            del sizes["fast"], sizes["mid"]
+        return sizes
 
 
 def make_separable_plan(
@@ -319,6 +452,8 @@ def make_separable_plan(
     vector_width: int | None = None,
     rows: int | None = None,
     block_rows: int = BLOCK_ROWS,
+    fused: bool | None = None,
+    tile: tuple[int, int, int] | None = None,
     stream: bool = False,
     **overrides: object,
 ) -> SeparablePlan:
@@ -326,7 +461,11 @@ def make_separable_plan(
     the paths (`plan_bank` unless ``choices`` are given), the common halo, the direct groups
     and the deepest slab whose buffers fit ``memory_budget`` (default: a quarter of the
     device's memory, at most 2 GiB) and the device's largest allocation; ``stream`` caps it
-    so that reading, computing and writing overlap, as `volconv.plan.make_plan` does."""
+    so that reading, computing and writing overlap, as `volconv.plan.make_plan` does.
+
+    ``fused`` (default: on GPUs) runs the separable filters in one kernel when their tree fits
+    it (`fused_fits`); else, or when it is False, as the pass tree (the paths, if not given,
+    by `plan_paths`). True where the tree does not fit is an error."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
@@ -337,14 +476,26 @@ def make_separable_plan(
     rows = PASS_SHAPE[kind][1] if rows is None else rows
     if vector_width not in (1, 2, 4, 8, 16):
         raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
-    choices = tuple(plan_bank(filters, kind=kind) if choices is None else choices)
+    tile = FUSED_TILE if tile is None else tuple(int(t) for t in tile)
+    if len(tile) != 3 or min(tile) < 1:
+        raise ValueError(f"tile must be 3 positive ints (TY, TZ, CX); got {tile}")
+    lo, hi = _bank_halo(entries)
+    if choices is None:
+        choices = plan_paths(filters, device, fused=fused, tile=tile)
+    choices = tuple(choices)
     if len(choices) != len(entries):
         raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
+    want = kind == "gpu" if fused is None else bool(fused)
+    if want and not fused_fits(fused_tree(choices, lo), tile, device):
+        if fused:
+            raise ValueError(
+                f"fused: the bank's separable filters do not fit the fused kernel (at most "
+                f"{MAX_FUSED_VALUES} responses x axis-0 taps + distinct (axis-2, axis-1) "
+                f"pairs, and its tiles in local memory)"
+            )
+        want = False
     shape = tuple(int(s) for s in shape)
     src = native_volume(np.empty(0, dtype)).dtype
-    halos = [[halo(e) for e in k.shape] for k, _ in entries]
-    lo = tuple(max(h[d][0] for h in halos) for d in range(3))
-    hi = tuple(max(h[d][1] for h in halos) for d in range(3))
     by_extent: dict[tuple[int, ...], list[int]] = {}
     for f, c in enumerate(choices):
         if c.path == "direct":
@@ -362,6 +513,7 @@ def make_separable_plan(
     plan = SeparablePlan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
+        want, tile,
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
@@ -381,6 +533,21 @@ def make_separable_plan(
         if stream:
             slab_depth = min(slab_depth, streaming_depth(shape[0]))
     return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
+
+
+def fused_fits(tree: FusedTree | None, tile: tuple[int, int, int], device: cl.Device) -> bool:
+    """Whether the fused kernel can run ``tree``: its values in registers, its tiles (two of
+    each) in the device's local memory."""
+    if tree is None:
+        return False
+    ty, tz, _ = tile
+    tile_y = ty + tree.taps[1] - 1
+    local = 2 * (tile_y * (tz + tree.taps[2] - 1) + len(tree.wz) * tile_y * tz) * 4
+    return (
+        tree.values <= MAX_FUSED_VALUES
+        and local <= device.local_mem_size
+        and ty * tz <= device.max_work_group_size
+    )
 
 
 class SeparableConvolver(SlabConvolver):
@@ -404,8 +571,12 @@ class SeparableConvolver(SlabConvolver):
         Per-filter `Choice`s (default: `plan_bank(filters)`).
     slab_depth, memory_budget
         Force the slab depth, or bound the device memory (bytes) of all buffers.
-    vector_width
-        Outputs per work-item of the passes along axis 2.
+    vector_width, rows, block_rows
+        The pass tree's shape: outputs per work-item along axis 2 and axis 0, and the output
+        rows it runs over at a time.
+    fused, tile
+        One kernel for the separable filters (default: on GPUs, where the bank fits it), and
+        its work-group tile (see `make_separable_plan`).
     engine : {'auto', 'fp32', 'tensor'}, optional
         The direct groups' engine (`volconv.tensor.direct_convolver`; default
         $VOLCONV_ENGINE or 'auto': the tensor cores where the device and bank allow).
@@ -429,6 +600,8 @@ class SeparableConvolver(SlabConvolver):
         rows: int | None = None,
         block_rows: int = BLOCK_ROWS,
         engine: str | None = None,
+        fused: bool | None = None,
+        tile: tuple[int, int, int] | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -436,7 +609,7 @@ class SeparableConvolver(SlabConvolver):
         self.plan = make_separable_plan(
             filters, shape, dtype, mode, cval, self.device, choices=choices,
             slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
-            rows=rows, block_rows=block_rows, **overrides,
+            rows=rows, block_rows=block_rows, fused=fused, tile=tile, **overrides,
         )  # fmt: skip
         plan = self.plan
         self.kernels = [k for k, _ in _entries(filters)]
@@ -465,6 +638,35 @@ class SeparableConvolver(SlabConvolver):
         plan, ctx = self.plan, self.ctx
         mf = cl.mem_flags
         lo, hi = plan.halo_lo, plan.halo_hi
+        pad_t = CL_TYPES[plan.pad_dtype]
+        self.padder = Padder(
+            ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, lo, hi, plan.mode,
+            plan.cval, plan.padded_yz, plan.slab_depth, frame_bytes(self.device),
+        )  # fmt: skip
+        sizes = plan.slab_bytes(plan.slab_depth)
+        self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
+        self._out = cl.Buffer(ctx, mf.READ_WRITE, sizes["responses"])
+        self._roots: dict = {}
+        self._tree = fused_tree(plan.choices, lo)
+        if plan.fused:
+            tree = self._tree
+
+            def table(t: object) -> str:  # indices, or float32 taps as exact hex literals
+                if isinstance(t, np.ndarray):
+                    return ",".join(f"{float(w).hex()}f" for w in t.ravel())
+                return ",".join(map(str, t))
+
+            defines = (
+                ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
+                ("TY", plan.tile[0]), ("TZ", plan.tile[1]), ("CX", plan.tile[2]),
+                ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
+                ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
+                ("MID_ROOT", table(tree.mid_root)), ("COMBO_MID", table(tree.combo_mid)),
+                ("COMBO_OUT", table(tree.combo_out)), ("WZ", table(tree.wz)),
+                ("WY", table(tree.wy)), ("WX", table(tree.wx)), ("IN_T", pad_t),
+            )  # fmt: skip
+            self._fused = cl.Kernel(build(ctx, "fused.cl", defines), "fused")
+            return
 
         def node(parent: dict, a: np.ndarray, d: int) -> _Node:
             k = len(a)
@@ -474,7 +676,6 @@ class SeparableConvolver(SlabConvolver):
                 parent[key] = _Node(k, off, np.ascontiguousarray(a[::-1], np.float32))
             return parent[key]
 
-        self._roots: dict = {}
         for slot, f in enumerate(self._slots):
             for t in plan.choices[f].terms:
                 a0, a1, a2 = t.axes
@@ -506,12 +707,6 @@ class SeparableConvolver(SlabConvolver):
             root.y_n = max(m.off + m.k - 1 for m in root.children.values()) - root.y_lo
         for n in self._nodes():
             n.buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=n.taps)
-
-        pad_t = CL_TYPES[plan.pad_dtype]
-        self.padder = Padder(
-            ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, lo, hi, plan.mode,
-            plan.cval, plan.padded_yz, plan.slab_depth, frame_bytes(self.device),
-        )  # fmt: skip
         self._programs: dict[int, cl.Program] = {}
         for n in self._nodes():
             if n.k not in self._programs:
@@ -523,11 +718,8 @@ class SeparableConvolver(SlabConvolver):
                 self._programs[n.k] = {
                     name: cl.Kernel(prog, name) for name in ("pass_fast", "pass_mid", "pass_out")
                 }
-        sizes = plan.slab_bytes(plan.slab_depth)
-        self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
         self._fast = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
         self._mid = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
-        self._out = cl.Buffer(ctx, mf.READ_WRITE, sizes["responses"])
 
     def _nodes(self) -> Iterator[_Node]:
         for root in self._roots.values():
@@ -629,7 +821,10 @@ class SeparableConvolver(SlabConvolver):
         out[self._slots] = slots
 
     def _launch_passes(self, depth: int) -> list[cl.Event]:
-        """Enqueue the pass tree over the padded slab of ``depth`` output rows."""
+        """Enqueue the pass tree (or the fused kernel) over the padded slab of ``depth``
+        output rows."""
+        if self.plan.fused:
+            return [self._launch_fused(depth)]
         events = []
         block = self.plan.block_rows or depth
         for root in self._roots.values():
@@ -637,6 +832,20 @@ class SeparableConvolver(SlabConvolver):
                 rows = min(block, depth - c0)  # output rows [c0, c0 + rows) of the slab
                 events += self._launch_root(root, c0, rows, depth)
         return events
+
+    def _launch_fused(self, depth: int) -> cl.Event:
+        plan = self.plan
+        ny, nz = plan.shape[1:]
+        p1, p2 = plan.padded_yz
+        ty, tz, cx = plan.tile
+        i32 = np.int32
+        s0, s1, s2 = self._tree.start
+        self._fused.set_args(
+            self._padded, self._out, i32(depth), i32(ny), i32(nz), i32(p1), i32(p2), i32(s0),
+            i32(s1), i32(s2),
+        )  # fmt: skip
+        glob = (-(-nz // tz) * tz, -(-ny // ty) * ty, -(-depth // cx))
+        return cl.enqueue_nd_range_kernel(self.queue, self._fused, glob, (tz, ty, 1))
 
     def _launch_root(self, root: _Node, c0: int, rows: int, depth: int) -> list[cl.Event]:
         """Enqueue one root's subtree for output rows ``[c0, c0 + rows)`` of the slab."""
@@ -690,9 +899,11 @@ class SeparableConvolver(SlabConvolver):
     @property
     def pass_counts(self) -> tuple[int, int, int]:
         """Launches per slab along axes 2, 1 and 0: distinct axis-2 factors, distinct
-        (axis-2, axis-1) pairs, distinct terms."""
+        (axis-2, axis-1) pairs, distinct terms (fused: the tables' roots, mids and combos)."""
         if not self._slots:
             return 0, 0, 0
+        if self.plan.fused:  # one launch: the tree's sizes
+            return len(self._tree.wz), len(self._tree.wy), len(self._tree.wx)
         mids = [m for r in self._roots.values() for m in r.children.values()]
         return len(self._roots), len(mids), sum(len(m.children) for m in mids)
 
@@ -730,6 +941,8 @@ class SeparableConvolver(SlabConvolver):
     def _work(self) -> tuple[float, int]:
         if not self._slots:
             return 0.0, 0
+        if self.plan.fused:
+            return self._fused_work()
         plan = self.plan
         ny, nz = plan.shape[1:]
         r = plan.row
@@ -754,6 +967,27 @@ class SeparableConvolver(SlabConvolver):
                             flop += 2 * (leaf.k + len(leaf.targets)) * outs
                             moved += (rows + leaf.k - 1) * ny * r * 4
                             moved += outs * 4 * (2 * len(leaf.targets) - 1)
+        return flop, moved
+
+    def _fused_work(self) -> tuple[float, int]:
+        """(flop, bytes) of the fused kernel over one volume: every work-group's taps over its
+        whole tile (edge tiles included), the padded rows each chunk reads and the responses."""
+        plan, tree = self.plan, self._tree
+        ny, nz = plan.shape[1:]
+        ty, tz, cx = plan.tile
+        kx, ky, kz = tree.taps
+        tiles = -(-ny // ty) * -(-nz // tz)
+        per_plane = 2 * tiles * (
+            kz * len(tree.wz) * (ty + ky - 1) * tz + ky * len(tree.wy) * ty * tz
+            + kx * len(tree.wx) * ty * tz
+        )  # fmt: skip
+        flop, moved = 0.0, 0
+        for a, b in self.slabs():
+            for x0 in range(0, b - a, cx):
+                planes = min(cx, b - a - x0) + kx - 1
+                flop += per_plane * planes
+                moved += planes * (ny + ky - 1) * (nz + kz - 1) * plan.pad_dtype.itemsize
+            moved += tree.n_out * (b - a) * ny * nz * 4
         return flop, moved
 
 
