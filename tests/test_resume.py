@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 from test_pipeline import DEVICE, ROOT, random_volume
 
-from volconv.config import dump_toml
+from volconv.config import dump_toml, load
+from volconv.pipeline import Interrupted
+from volconv.pipeline import run as volconv_run
 
 # Many slabs of one or two rows: seconds on a CPU, so a signal lands mid-volume.
 FILTERS = [{"type": "gaussian", "name": f"g{i}", "sigma": 1.5, "order": [0, 0, i % 3]}
@@ -126,7 +128,7 @@ def test_a_stopped_run_resumes_and_gives_the_same_bits(tmp_path, uninterrupted, 
     assert r["n_slabs"] == n
     # every slab recorded is kept; only the rest is computed (and counted as work)
     assert recorded <= r["resumed_slabs"] < n
-    assert f"resumed at slab {r['resumed_slabs'] + 1}/{n}" in r["stdout"]
+    assert f"{r['resumed_slabs']}/{n} slabs resumed" in r["stdout"]
     full = 2 * volume.size * sum(5**3 for _ in FILTERS) / 1e9
     assert r["gflop"] == pytest.approx(full * (n - r["resumed_slabs"]) / n)
     with h5py.File(tmp_path / "out" / "b.h5") as f:
@@ -142,7 +144,7 @@ def test_a_4d_input_resumes_per_frame_and_slab(tmp_path, uninterrupted):
     recorded = stop_mid_volume(tmp_path, signal.SIGKILL, "4d", at=n // 2)  # in frame 1
     code, out, err = run(pipeline(tmp_path, "4d"))
     assert code == 0, err
-    kept = int(out.split("resumed at slab ")[1].split("/")[0]) - 1
+    kept = int(out.split(" slabs resumed")[0].rsplit(", ", 1)[1].split("/")[0])
     assert recorded <= kept < n
     with h5py.File(tmp_path / "out" / "b.h5") as f:
         np.testing.assert_array_equal(f["responses"][()], whole)
@@ -233,7 +235,7 @@ def test_two_reruns_at_once_one_resumes(tmp_path, uninterrupted):
         assert proc.returncode == 0, err
         assert "Traceback" not in err
         outs.append(out)
-    assert sum("resumed at slab" in out for out in outs) <= 1  # one claims the partial
+    assert sum("slabs resumed" in out for out in outs) <= 1  # one claims the partial
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["b.h5"]
     with h5py.File(tmp_path / "out" / "b.h5") as f:
         np.testing.assert_array_equal(f["responses"][()], whole)
@@ -277,3 +279,36 @@ def test_a_live_runs_partial_is_not_taken(tmp_path, uninterrupted):
     assert first.returncode == 0, err
     with h5py.File(out / "b.h5") as f:
         np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def test_a_partial_with_every_slab_only_needs_finishing(tmp_path, uninterrupted):
+    """Stopped after its last slab was recorded, before the rename: the rerun computes
+    nothing, and finishes the file."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    out, n = tmp_path / "out", volume.shape[0]
+    calls = []
+
+    def on_slab(job) -> None:  # after the last slab, once the log counts every slab: stop
+        calls.append(job)
+        deadline = time.monotonic() + 60
+        while len(calls) == n and slabs_recorded(out) < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="keeps its complete slabs"):
+        volconv_run(load(pipeline(tmp_path)), on_slab=on_slab)
+    (partial,) = partials(out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    partial.rename(out / partial.name.replace(f"-{os.getpid()}-", f"-{dead}-"))
+
+    r = report_of(tmp_path)
+    assert r["resumed_slabs"] == n and f"{n}/{n} slabs resumed" in r["stdout"]
+    assert r["gflop"] == 0
+    with h5py.File(out / "b.h5") as f:
+        assert f.attrs["complete"]
+        np.testing.assert_array_equal(f["responses"][()], whole)
+    assert partials(out) == []

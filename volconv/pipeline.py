@@ -519,13 +519,12 @@ def _stream(
         extents=np.array(job.extents), progress=progress,
     )  # fmt: skip
     _OPEN_WRITERS.add(writer)
-    kept = resumed_slabs(progress, work, job, on_slab)
-    work = progress.remaining(work) if progress else work
     with writer, ThreadPoolExecutor(2, thread_name_prefix="volconv-read") as pool:
+        kept, work = resumed(progress, work, job, on_slab)
         sha: Future[str] = pool.submit(digest)  # the whole file once, beside the work
         if progress:
             sha.add_done_callback(progress.input_known)
-        pending = pool.submit(read, *work[0]) if work else sha  # all kept: nothing to read
+        pending = pool.submit(read, *work[0]) if work else None  # None: every slab was kept
         try:
             for i, (t, a, b) in enumerate(work):
                 if _STOP.is_set():
@@ -544,7 +543,8 @@ def _stream(
             writer.keep()
             raise
         finally:
-            pending.cancel()
+            if pending is not None:
+                pending.cancel()
         frames.clear()
         writer.drain()  # every slab on disk: the wall time below covers the writing too
         stages = {k: conv.timings[k] - before[k] for k in ("upload", "pad", "kernel", "download")}
@@ -581,18 +581,18 @@ def _stream(
     )  # fmt: skip
 
 
-def resumed_slabs(
+def resumed(
     progress: Progress | None,
     work: list[tuple[int, int, int]],
     job: Job,
     on_slab: Callable[[Job], None] | None,
-) -> int:
-    """How many slabs of ``work`` a resumed partial output already holds; each counts as
-    done for the progress bar (``on_slab``)."""
-    kept = len(work) - len(progress.remaining(work)) if progress else 0
-    for _ in range(kept if on_slab else 0):
+) -> tuple[int, list[tuple[int, int, int]]]:
+    """How many slabs of ``work`` a resumed partial output holds already, each counted as
+    done for the progress bar (``on_slab``), and the slabs left to compute."""
+    left = progress.remaining(work) if progress else work
+    for _ in range(len(work) - len(left) if on_slab else 0):
         on_slab(job)
-    return kept
+    return len(work) - len(left), left
 
 
 def device_name(device: cl.Device) -> str:

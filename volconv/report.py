@@ -185,7 +185,7 @@ def summary_line(r: VolumeReport) -> str:
         return f"skipped {r.source}: {r.output} {why} (--overwrite recomputes it)"
     if r.status == "failed":
         return f"failed {r.source}: {r.reason}"
-    resumed = f", resumed at slab {r.resumed_slabs + 1}/{r.n_slabs}" if r.resumed_slabs else ""
+    resumed = f", {r.resumed_slabs}/{r.n_slabs} slabs resumed" if r.resumed_slabs else ""
     return (
         f"done {r.source} ({shape} {r.dtype}, N={r.n_filters}, "
         f"{'x'.join(map(str, r.extents))}) -> {r.output}: {r.wall_seconds:.2f} s, "
