@@ -40,7 +40,7 @@ import h5py
 import numpy as np
 
 import volconv
-from volconv.writer import dead_runs
+from volconv.writer import _pool, dead_runs
 
 if TYPE_CHECKING:
     from volconv.config import Config
@@ -280,7 +280,8 @@ class Progress:
         """Slab ``[a, b)`` of ``frame`` is written as ``stored`` (N, b - a, y, z): flush the
         file, and only then count the slab complete."""
         file.flush()  # the slab's data and HDF5's metadata, out of this process
-        crcs = [zlib.crc32(np.ascontiguousarray(s)) for s in stored]
+        # one filter a task on the writer's pool: crc32 releases the GIL (~3.5 GB/s a core)
+        crcs = list(_pool().map(lambda s: zlib.crc32(np.ascontiguousarray(s)), stored))
         with self._lock:
             self.done[frame or 0, a] = b
             self._crcs[frame or 0, a] = crcs
