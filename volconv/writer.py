@@ -367,7 +367,8 @@ class ResponseWriter:
 
     Use it as a context manager: `write_slab` every slab (of every frame), then `finish`.
     Leaving the ``with`` block by an exception (KeyboardInterrupt too) stops the writer
-    thread and deletes the temporary file; the final path is never touched.
+    thread and deletes the temporary file, unless `keep` was called; the final path is never
+    touched.
 
     The file is written as `temp` in a private folder beside ``path``
     (``.NAME.partial-HOST-PID-RANDOM``, mode 0700, removed when done): made by this process
@@ -402,6 +403,9 @@ class ResponseWriter:
     extents : (N, 3) array of int, optional
         Each filter's own extent before zero-padding to the common one, stored as the
         ``extents`` attribute of ``/kernels``; default: the common extent for every filter.
+    progress : volconv.resume.Progress, optional
+        Record each slab once flushed, and continue a dead run's partial file that matches
+        (`volconv.resume`); its ``done`` slabs are then already written.
 
     Attributes
     ----------
