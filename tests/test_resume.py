@@ -129,6 +129,8 @@ def test_a_stopped_run_resumes_and_gives_the_same_bits(tmp_path, uninterrupted, 
     # every slab recorded is kept; only the rest is computed (and counted as work)
     assert recorded <= r["resumed_slabs"] < n
     assert f"{r['resumed_slabs']}/{n} slabs resumed" in r["stdout"]
+    k = r["resumed_slabs"] + 1
+    assert r["stdout"].startswith(f"resuming {tmp_path / 'out' / 'b.h5'} at slab {k}/{n} (")
     full = 2 * volume.size * sum(5**3 for _ in FILTERS) / 1e9
     assert r["gflop"] == pytest.approx(full * (n - r["resumed_slabs"]) / n)
     with h5py.File(tmp_path / "out" / "b.h5") as f:

@@ -81,6 +81,7 @@ class Job:
     complete: bool  # the output exists, is complete and was made from this input and bank
     whole_frames: bool = False  # read each frame whole, in the file's order, then slab it
     host_bytes: int = 0  # the most host memory the run holds for it
+    resumed: int = 0  # slabs an interrupted run's partial output held (volconv.resume)
 
     @property
     def names(self) -> list[str]:
@@ -587,12 +588,14 @@ def resumed(
     job: Job,
     on_slab: Callable[[Job], None] | None,
 ) -> tuple[int, list[tuple[int, int, int]]]:
-    """How many slabs of ``work`` a resumed partial output holds already, each counted as
-    done for the progress bar (``on_slab``), and the slabs left to compute."""
+    """How many slabs of ``work`` a resumed partial output holds already (also as
+    ``job.resumed``), each counted as done for the progress bar (``on_slab``), and the slabs
+    left to compute."""
     left = progress.remaining(work) if progress else work
-    for _ in range(len(work) - len(left) if on_slab else 0):
+    job.resumed = len(work) - len(left)
+    for _ in range(job.resumed if on_slab else 0):
         on_slab(job)
-    return len(work) - len(left), left
+    return job.resumed, left
 
 
 def device_name(device: cl.Device) -> str:
