@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterable
@@ -164,7 +165,8 @@ class Progress:
                     continue
             except OSError:  # gone meanwhile (another run claimed it), or no log
                 continue
-            if records and records[0] == [*FORMAT.split(" "), self.key]:
+            slabs = sum(r[0] == "slab" for r in records)
+            if slabs and records[0] == [*FORMAT.split(" "), self.key]:
                 found.append((entry, records))
         found.sort(key=lambda c: -sum(r[0] == "slab" for r in c[1]))
         for entry, records in found:
@@ -251,8 +253,7 @@ class Progress:
     # -- the log --------------------------------------------------------------------------
     def _start(self, folder: Path) -> None:
         """A new log in ``folder``, holding what is kept, replacing the dead run's."""
-        new = folder / f"{LOG}.new"
-        fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+        fd, new = tempfile.mkstemp(prefix=f"{LOG}.", dir=folder)  # exclusive, 0600
         lines = [_line(f"{FORMAT} {self.key}")]
         self._input_logged = self._input is not None  # known when a candidate was checked
         if self._input_logged:

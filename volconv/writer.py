@@ -552,6 +552,9 @@ class ResponseWriter:
             self._remove_folder()
             error = OutputWriteError if _errno(e) in _WRITE_ERRNOS else OutputError
             raise error(f"{self.path}: cannot write there ({_cause(e)})") from e
+        except BaseException:  # the input's SHA-256 failed while checking a partial, Ctrl-C
+            self._remove_folder()
+            raise
         # HDF5's descriptor (sec2 driver): `_discard` points it elsewhere.
         self._fd = self._file.id.get_vfd_handle()
         opened, named = os.fstat(self._fd), os.lstat(self.temp)
