@@ -314,3 +314,37 @@ def test_a_partial_with_every_slab_only_needs_finishing(tmp_path, uninterrupted)
         assert f.attrs["complete"]
         np.testing.assert_array_equal(f["responses"][()], whole)
     assert partials(out) == []
+
+
+def test_a_complete_mark_in_a_partial_is_removed_on_resuming(tmp_path, uninterrupted):
+    """A run killed between writing ``complete = True`` and the rename leaves a partial that
+    says complete: the rerun that continues it takes the mark away first, so that it is
+    never seen on a file in progress, and puts it back last."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    out = tmp_path / "out"
+    recorded = stop_mid_volume(tmp_path, signal.SIGKILL)
+    (partial,) = partials(out)
+    with h5py.File(partial / "b.h5", "r+", locking=False) as f:
+        f.attrs["complete"] = True
+        f.attrs["the killed run's"] = True
+    stop_mid_volume(tmp_path, signal.SIGKILL, at=recorded + 40)  # resumed, then killed
+    (partial,) = partials(out)
+    with h5py.File(partial / "b.h5", locking=False) as f:  # the same file, continued
+        assert f.attrs["the killed run's"] and "complete" not in f.attrs
+    code, _, err = run(pipeline(tmp_path))
+    assert code == 0, err
+    with h5py.File(out / "b.h5") as f:
+        assert f.attrs["complete"]
+        np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def test_the_log_counts_only_whole_lines(tmp_path):
+    """A line cut short by a kill, or changed, is not a record."""
+    from volconv.resume import _line, _records
+
+    log = _line("volconv-progress 1 k") + _line("slab 0 0 1 0000abcd")
+    bad = _line("slab 0 1 2 0000abcd").replace(b"slab 0 1", b"slab 0 7")
+    assert _records(log + bad + _line("slab 0 2 3 00000001")[:-3]) == [
+        ["volconv-progress", "1", "k"], ["slab", "0", "0", "1", "0000abcd"],
+    ]  # fmt: skip
