@@ -573,6 +573,7 @@ class ResponseWriter:
             raise OutputError(f"{self.path}: the partial file {self.temp} has other chunks")
         if "complete" in self._file.attrs:
             del self._file.attrs["complete"]
+            self._flush()  # at once: a partial file never says complete
         for (frame, a), b in self.progress.done.items():
             self._written[frame, a:b] = True
 
