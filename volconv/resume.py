@@ -32,7 +32,7 @@ import stat
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -152,7 +152,7 @@ class Progress:
         self._start(folder)
         return resumed
 
-    def _candidates(self, path: Path) -> Iterable[tuple[Path, list[list[str]]]]:
+    def _candidates(self, path: Path) -> Iterator[tuple[Path, list[list[str]]]]:
         """Dead runs' folders of this user whose log has this key and this input, most
         slabs first; the input's SHA-256 is computed once, only if one has the key."""
         found = []
@@ -167,9 +167,8 @@ class Progress:
                 continue
             slabs = sum(r[0] == "slab" for r in records)
             if slabs and records[0] == [*FORMAT.split(" "), self.key]:
-                found.append((entry, records))
-        found.sort(key=lambda c: -sum(r[0] == "slab" for r in c[1]))
-        for entry, records in found:
+                found.append((slabs, entry, records))
+        for _, entry, records in sorted(found, key=lambda c: -c[0]):
             if ["input", self._sha()] in records:
                 yield entry, records
 
