@@ -348,3 +348,29 @@ def test_the_log_counts_only_whole_lines(tmp_path):
     assert _records(log + bad + _line("slab 0 2 3 00000001")[:-3]) == [
         ["volconv-progress", "1", "k"], ["slab", "0", "0", "1", "0000abcd"],
     ]  # fmt: skip
+
+
+def test_a_run_stopped_in_this_process_resumes_in_it(tmp_path, uninterrupted):
+    """Ctrl-C in a notebook (the API's `run`): the partial stays, free once its run has
+    stopped, and the next run in the same process continues it."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    out = tmp_path / "out"
+    calls = []
+
+    def on_slab(job) -> None:
+        calls.append(job)
+        if len(calls) == 100:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="keeps its complete slabs"):
+        volconv_run(load(pipeline(tmp_path)), on_slab=on_slab)
+    (partial,) = partials(out)
+    assert f"-{os.getpid()}-" in partial.name
+    recorded = slabs_recorded(out)
+    assert recorded >= 90  # the writer runs at most two slabs behind, and stops
+    result = volconv_run(load(pipeline(tmp_path)))
+    assert result.reports[0].resumed_slabs == recorded
+    with h5py.File(out / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)
+    assert partials(out) == []

@@ -41,7 +41,7 @@ import h5py
 import numpy as np
 
 import volconv
-from volconv.writer import _pool, dead_runs
+from volconv.writer import _pool, dead_runs, private_prefix
 
 if TYPE_CHECKING:
     from volconv.config import Config
@@ -52,6 +52,20 @@ LOG = "progress"  # the log's name in the private folder
 FORMAT = "volconv-progress 1"
 # Opened without following a link at the last component, and never a FIFO's blocking open.
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+# The private folders whose progress this process has open: any other folder named for this
+# process was kept by a run it stopped (Ctrl-C in a notebook, a batch task) and may resume.
+_OPEN: set[Path] = set()
+
+
+def leftovers(path: Path) -> list[Path]:
+    """Where a partial output of ``path`` may be: what runs that no longer run left
+    (`volconv.writer.dead_runs`), and this process's own folders that no run has open."""
+    prefix = private_prefix(path)
+    try:
+        own = [path.parent / n for n in os.listdir(path.parent) if n.startswith(prefix)]
+    except OSError:
+        own = []
+    return dead_runs(path) + [p for p in own if p not in _OPEN]
 
 
 def fingerprint(job: Job, cfg: Config, conv: SeparableConvolver) -> str:
@@ -127,6 +141,7 @@ class Progress:
         self._input: str | None = None
         self._input_logged = False
         self._fd: int | None = None
+        self._folder: Path | None = None
         self._lock = threading.Lock()
 
     # -- a rerun: find, check and claim a dead run's partial output ----------------------
@@ -140,6 +155,8 @@ class Progress:
             Whether ``folder / path.name`` now holds a partial output whose `done` slabs
             were read back and found whole; the writer opens it to continue.
         """
+        self._folder = folder
+        _OPEN.add(folder)  # first: what is claimed into it is this run's, never another's
         resumed = False
         for candidate, records in self._candidates(path):
             if not self._claim(candidate, folder):
@@ -156,7 +173,7 @@ class Progress:
         """Dead runs' folders of this user whose log has this key and this input, most
         slabs first; the input's SHA-256 is computed once, only if one has the key."""
         found = []
-        for entry in dead_runs(path):
+        for entry in leftovers(path):
             try:
                 if not _ours(os.lstat(entry), stat.S_ISDIR, private=True):
                     continue
@@ -296,10 +313,12 @@ class Progress:
         return [(t, a, b) for t, a, b in work if self.done.get((t, a)) != b]
 
     def close(self) -> None:
+        """Close the log: from now on the folder is free for a later run to resume."""
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            _OPEN.discard(self._folder)
 
 
 def _slab_line(frame: int, a: int, b: int, crcs: list[int]) -> bytes:

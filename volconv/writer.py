@@ -578,6 +578,8 @@ class ResponseWriter:
             self._written[frame, a:b] = True
 
     def _remove_folder(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
@@ -824,8 +826,6 @@ class ResponseWriter:
         if (st.st_dev, st.st_ino) != self._identity or not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{self.path}: the temporary file {self.temp} was replaced")
         os.replace(self.temp, self.path)  # atomic, and a link at `path` is replaced itself
-        if self.progress is not None:
-            self.progress.close()
         self._remove_folder()
 
     def keep(self) -> None:
@@ -845,8 +845,6 @@ class ResponseWriter:
                 self._file.close()
             self.progress.close()
             return
-        if self.progress is not None:
-            self.progress.close()
         if self._file.id.valid:
             # Nothing of this file is kept: point HDF5's descriptor at an anonymous file
             # first, so closing neither writes the caches to the disk nor fails when it is
