@@ -5,7 +5,8 @@ also holds this module's progress log, ``progress``. After a slab is written, th
 is flushed and only then is the slab recorded, with a CRC-32 of each filter's stored bytes:
 a slab written but not flushed when the process dies (SIGKILL, a lost node) is never
 counted. A rerun (`Progress.open`) takes over the folder of a run of this host that no longer
-runs (`volconv.writer.dead_runs`) when it is this user's real folder, not open to others, its
+runs (`volconv.writer.dead_runs`), or of one this process stopped (`leftovers`), when it is
+this user's real folder, not open to others, its
 log names the same fingerprint (`fingerprint`: bank, boundary, cval, output type and layout,
 device, path; and the input's SHA-256), and its file is this user's regular file; the folder is
 claimed by renaming it onto the rerun's own new one, so of two runs at once one takes it and
