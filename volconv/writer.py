@@ -678,13 +678,15 @@ class ResponseWriter:
                 if self._error is None and not self._stop:
                     start = perf_counter()
                     stored = self._encode(responses)
+                    if self.progress is not None:  # volconv.resume: CRCs beside the write
+                        checksums = self.progress.checksums(stored)
                     if self._direct is None:
                         index = (slice(None), slice(a, b), *(() if frame is None else (..., frame)))
                         self._responses[index] = stored
                     else:
                         self._write_chunks(a, b, frame, stored)
                     if self.progress is not None:  # flushed, then counted (volconv.resume)
-                        self.progress.record(self._file, a, b, frame, stored)
+                        self.progress.record(self._file, a, b, frame, checksums)
                     self.write_seconds += perf_counter() - start
             except BaseException as e:  # raised again in the caller's thread
                 self._error = e
