@@ -77,7 +77,7 @@ def fingerprint(job: Job, cfg: Config, conv: SeparableConvolver) -> str:
     parts = {
         "format": FORMAT,
         "volconv": volconv.__version__,
-        "shape": list(job.volume.shape),
+        "shape": [int(s) for s in job.volume.shape],
         "names": job.names,
         "kernels": hashlib.sha256(np.asarray(job.kernels, np.float32).tobytes()).hexdigest(),
         "extents": [list(e) for e in job.extents],
