@@ -333,7 +333,7 @@ def _fail(message: str, status: int) -> None:
     sys.exit(status)
 
 
-_RESUME = "interrupted; outputs not marked complete were removed, rerun to resume"
+_RESUME = "interrupted; rerun the same command to resume"
 
 
 def _interrupted(e: KeyboardInterrupt, default: str = _RESUME) -> None:
@@ -346,7 +346,7 @@ def _interrupted(e: KeyboardInterrupt, default: str = _RESUME) -> None:
     err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(130)
+    os._exit(128 + int(getattr(e, "signum", 2)))  # 130 for Ctrl-C, 143 for SIGTERM
 
 
 def entry_point() -> None:

@@ -57,7 +57,16 @@ def run_and_report(
             todo = sum(j.n_slabs for j in jobs if overwrite or not j.complete)
             task = progress.add_task("slabs", total=todo)
 
+    announced: set[int] = set()
+
     def on_slab(job: Job) -> None:
+        if job.resumed and id(job) not in announced:  # once, as its first slabs count
+            announced.add(id(job))
+            (progress.console if progress else console).print(
+                f"resuming {job.output} at slab {job.resumed + 1}/{job.n_slabs} "
+                f"({job.resumed} complete in an interrupted run's partial file)",
+                highlight=False, markup=False, soft_wrap=True,
+            )  # fmt: skip
         if progress is not None and task is not None:
             progress.update(task, advance=1, description=job.volume.stem)
 

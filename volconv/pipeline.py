@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from queue import SimpleQueue
 
@@ -37,6 +37,7 @@ from volconv.io import InputError, Volume, expand_inputs, open_volume, split_spe
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
 from volconv.plan import MAX_FILTERS
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
+from volconv.resume import Progress, fingerprint
 from volconv.separable import (
     Choice,
     SeparableConvolver,
@@ -59,7 +60,10 @@ USER_ERRORS = (PipelineError, BankError, InputError, OutputError)
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the run; the message says what was kept and how to resume."""
+    """Ctrl-C (or SIGTERM: ``signum``) stopped the run; the message says what was kept and
+    how to resume."""
+
+    signum = signal.SIGINT
 
 
 # -- planning: headers, banks, plans, outputs; no compute ---------------------------------
@@ -76,6 +80,7 @@ class Job:
     complete: bool  # the output exists, is complete and was made from this input and bank
     whole_frames: bool = False  # read each frame whole, in the file's order, then slab it
     host_bytes: int = 0  # the most host memory the run holds for it
+    resumed: int = 0  # slabs an interrupted run's partial output held (volconv.resume)
 
     @property
     def names(self) -> list[str]:
@@ -422,7 +427,7 @@ def run(
     if on_plan:
         on_plan(jobs)
     convolvers = Convolvers(cfg, device)
-    with stop_on_ctrl_c(result.reports):
+    with stop_on_ctrl_c(result.reports, resumable=not overwrite):
         for job in jobs:
             record = interruptible(
                 run_one, cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab
@@ -507,16 +512,22 @@ def _stream(
         except ValueError as e:
             raise InputError(f"{job.spec}: {e}") from None
 
+    # volconv.resume: a dead run's partial output continues (never with --overwrite)
+    digest = cache(volume.sha256)
+    progress = None if overwrite else Progress(fingerprint(job, cfg, conv), digest)
     writer = ResponseWriter(
         job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,
         compression=cfg.compression, scale=cfg.scale, offset=cfg.offset, boundary=cfg.boundary,
         cval=cfg.cval, slab_depth=conv.plan.slab_depth, overwrite=overwrite,
-        extents=np.array(job.extents),
+        extents=np.array(job.extents), progress=progress,
     )  # fmt: skip
     _OPEN_WRITERS.add(writer)
     with writer, ThreadPoolExecutor(2, thread_name_prefix="volconv-read") as pool:
-        sha: Future[str] = pool.submit(volume.sha256)  # the whole file once, beside the work
-        pending = pool.submit(read, *work[0])
+        kept, work = resumed(progress, work, job, on_slab)
+        sha: Future[str] = pool.submit(digest)  # the whole file once, beside the work
+        if progress:
+            sha.add_done_callback(progress.input_known)
+        pending = pool.submit(read, *work[0]) if work else None  # None: every slab was kept
         try:
             for i, (t, a, b) in enumerate(work):
                 if _STOP.is_set():
@@ -531,18 +542,24 @@ def _stream(
                                   release=partial(buffers.put, buffer))  # fmt: skip
                 if on_slab:
                     on_slab(job)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: what is on disk stays, to resume
+            writer.keep()
+            raise
         finally:
-            pending.cancel()
+            if pending is not None:
+                pending.cancel()
         frames.clear()
         writer.drain()  # every slab on disk: the wall time below covers the writing too
         stages = {k: conv.timings[k] - before[k] for k in ("upload", "pad", "kernel", "download")}
         source_sha256 = sha.result()
         wall = time.perf_counter() - t_start  # the file and the report say the same
+        # the share of the input this run computed: 1 unless it resumed a partial output
+        share = sum(b - a for _, a, b in work) / job.shape3[0] / volume.n_frames
         record = throughput(
-            gflop=job.gflop, kernel_seconds=stages["kernel"], wall_seconds=wall,
+            gflop=job.gflop * share, kernel_seconds=stages["kernel"], wall_seconds=wall,
             peak_gflops=peaks.peak_gflops, measured_peak_gflops=peaks.measured_peak_gflops,
-            executed_gflop=conv.executed_gflop * volume.n_frames, engine=",".join(conv.engines),
-            kernel_bytes=conv.kernel_bytes * volume.n_frames,
+            executed_gflop=conv.executed_gflop * volume.n_frames * share,
+            engine=",".join(conv.engines), kernel_bytes=conv.kernel_bytes * volume.n_frames * share,
             measured_bandwidth_gbps=peaks.measured_bandwidth_gbps,
             unit_gflop=conv.tensor_gflop * volume.n_frames,
             unit_peak_gflops=peaks.unit_peak_gflops,
@@ -565,8 +582,24 @@ def _stream(
         dtype=str(np.dtype(volume.dtype)), n_filters=len(job.filters),
         extents=tuple(int(e) for e in job.kernels.shape[1:]), slab_depth=conv.plan.slab_depth,
         n_slabs=job.n_slabs, status="done", stages=stages, clipped=writer.clipped + writer.nans,
-        **record,
+        resumed_slabs=kept, **record,
     )  # fmt: skip
+
+
+def resumed(
+    progress: Progress | None,
+    work: list[tuple[int, int, int]],
+    job: Job,
+    on_slab: Callable[[Job], None] | None,
+) -> tuple[int, list[tuple[int, int, int]]]:
+    """How many slabs of ``work`` a resumed partial output holds already (also as
+    ``job.resumed``), each counted as done for the progress bar (``on_slab``), and the slabs
+    left to compute."""
+    left = progress.remaining(work) if progress else work
+    job.resumed = len(work) - len(left)
+    for _ in range(job.resumed if on_slab else 0):
+        on_slab(job)
+    return job.resumed, left
 
 
 def device_name(device: cl.Device) -> str:
@@ -579,8 +612,9 @@ def interruptible(fn: Callable[..., VolumeReport], *args: object, **kwargs: obje
     answer Ctrl-C within a fraction of a second even while a long kernel runs (a blocking
     OpenCL wait holds the main thread in C, where Python's signal handlers cannot run).
 
-    On Ctrl-C the temporary files of the writers open are removed here, from the main thread,
-    and `Interrupted` is raised; the worker (a daemon thread) is abandoned with its kernel.
+    On Ctrl-C the writers open stop here, from the main thread, keeping their temporary files
+    and progress for a rerun to resume (with ``--overwrite``, removing them), and
+    `Interrupted` is raised; the worker (a daemon thread) is abandoned with its kernel.
     """
     if threading.current_thread() is not threading.main_thread():
         return fn(*args, **kwargs)
@@ -598,7 +632,10 @@ def interruptible(fn: Callable[..., VolumeReport], *args: object, **kwargs: obje
         worker.join(0.05)
         if _STOP.is_set() and worker.is_alive():
             for writer in list(_OPEN_WRITERS):
-                writer.__exit__(Interrupted, None, None)  # removes its temporary file
+                if writer.progress is not None:
+                    writer.keep()  # volconv.resume: what is on disk stays, for a rerun
+                else:
+                    writer.__exit__(Interrupted, None, None)  # removes its temporary file
             _OPEN_WRITERS.clear()
             raise Interrupted
     if "error" in box:
@@ -607,29 +644,42 @@ def interruptible(fn: Callable[..., VolumeReport], *args: object, **kwargs: obje
 
 
 @contextmanager
-def stop_on_ctrl_c(reports: list[VolumeReport]) -> Iterator[None]:
-    """Ctrl-C stops the run at once: `Interrupted` says which outputs are complete and how
-    to resume. A second Ctrl-C falls back to Python's own handling."""
+def stop_on_ctrl_c(reports: list[VolumeReport], resumable: bool = True) -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) stops the run at once: `Interrupted` says which outputs are
+    complete, that the one in progress keeps its complete slabs (``resumable``; else it is
+    removed) and how to resume. A second signal falls back to Python's own handling."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    signums = (signal.SIGINT, signal.SIGTERM)
 
     def stop(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum))
         _STOP.set()
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in zip(signums, previous, strict=True):
+            signal.signal(s, handler)
 
     _STOP.clear()
-    previous = signal.signal(signal.SIGINT, stop)
+    received: list[signal.Signals] = []
+    previous = [signal.signal(s, stop) for s in signums]
     try:
         yield
         if _STOP.is_set():  # after the last slab of an input, before the next one
             raise Interrupted
     except KeyboardInterrupt as e:
         done = sum(r.status in ("done", "skipped") for r in reports)
-        raise Interrupted(
-            f"interrupted: {done} output(s) complete and kept; the one in progress was "
-            "removed; run the same command again to resume"
-        ) from e
+        kept = (
+            "the one in progress keeps its complete slabs (a hidden partial file beside it)"
+            if resumable
+            else "the one in progress was removed (--overwrite)"
+        )
+        error = Interrupted(
+            f"interrupted: {done} output(s) complete and kept; {kept}; "
+            "run the same command again to resume"
+        )
+        error.signum = received[0] if received else signal.SIGINT
+        raise error from e
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in zip(signums, previous, strict=True):
+            signal.signal(s, handler)
         _STOP.clear()

@@ -161,6 +161,7 @@ class VolumeReport:
     fraction_of_unit_peak: float = math.nan
     reason: str = ""  # why an input was skipped or failed
     clipped: int = 0  # voxels a uint8 output could not hold (saturated, or NaN stored as 0)
+    resumed_slabs: int = 0  # slabs kept from an interrupted run's partial output (not computed)
     stages: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -194,10 +195,11 @@ def summary_line(r: VolumeReport) -> str:
         return f"skipped {r.source}: {r.output} {why} (--overwrite recomputes it)"
     if r.status == "failed":
         return f"failed {r.source}: {r.reason}"
+    resumed = f", {r.resumed_slabs}/{r.n_slabs} slabs resumed" if r.resumed_slabs else ""
     return (
         f"done {r.source} ({shape} {r.dtype}, N={r.n_filters}, "
         f"{'x'.join(map(str, r.extents))}) -> {r.output}: {r.wall_seconds:.2f} s, "
-        f"{format_gflops(r.gflops)}, {fmt_fraction(r.fraction_of_peak)} of peak"
+        f"{format_gflops(r.gflops)}, {fmt_fraction(r.fraction_of_peak)} of peak{resumed}"
     )
 
 

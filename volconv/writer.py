@@ -28,6 +28,7 @@ from functools import cache
 from pathlib import Path
 from time import perf_counter
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
@@ -35,6 +36,9 @@ import numpy as np
 from volconv import __version__
 from volconv.checks import check_positive_int, file_kind
 from volconv.errors import OutputError, OutputExistsError, OutputWriteError
+
+if TYPE_CHECKING:
+    from volconv.resume import Progress
 
 __all__ = ["OutputError", "OutputExistsError", "OutputWriteError", "ResponseWriter"]
 
@@ -216,24 +220,33 @@ def private_prefix(path: Path) -> str:
     return f".{Path(path).name}.partial-{socket.gethostname()}-{os.getpid()}-"
 
 
-def remove_stale_temps(path: Path) -> None:
-    """Delete what runs of this user on this host that no longer run (killed runs) left
-    while writing ``path``: their private folders (and lone files of older versions).
-
-    Only entries owned by this user, real folders and files (links are never followed nor
-    removed), whose name carries the process id of a dead process of this host.
-    """
+def dead_runs(path: Path) -> list[Path]:
+    """The entries beside ``path`` that runs of this host that no longer run (killed runs)
+    left while writing it: ``.NAME.partial-HOST-PID-RANDOM`` folders (and ``PID.h5`` files
+    of older versions) whose PID is not this process's and no process's of this host. Not
+    checked for their owner or kind: the caller does, with `os.lstat`."""
     start = f".{path.name}.partial-{socket.gethostname()}-"
     pattern = re.compile(r"(\d+)(?:-[A-Za-z0-9_]+|\.h5)")  # PID-RANDOM, or PID.h5 (old)
     try:
         names = os.listdir(path.parent)
     except OSError:
-        return
+        return []
+    dead = []
     for name in names:
         m = pattern.fullmatch(name[len(start) :]) if name.startswith(start) else None
-        if m is None or int(m[1]) == os.getpid() or _running(int(m[1])):
-            continue
-        entry = path.parent / name
+        if m is not None and int(m[1]) != os.getpid() and not _running(int(m[1])):
+            dead.append(path.parent / name)
+    return dead
+
+
+def remove_stale_temps(path: Path) -> None:
+    """Delete what runs of this user on this host that no longer run (killed runs) left
+    while writing ``path``: their private folders (and lone files of older versions).
+
+    Only entries owned by this user, real folders and files (links are never followed nor
+    removed), whose name carries the process id of a dead process of this host (`dead_runs`).
+    """
+    for entry in dead_runs(path):
         try:
             st = os.lstat(entry)
             if st.st_uid != os.geteuid():
@@ -354,7 +367,8 @@ class ResponseWriter:
 
     Use it as a context manager: `write_slab` every slab (of every frame), then `finish`.
     Leaving the ``with`` block by an exception (KeyboardInterrupt too) stops the writer
-    thread and deletes the temporary file; the final path is never touched.
+    thread and deletes the temporary file, unless `keep` was called; the final path is never
+    touched.
 
     The file is written as `temp` in a private folder beside ``path``
     (``.NAME.partial-HOST-PID-RANDOM``, mode 0700, removed when done): made by this process
@@ -389,6 +403,9 @@ class ResponseWriter:
     extents : (N, 3) array of int, optional
         Each filter's own extent before zero-padding to the common one, stored as the
         ``extents`` attribute of ``/kernels``; default: the common extent for every filter.
+    progress : volconv.resume.Progress, optional
+        Record each slab once flushed, and continue a dead run's partial file that matches
+        (`volconv.resume`); its ``done`` slabs are then already written.
 
     Attributes
     ----------
@@ -427,8 +444,10 @@ class ResponseWriter:
         slab_depth: int,
         overwrite: bool = False,
         extents: np.ndarray | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.path = Path(path)
+        self.progress = progress
         self.shape = tuple(int(s) for s in input_shape)
         kernels = np.asarray(kernels, dtype=np.float32)
         self._check(names, kernels, dtype, scale, offset, slab_depth)
@@ -449,10 +468,15 @@ class ResponseWriter:
         self._stop = False
         self._done = False
         self._folder: Path | None = None
-        self._create()
+        self._keep = False
+        resumed = self._create((n, *self.shape))
         try:
             chunks = chunk_shape((n, *self.shape), slab_depth, self.dtype.itemsize)
-            self._responses = self._layout(names, kernels, extents, chunks, filters, boundary, cval)
+            if resumed:  # volconv.resume: a dead run's file, its complete slabs checked
+                self._resumed(chunks)
+            else:
+                self._responses = self._layout(names, kernels, extents, chunks, filters,
+                                               boundary, cval)  # fmt: skip
             # gzip chunks are compressed on every core and go to the file with
             # write_direct_chunk: HDF5 would compress them on one core.
             self._direct = _direct_codec(filters)
@@ -506,22 +530,31 @@ class ResponseWriter:
             )
         return given.astype(np.int64)
 
-    def _create(self) -> None:
-        """Make the private folder and, in it, the HDF5 file, exclusively; check that the
-        open file is the one made (`temp`)."""
+    def _create(self, shape: tuple[int, ...]) -> bool:
+        """Make the private folder and, in it, the HDF5 file, exclusively, or with a
+        `progress`, continue there a dead run's partial file that it claims and checks
+        (`volconv.resume`); check that the open file is the one made (`temp`). Whether the
+        file is a resumed one."""
+        resumed = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale_temps(self.path)
             self._folder = Path(tempfile.mkdtemp(prefix=private_prefix(self.path),
                                                  dir=self.path.parent))  # fmt: skip
             self.temp = self._folder / self.path.name
+            if self.progress is not None:  # before the stale folders go: one may be resumed
+                resumed = self.progress.open(self.path, self._folder, shape, self.dtype)
+            remove_stale_temps(self.path)
             # Creation order tracked as netCDF-4 files have it, for netCDF tools. No file
             # lock: the folder is this process's alone, and locks fail on many NFS mounts.
-            self._file = h5py.File(self.temp, "x", track_order=True, locking=False)
+            mode = "r+" if resumed else "x"
+            self._file = h5py.File(self.temp, mode, track_order=True, locking=False)
         except OSError as e:
             self._remove_folder()
             error = OutputWriteError if _errno(e) in _WRITE_ERRNOS else OutputError
             raise error(f"{self.path}: cannot write there ({_cause(e)})") from e
+        except BaseException:  # the input's SHA-256 failed while checking a partial, Ctrl-C
+            self._remove_folder()
+            raise
         # HDF5's descriptor (sec2 driver): `_discard` points it elsewhere.
         self._fd = self._file.id.get_vfd_handle()
         opened, named = os.fstat(self._fd), os.lstat(self.temp)
@@ -529,8 +562,24 @@ class ResponseWriter:
         if (named.st_dev, named.st_ino) != self._identity or not stat.S_ISREG(named.st_mode):
             self._discard()
             raise OutputError(f"{self.path}: the temporary file {self.temp} was replaced")
+        return resumed
+
+    def _resumed(self, chunks: tuple[int, ...]) -> None:
+        """Continue the file `progress` resumed: its layout as this writer would make it, its
+        complete slabs counted as written, and no ``complete`` mark (a run killed between
+        marking and renaming leaves one)."""
+        self._responses = self._file["responses"]
+        if self._responses.chunks != chunks:
+            raise OutputError(f"{self.path}: the partial file {self.temp} has other chunks")
+        if "complete" in self._file.attrs:
+            del self._file.attrs["complete"]
+            self._flush()  # at once: a partial file never says complete
+        for (frame, a), b in self.progress.done.items():
+            self._written[frame, a:b] = True
 
     def _remove_folder(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
@@ -629,11 +678,15 @@ class ResponseWriter:
                 if self._error is None and not self._stop:
                     start = perf_counter()
                     stored = self._encode(responses)
+                    if self.progress is not None:  # volconv.resume: CRCs beside the write
+                        checksums = self.progress.checksums(stored)
                     if self._direct is None:
                         index = (slice(None), slice(a, b), *(() if frame is None else (..., frame)))
                         self._responses[index] = stored
                     else:
                         self._write_chunks(a, b, frame, stored)
+                    if self.progress is not None:  # flushed, then counted (volconv.resume)
+                        self.progress.record(self._file, a, b, frame, checksums)
                     self.write_seconds += perf_counter() - start
             except BaseException as e:  # raised again in the caller's thread
                 self._error = e
@@ -777,11 +830,23 @@ class ResponseWriter:
         os.replace(self.temp, self.path)  # atomic, and a link at `path` is replaced itself
         self._remove_folder()
 
+    def keep(self) -> None:
+        """Stop writing but keep the temporary file and its progress, for a later run to
+        resume (`volconv.resume`): what Ctrl-C and SIGTERM do. Safe from another thread."""
+        self._keep = self.progress is not None
+        self._stop = True
+
     def _discard(self) -> None:
-        """Stop the writer thread, close and delete the temporary file and its folder."""
+        """Stop the writer thread, close and delete the temporary file and its folder (or,
+        after `keep`, close the file and keep both)."""
         self._stop = True
         if hasattr(self, "_thread"):
             self._join()
+        if self._keep:
+            with contextlib.suppress(Exception):
+                self._file.close()
+            self.progress.close()
+            return
         if self._file.id.valid:
             # Nothing of this file is kept: point HDF5's descriptor at an anonymous file
             # first, so closing neither writes the caches to the disk nor fails when it is

@@ -1,0 +1,378 @@
+"""Resume inside a volume (`volconv.resume`): a run stopped mid-volume by SIGKILL, SIGINT or
+SIGTERM, in real processes over real files, and run again continues from its complete slabs,
+giving bit for bit the file an uninterrupted run gives; what must not be resumed is not (a
+changed bank or input, ``--overwrite``, a link planted in the partial's place, another user's
+partial, a live run's), two reruns at once both succeed, and a partial never says complete."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from test_pipeline import DEVICE, ROOT, random_volume
+
+from volconv.config import dump_toml, load
+from volconv.pipeline import Interrupted
+from volconv.pipeline import run as volconv_run
+
+# Many slabs of one or two rows: seconds on a CPU, so a signal lands mid-volume.
+FILTERS = [{"type": "gaussian", "name": f"g{i}", "sigma": 1.5, "order": [0, 0, i % 3]}
+           for i in range(4)]  # fmt: skip
+SHAPES = {"3d": (1200, 40, 40), "4d": (300, 24, 24, 3)}
+
+
+def pipeline(folder: Path, shape: str = "3d") -> Path:
+    """float16 outputs; the 4D one gzip-compressed (chunks compressed on the writer's pool)."""
+    data = {
+        "input": {"paths": ["b.npy"]},
+        "bank": {"size": 5, "filter": FILTERS},
+        "output": {"path": "out/{stem}.h5", "dtype": "float16",
+                   "compression": "none" if shape == "3d" else "gzip"},
+        "run": {"device": DEVICE, "slab_depth": 1 if shape == "3d" else 2},
+    }  # fmt: skip
+    path = folder / "p.toml"
+    path.write_text(dump_toml(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per shape: the input and the responses of a run that nothing stopped."""
+    made = {}
+    for name, shape in SHAPES.items():
+        folder = tmp_path_factory.mktemp(f"whole-{name}")
+        volume = random_volume(shape, "uint8" if name == "3d" else "float32")
+        np.save(folder / "b.npy", volume)
+        code, _, err = run(pipeline(folder, name))
+        assert code == 0, err
+        with h5py.File(folder / "out" / "b.h5") as f:
+            made[name] = volume, f["responses"][()]
+    return made
+
+
+def start(pipeline: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "volconv", "run", str(pipeline), *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def run(pipeline: Path, *args: str) -> tuple[int, str, str]:
+    proc = start(pipeline, *args)
+    out, err = proc.communicate(timeout=600)
+    return proc.returncode, out, err
+
+
+def partials(out: Path) -> list[Path]:
+    return sorted(out.glob(".b.h5.partial-*"))
+
+
+def slabs_recorded(out: Path) -> int:
+    """Slab records in the partial's progress log (a line being written may be cut)."""
+    try:
+        (folder,) = partials(out)
+        return (folder / "progress").read_bytes().count(b"\nslab ")
+    except (ValueError, OSError):
+        return 0
+
+
+def stop_mid_volume(folder: Path, how: signal.Signals, shape: str = "3d", at: int = 40) -> int:
+    """Start a run, send ``how`` once ``at`` slabs are recorded; the slabs recorded then."""
+    out = folder / "out"
+    proc = start(pipeline(folder, shape))
+    deadline = time.monotonic() + 300
+    while slabs_recorded(out) < at:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run recorded no progress"
+        time.sleep(0.01)
+    proc.send_signal(how)
+    _, err = proc.communicate(timeout=60)
+    expected = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -9}[how]
+    assert proc.returncode == expected, err
+    assert "Traceback" not in err
+    if how != signal.SIGKILL:
+        assert "keeps its complete slabs" in err and "run the same command again" in err
+    assert not (out / "b.h5").exists()  # nothing that looks finished
+    (partial,) = partials(out)
+    with h5py.File(partial / "b.h5", locking=False) as f:  # it opens, and says not complete
+        assert "complete" not in f.attrs
+    recorded = slabs_recorded(out)
+    assert recorded >= at
+    return recorded
+
+
+def report_of(folder: Path, *args: str) -> dict:
+    code, out, err = run(pipeline(folder), "--report", str(folder / "r.json"), *args)
+    assert code == 0, err
+    return json.loads((folder / "r.json").read_text())["inputs"][0] | {"stdout": out}
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM],
+                         ids=["SIGKILL", "SIGINT", "SIGTERM"])  # fmt: skip
+def test_a_stopped_run_resumes_and_gives_the_same_bits(tmp_path, uninterrupted, how):
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    recorded = stop_mid_volume(tmp_path, how)
+
+    r = report_of(tmp_path)
+    n = volume.shape[0]
+    assert r["n_slabs"] == n
+    # every slab recorded is kept; only the rest is computed (and counted as work)
+    assert recorded <= r["resumed_slabs"] < n
+    assert f"{r['resumed_slabs']}/{n} slabs resumed" in r["stdout"]
+    k = r["resumed_slabs"] + 1
+    assert r["stdout"].startswith(f"resuming {tmp_path / 'out' / 'b.h5'} at slab {k}/{n} (")
+    full = 2 * volume.size * sum(5**3 for _ in FILTERS) / 1e9
+    assert r["gflop"] == pytest.approx(full * (n - r["resumed_slabs"]) / n)
+    with h5py.File(tmp_path / "out" / "b.h5") as f:
+        assert f.attrs["complete"]
+        np.testing.assert_array_equal(f["responses"][()], whole)  # bit for bit
+    assert partials(tmp_path / "out") == []
+
+
+def test_a_4d_input_resumes_per_frame_and_slab(tmp_path, uninterrupted):
+    volume, whole = uninterrupted["4d"]
+    np.save(tmp_path / "b.npy", volume)
+    n = SHAPES["4d"][3] * SHAPES["4d"][0] // 2
+    recorded = stop_mid_volume(tmp_path, signal.SIGKILL, "4d", at=n // 2)  # in frame 1
+    code, out, err = run(pipeline(tmp_path, "4d"))
+    assert code == 0, err
+    kept = int(out.split(" slabs resumed")[0].rsplit(", ", 1)[1].split("/")[0])
+    assert recorded <= kept < n
+    with h5py.File(tmp_path / "out" / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+@pytest.mark.parametrize("change", ["bank", "input", "--overwrite"])
+def test_what_differs_is_never_resumed(tmp_path, uninterrupted, change):
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    stop_mid_volume(tmp_path, signal.SIGKILL)
+    args: tuple[str, ...] = ()
+    if change == "bank":
+        args = ("--set", "bank.boundary=wrap")
+    elif change == "input":
+        volume = volume.copy()
+        volume[0, 0, 0] ^= 1
+        np.save(tmp_path / "b.npy", volume)
+    else:
+        args = ("--overwrite",)
+    r = report_of(tmp_path, *args)
+    assert r["resumed_slabs"] == 0 and "resumed" not in r["stdout"]
+    assert partials(tmp_path / "out") == []  # the stale partial is gone
+    if change == "--overwrite":
+        with h5py.File(tmp_path / "out" / "b.h5") as f:
+            np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("where", ["folder", "file", "log"])
+def test_a_planted_link_is_never_followed(tmp_path, uninterrupted, where):
+    """A link in the partial's place (the folder, its file, its log) pointing at a copy of a
+    resumable partial: never opened through, never changed, never removed; the rerun
+    starts afresh and is whole."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    stop_mid_volume(tmp_path, signal.SIGKILL)
+    (partial,) = partials(tmp_path / "out")
+    victim = tmp_path / "victim"
+    shutil.copytree(partial, victim)
+    if where == "folder":
+        shutil.rmtree(partial)
+        partial.symlink_to(victim, target_is_directory=True)
+        planted = partial
+    else:
+        name = "b.h5" if where == "file" else "progress"
+        (partial / name).unlink()
+        (partial / name).symlink_to(victim / name)
+        planted = partial / name
+    before = {p.name: digest(p) for p in victim.iterdir()}
+
+    r = report_of(tmp_path)
+    assert r["resumed_slabs"] == 0
+    assert {p.name: digest(p) for p in victim.iterdir()} == before
+    if where == "folder":
+        assert planted.is_symlink()  # a link is not removed either
+    with h5py.File(tmp_path / "out" / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def test_another_users_partial_is_not_used(tmp_path, uninterrupted):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a partial output to another user")
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    stop_mid_volume(tmp_path, signal.SIGKILL)
+    (partial,) = partials(tmp_path / "out")
+    for p in (partial, *partial.iterdir()):
+        os.chown(p, 65534, 65534)
+    before = {p.name: digest(p) for p in partial.iterdir()}
+    r = report_of(tmp_path)
+    assert r["resumed_slabs"] == 0
+    assert {p.name: digest(p) for p in partial.iterdir()} == before  # left alone
+    with h5py.File(tmp_path / "out" / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def test_two_reruns_at_once_one_resumes(tmp_path, uninterrupted):
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    stop_mid_volume(tmp_path, signal.SIGKILL)
+    runs = [start(pipeline(tmp_path)) for _ in range(2)]
+    outs = []
+    for proc in runs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+        outs.append(out)
+    assert sum("slabs resumed" in out for out in outs) == 1  # one claims the partial
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["b.h5"]
+    with h5py.File(tmp_path / "out" / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def test_a_slab_whose_bytes_differ_from_its_record_is_computed_again(tmp_path, uninterrupted):
+    """What the file holds counts, whatever the log says: a record whose CRC does not match
+    the bytes read back (a cut write, a disk that lost them) is not kept."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    stop_mid_volume(tmp_path, signal.SIGKILL)
+    (partial,) = partials(tmp_path / "out")
+    with h5py.File(partial / "b.h5", "r+", locking=False) as f:
+        f["responses"][2, 0] = 7  # slab [0, 1) of filter 2: other bytes than recorded
+    r = report_of(tmp_path)
+    assert r["resumed_slabs"] > 0  # the others are kept
+    with h5py.File(tmp_path / "out" / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def test_a_live_runs_partial_is_not_taken(tmp_path, uninterrupted):
+    """Only runs that no longer run leave partials to resume: a stopped (SIGSTOP) run's
+    folder is left alone, and that run finishes its own file when it goes on."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    out = tmp_path / "out"
+    first = start(pipeline(tmp_path))
+    while slabs_recorded(out) < 40:
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.01)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        (partial,) = partials(out)
+        assert f"-{first.pid}-" in partial.name and socket.gethostname() in partial.name
+        r = report_of(tmp_path)
+        assert r["resumed_slabs"] == 0
+        assert partial.is_dir()
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    with h5py.File(out / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def test_a_partial_with_every_slab_only_needs_finishing(tmp_path, uninterrupted):
+    """Stopped after its last slab was recorded, before the rename: the rerun computes
+    nothing, and finishes the file."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    out, n = tmp_path / "out", volume.shape[0]
+    calls = []
+
+    def on_slab(job) -> None:  # after the last slab, once the log counts every slab: stop
+        calls.append(job)
+        deadline = time.monotonic() + 60
+        while len(calls) == n and slabs_recorded(out) < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="keeps its complete slabs"):
+        volconv_run(load(pipeline(tmp_path)), on_slab=on_slab)
+    (partial,) = partials(out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    partial.rename(out / partial.name.replace(f"-{os.getpid()}-", f"-{dead}-"))
+
+    r = report_of(tmp_path)
+    assert r["resumed_slabs"] == n and f"{n}/{n} slabs resumed" in r["stdout"]
+    assert r["gflop"] == 0
+    with h5py.File(out / "b.h5") as f:
+        assert f.attrs["complete"]
+        np.testing.assert_array_equal(f["responses"][()], whole)
+    assert partials(out) == []
+
+
+def test_a_complete_mark_in_a_partial_is_removed_on_resuming(tmp_path, uninterrupted):
+    """A run killed between writing ``complete = True`` and the rename leaves a partial that
+    says complete: the rerun that continues it takes the mark away first, so that it is
+    never seen on a file in progress, and puts it back last."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    out = tmp_path / "out"
+    recorded = stop_mid_volume(tmp_path, signal.SIGKILL)
+    (partial,) = partials(out)
+    with h5py.File(partial / "b.h5", "r+", locking=False) as f:
+        f.attrs["complete"] = True
+        f.attrs["the killed run's"] = True
+    stop_mid_volume(tmp_path, signal.SIGKILL, at=recorded + 40)  # resumed, then killed
+    (partial,) = partials(out)
+    with h5py.File(partial / "b.h5", locking=False) as f:  # the same file, continued
+        assert f.attrs["the killed run's"] and "complete" not in f.attrs
+    code, _, err = run(pipeline(tmp_path))
+    assert code == 0, err
+    with h5py.File(out / "b.h5") as f:
+        assert f.attrs["complete"]
+        np.testing.assert_array_equal(f["responses"][()], whole)
+
+
+def test_the_log_counts_only_whole_lines(tmp_path):
+    """A line cut short by a kill, or changed, is not a record."""
+    from volconv.resume import _line, _records
+
+    log = _line("volconv-progress 1 k") + _line("slab 0 0 1 0000abcd")
+    bad = _line("slab 0 1 2 0000abcd").replace(b"slab 0 1", b"slab 0 7")
+    assert _records(log + bad + _line("slab 0 2 3 00000001")[:-3]) == [
+        ["volconv-progress", "1", "k"], ["slab", "0", "0", "1", "0000abcd"],
+    ]  # fmt: skip
+
+
+def test_a_run_stopped_in_this_process_resumes_in_it(tmp_path, uninterrupted):
+    """Ctrl-C in a notebook (the API's `run`): the partial stays, free once its run has
+    stopped, and the next run in the same process continues it."""
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    out = tmp_path / "out"
+    calls = []
+
+    def on_slab(job) -> None:
+        calls.append(job)
+        if len(calls) == 100:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="keeps its complete slabs"):
+        volconv_run(load(pipeline(tmp_path)), on_slab=on_slab)
+    (partial,) = partials(out)
+    assert f"-{os.getpid()}-" in partial.name
+    recorded = slabs_recorded(out)
+    assert recorded >= 90  # the writer runs at most two slabs behind, and stops
+    result = volconv_run(load(pipeline(tmp_path)))
+    assert result.reports[0].resumed_slabs == recorded
+    with h5py.File(out / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)
+    assert partials(out) == []
