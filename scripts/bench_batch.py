@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("read", "upload", "pad", "kernel", "download", "write", "wall")
+STAGES = ("read", "upload", "pad", "kernel", "convert", "download", "write", "wall")
 
 
 def make_inputs(folder: Path, n: int, size: int) -> list[Path]:

@@ -181,7 +181,7 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
     (entry,) = doc["inputs"]
     assert entry["status"] == "done" and entry["gflop"] == pytest.approx(gflop)
     assert set(entry["stages"]) == {
-        "read", "upload", "pad", "kernel", "download", "write", "wall"
+        "read", "upload", "pad", "kernel", "convert", "download", "write", "wall"
     }  # fmt: skip
 
 

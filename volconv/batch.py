@@ -104,7 +104,7 @@ def process(
             raise _Stopped
         device = worker_device(cfg.device, device_spec)
         job = plan_one(cfg, spec, device, overwrite=overwrite)
-        key = (device, cfg.boundary, cfg.cval, cfg.slab_depth)
+        key = (device, cfg.boundary, cfg.cval, cfg.slab_depth, cfg.dtype, cfg.scale, cfg.offset)
         if key not in _RUNNER:
             _RUNNER.clear()  # the pinned buffers of another pipeline's convolvers go
             _RUNNER[key] = Convolvers(cfg, device), RunResult(device, *peaks(device))

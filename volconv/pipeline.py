@@ -32,7 +32,9 @@ import volconv
 from volconv.bank import BankError, Filter, build_bank, stack_kernels
 from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
+from volconv.convert import device_encodes
 from volconv.device import DeviceError, select_device
+from volconv.engine import STAGES
 from volconv.io import InputError, Volume, expand_inputs, open_volume, split_spec
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak
 from volconv.plan import MAX_FILTERS
@@ -241,20 +243,25 @@ PINNED_BUFFERS = 3
 WHOLE_FRAME_SHARE = 4
 
 
-def host_bytes(job: Job, cfg: Config, depth: int, on_cpu: bool) -> int:
+def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     """The host memory a run of ``job`` holds at slab depth ``depth`` (SPEC "Memory"): the
-    pinned slab buffers, a slab being converted to the stored type, two slabs of source rows
-    (one read ahead), the whole frame if it is read whole, and on a CPU device its buffers,
-    which are host memory too."""
+    pinned slab buffers (of the stored type where the device converts, else float32), a
+    float32 slab converted on the host (every slab where the device does not convert; where
+    it does, a slab whose source holds NaN or Inf), two slabs of source rows (one read
+    ahead), the whole frame if it is read whole, and on a CPU device its buffers, which are
+    host memory too."""
     ny, nz = job.shape3[1:]
     slab = len(job.filters) * depth * ny * nz
     stored = np.dtype(cfg.dtype).itemsize
     item = np.dtype(job.volume.dtype).itemsize
-    total = PINNED_BUFFERS * slab * 4 + (slab * stored if stored != 4 else 0)
+    on_device = device_encodes(device, cfg.dtype)
+    total = PINNED_BUFFERS * slab * (stored if on_device else 4)
+    if stored != 4 and (not on_device or np.dtype(job.volume.dtype).kind == "f"):
+        total += slab * (4 if on_device else stored)
     total += 2 * (depth + sum(job.plan.extents[:1]) - 1) * ny * nz * item
     if job.whole_frames:
         total += math.prod(job.shape3) * item
-    if on_cpu:
+    if device.type & cl.device_type.CPU:
         total += replace(job.plan, slab_depth=depth).device_bytes
     return total
 
@@ -263,11 +270,10 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     """Whether ``job`` reads whole frames, and its slab depth made to fit ``host_memory``."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
     job.whole_frames = job.volume.mapped or frame * WHOLE_FRAME_SHARE <= cfg.host_memory
-    on_cpu = bool(device.type & cl.device_type.CPU)
     depth = job.plan.slab_depth
-    while depth > 1 and host_bytes(job, cfg, depth, on_cpu) > cfg.host_memory:
-        depth = max(1, depth * cfg.host_memory // host_bytes(job, cfg, depth, on_cpu) - 1)
-    need = host_bytes(job, cfg, depth, on_cpu)
+    while depth > 1 and host_bytes(job, cfg, depth, device) > cfg.host_memory:
+        depth = max(1, depth * cfg.host_memory // host_bytes(job, cfg, depth, device) - 1)
+    need = host_bytes(job, cfg, depth, device)
     if need > cfg.host_memory:
         raise PipelineError(
             f"{cfg.source}: run.host_memory = {cfg.host_memory} bytes holds no slab of "
@@ -275,7 +281,7 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
         )
     if cfg.slab_depth is None or depth < job.plan.slab_depth:
         job.plan = replace(job.plan, slab_depth=depth)
-    job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, on_cpu)
+    job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, device)
 
 
 def spatial_shape(volume: Volume) -> tuple[int, int, int]:
@@ -392,6 +398,8 @@ class Convolvers:
                 job.filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
                 device=self.device, choices=job.plan.choices, slab_depth=job.plan.slab_depth,
             )  # fmt: skip
+            if device_encodes(self.device, self.cfg.dtype):
+                conv.store(self.cfg.dtype, self.cfg.scale, self.cfg.offset)
             buffers: SimpleQueue = SimpleQueue()
             for _ in range(PINNED_BUFFERS):
                 buffers.put(conv.pinned_slab())
@@ -523,17 +531,19 @@ def _stream(
                 if i + 1 < len(work):  # prefetch the next slab while the device works
                     pending = pool.submit(read, *work[i + 1])
                 buffer = buffers.get()  # free once the writer has written it
+                counted = conv.counts
                 responses = conv.convolve_slab(a, b, out=buffer[:, : b - a], **given)
                 del given
+                counts = tuple(n - m for n, m in zip(conv.counts, counted, strict=True))
                 writer.write_slab(a, b, responses, frame=t if four_d else None,
-                                  release=partial(buffers.put, buffer))  # fmt: skip
+                                  release=partial(buffers.put, buffer), counts=counts)  # fmt: skip
                 if on_slab:
                     on_slab(job)
         finally:
             pending.cancel()
         frames.clear()
         writer.drain()  # every slab on disk: the wall time below covers the writing too
-        stages = {k: conv.timings[k] - before[k] for k in ("upload", "pad", "kernel", "download")}
+        stages = {k: conv.timings[k] - before[k] for k in STAGES}
         source_sha256 = sha.result()
         wall = time.perf_counter() - t_start  # the file and the report say the same
         record = throughput(

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.table import Table
 
-# Seconds per stage: host reading, the device's four (OpenCL profiling), host writing, wall.
-STAGES = ("read", "upload", "pad", "kernel", "download", "write", "wall")
+# Seconds per stage: host reading, the device's five (OpenCL profiling; convert: to the stored
+# type), host writing, wall.
+STAGES = ("read", "upload", "pad", "kernel", "convert", "download", "write", "wall")
 
 
 def work_gflop(extents: Iterable[Sequence[int]], voxels: int) -> float:
