@@ -368,6 +368,7 @@ class RunResult:
     measured_peak_gflops: float | None
     measured_bandwidth_gbps: float | None = None
     reports: list[VolumeReport] = field(default_factory=list)
+    seconds: float = 0.0  # the run's own wall: the first input's start to the last's end
 
     @property
     def failed(self) -> list[VolumeReport]:
@@ -390,9 +391,14 @@ class Convolvers:
         self.cfg, self.device = cfg, device
         self._cache: dict[tuple[object, ...], tuple[SeparableConvolver, SimpleQueue]] = {}
 
+    @staticmethod
+    def key(job: Job) -> tuple[object, ...]:
+        """Inputs of one key share a convolver and its pinned buffers."""
+        return (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
+                job.kernels.tobytes())  # fmt: skip
+
     def get(self, job: Job) -> tuple[SeparableConvolver, SimpleQueue]:
-        key = (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
-               job.kernels.tobytes())  # fmt: skip
+        key = self.key(job)
         if key not in self._cache:
             conv = SeparableConvolver(
                 job.filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
@@ -416,11 +422,13 @@ def run(
     on_slab: Callable[[Job], None] | None = None,
     on_volume: Callable[[VolumeReport], None] | None = None,
 ) -> RunResult:
-    """Filter every input of ``cfg`` into its output file, on one device, in order.
+    """Filter every input of ``cfg`` into its output file, on one device, in order, inputs
+    overlapping (`run_overlapped`).
 
     ``on_plan`` sees the jobs before any compute (for a progress total), ``on_slab`` is called
-    after each slab and ``on_volume`` with each input's report, skipped ones included.
-    ``report``, the file the caller writes the run's report to, is checked with the outputs.
+    after each slab and ``on_volume`` with each input's report, skipped ones included, in
+    order. ``report``, the file the caller writes the run's report to, is checked with the
+    outputs.
     """
     device = choose_device(cfg)
     jobs = plan_jobs(cfg, device, overwrite=overwrite, report=report)
@@ -428,15 +436,80 @@ def run(
     if on_plan:
         on_plan(jobs)
     convolvers = Convolvers(cfg, device)
+    start = time.perf_counter()
     with stop_on_ctrl_c(result.reports):
-        for job in jobs:
-            record = interruptible(
-                run_one, cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab
-            )
-            result.reports.append(record)
-            if on_volume:
-                on_volume(record)
+        interruptible(run_overlapped, cfg, jobs, convolvers, result, overwrite=overwrite,
+                      on_slab=on_slab, on_volume=on_volume)  # fmt: skip
+    result.seconds = time.perf_counter() - start
     return result
+
+
+class _Aborted(RuntimeError):
+    """Another input of the run failed: this one stops at its next slab."""
+
+
+def run_overlapped(
+    cfg: Config,
+    jobs: list[Job],
+    convolvers: Convolvers,
+    result: RunResult,
+    *,
+    overwrite: bool = False,
+    on_slab: Callable[[Job], None] | None = None,
+    on_volume: Callable[[VolumeReport], None] | None = None,
+) -> None:
+    """Run ``jobs`` in order, two at a time: input i+1 starts (is read, goes to the device)
+    as soon as input i has handed its last slab to its writer, while that writer still
+    writes; input i+1's writer starts when input i is complete. Records go into
+    ``result.reports`` in order.
+
+    Memory stays within ``host_memory``: inputs that overlap share one convolver and its
+    pinned buffers (the same shape, type and bank), which input i's writer gives back as it
+    writes them; an input with another convolver waits until the one before is complete.
+    A failure stops the other input at its next slab (its file removed) and raises.
+    """
+    abort = threading.Event()
+
+    def slab_done(job: Job) -> None:
+        if abort.is_set():
+            raise _Aborted("another input of the run failed")
+        if on_slab:
+            on_slab(job)
+
+    def one(job: Job, left: threading.Event) -> VolumeReport:
+        try:
+            return run_one(cfg, job, convolvers, result, overwrite=overwrite, on_slab=slab_done,
+                           on_device_done=left.set)  # fmt: skip
+        finally:
+            left.set()
+
+    def collect(future: Future[VolumeReport]) -> None:
+        try:
+            record = future.result()
+        except BaseException:
+            abort.set()
+            raise
+        result.reports.append(record)
+        if on_volume:
+            on_volume(record)
+
+    previous: tuple[Future[VolumeReport], Job] | None = None
+    with ThreadPoolExecutor(2, thread_name_prefix="volconv-input") as pool:
+        for job in jobs:
+            # done already (a failure raises before the next input starts), or with another
+            # convolver: two convolvers' buffers at once could pass host_memory
+            if previous and (previous[0].done() or Convolvers.key(previous[1]) !=
+                             Convolvers.key(job)):  # fmt: skip
+                collect(previous[0])
+                previous = None
+            left = threading.Event()
+            future = pool.submit(one, job, left)
+            left.wait()  # this input is off the device: the one before may finish meanwhile
+            if previous:
+                collect(previous[0])
+            previous = future, job
+        if previous:
+            collect(previous[0])
 
 
 def run_one(
@@ -447,19 +520,21 @@ def run_one(
     *,
     overwrite: bool = False,
     on_slab: Callable[[Job], None] | None = None,
+    on_device_done: Callable[[], None] | None = None,
 ) -> VolumeReport:
     """Run one input end to end on the convolvers' device and return its record.
 
     An output that became complete since planning (another run of the same pipeline finished
     it first) is skipped, not an error; a run that finishes second replaces it atomically
-    with the same result.
+    with the same result. ``on_device_done`` is called once the last slab is handed to the
+    writer (the device and the convolver are free for the next input; the writing goes on).
     """
     if job.complete and not overwrite:
         return job.skipped()
     if not overwrite and is_complete(job.output) and not differences(job, cfg):
         return job.skipped("became complete meanwhile (another run)")
     try:
-        return _stream(cfg, job, *convolvers.get(job), peaks, overwrite, on_slab)
+        return _stream(cfg, job, *convolvers.get(job), peaks, overwrite, on_slab, on_device_done)
     except OutputExistsError:
         if is_complete(job.output) and not differences(job, cfg):
             return job.skipped("became complete meanwhile (another run)")
@@ -480,8 +555,11 @@ def _stream(
     peaks: RunResult,
     overwrite: bool,
     on_slab: Callable[[Job], None] | None,
+    on_device_done: Callable[[], None] | None = None,
 ) -> VolumeReport:
-    t_start = time.perf_counter()
+    # The wall time: from here (reading starts) to the last slab written (`drain`). Inputs
+    # overlap (`run_overlapped`), so walls of neighbours overlap; the run's is RunResult.seconds.
+    t_start, started_at = time.perf_counter(), time.time()
     volume = job.volume
     before = dict(conv.timings)
     four_d = len(volume.shape) == 4
@@ -542,8 +620,11 @@ def _stream(
         finally:
             pending.cancel()
         frames.clear()
-        writer.drain()  # every slab on disk: the wall time below covers the writing too
+        # the convolver's figures now: the next input may use it while this one is written
         stages = {k: conv.timings[k] - before[k] for k in STAGES}
+        if on_device_done:
+            on_device_done()
+        writer.drain()  # every slab on disk: the wall time below covers the writing too
         source_sha256 = sha.result()
         wall = time.perf_counter() - t_start  # the file and the report say the same
         record = throughput(
@@ -571,7 +652,7 @@ def _stream(
         dtype=str(np.dtype(volume.dtype)), n_filters=len(job.filters),
         extents=tuple(int(e) for e in job.kernels.shape[1:]), slab_depth=conv.plan.slab_depth,
         n_slabs=job.n_slabs, status="done", stages=stages, clipped=writer.clipped + writer.nans,
-        **record,
+        started_at=started_at, **record,
     )  # fmt: skip
 
 

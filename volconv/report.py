@@ -153,6 +153,10 @@ class VolumeReport:
     reason: str = ""  # why an input was skipped or failed
     clipped: int = 0  # voxels a uint8 output could not hold (saturated, or NaN stored as 0)
     stages: dict[str, float] = field(default_factory=dict)
+    # Unix time the input's reading began; its wall (`wall_seconds`, ``stages["wall"]``) runs
+    # from then to its last slab written. Inputs of a run overlap (one is read and computed
+    # while the one before is written), so walls overlap; the run's own is `run_seconds`.
+    started_at: float = math.nan
 
     @classmethod
     def skipped(

@@ -601,13 +601,13 @@ class ResponseWriter:
 
         ``responses`` of the stored type (converted on the device, `volconv.convert`) are
         written as they are, with ``counts``, their uint8 NaN and clipped voxels; others
-        (float32) are converted here. Blocks while `backlog` slabs wait, so the device runs at most that many slabs
-        ahead of the disk. The writer keeps ``responses`` until it is written, then calls
-        ``release`` (from the writer thread; also when the slab is dropped after an error),
-        so a caller can reuse a buffer, e.g. page-locked memory the device downloads into
-        fast; uncompressed chunks go to the file straight from it. ``frame`` is the volume
-        of a 4D input (None or 0 for 3D). An error of the writer thread is raised here, on
-        the next call.
+        (float32) are converted here. Blocks while two slabs wait, so the device runs at
+        most two slabs ahead of the disk. The writer keeps ``responses`` until it is
+        written, then calls ``release`` (from the writer thread; also when the slab is
+        dropped after an error), so a caller can reuse a buffer, e.g. page-locked memory
+        the device downloads into fast; uncompressed chunks go to the file straight from
+        it. ``frame`` is the volume of a 4D input (None or 0 for 3D). An error of the
+        writer thread is raised here, on the next call.
         """
         self._raise_pending()
         if self._done or self._stop:
