@@ -65,24 +65,55 @@ MAX_CHUNK_BYTES = 64 * 2**20
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
 
 
-def _direct_codec(filters: dict) -> Callable[[np.ndarray], object] | None:
-    """The bytes HDF5 would store for a chunk under ``filters`` (see `compression_options`),
-    where volconv makes them itself and writes them with ``write_direct_chunk``: the chunk as
-    it is, uncompressed (straight from the caller's buffer, no copy: 0.20 s against h5py's
-    chunked write's 0.30 s for 512 MiB on tmpfs, scripts/bench_e2e.py), or shuffle + deflate
-    (gzip-N) on every core; None where HDF5's own filters run (lzf, hdf5plugin's codecs)."""
+def _direct_codec(filters: dict) -> Callable[[np.ndarray], tuple[object, int]] | None:
+    """The bytes HDF5 would store for a chunk under ``filters`` (see `compression_options`)
+    and their filter mask, where volconv makes them itself, on every core, and writes them
+    with ``write_direct_chunk``: the chunk as it is, uncompressed (straight from the caller's
+    buffer, no copy: 0.20 s against h5py's chunked write's 0.30 s for 512 MiB on tmpfs);
+    shuffle + deflate (gzip-N, zlib); shuffle + LZF (h5py's own LZF, `_lzf`). None where
+    HDF5's own filters run (hdf5plugin's codecs, which compress on every core themselves)."""
     if not filters:
-        return lambda block: block
+        return lambda block: (block, 0)
     if filters.get("compression") == "gzip" and filters.get("shuffle"):
         level = int(filters.get("compression_opts", 1))
+        return lambda block: (zlib.compress(_shuffled(block), level), 0)
+    if filters.get("compression") == "lzf" and filters.get("shuffle") and (lzf := _lzf()):
 
-        def deflate(block: np.ndarray) -> bytes:
-            # HDF5's shuffle: byte k of every element together, for k = 0, 1, ...
-            raw = np.ascontiguousarray(block).view(np.uint8).reshape(-1, block.itemsize)
-            return zlib.compress(np.ascontiguousarray(raw.T).tobytes(), level)
+        def compress(block: np.ndarray) -> tuple[object, int]:
+            raw = _shuffled(block)
+            out = np.empty(raw.nbytes, np.uint8)  # as h5py's filter: no room, no compression
+            n = lzf(raw.ctypes.data, raw.nbytes, out.ctypes.data, out.nbytes)
+            # HDF5 stores a chunk its optional LZF filter (pipeline entry 1) cannot shrink
+            # as shuffled only, with that filter's bit set in the chunk's mask
+            return (out[:n], 0) if n else (raw, 1 << 1)
 
-        return deflate
+        return compress
     return None
+
+
+def _shuffled(block: np.ndarray) -> np.ndarray:
+    """HDF5's shuffle filter: byte k of every element together, for k = 0, 1, ... (bytes,
+    contiguous)."""
+    raw = np.ascontiguousarray(block).view(np.uint8).reshape(-1, block.itemsize)
+    return np.ascontiguousarray(raw.T).reshape(-1)
+
+
+@cache
+def _lzf() -> Callable[[int, int, int, int], int] | None:
+    """``lzf_compress(in, in_len, out, out_len)`` of h5py's own LZF filter (the bytes its
+    HDF5 filter stores), called through ctypes, which lets go of the GIL: chunks compress on
+    every core. None where h5py's build does not export it (HDF5's filter runs then)."""
+    import ctypes
+
+    import h5py.h5z
+
+    try:
+        fn = ctypes.CDLL(h5py.h5z.__file__).lzf_compress
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint)
+    fn.restype = ctypes.c_uint
+    return fn
 
 
 @cache
@@ -674,8 +705,8 @@ class ResponseWriter:
                 write(offsets, block)
             return
         encoded = _pool().map(lambda piece: self._direct(piece[1]), pieces)
-        for (offsets, _), data in zip(pieces, encoded, strict=True):
-            write(offsets, data)
+        for (offsets, _), (data, mask) in zip(pieces, encoded, strict=True):
+            write(offsets, data, filter_mask=mask)
 
     def _encode(self, values: np.ndarray) -> np.ndarray:
         """Responses in the stored type, converted on every core: numpy's float16 and uint8
