@@ -6,10 +6,12 @@
  *   denormal flushing enters); +-inf stays, a NaN keeps its sign and high payload bits.
  * to_uint8: rint((v - offset) / scale) in float32 (built with
  *   -cl-fp32-correctly-rounded-divide-sqrt, as numpy divides), clipped to [0, 255], NaN as 0;
- *   counts[0] gets the NaNs, counts[1] the voxels clipped. Each work-group counts in local
- *   memory and adds once, so a badly chosen scale costs no contention on two addresses.
+ *   counts[0] gets the NaNs, counts[1] the voxels clipped. Each work-item counts its values,
+ *   each work-group adds them in local memory and once into counts, so a badly chosen scale
+ *   (half the voxels clipped) costs no contention on two addresses.
  */
-#define GROUP 256
+#define GROUP 256    /* work-items a group of to_uint8 (volconv/convert.py's GROUP) */
+#define PER_ITEM 16  /* values each work-item of to_uint8 converts */
 
 ushort half_bits(const float v)
 {
@@ -49,24 +51,29 @@ void to_uint8(__global const float *restrict src, __global uchar *restrict dst,
               const float offset)
 {
     __local uint group[2];
-    const uint i = (uint)get_global_id(0);
-    if (get_local_id(0) == 0) {
+    const uint lid = (uint)get_local_id(0);
+    if (lid == 0) {
         group[0] = 0;
         group[1] = 0;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (i < n) {
-        const float q = rint((src[i] - offset) / scale);
-        if (isnan(q)) {
-            atomic_inc(&group[0]);
-            dst[i] = 0;
-        } else {
-            if (q < 0.0f || q > 255.0f) atomic_inc(&group[1]);
-            dst[i] = (uchar)clamp(q, 0.0f, 255.0f);
+    /* PER_ITEM values a work-item, GROUP apart (neighbours read neighbours), counted here */
+    const ulong first = (ulong)get_group_id(0) * GROUP * PER_ITEM + lid;
+    uint nans = 0, clipped = 0;
+    for (uint j = 0; j < PER_ITEM; j++) {
+        const ulong i = first + (ulong)j * GROUP;
+        if (i < n) {
+            const float q = rint((src[i] - offset) / scale);
+            const int nan = isnan(q);
+            nans += nan ? 1u : 0u;
+            clipped += (q < 0.0f || q > 255.0f) ? 1u : 0u;
+            dst[i] = nan ? (uchar)0 : (uchar)clamp(q, 0.0f, 255.0f);
         }
     }
+    if (nans) atomic_add(&group[0], nans);
+    if (clipped) atomic_add(&group[1], clipped);
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (get_local_id(0) == 0) {
+    if (lid == 0) {
         if (group[0]) atomic_add(&counts[0], group[0]);
         if (group[1]) atomic_add(&counts[1], group[1]);
     }

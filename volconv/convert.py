@@ -20,7 +20,7 @@ from volconv.programs import build
 
 STORED = ("float32", "float16", "uint8")
 FLOAT16_MAX = float(np.finfo(np.float16).max)
-GROUP = 256  # work-group size of to_uint8 (kernels/convert.cl)
+GROUP, PER_ITEM = 256, 16  # to_uint8's work-group size and values per work-item (convert.cl)
 
 
 def encode(
@@ -106,7 +106,7 @@ class DeviceEncoder:
         cl.enqueue_copy(self.queue, self._counts, zero, is_blocking=False)
         self._kernel.set_args(source, self.stored, self._counts, np.uint32(n), self.scale,
                               self.offset)  # fmt: skip
-        size = -(-n // GROUP) * GROUP
+        size = -(-n // (GROUP * PER_ITEM)) * GROUP
         event = cl.enqueue_nd_range_kernel(self.queue, self._kernel, (size,), (GROUP,))
         counts = cl.enqueue_copy(self.queue, self._host_counts, self._counts, is_blocking=False)
         return event, [counts]

@@ -309,6 +309,15 @@ class SlabConvolver:
         self.stored = np.dtype(dtype)
         self._scale, self._offset = float(scale), float(offset)
         self._encoder = None
+        planes = self._planes()  # built here, with the other programs: not in a slab's time
+        if self.stored != np.float32 and planes:
+            n = planes * self.plan.slab_depth * math.prod(self.plan.shape[1:])
+            self._encoder = DeviceEncoder(self.ctx, self.queue, self.stored.name, n,
+                                          self._scale, self._offset)  # fmt: skip
+
+    def _planes(self) -> int:
+        """How many filters' planes this convolver downloads itself (`_download`)."""
+        return self.plan.n_filters
 
     @property
     def counts(self) -> tuple[int, int]:
@@ -338,11 +347,6 @@ class SlabConvolver:
         encoder, waits = None, []
         if out.dtype != np.float32:
             encoder = self._encoder
-            if encoder is None:
-                capacity = len(targets) * math.prod(self.plan.shape[1:]) * self.plan.slab_depth
-                encoder = self._encoder = DeviceEncoder(
-                    self.ctx, self.queue, self.stored.name, capacity, self._scale, self._offset
-                )
             converted, waits = encoder(source, len(targets) * plane)
             source = encoder.stored
         item = out.dtype.itemsize

@@ -524,6 +524,9 @@ class SeparableConvolver(SlabConvolver):
         self._mid = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
         self._out = cl.Buffer(ctx, mf.READ_WRITE, sizes["responses"])
 
+    def _planes(self) -> int:
+        return len(self._slots)  # the direct groups download their own
+
     def store(self, dtype: str, scale: float = 1.0, offset: float = 0.0) -> None:
         super().store(dtype, scale, offset)
         for conv in self._direct:
