@@ -5,7 +5,8 @@ For one input and one pipeline, for each output dtype asked for:
     time, the in-run wall time and the seconds per stage from the report, and its max RSS;
   - the read floor: the input read whole by nibabel (numpy for .npy), best of three;
   - the write floor: the same bytes (the output's shape, dtype, chunks and codec) written by
-    h5py alone from memory, chunked as volconv chunks and contiguous.
+    h5py alone from memory, chunked as volconv chunks and contiguous, and uncompressed chunks
+    each with write_direct_chunk (what volconv's writer does).
 It prints each figure beside its floor and their ratio, and saves everything as JSON.
 
 Runs and floors alternate ``--repeats`` times and the minima are compared, each after
@@ -65,9 +66,26 @@ def write_floor(like: Path, compression: str, folder: Path) -> dict[str, float]:
             g.create_dataset("responses", data=data, **kw)
         target.unlink()
 
+    def direct() -> None:  # each chunk with write_direct_chunk, from memory, as volconv does
+        target = folder / "floor.h5"
+        with h5py.File(target, "w") as g:
+            ds = g.create_dataset("responses", data.shape, data.dtype, chunks=chunks)
+            depth = chunks[1]
+            for f in range(data.shape[0]):
+                for x in range(0, data.shape[1], depth):
+                    block = data[f, x : x + depth]
+                    if block.shape[0] < depth:  # an edge chunk, stored whole
+                        block = np.concatenate(
+                            [block, np.zeros((depth - len(block), *block.shape[1:]), block.dtype)]
+                        )
+                    ds.id.write_direct_chunk((f, x, *(0,) * (data.ndim - 2)), block)
+        target.unlink()
+
     floors = {"chunked": best_of(2, lambda: write(chunks=chunks, **options))}
     if not options:
         floors["contiguous"] = best_of(2, lambda: write())
+        if data.ndim == 4:
+            floors["direct_chunks"] = best_of(2, direct)
     floors["bytes"] = data.nbytes
     return floors
 
@@ -184,6 +202,8 @@ def main() -> None:
             f"{stages.get('convert', 0.0):.4f}, download {stages['download']:.4f}, write "
             f"{stages['write']:.3f}); h5py write floor {floors['chunked']:.3f} s chunked"
             + (f", {floors['contiguous']:.3f} s contiguous" if "contiguous" in floors else "")
+            + (f", {floors['direct_chunks']:.3f} s direct chunks" if "direct_chunks" in floors
+               else "")
             + f"; wall/floor {run['ratios']['in_run_wall_over_write_floor']:.2f}, read/floor "
             f"{run['ratios']['read_over_floor']:.2f}, start "
             f"{run['ratios']['process_minus_in_run_seconds']:.2f} s, max RSS "
