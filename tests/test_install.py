@@ -31,9 +31,11 @@ defines = {
     "pad.cl": (("SRC_T", "uchar"), ("DST_T", "float")),
     "fma_probe.cl": (),
     "separable.cl": (("K", 5), ("V", 16), ("U", 4), ("UM", 2), ("IN_T", "uchar")),
+    "convert.cl": (),
 }
+options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
 for name in names:
-    build(ctx, name, defines[name])
+    build(ctx, name, defines[name], options.get(name, ()))
 out = volconv.convolve_bank(np.arange(60, dtype=np.uint8).reshape(3, 4, 5), np.ones((2, 3, 3, 3)),
                             device=device)
 assert out.shape == (2, 3, 4, 5)
