@@ -14,7 +14,7 @@ from test_writer import attrs
 from volconv.config import load
 from volconv.convert import DeviceEncoder, device_encodes, encode
 from volconv.engine import BankConvolver
-from volconv.pipeline import run
+from volconv.pipeline import plan_jobs, run
 from volconv.programs import context_for
 from volconv.separable import SeparableConvolver
 from volconv.writer import ResponseWriter
@@ -160,3 +160,22 @@ def test_the_writer_stores_converted_slabs_as_they_are(tmp_path):
         path = w.finish(attrs())
     with h5py.File(path) as f:
         np.testing.assert_array_equal(f["responses"][()], stored)
+
+
+def test_slabs_stored_on_the_device_take_less_host_memory(tmp_path, device):
+    """Pinned buffers of the stored type: float16 and uint8 slabs run deeper than float32's
+    in the same host_memory, and every plan stays within it."""
+    np.save(tmp_path / "v.npy", np.zeros((96, 64, 64), np.uint8))
+    spec = f"{device.platform.name.strip()}:{device.name.strip()}"
+    bound = 3 * 2**20  # float32: well under the 32 rows a slab streams at most
+    depth = {}
+    for dtype in ("float32", "float16", "uint8"):
+        filters = [{"type": "box"}] + [{"type": "sobel", "axis": a} for a in range(3)]
+        pipeline = write_pipeline(tmp_path, filters,
+                                  run={"device": spec, "host_memory": bound},
+                                  output={"dtype": dtype})  # fmt: skip
+        (job,) = plan_jobs(load(pipeline), device)
+        assert job.host_bytes <= bound
+        depth[dtype] = job.plan.slab_depth
+    if device_encodes(device, "uint8"):
+        assert depth["float32"] < depth["float16"] < depth["uint8"]

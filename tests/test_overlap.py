@@ -8,11 +8,13 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import subprocess
+import sys
 
 import nibabel as nib
 import numpy as np
 import pytest
-from test_pipeline import DEVICE, check_output, random_volume, volconv, write_pipeline
+from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
 
 from volconv.config import load
 from volconv.pipeline import run
@@ -91,3 +93,22 @@ def test_overlapping_inputs_count_their_own_clipped_voxels(tmp_path, dtype):
     a, b = run(load(pipeline)).reports
     assert a.clipped == 0
     assert b.clipped == (2 * loud.size if dtype == "uint8" else 0)
+
+
+def test_a_full_disk_mid_run_stops_the_input_after_it(tmp_path, tmpfs):
+    """b fills the disk while c may be on the device already: exit 1 in one line naming b,
+    a kept complete, neither b nor c left behind, not even as a temporary."""
+    disk = tmpfs("disk", "size=5m")
+    for name in ("a", "b", "c"):
+        np.save(tmp_path / f"{name}.npy", random_volume((64, 64, 64), "uint8"))  # 2 MiB out
+    (disk / "filler").write_bytes(b"\0" * (2 * 2**20))
+    pipeline = write_pipeline(tmp_path, FILTERS, output={"path": f"{disk}/out/{{stem}}.h5"},
+                              run={"device": DEVICE, "slab_depth": 8})  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "volconv", "run", str(pipeline)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1 and "No space left on device" in done.stderr
+    assert "b.h5" in done.stderr, done.stderr
+    assert sorted(p.name for p in (disk / "out").iterdir()) == ["a.h5"]
+    with check_output(disk / "out" / "a.h5", np.load(tmp_path / "a.npy").astype(np.float64)):
+        pass

@@ -504,7 +504,10 @@ def run_overlapped(
                 previous = None
             left = threading.Event()
             future = pool.submit(one, job, left)
-            left.wait()  # this input is off the device: the one before may finish meanwhile
+            while not left.wait(0.05):  # until this input is off the device
+                if previous and previous[0].done() and previous[0].exception():
+                    abort.set()  # the one before failed: this one stops at its next slab
+                    break
             if previous:
                 collect(previous[0])
             previous = future, job
