@@ -4,9 +4,12 @@
  * to_float16: finite values saturate at +-65504, then round to nearest even (numpy's
  *   npy_floatbits_to_halfbits, done in integers so that no device's float16 support or
  *   denormal flushing enters); +-inf stays, a NaN keeps its sign and high payload bits.
+ * Each call converts values [first, end) (a call stays under 2^31 values, so that a count
+ * fits its uint).
  * to_uint8: rint((v - offset) / scale) in float32 (built with
  *   -cl-fp32-correctly-rounded-divide-sqrt, as numpy divides), clipped to [0, 255], NaN as 0;
- *   counts[0] gets the NaNs, counts[1] the voxels clipped. Each work-item counts its values,
+ *   counts[2 call] gets the NaNs, counts[2 call + 1] the voxels clipped (call: the index of
+ *   this call among those of one conversion). Each work-item counts its values,
  *   each work-group adds them in local memory and once into counts, so a badly chosen scale
  *   (half the voxels clipped) costs no contention on two addresses.
  */
@@ -39,16 +42,16 @@ ushort half_bits(const float v)
 }
 
 __kernel void to_float16(__global const float *restrict src, __global ushort *restrict dst,
-                         const uint n)
+                         const ulong first, const ulong end)
 {
-    const uint i = (uint)get_global_id(0);
-    if (i < n) dst[i] = half_bits(src[i]);
+    const ulong i = first + get_global_id(0);
+    if (i < end) dst[i] = half_bits(src[i]);
 }
 
 __kernel __attribute__((reqd_work_group_size(GROUP, 1, 1)))
 void to_uint8(__global const float *restrict src, __global uchar *restrict dst,
-              __global uint *restrict counts, const uint n, const float scale,
-              const float offset)
+              __global uint *restrict counts, const ulong first, const ulong end,
+              const float scale, const float offset, const uint call)
 {
     __local uint group[2];
     const uint lid = (uint)get_local_id(0);
@@ -58,11 +61,11 @@ void to_uint8(__global const float *restrict src, __global uchar *restrict dst,
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     /* PER_ITEM values a work-item, GROUP apart (neighbours read neighbours), counted here */
-    const ulong first = (ulong)get_group_id(0) * GROUP * PER_ITEM + lid;
+    const ulong at = first + (ulong)get_group_id(0) * GROUP * PER_ITEM + lid;
     uint nans = 0, clipped = 0;
     for (uint j = 0; j < PER_ITEM; j++) {
-        const ulong i = first + (ulong)j * GROUP;
-        if (i < n) {
+        const ulong i = at + (ulong)j * GROUP;
+        if (i < end) {
             const float q = rint((src[i] - offset) / scale);
             const int nan = isnan(q);
             nans += nan ? 1u : 0u;
@@ -74,7 +77,7 @@ void to_uint8(__global const float *restrict src, __global uchar *restrict dst,
     if (clipped) atomic_add(&group[1], clipped);
     barrier(CLK_LOCAL_MEM_FENCE);
     if (lid == 0) {
-        if (group[0]) atomic_add(&counts[0], group[0]);
-        if (group[1]) atomic_add(&counts[1], group[1]);
+        if (group[0]) atomic_add(&counts[2 * call], group[0]);
+        if (group[1]) atomic_add(&counts[2 * call + 1], group[1]);
     }
 }

@@ -12,7 +12,7 @@ from test_pipeline import write_pipeline
 from test_writer import attrs
 
 from volconv.config import load
-from volconv.convert import DeviceEncoder, device_encodes, encode
+from volconv.convert import CALL, DeviceEncoder, device_encodes, encode
 from volconv.engine import BankConvolver
 from volconv.pipeline import plan_jobs, run
 from volconv.programs import context_for
@@ -36,20 +36,23 @@ def special_values() -> np.ndarray:
 
 
 @pytest.mark.parametrize(("dtype", "scale", "offset"), STORED)
-def test_device_encoder_makes_the_hosts_bytes_and_counts(device, dtype, scale, offset):
+@pytest.mark.parametrize("call", [CALL, 4099], ids=["one-call", "calls"])
+def test_device_encoder_makes_the_hosts_bytes_and_counts(device, dtype, scale, offset, call):
+    """Every value, and the counts, as the host makes them; in one kernel call or in many
+    (what a slab of more than `CALL` values takes)."""
     if not device_encodes(device, dtype):
         pytest.skip(f"{device.name} does not convert {dtype}")
     values = special_values()
     ctx, queue = context_for(device)
     source = cl.Buffer(ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR, hostbuf=values)
-    encoder = DeviceEncoder(ctx, queue, dtype, len(values) + 100, scale, offset)
+    encoder = DeviceEncoder(ctx, queue, dtype, len(values) + 100, scale, offset, call)
     want = np.empty(len(values), dtype)
     with np.errstate(all="ignore"):
         nans, clipped = encode(values, want, scale, offset)
     for call in range(2):  # the counts add up over calls
-        event, waits = encoder(source, len(values))
+        events, waits = encoder(source, len(values))
         got = np.empty(len(values), dtype)
-        cl.enqueue_copy(queue, got, encoder.stored, wait_for=[event, *waits])
+        cl.enqueue_copy(queue, got, encoder.stored, wait_for=[*events, *waits])
         encoder.add_counts()
         np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{got.itemsize}"))
         assert (encoder.nans, encoder.clipped) == ((call + 1) * nans, (call + 1) * clipped)

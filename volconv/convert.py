@@ -21,6 +21,7 @@ from volconv.programs import build
 STORED = ("float32", "float16", "uint8")
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 GROUP, PER_ITEM = 256, 16  # to_uint8's work-group size and values per work-item (convert.cl)
+CALL = 2**30  # values a kernel call converts at most: its counts fit a uint
 
 
 def encode(
@@ -59,6 +60,8 @@ class DeviceEncoder:
         The most elements one call converts (sizes `stored`).
     scale, offset : float
         uint8's quantisation.
+    call : int
+        The most values one kernel call converts (`CALL`; fewer for tests).
 
     Attributes
     ----------
@@ -76,12 +79,13 @@ class DeviceEncoder:
         n: int,
         scale: float = 1.0,
         offset: float = 0.0,
+        call: int = CALL,
     ) -> None:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float16, np.uint8):
             raise ValueError(f"DeviceEncoder: dtype must be float16 or uint8; got {dtype}")
-        if not 0 < n < 2**32 - GROUP:
-            raise ValueError(f"DeviceEncoder: 1 to 2^32 - {GROUP + 1} elements a call; got {n}")
+        if n < 1:
+            raise ValueError(f"DeviceEncoder: at least 1 element; got {n}")
         self.queue, self.n = queue, n
         self.scale, self.offset = np.float32(scale), np.float32(offset)
         # correctly rounded division: (v - offset) / scale as numpy computes it in float32
@@ -89,33 +93,43 @@ class DeviceEncoder:
         self._kernel = cl.Kernel(program, "to_" + self.dtype.name)
         mf = cl.mem_flags
         self.stored = cl.Buffer(ctx, mf.READ_WRITE, n * self.dtype.itemsize)
-        self._counts = cl.Buffer(ctx, mf.READ_WRITE, 8)
-        self._host_counts = np.zeros(2, np.uint32)
+        self.call = min(call, CALL)
+        pieces = -(-n // self.call)
+        self._zero = np.zeros(2 * pieces, np.uint32)  # counts of each call, in order
+        self._host_counts = np.zeros(2 * pieces, np.uint32)
+        self._counts = cl.Buffer(ctx, mf.READ_WRITE, self._zero.nbytes)
         self.nans = self.clipped = 0
 
-    def __call__(self, source: cl.Buffer, n: int) -> tuple[cl.Event, list[cl.Event]]:
+    def __call__(self, source: cl.Buffer, n: int) -> tuple[list[cl.Event], list[cl.Event]]:
         """Enqueue the conversion of the first ``n`` float32 values of ``source`` into
-        `stored`. Returns the conversion's event and the events to wait for before
-        `add_counts` (the download of the counts)."""
+        `stored` (in calls of at most `CALL` values). Returns the conversion's events and the
+        events to wait for before `add_counts` (the download of the counts)."""
         if not 0 < n <= self.n:
             raise ValueError(f"DeviceEncoder: 1..{self.n} elements a call; got {n}")
+        events = []
+        if self.dtype == np.uint8:
+            cl.enqueue_copy(self.queue, self._counts, self._zero, is_blocking=False)
+        for first in range(0, n, self.call):
+            end = np.uint64(min(first + self.call, n))
+            if self.dtype == np.float16:
+                self._kernel.set_args(source, self.stored, np.uint64(first), end)
+                size, group = int(end) - first, None
+            else:
+                self._kernel.set_args(source, self.stored, self._counts, np.uint64(first),
+                                      end, self.scale, self.offset,
+                                      np.uint32(first // self.call))  # fmt: skip
+                size, group = -(-(int(end) - first) // (GROUP * PER_ITEM)) * GROUP, (GROUP,)
+            events.append(cl.enqueue_nd_range_kernel(self.queue, self._kernel, (size,), group))
         if self.dtype == np.float16:
-            self._kernel.set_args(source, self.stored, np.uint32(n))
-            return cl.enqueue_nd_range_kernel(self.queue, self._kernel, (n,), None), []
-        zero = np.zeros(2, np.uint32)
-        cl.enqueue_copy(self.queue, self._counts, zero, is_blocking=False)
-        self._kernel.set_args(source, self.stored, self._counts, np.uint32(n), self.scale,
-                              self.offset)  # fmt: skip
-        size = -(-n // (GROUP * PER_ITEM)) * GROUP
-        event = cl.enqueue_nd_range_kernel(self.queue, self._kernel, (size,), (GROUP,))
-        counts = cl.enqueue_copy(self.queue, self._host_counts, self._counts, is_blocking=False)
-        return event, [counts]
+            return events, []
+        return events, [cl.enqueue_copy(self.queue, self._host_counts, self._counts,
+                                        is_blocking=False)]  # fmt: skip
 
     def add_counts(self) -> None:
         """Add the counts of the last call (its events done) into `nans` and `clipped`."""
         if self.dtype == np.uint8:
-            self.nans += int(self._host_counts[0])
-            self.clipped += int(self._host_counts[1])
+            self.nans += int(self._host_counts[0::2].sum(dtype=np.int64))
+            self.clipped += int(self._host_counts[1::2].sum(dtype=np.int64))
 
 
 def device_encodes(device: cl.Device, dtype: str) -> bool:

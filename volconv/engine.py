@@ -358,7 +358,7 @@ class SlabConvolver:
         cl.wait_for_events(down + waits)
         if encoder is not None:
             encoder.add_counts()
-            self.timings["convert"] += device_seconds([converted])
+            self.timings["convert"] += device_seconds(converted)
         return down
 
     def slabs(self) -> Iterator[tuple[int, int]]:
