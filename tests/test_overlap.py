@@ -112,3 +112,20 @@ def test_a_full_disk_mid_run_stops_the_input_after_it(tmp_path, tmpfs):
     assert sorted(p.name for p in (disk / "out").iterdir()) == ["a.h5"]
     with check_output(disk / "out" / "a.h5", np.load(tmp_path / "a.npy").astype(np.float64)):
         pass
+
+
+@pytest.mark.parametrize("host_memory", ["2GiB", "280KiB"], ids=["read-ahead", "no-room"])
+def test_compressed_inputs_read_ahead_give_exact_outputs(tmp_path, host_memory):
+    """.nii.gz frames are read whole (decompressed once): the next one while this input is
+    on the device where host_memory has room for both, else when its turn comes (280 KiB:
+    each input holds 256 KiB at 8 rows, a frame is 30 KiB)."""
+    volumes = {f"s{i}": random_volume((30, 26, 20), "int16") for i in range(3)}
+    for name, v in volumes.items():
+        nib.save(nib.Nifti1Image(v, np.eye(4)), tmp_path / f"{name}.nii.gz")
+    pipeline = write_pipeline(tmp_path, FILTERS, input={"paths": ["*.nii.gz"]},
+                              run={"device": DEVICE, "slab_depth": 8,
+                                   "host_memory": host_memory})  # fmt: skip
+    reports = run(load(pipeline)).reports
+    assert [r.status for r in reports] == ["done"] * 3
+    for name, v in volumes.items():
+        check_output(tmp_path / "out" / f"{name}.h5", v.astype(np.float64)).close()

@@ -458,30 +458,50 @@ def run_overlapped(
     on_slab: Callable[[Job], None] | None = None,
     on_volume: Callable[[VolumeReport], None] | None = None,
 ) -> None:
-    """Run ``jobs`` in order, two at a time: input i+1 starts (is read, goes to the device)
-    as soon as input i has handed its last slab to its writer, while that writer still
-    writes; input i+1's writer starts when input i is complete. Records go into
-    ``result.reports`` in order.
+    """Run ``jobs`` in order, overlapping: input i+1's first frame is read while input i is
+    on the device (where it is read whole and does not map), and input i+1 goes to the
+    device as soon as input i has handed its last slab to its writer, while that writer
+    still writes. Records go into ``result.reports`` in order.
 
     Memory stays within ``host_memory``: inputs that overlap share one convolver and its
     pinned buffers (the same shape, type and bank), which input i's writer gives back as it
-    writes them; an input with another convolver waits until the one before is complete.
+    writes them; an input with another convolver waits until the one before is complete; a
+    frame is read ahead only where it fits beside what input i holds (`Job.host_bytes`).
     A failure stops the other input at its next slab (its file removed) and raises.
     """
     abort = threading.Event()
+    ahead: dict[int, Future[np.ndarray]] = {}  # index of a job -> its first frame
 
     def slab_done(job: Job) -> None:
         if abort.is_set():
             raise _Aborted("another input of the run failed")
+        i = index[id(job)]
+        if i + 1 < len(jobs) and i + 1 not in ahead and reads_ahead(job, jobs[i + 1]):
+            ahead[i + 1] = reader.submit(read_frame, jobs[i + 1], 0)  # job's frame is up
         if on_slab:
             on_slab(job)
 
+    def reads_ahead(job: Job, following: Job) -> bool:
+        frame = math.prod(following.shape3) * np.dtype(following.volume.dtype).itemsize
+        return (following.whole_frames and not following.volume.mapped
+                and (overwrite or not following.complete)
+                and job.host_bytes + frame <= cfg.host_memory)  # fmt: skip
+
     def one(job: Job, left: threading.Event) -> VolumeReport:
         try:
-            return run_one(cfg, job, convolvers, result, overwrite=overwrite, on_slab=slab_done,
-                           on_device_done=left.set)  # fmt: skip
+            return run_one(
+                cfg,
+                job,
+                convolvers,
+                result,
+                overwrite=overwrite,
+                on_slab=slab_done,
+                on_device_done=left.set,
+                first_frame=ahead.get(index[id(job)]),
+            )
         finally:
             left.set()
+            ahead.pop(index[id(job)], None)  # the frame goes with its input
 
     def collect(future: Future[VolumeReport]) -> None:
         try:
@@ -493,8 +513,12 @@ def run_overlapped(
         if on_volume:
             on_volume(record)
 
+    index = {id(job): i for i, job in enumerate(jobs)}
     previous: tuple[Future[VolumeReport], Job] | None = None
-    with ThreadPoolExecutor(2, thread_name_prefix="volconv-input") as pool:
+    with (
+        ThreadPoolExecutor(2, thread_name_prefix="volconv-input") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="volconv-read-ahead") as reader,
+    ):
         for job in jobs:
             # done already (a failure raises before the next input starts), or with another
             # convolver: two convolvers' buffers at once could pass host_memory
@@ -524,24 +548,42 @@ def run_one(
     overwrite: bool = False,
     on_slab: Callable[[Job], None] | None = None,
     on_device_done: Callable[[], None] | None = None,
+    first_frame: Future[np.ndarray] | None = None,
 ) -> VolumeReport:
     """Run one input end to end on the convolvers' device and return its record.
 
     An output that became complete since planning (another run of the same pipeline finished
     it first) is skipped, not an error; a run that finishes second replaces it atomically
     with the same result. ``on_device_done`` is called once the last slab is handed to the
-    writer (the device and the convolver are free for the next input; the writing goes on).
+    writer (the device and the convolver are free for the next input; the writing goes on);
+    ``first_frame``, the input's first frame read ahead (`read_frame`), if it was.
     """
     if job.complete and not overwrite:
         return job.skipped()
     if not overwrite and is_complete(job.output) and not differences(job, cfg):
         return job.skipped("became complete meanwhile (another run)")
     try:
-        return _stream(cfg, job, *convolvers.get(job), peaks, overwrite, on_slab, on_device_done)
+        return _stream(cfg, job, *convolvers.get(job), peaks, overwrite, on_slab, on_device_done,
+                       first_frame)  # fmt: skip
     except OutputExistsError:
         if is_complete(job.output) and not differences(job, cfg):
             return job.skipped("became complete meanwhile (another run)")
         raise
+
+
+def narrowed(data: np.ndarray, spec: str) -> np.ndarray:
+    """float64 as the engine would convert it, converted here, once, and checked."""
+    if data.dtype.kind != "f" or data.dtype.itemsize <= 4:
+        return data
+    try:
+        return as_float32(data, "it")
+    except ValueError as e:
+        raise InputError(f"{spec}: {e}") from None
+
+
+def read_frame(job: Job, t: int) -> np.ndarray:
+    """Frame ``t`` of ``job``'s input, whole, as the convolver takes it."""
+    return narrowed(job.volume.read_frame(t), job.spec)
 
 
 # Writers open in this process: Ctrl-C removes their temporary files from the main thread
@@ -559,9 +601,12 @@ def _stream(
     overwrite: bool,
     on_slab: Callable[[Job], None] | None,
     on_device_done: Callable[[], None] | None = None,
+    first_frame: Future[np.ndarray] | None = None,
 ) -> VolumeReport:
-    # The wall time: from here (reading starts) to the last slab written (`drain`). Inputs
+    # The wall time: from here (reading starts, or the wait for the first frame read ahead
+    # while the input before was on the device) to the last slab written (`drain`). Inputs
     # overlap (`run_overlapped`), so walls of neighbours overlap; the run's is RunResult.seconds.
+    # stages["read"] is the time this input waited for its reads.
     t_start, started_at = time.perf_counter(), time.time()
     volume = job.volume
     before = dict(conv.timings)
@@ -578,21 +623,13 @@ def _stream(
         if job.whole_frames:
             if t not in frames:
                 frames.clear()
-                frames[t] = narrowed(volume.read_frame(t))
+                ahead = first_frame if t == 0 else None
+                frames[t] = ahead.result() if ahead else read_frame(job, t)
             given = {"frame": frames[t]}
         else:
-            given = {"rows": narrowed(volume.read_rows(conv.source_rows(a, b), t))}
+            given = {"rows": narrowed(volume.read_rows(conv.source_rows(a, b), t), job.spec)}
         read_seconds += time.perf_counter() - t0
         return given
-
-    def narrowed(data: np.ndarray) -> np.ndarray:
-        """float64 as the engine would convert it, converted here, once, and checked."""
-        if data.dtype.kind != "f" or data.dtype.itemsize <= 4:
-            return data
-        try:
-            return as_float32(data, "it")
-        except ValueError as e:
-            raise InputError(f"{job.spec}: {e}") from None
 
     writer = ResponseWriter(
         job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,
