@@ -57,7 +57,7 @@ def main() -> None:
             for ident, frame in sys._current_frames().items():
                 if ident in (me, main_ident):
                     continue
-                name = names.get(ident, str(ident)).split("_")[0]
+                name = names.get(ident, str(ident))
                 counts[name][where(frame, False)] += 1
                 own[name][where(frame, True)] += 1
             time.sleep(args.interval)
@@ -75,7 +75,7 @@ def main() -> None:
     doc = {"wall_seconds": wall, "stages": [r.stages for r in result.reports], "threads": {}}
     for name in sorted(counts):
         n = sum(counts[name].values())
-        print(f"\n{name}: {n} samples ({n / samples:.0%} of the busiest thread's)")
+        print(f"\n{name}: {n} samples ({n / samples:.0%} of the longest-lived thread's)")
         for label, c in (("volconv", own[name]), ("innermost", counts[name])):
             top = c.most_common(args.top)
             print(f"  {label}: " + ", ".join(f"{k} {v / n:.0%}" for k, v in top))
