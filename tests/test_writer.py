@@ -168,6 +168,21 @@ def test_chunks_are_filled_by_whole_slabs() -> None:
     assert chunk_shape((2, 100, 8192, 8192), 10, 4) == (1, 1, 8192, 8192)
 
 
+@pytest.mark.parametrize(("compression", "depth"), [("none", 32), ("gzip", 16), ("lzf", 16),
+                                                    ("zstd", 32)])  # fmt: skip
+def test_chunks_compressed_on_the_pool_are_small_enough_for_every_core(tmp_path, compression,
+                                                                       depth):  # fmt: skip
+    """gzip and lzf chunks of at most 4 MiB (a slab of 8 x 64 x 256^2 float32 makes 32, for
+    the pool's cores); others up to 64 MiB."""
+    if compression == "zstd":
+        pytest.importorskip("hdf5plugin")
+    data = np.zeros((3, 32, 256, 256), np.float32)
+    path = write(tmp_path / "a.h5", data, slab_depth=32, compression=compression)
+    with h5py.File(path) as f:
+        assert f["responses"].chunks == (1, depth, 256, 256)
+        np.testing.assert_array_equal(f["responses"][()], data)
+
+
 def test_temp_file_until_finished_then_renamed(tmp_path: Path) -> None:
     path = tmp_path / "nested" / "out.h5"
     data = responses()

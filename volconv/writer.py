@@ -61,6 +61,9 @@ ROOT_ATTRS = (
 # Largest chunk: big enough that a slab is a few large writes, small enough that a reader
 # taking a small region decompresses little.
 MAX_CHUNK_BYTES = 64 * 2**20
+# Largest chunk that volconv compresses on its pool (gzip, lzf): a slab then makes many
+# chunks, enough for every core (8 filters x 64 rows of 256^2 float32: 32 chunks, not 8).
+POOL_CHUNK_BYTES = 4 * 2**20
 # Failures to write that are not the user's mistake: no space, quota, I/O, size limit.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
 
@@ -485,12 +488,14 @@ class ResponseWriter:
         self._folder: Path | None = None
         self._create()
         try:
-            chunks = chunk_shape((n, *self.shape), slab_depth, self.dtype.itemsize)
-            self._responses = self._layout(names, kernels, extents, chunks, filters, boundary, cval)
-            # gzip chunks are compressed on every core and go to the file with
+            # gzip and lzf chunks are compressed on every core and go to the file with
             # write_direct_chunk: HDF5 would compress them on one core.
             self._direct = _direct_codec(filters)
             self._filtered = bool(filters)
+            pooled = self._filtered and self._direct is not None
+            chunks = chunk_shape((n, *self.shape), slab_depth, self.dtype.itemsize,
+                                 POOL_CHUNK_BYTES if pooled else MAX_CHUNK_BYTES)  # fmt: skip
+            self._responses = self._layout(names, kernels, extents, chunks, filters, boundary, cval)
         except BaseException:
             self._discard()
             raise
