@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
-# The end-to-end figures on a lent GPU node (DEVELOPERS.md, "The GPU"): bench_e2e on the demo
-# scan (float32, float16) and on a synthetic 1024^3 uint8 scan to float16 (16 GiB out), onto
-# the node's local disk; the separable bench with the GPU cost model. Results into $OUT.
+# The end-to-end figures on a lent GPU node (DEVELOPERS.md, "The GPU"), onto the node's local
+# disk, results into $OUT (6 files): the stored types made on the device checked bit for bit
+# against the host's on NVIDIA; bench_e2e on the demo scan (float32, float16, uint8; runs and
+# floors alternating), on 8 copies of it in one run (inputs overlapping) and on a synthetic
+# 1024^3 uint8 scan to float16 (16 GiB out); where the demo's time goes, thread by thread;
+# the codecs on every core against one. About 6 minutes.
 set -u
 source scripts/gpu_env.sh
-local=/tmp/e2e; mkdir -p $local; df -h /tmp | tail -1
+local=/tmp/e2e; mkdir -p $local; df -h /tmp | tail -1; nproc
+step() { echo "== $1 ($(date +%T))"; }
 python3 -m volconv devices --probe > /dev/null 2>&1  # the probe cached, as a user's node has it
-echo "== demo"; python3 scripts/bench_e2e.py --device nvidia --dtypes float32,float16 \
-  --out $local --json "$OUT/e2e-demo.json" 2>&1 | grep -v Warning
-echo "== 1024^3"; timeout 420 python3 scripts/bench_e2e.py --device nvidia --size 1024 \
-  --dtypes float16 --out $local --json "$OUT/e2e-1024.json" 2>&1 | grep -v Warning
-echo "== separable"; timeout 300 python3 scripts/bench_separable.py --device nvidia --repeats 3 \
-  --json "$OUT/separable.json" 2>&1 | grep -v "Warning\|^ "
+step "device conversion against the host's"
+VOLCONV_TEST_DEVICE=nvidia timeout 120 python3 -m pytest -q -x -p no:cacheprovider \
+  tests/test_convert.py > "$OUT/convert-tests.log" 2>&1; echo "tests exit $?"
+tail -2 "$OUT/convert-tests.log"
+step demo; timeout 150 python3 scripts/bench_e2e.py --device nvidia --repeats 3 \
+  --dtypes float32,float16,uint8 --out $local --json "$OUT/e2e-demo.json" 2>&1 | grep -v Warn
+step "demo, 8 inputs in one run"; timeout 100 python3 scripts/bench_e2e.py --device nvidia \
+  --inputs 8 --repeats 2 --dtypes float32,float16 --out $local --json "$OUT/e2e-demo-8.json" \
+  2>&1 | grep -v Warn
+step "1024^3"; timeout 240 python3 scripts/bench_e2e.py --device nvidia --size 1024 --repeats 2 \
+  --dtypes float16 --out $local --json "$OUT/e2e-1024.json" 2>&1 | grep -v Warn
+step "where the demo's time goes"; timeout 60 python3 scripts/profile_run.py pipelines/demo.toml \
+  --device nvidia --set "output.path=$local/prof/{stem}.h5" --json "$OUT/profile-demo.json" \
+  2>&1 | grep -v Warn
+step codecs; timeout 150 python3 scripts/bench_codecs.py --size 192 --codecs gzip,lzf,blosc2 \
+  --out $local/codecs --json "$OUT/codecs.json" 2>&1 | grep -v Warn
 exit 0

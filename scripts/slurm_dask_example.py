@@ -8,7 +8,8 @@ job one Dask worker that owns its GPU, and `volconv run --scheduler` sends it th
 Run it where the compute nodes can reach this process (a login node), with the inputs and
 outputs on a file system every node sees at the same paths. SLURM gives each job one GPU
 (``--gres=gpu:1``, so ``CUDA_VISIBLE_DEVICES`` shows it alone): ``VOLCONV_DEVICE=gpu`` names
-it. Each worker has one thread and the resource ``GPU=1``: one input at a time per GPU.
+it. Each worker has two threads and the resource ``GPU=2``: two inputs at a time per GPU,
+one on the device while the other's last slabs are written (volconv orders them).
 Adapt the partition, account, memory and time limit to your site.
 """
 
@@ -39,7 +40,7 @@ def main() -> int:
     cluster = SLURMCluster(
         queue=args.partition,
         account=args.account,
-        cores=1,  # one worker thread: volconv makes its own reader and writer threads
+        cores=2,  # two inputs: one on the device, one written (volconv makes its own threads)
         processes=1,  # one worker per job, so one per GPU
         job_cpu=args.cpus,
         memory=args.memory,
@@ -47,7 +48,7 @@ def main() -> int:
         interface=args.interface,
         job_extra_directives=["--gres=gpu:1"],
         job_script_prologue=["export VOLCONV_DEVICE=gpu"],
-        worker_extra_args=["--resources", "GPU=1"],
+        worker_extra_args=["--resources", "GPU=2"],
     )
     with cluster:
         if args.dry_run:

@@ -8,6 +8,8 @@ own tests do; ``VOLCONV_TEST_DEVICE`` (a spec as ``--device`` takes it: ``cpu``,
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,3 +49,23 @@ def assert_spec_close(out: np.ndarray, volume: np.ndarray, kernels: np.ndarray, 
         tol = spec_tolerance(k, vmax)
         err = float(np.max(np.abs(out[f].astype(np.float64) - ref[f])))
         assert err <= tol, f"filter {f}: max error {err:.3g} > tolerance {tol:.3g}"
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a small tmpfs (as root; skipped with the reason where mounting is not allowed)."""
+    mounts = []
+
+    def mount(name: str, options: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                              capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for where in mounts:
+        subprocess.run(["umount", "-l", str(where)], check=True)

@@ -6,6 +6,7 @@ with SIGKILL mid-task. Every output is compared with the one-device run's, bit f
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -284,3 +285,61 @@ def test_ctrl_c_stops_every_worker_and_leaves_nothing_that_looks_complete(tmp_pa
     assert code == 0, err
     assert lines(text, "done") + lines(text, "skipped") == 4
     assert all(says_complete(out / f"{k}.h5") for k in "abcd")
+
+
+def test_a_worker_writes_one_input_while_the_next_is_on_its_device(tmp_path, capsys):
+    """One local worker, three inputs of one shape (gzip-9: slow last slabs): two inputs in
+    flight at once, outputs bit for bit the one-device run's."""
+    shapes = {n: (40, 36, 33) for n in ("p", "q", "r")}
+    for name, shape in shapes.items():
+        np.save(tmp_path / f"{name}.npy", random_volume(shape, "uint8"))
+    pipeline = write_pipeline(tmp_path, FILTERS, output={"compression": "gzip-9"},
+                              run={"slab_depth": 8})  # fmt: skip
+    reference = one_device(pipeline, capsys)
+    report = tmp_path / "report.json"
+    code, _out, err = volconv("run", pipeline, "--devices", DEVICE, "--report", report,
+                             capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    assert_same_outputs(tmp_path / "out", reference, list(shapes))
+    spans = sorted((r["started_at"], r["started_at"] + r["wall_seconds"])
+                   for r in json.loads(report.read_text())["inputs"])  # fmt: skip
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans)), spans
+
+
+def test_turns_give_the_device_to_one_input_and_writing_to_one_convolver():
+    """`Turns`: the next input of the same convolver takes the device once the one before
+    has left it (still writing); an input of another convolver waits for that writing."""
+    from threading import Event, Thread
+
+    from volconv.batch import Turns
+
+    turns, log = Turns(), []
+    left_device, finish_first = Event(), Event()
+
+    def first() -> None:
+        with turns.turn("k") as left:
+            log.append("first on device")
+            left()
+            left_device.set()
+            finish_first.wait(10)
+            log.append("first written")
+
+    def follower(key: str) -> None:
+        with turns.turn(key):
+            log.append(f"{key} on device")
+
+    a = Thread(target=first)
+    a.start()
+    assert left_device.wait(10)
+    same = Thread(target=follower, args=("k",))
+    same.start()
+    same.join(10)
+    assert log == ["first on device", "k on device"]  # while the first is still writing
+    other = Thread(target=follower, args=("other",))
+    other.start()
+    other.join(0.3)
+    assert other.is_alive()  # waits: the first still writes with another convolver
+    finish_first.set()
+    other.join(10)
+    a.join(10)
+    assert log == ["first on device", "k on device", "first written", "other on device"]

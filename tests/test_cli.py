@@ -491,26 +491,6 @@ def test_devices_shows_the_probe_only_when_asked_or_cached(tmp_path, capsys, mon
 
 
 # -- disk full, read-only folders and truncated inputs, as `run` and `validate` meet them ---
-@pytest.fixture
-def tmpfs(tmp_path):
-    """Mount a small tmpfs (as root; skipped with the reason where mounting is not allowed)."""
-    mounts = []
-
-    def mount(name: str, options: str) -> Path:
-        where = tmp_path / name
-        where.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                              capture_output=True, text=True)  # fmt: skip
-        if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-        mounts.append(where)
-        return where
-
-    yield mount
-    for where in mounts:
-        subprocess.run(["umount", "-l", str(where)], check=True)
-
-
 def test_disk_full_is_exit_1_in_one_line_and_a_rerun_finishes(tmp_path, tmpfs):
     disk = tmpfs("disk", "size=3m")
     np.save(tmp_path / "a.npy", random_volume((8, 8, 8), "uint8"))  # 2 KiB out: fits

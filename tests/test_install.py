@@ -40,9 +40,11 @@ defines = {
                  ("N_MIDS", 1), ("N_COMBOS", 1), ("N_OUT", 1), ("MID_ROOT", 0), ("COMBO_MID", 0),
                  ("COMBO_OUT", 0), ("WZ", "1.0f,2.0f,1.0f"), ("WY", "1.0f,0.0f,-1.0f"),
                  ("WX", "0.5f,0.5f,0.5f"), ("IN_T", "uchar")),
+    "convert.cl": (),
 }
+options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
 for name in names:
-    build(ctx, name, defines[name])
+    build(ctx, name, defines[name], options.get(name, ()))
 out = volconv.convolve_bank(np.arange(60, dtype=np.uint8).reshape(3, 4, 5), np.ones((2, 3, 3, 3)),
                             device=device)
 assert out.shape == (2, 3, 4, 5)

@@ -181,7 +181,7 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
     (entry,) = doc["inputs"]
     assert entry["status"] == "done" and entry["gflop"] == pytest.approx(gflop)
     assert set(entry["stages"]) == {
-        "read", "upload", "pad", "kernel", "download", "write", "wall"
+        "read", "upload", "pad", "kernel", "convert", "download", "write", "wall"
     }  # fmt: skip
 
 
@@ -353,8 +353,10 @@ print(after - before, result.reports[0].status)
 """
 
 
-def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path):
-    """16 MiB of float32 input and 128 MiB of responses through a 24 MiB bound."""
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path, dtype):
+    """16 MiB of float32 input and 128 MiB of responses through a 24 MiB bound (float16:
+    made on the device, pinned buffers of float16: deeper slabs in the same bound)."""
     bound = 24 * 2**20
     np.save(tmp_path / "big.npy", RNG.standard_normal((128, 128, 256)).astype(np.float32))
     np.save(tmp_path / "small.npy", RNG.standard_normal((128, 128, 256))[:4].astype(np.float32))
@@ -364,7 +366,7 @@ def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path):
         (tmp_path / name).mkdir()
         runs[name] = write_pipeline(
             tmp_path / name, filters, input={"paths": [str(tmp_path / f"{name}.npy")]},
-            run={"device": DEVICE, "host_memory": bound},
+            run={"device": DEVICE, "host_memory": bound}, output={"dtype": dtype},
         )  # fmt: skip
     validate = subprocess_run(["validate", runs["big"]])
     assert "host memory" in validate and f"of {bound / 2**20:.0f} MiB" in validate

@@ -22,8 +22,10 @@ from volconv.writer import (
     OutputExistsError,
     OutputWriteError,
     ResponseWriter,
+    _direct_codec,
     check_output_path,
     chunk_shape,
+    compression_options,
     holds,
     is_complete,
     private_prefix,
@@ -164,6 +166,21 @@ def test_chunks_are_filled_by_whole_slabs() -> None:
     assert chunk_shape((2, 100, 2048, 2048), 10, 4) == (1, 2, 2048, 2048)
     assert chunk_shape((2, 100, 2048, 2048), 10, 1) == (1, 10, 2048, 2048)
     assert chunk_shape((2, 100, 8192, 8192), 10, 4) == (1, 1, 8192, 8192)
+
+
+@pytest.mark.parametrize(("compression", "depth"), [("none", 32), ("gzip", 16), ("lzf", 16),
+                                                    ("zstd", 32)])  # fmt: skip
+def test_chunks_compressed_on_the_pool_are_small_enough_for_every_core(tmp_path, compression,
+                                                                       depth):  # fmt: skip
+    """gzip and lzf chunks of at most 4 MiB (a slab of 8 x 64 x 256^2 float32 makes 32, for
+    the pool's cores); others up to 64 MiB."""
+    if compression == "zstd":
+        pytest.importorskip("hdf5plugin")
+    data = np.zeros((3, 32, 256, 256), np.float32)
+    path = write(tmp_path / "a.h5", data, slab_depth=32, compression=compression)
+    with h5py.File(path) as f:
+        assert f["responses"].chunks == (1, depth, 256, 256)
+        np.testing.assert_array_equal(f["responses"][()], data)
 
 
 def test_temp_file_until_finished_then_renamed(tmp_path: Path) -> None:
@@ -519,17 +536,28 @@ def test_check_output_path_without_permission(tmp_path: Path) -> None:
         check_output_path(locked / "sub" / "a.h5")
 
 
-@pytest.mark.parametrize("compression", ["none", "gzip", "gzip-9"])
+@pytest.mark.parametrize("compression", ["none", "gzip", "gzip-9", "lzf"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "uint8"])
 @pytest.mark.parametrize("shape", [(10, 6, 5), (9, 4, 3, 2)], ids=["3d", "4d"])
 def test_chunks_written_directly_read_back_in_any_reader(tmp_path, compression, dtype, shape):
-    """Chunks encoded by volconv (write_direct_chunk; shuffle + deflate made on the pool) read
-    back through HDF5's own filters, edge chunks included (slabs of 4 over 10 or 9 rows)."""
+    """Chunks encoded by volconv (write_direct_chunk; shuffle + deflate or LZF made on the
+    pool; uncompressed straight from the slab) read back through HDF5's own filters, edge
+    chunks included (slabs of 4 over 10 or 9 rows); noise LZF cannot shrink is stored as
+    HDF5 stores it, the filter's bit set in the chunk's mask."""
+    assert _direct_codec(compression_options(compression)) is not None  # made by volconv
     data = np.random.default_rng(5).random((3, *shape)).astype(np.float32) * 200
+    data[1] = np.linspace(0, 1, data[1].size).reshape(data[1].shape)  # compressible
     path = write(tmp_path / "a.h5", data, compression=compression, dtype=dtype, slab_depth=4)
     with h5py.File(path) as f:
         stored = f["responses"][()]
-        assert f["responses"].compression == (None if compression == "none" else "gzip")
+        codec = compression.split("-")[0]
+        assert f["responses"].compression == (None if codec == "none" else codec)
+        masks = {f["responses"].id.get_chunk_info(i).filter_mask
+                 for i in range(f["responses"].id.get_num_chunks())}  # fmt: skip
+        if codec == "lzf":  # noise in uint8 never shrinks; the ramp does
+            assert 0 in masks and masks <= {0, 2} and (2 in masks or dtype != "uint8")
+        else:
+            assert masks == {0}
     want = {"float32": data, "float16": data.astype(np.float16),
             "uint8": np.clip(np.rint(data), 0, 255).astype(np.uint8)}[dtype]  # fmt: skip
     np.testing.assert_array_equal(stored, want)

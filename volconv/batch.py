@@ -4,11 +4,12 @@
 One input is one task, `process`: in a worker process it takes that worker's device
 (``VOLCONV_DEVICE``, else the pipeline's ``run.device``), plans its one input and runs
 `volconv.pipeline.run_one`, returning the input's record. The worker makes its OpenCL context
-and convolvers on its first task and keeps them for the next. `run_batch` plans and checks the
-whole pipeline once in the client, so a user's mistake exits 2 before any task starts; then it
-starts one worker process per device of this machine (``devices = "all"`` or a list of specs)
-or connects to an existing scheduler (``scheduler = ADDRESS``), submits the inputs largest
-first and gathers every record: done, skipped or failed.
+and convolvers on its first task and keeps them for the next. A local worker runs two tasks
+at a time: one on its device while the other's last slabs are written (`Turns`). `run_batch`
+plans and checks the whole pipeline once in the client, so a user's mistake exits 2 before
+any task starts; then it starts one worker process per device of this machine (``devices =
+"all"`` or a list of specs) or connects to an existing scheduler (``scheduler = ADDRESS``),
+submits the inputs largest first and gathers every record: done, skipped or failed.
 
 Tasks are safe to run twice: an output is written under a temporary name and renamed when
 complete, so the scheduler's rerun of a task whose worker died is correct by construction.
@@ -16,10 +17,12 @@ complete, so the scheduler's rerun of a task whose worker died is correct by con
 
 from __future__ import annotations
 
+import collections
 import glob
 import logging
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -52,8 +55,11 @@ if TYPE_CHECKING:
 
 # The device a worker owns, as --device takes it; set per worker process.
 DEVICE_ENV = "VOLCONV_DEVICE"
-# Every task holds the one "GPU" of its worker, so a worker runs one input at a time.
+# Every task holds one "GPU" of its worker. A local worker has two, and two threads: one
+# input on the device while the one before is written (`Turns` orders them); a worker
+# started by hand with --resources GPU=1 runs one input at a time.
 RESOURCES = {"GPU": 1}
+LOCAL_WORKER = {"nthreads": 2, "resources": {"GPU": 2}}
 # Reruns of a task whose worker died (beyond the scheduler's own allowed-failures).
 RETRIES = 2
 CONNECT_TIMEOUT = "20s"
@@ -69,6 +75,47 @@ class _Stopped(RuntimeError):
 # made on the first task (never in a parent before a fork); the batches stopped by Ctrl-C.
 _RUNNER: dict[tuple[object, ...], tuple[Convolvers, RunResult]] = {}
 _STOPPED: set[str] = set()
+
+
+class Turns:
+    """Whose turn it is on this worker's device: an input takes it when nobody holds it and
+    every input still being written shares its convolver (so only that convolver's pinned
+    buffers are in use: host_memory holds); it gives the device up once its last slab is
+    handed to its writer (``left()``), and leaves the writing at the end of the block."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._on_device = False
+        self._writing: collections.Counter = collections.Counter()
+
+    @contextmanager
+    def turn(self, key: object) -> Iterator[Callable[[], None]]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._on_device and set(self._writing) <= {key})
+            self._on_device = True
+        state = {"on_device": True}
+
+        def left() -> None:
+            with self._changed:
+                if state["on_device"]:
+                    state["on_device"] = self._on_device = False
+                    self._writing[key] += 1
+                    self._changed.notify_all()
+
+        try:
+            yield left
+        finally:
+            with self._changed:
+                if state["on_device"]:
+                    self._on_device = False
+                else:
+                    self._writing[key] -= 1
+                    if not self._writing[key]:
+                        del self._writing[key]
+                self._changed.notify_all()
+
+
+_TURNS = Turns()
 
 
 def worker_device(default: str, device_spec: str | None = None) -> cl.Device:
@@ -104,17 +151,20 @@ def process(
             raise _Stopped
         device = worker_device(cfg.device, device_spec)
         job = plan_one(cfg, spec, device, overwrite=overwrite)
-        key = (device, cfg.boundary, cfg.cval, cfg.slab_depth)
-        if key not in _RUNNER:
-            _RUNNER.clear()  # the pinned buffers of another pipeline's convolvers go
-            _RUNNER[key] = Convolvers(cfg, device), RunResult(device, *peaks(device))
-        convolvers, result = _RUNNER[key]
 
         def on_slab(job: Job) -> None:
             if batch in _STOPPED:
                 raise _Stopped  # the writer removes its temporary file
 
-        return run_one(cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab)
+        with _TURNS.turn(Convolvers.key(job)) as left:
+            key = (device, cfg.boundary, cfg.cval, cfg.slab_depth, cfg.dtype, cfg.scale,
+                   cfg.offset)  # fmt: skip
+            if key not in _RUNNER:
+                _RUNNER.clear()  # the pinned buffers of another pipeline's convolvers go
+                _RUNNER[key] = Convolvers(cfg, device), RunResult(device, *peaks(device))
+            convolvers, result = _RUNNER[key]
+            return run_one(cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab,
+                           on_device_done=left)  # fmt: skip
     except _Stopped:
         return VolumeReport.failed(spec, "", (), 0, "stopped (Ctrl-C)")
     except Exception as e:
@@ -249,7 +299,7 @@ def _client(cfg: Config, specs: tuple[str, ...]) -> Iterator[Client]:
         f"volconv-{i}": {
             "cls": Nanny,
             "options": {
-                "nthreads": 1, "resources": RESOURCES, "env": {DEVICE_ENV: spec},
+                **LOCAL_WORKER, "env": {DEVICE_ENV: spec},
                 # volconv bounds its host memory itself (host_memory per device)
                 "memory_limit": 0, "silence_logs": quiet, "host": "127.0.0.1",
                 "preload": [__name__],  # dask_setup: Ctrl-C is the client's
@@ -284,7 +334,7 @@ def _remote_workers(client: Client, cfg: Config, say: Callable[[str], None] | No
             f"scheduler {cfg.scheduler}: {label}" if gpus else
             f"scheduler {cfg.scheduler}: no worker with the resource GPU yet; tasks wait for "
             f"one (start each with: {DEVICE_ENV}=0:0 dask worker {cfg.scheduler} "
-            "--nworkers 1 --nthreads 1 --resources GPU=1)"
+            "--nworkers 1 --nthreads 2 --resources GPU=2)"
         )  # fmt: skip
     return names
 

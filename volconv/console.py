@@ -97,6 +97,7 @@ def run_and_report(
             "pipeline": str(cfg.source), "volconv_version": volconv.__version__,
             "device": name, "peak_gflops": result.peak_gflops, "peak_how": result.peak_how,
             "measured_peak_gflops": result.measured_peak_gflops,
+            "run_seconds": result.seconds,
         }  # fmt: skip
         report_json(result.reports, meta, report)
     return result

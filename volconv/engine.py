@@ -25,11 +25,15 @@ from volconv.checks import (
     docfiller,
     fits_float32,
 )
+from volconv.convert import DeviceEncoder, encode
 from volconv.device import select_device
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
 from volconv.programs import build, context_for, device_seconds
 from volconv.report import work_gflop
+
+# Device stages each convolver times (OpenCL profiling), in seconds: `timings`.
+STAGES = ("upload", "pad", "kernel", "convert", "download")
 
 
 def as_kernel_bank(kernels: object) -> np.ndarray:
@@ -65,14 +69,18 @@ def native_volume(volume: np.ndarray) -> np.ndarray:
     return as_float32(volume, "volume")
 
 
-def check_out(out: object, shape: tuple[int, ...]) -> np.ndarray:
-    """``out`` of `convolve_slab`: a writeable float32 array of ``shape`` whose filter planes
-    are each contiguous (the device writes each plane whole); else a ValueError naming it."""
+def check_out(
+    out: object, shape: tuple[int, ...], stored: np.dtype = np.dtype(np.float32)
+) -> np.ndarray:
+    """``out`` of `convolve_slab`: a writeable float32 (or ``stored``) array of ``shape``
+    whose filter planes are each contiguous (the device writes each plane whole); else a
+    ValueError naming it."""
+    types = " or ".join(dict.fromkeys(("float32", np.dtype(stored).name)))
     if not isinstance(out, np.ndarray):
-        raise ValueError(f"out must be a float32 array of shape {shape}; got {type(out).__name__}")
-    if out.shape != shape or out.dtype != np.float32:
+        raise ValueError(f"out must be a {types} array of shape {shape}; got {type(out).__name__}")
+    if out.shape != shape or out.dtype not in (np.float32, stored):
         got = f"{out.dtype} {out.shape}"
-        raise ValueError(f"out must be a float32 array of shape {shape}; got {got}")
+        raise ValueError(f"out must be a {types} array of shape {shape}; got {got}")
     if not (out.flags.writeable and out[0].flags.c_contiguous):
         raise ValueError("out must be writeable, with each filter's plane out[f] contiguous")
     return out
@@ -278,13 +286,80 @@ class Padder:
 
 class SlabConvolver:
     """What every convolver shares (`BankConvolver`, `volconv.separable.SeparableConvolver`):
-    slabs along axis 0 of ``plan.slab_depth`` rows, and page-locked buffers to download them
-    into. Subclasses set ``plan`` (``shape``, ``slab_depth``, ``n_filters``), ``ctx`` and
-    ``queue``."""
+    slabs along axis 0 of ``plan.slab_depth`` rows, page-locked buffers to download them
+    into, and the stored type (`store`) they are converted to on the device before the
+    download. Subclasses set ``plan`` (``shape``, ``slab_depth``, ``n_filters``), ``ctx``,
+    ``queue`` and ``timings``."""
 
     plan: Any
     ctx: cl.Context
     queue: cl.CommandQueue
+    timings: dict[str, float]
+    stored = np.dtype(np.float32)  # what `convolve_slab` gives by default (`store`)
+    _scale, _offset = 1.0, 0.0
+    _encoder: DeviceEncoder | None = None
+    _host_counts = (0, 0)  # NaNs and clipped voxels of the slabs converted on the host
+
+    def store(self, dtype: str, scale: float = 1.0, offset: float = 0.0) -> None:
+        """Give the responses as ``dtype`` (float32, float16 or uint8, `volconv.convert`):
+        `convolve_slab` then takes an ``out`` of that type (or float32) and, by default,
+        returns one. The conversion runs on the device after the filtering, before the
+        download; a slab whose source holds NaN or Inf is filtered in float32, set as scipy
+        sets it (`volconv.nonfinite`) and converted on the host, to the same bytes."""
+        self.stored = np.dtype(dtype)
+        self._scale, self._offset = float(scale), float(offset)
+        self._encoder = None
+        planes = self._planes()  # built here, with the other programs: not in a slab's time
+        if self.stored != np.float32 and planes:
+            n = planes * self.plan.slab_depth * math.prod(self.plan.shape[1:])
+            self._encoder = DeviceEncoder(self.ctx, self.queue, self.stored.name, n,
+                                          self._scale, self._offset)  # fmt: skip
+
+    def _planes(self) -> int:
+        """How many filters' planes this convolver downloads itself (`_download`)."""
+        return self.plan.n_filters
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """uint8: the NaN voxels stored as 0 and the voxels clipped, over every slab so far
+        converted to the stored type (on the device or the host)."""
+        nans, clipped = self._host_counts
+        if self._encoder is not None:
+            nans, clipped = nans + self._encoder.nans, clipped + self._encoder.clipped
+        return nans, clipped
+
+    def _store_on_host(self, a: int, b: int, out: np.ndarray, **given: Any) -> np.ndarray:
+        """Output rows ``[a, b)`` filtered in float32, then converted into ``out`` (of the
+        stored type) on the host: for slabs whose non-finite voxels the host sets."""
+        exact = self.convolve_slab(a, b, out=np.empty(out.shape, np.float32), **given)
+        nans, clipped = encode(exact, out, self._scale, self._offset)
+        self._host_counts = (self._host_counts[0] + nans, self._host_counts[1] + clipped)
+        return out
+
+    def _download(
+        self, source: cl.Buffer, out: np.ndarray, targets: list[tuple[int, int]], plane: int
+    ) -> list[cl.Event]:
+        """Download planes of ``plane`` float32 values of ``source`` into ``out``: plane ``s``
+        into ``out[f]`` for each ``(s, f)`` of ``targets`` (``s`` = 0, 1, ...), converted on
+        the device first when ``out`` is of the stored type. Waits for them; returns the
+        download events (their device seconds are the caller's; conversion's are
+        ``timings["convert"]``)."""
+        encoder, waits = None, []
+        if out.dtype != np.float32:
+            encoder = self._encoder
+            converted, waits = encoder(source, len(targets) * plane)
+            source = encoder.stored
+        item = out.dtype.itemsize
+        down = [
+            cl.enqueue_copy(self.queue, out[f], source, src_offset=s * plane * item,
+                            is_blocking=False)
+            for s, f in targets
+        ]  # fmt: skip
+        cl.wait_for_events(down + waits)
+        if encoder is not None:
+            encoder.add_counts()
+            self.timings["convert"] += device_seconds(converted)
+        return down
 
     def slabs(self) -> Iterator[tuple[int, int]]:
         """Output row ranges ``[a, b)`` along axis 0, in order."""
@@ -293,7 +368,8 @@ class SlabConvolver:
             yield a, min(a + depth, n0)
 
     def pinned_slab(self) -> np.ndarray:
-        """A float32 ``(N, slab_depth, ny, nz)`` array in page-locked host memory.
+        """A ``(N, slab_depth, ny, nz)`` array of the stored type (`store`; float32 by
+        default) in page-locked host memory.
 
         Pass ``out=pinned[:, : b - a]`` to `convolve_slab`: downloads into pinned memory run
         at the bus's speed, into fresh pageable memory at a fraction of it (2.5 GB/s on the
@@ -302,9 +378,10 @@ class SlabConvolver:
         plan = self.plan
         shape = (plan.n_filters, plan.slab_depth, *plan.shape[1:])
         mf = cl.mem_flags
-        buf = cl.Buffer(self.ctx, mf.READ_WRITE | mf.ALLOC_HOST_PTR, 4 * int(np.prod(shape)))
+        size = self.stored.itemsize * math.prod(shape)
+        buf = cl.Buffer(self.ctx, mf.READ_WRITE | mf.ALLOC_HOST_PTR, size)
         flags = cl.map_flags.READ | cl.map_flags.WRITE
-        array, _ = cl.enqueue_map_buffer(self.queue, buf, flags, 0, shape, np.float32)
+        array, _ = cl.enqueue_map_buffer(self.queue, buf, flags, 0, shape, self.stored)
         return array
 
 
@@ -367,7 +444,7 @@ class BankConvolver(SlabConvolver):
             raise ValueError("plan: made for another shape, bank, type or boundary")
         self.plan: Plan = plan
         self.kernels = bank
-        self.timings = dict.fromkeys(("upload", "pad", "kernel", "download"), 0.0)
+        self.timings = dict.fromkeys(STAGES, 0.0)
         self._override: NonFiniteOverride | None = None
         self._setup()
 
@@ -423,8 +500,9 @@ class BankConvolver(SlabConvolver):
         uploaded as it is, without a host transpose; on a GPU it is uploaded at its first
         slab and kept while the same array object comes back, so do not change it between
         slabs). ``out``, if given, is a float32 array
-        of that shape (or a view with contiguous filter planes). Non-finite voxels reach the
-        outputs their kept taps reach, as in scipy.
+        of that shape (or a view with contiguous filter planes), or one of the stored type
+        (`store`), which is the default. Non-finite voxels reach the outputs their kept taps
+        reach, as in scipy.
         """
         plan = self.plan
         ny, nz = plan.shape[1:]
@@ -434,12 +512,14 @@ class BankConvolver(SlabConvolver):
                 f"[0, {plan.shape[0]})"
             )
         shape = (plan.n_filters, b - a, ny, nz)
-        out = np.empty(shape, np.float32) if out is None else check_out(out, shape)
+        out = np.empty(shape, self.stored) if out is None else check_out(out, shape, self.stored)
         rows = slab_rows(a, b, self.source_rows(a, b), plan.shape, plan.src_dtype, rows, frame)
         if rows is None:  # the frame uploads as it is: an integer type, never non-finite
             return self._convolve(a, b, out, frame=frame)
         if not has_nonfinite(rows):
             return self._convolve(a, b, out, rows=rows)
+        if out.dtype != np.float32:
+            return self._store_on_host(a, b, out, rows=rows)
         self._convolve(a, b, out, rows=finite_part(rows))
         for stage, seconds in self._nonfinite().apply(a, b, rows, out).items():
             self.timings[stage] += seconds
@@ -466,18 +546,14 @@ class BankConvolver(SlabConvolver):
         rows: np.ndarray | None = None,
         frame: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Upload, pad, filter and download one slab."""
-        plan, queue = self.plan, self.queue
+        """Upload, pad, filter (convert) and download one slab."""
+        plan = self.plan
         ny, nz = plan.shape[1:]
         depth = b - a
         t_up, t_pad = self.padder(a, b, self._padded, rows=rows, frame=frame)
-        plane = depth * ny * nz
         t_conv = self._launch_passes(depth)
-        t_down = [
-            cl.enqueue_copy(queue, out[f], self._out, src_offset=f * plane * 4, is_blocking=False)
-            for f in range(plan.n_filters)
-        ]
-        cl.wait_for_events(t_down)
+        targets = [(f, f) for f in range(plan.n_filters)]
+        t_down = self._download(self._out, out, targets, depth * ny * nz)
         for stage, events in (("upload", t_up), ("pad", [t_pad]), ("kernel", t_conv),
                               ("download", t_down)):  # fmt: skip
             self.timings[stage] += device_seconds(events)

@@ -32,7 +32,9 @@ import volconv
 from volconv.bank import BankError, Filter, build_bank, stack_kernels
 from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
+from volconv.convert import device_encodes
 from volconv.device import DeviceError, select_device
+from volconv.engine import STAGES
 from volconv.io import InputError, Volume, expand_inputs, open_volume, split_spec
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
 from volconv.plan import MAX_FILTERS
@@ -245,20 +247,25 @@ PINNED_BUFFERS = 3
 WHOLE_FRAME_SHARE = 4
 
 
-def host_bytes(job: Job, cfg: Config, depth: int, on_cpu: bool) -> int:
+def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     """The host memory a run of ``job`` holds at slab depth ``depth`` (SPEC "Memory"): the
-    pinned slab buffers, a slab being converted to the stored type, two slabs of source rows
-    (one read ahead), the whole frame if it is read whole, and on a CPU device its buffers,
-    which are host memory too."""
+    pinned slab buffers (of the stored type where the device converts, else float32), a
+    float32 slab converted on the host (every slab where the device does not convert; where
+    it does, a slab whose source holds NaN or Inf), two slabs of source rows (one read
+    ahead), the whole frame if it is read whole, and on a CPU device its buffers, which are
+    host memory too."""
     ny, nz = job.shape3[1:]
     slab = len(job.filters) * depth * ny * nz
     stored = np.dtype(cfg.dtype).itemsize
     item = np.dtype(job.volume.dtype).itemsize
-    total = PINNED_BUFFERS * slab * 4 + (slab * stored if stored != 4 else 0)
+    on_device = device_encodes(device, cfg.dtype)
+    total = PINNED_BUFFERS * slab * (stored if on_device else 4)
+    if stored != 4 and (not on_device or np.dtype(job.volume.dtype).kind == "f"):
+        total += slab * (4 if on_device else stored)
     total += 2 * (depth + sum(job.plan.extents[:1]) - 1) * ny * nz * item
     if job.whole_frames:
         total += math.prod(job.shape3) * item
-    if on_cpu:
+    if device.type & cl.device_type.CPU:
         total += replace(job.plan, slab_depth=depth).device_bytes
     return total
 
@@ -267,11 +274,10 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     """Whether ``job`` reads whole frames, and its slab depth made to fit ``host_memory``."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
     job.whole_frames = job.volume.mapped or frame * WHOLE_FRAME_SHARE <= cfg.host_memory
-    on_cpu = bool(device.type & cl.device_type.CPU)
     depth = job.plan.slab_depth
-    while depth > 1 and host_bytes(job, cfg, depth, on_cpu) > cfg.host_memory:
-        depth = max(1, depth * cfg.host_memory // host_bytes(job, cfg, depth, on_cpu) - 1)
-    need = host_bytes(job, cfg, depth, on_cpu)
+    while depth > 1 and host_bytes(job, cfg, depth, device) > cfg.host_memory:
+        depth = max(1, depth * cfg.host_memory // host_bytes(job, cfg, depth, device) - 1)
+    need = host_bytes(job, cfg, depth, device)
     if need > cfg.host_memory:
         raise PipelineError(
             f"{cfg.source}: run.host_memory = {cfg.host_memory} bytes holds no slab of "
@@ -279,7 +285,7 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
         )
     if cfg.slab_depth is None or depth < job.plan.slab_depth:
         job.plan = replace(job.plan, slab_depth=depth)
-    job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, on_cpu)
+    job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, device)
 
 
 def spatial_shape(volume: Volume) -> tuple[int, int, int]:
@@ -367,6 +373,7 @@ class RunResult:
     measured_bandwidth_gbps: float | None = None
     unit_peak_gflops: float | None = None
     reports: list[VolumeReport] = field(default_factory=list)
+    seconds: float = 0.0  # the run's own wall: the first input's start to the last's end
 
     @property
     def failed(self) -> list[VolumeReport]:
@@ -391,14 +398,21 @@ class Convolvers:
         self.cfg, self.device = cfg, device
         self._cache: dict[tuple[object, ...], tuple[SeparableConvolver, SimpleQueue]] = {}
 
+    @staticmethod
+    def key(job: Job) -> tuple[object, ...]:
+        """Inputs of one key share a convolver and its pinned buffers."""
+        return (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
+                job.kernels.tobytes())  # fmt: skip
+
     def get(self, job: Job) -> tuple[SeparableConvolver, SimpleQueue]:
-        key = (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
-               job.kernels.tobytes())  # fmt: skip
+        key = self.key(job)
         if key not in self._cache:
             conv = SeparableConvolver(
                 job.filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
                 device=self.device, choices=job.plan.choices, slab_depth=job.plan.slab_depth,
             )  # fmt: skip
+            if device_encodes(self.device, self.cfg.dtype):
+                conv.store(self.cfg.dtype, self.cfg.scale, self.cfg.offset)
             buffers: SimpleQueue = SimpleQueue()
             for _ in range(PINNED_BUFFERS):
                 buffers.put(conv.pinned_slab())
@@ -415,11 +429,13 @@ def run(
     on_slab: Callable[[Job], None] | None = None,
     on_volume: Callable[[VolumeReport], None] | None = None,
 ) -> RunResult:
-    """Filter every input of ``cfg`` into its output file, on one device, in order.
+    """Filter every input of ``cfg`` into its output file, on one device, in order, inputs
+    overlapping (`run_overlapped`).
 
     ``on_plan`` sees the jobs before any compute (for a progress total), ``on_slab`` is called
-    after each slab and ``on_volume`` with each input's report, skipped ones included.
-    ``report``, the file the caller writes the run's report to, is checked with the outputs.
+    after each slab and ``on_volume`` with each input's report, skipped ones included, in
+    order. ``report``, the file the caller writes the run's report to, is checked with the
+    outputs.
     """
     device = choose_device(cfg)
     jobs = plan_jobs(cfg, device, overwrite=overwrite, report=report)
@@ -427,15 +443,107 @@ def run(
     if on_plan:
         on_plan(jobs)
     convolvers = Convolvers(cfg, device)
+    start = time.perf_counter()
     with stop_on_ctrl_c(result.reports, resumable=not overwrite):
-        for job in jobs:
-            record = interruptible(
-                run_one, cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab
-            )
-            result.reports.append(record)
-            if on_volume:
-                on_volume(record)
+        interruptible(run_overlapped, cfg, jobs, convolvers, result, overwrite=overwrite,
+                      on_slab=on_slab, on_volume=on_volume)  # fmt: skip
+    result.seconds = time.perf_counter() - start
     return result
+
+
+class _Aborted(RuntimeError):
+    """Another input of the run failed: this one stops at its next slab."""
+
+
+def run_overlapped(
+    cfg: Config,
+    jobs: list[Job],
+    convolvers: Convolvers,
+    result: RunResult,
+    *,
+    overwrite: bool = False,
+    on_slab: Callable[[Job], None] | None = None,
+    on_volume: Callable[[VolumeReport], None] | None = None,
+) -> None:
+    """Run ``jobs`` in order, overlapping: input i+1's first frame is read while input i is
+    on the device (where it is read whole and does not map), and input i+1 goes to the
+    device as soon as input i has handed its last slab to its writer, while that writer
+    still writes. Records go into ``result.reports`` in order.
+
+    Memory stays within ``host_memory``: inputs that overlap share one convolver and its
+    pinned buffers (the same shape, type and bank), which input i's writer gives back as it
+    writes them; an input with another convolver waits until the one before is complete; a
+    frame is read ahead only where it fits beside what input i holds (`Job.host_bytes`).
+    A failure stops the other input at its next slab (its file removed) and raises.
+    """
+    abort = threading.Event()
+    ahead: dict[int, Future[np.ndarray]] = {}  # index of a job -> its first frame
+
+    def slab_done(job: Job) -> None:
+        if abort.is_set():
+            raise _Aborted("another input of the run failed")
+        i = index[id(job)]
+        if i + 1 < len(jobs) and i + 1 not in ahead and reads_ahead(job, jobs[i + 1]):
+            ahead[i + 1] = reader.submit(read_frame, jobs[i + 1], 0)  # job's frame is up
+        if on_slab:
+            on_slab(job)
+
+    def reads_ahead(job: Job, following: Job) -> bool:
+        frame = math.prod(following.shape3) * np.dtype(following.volume.dtype).itemsize
+        return (following.whole_frames and not following.volume.mapped
+                and (overwrite or not following.complete)
+                and job.host_bytes + frame <= cfg.host_memory)  # fmt: skip
+
+    def one(job: Job, left: threading.Event) -> VolumeReport:
+        try:
+            return run_one(
+                cfg,
+                job,
+                convolvers,
+                result,
+                overwrite=overwrite,
+                on_slab=slab_done,
+                on_device_done=left.set,
+                first_frame=ahead.get(index[id(job)]),
+            )
+        finally:
+            left.set()
+            ahead.pop(index[id(job)], None)  # the frame goes with its input
+
+    def collect(future: Future[VolumeReport]) -> None:
+        try:
+            record = future.result()
+        except BaseException:
+            abort.set()
+            raise
+        result.reports.append(record)
+        if on_volume:
+            on_volume(record)
+
+    index = {id(job): i for i, job in enumerate(jobs)}
+    previous: tuple[Future[VolumeReport], Job] | None = None
+    with (
+        ThreadPoolExecutor(2, thread_name_prefix="volconv-input") as pool,
+        ThreadPoolExecutor(1, thread_name_prefix="volconv-read-ahead") as reader,
+    ):
+        for job in jobs:
+            # done already (a failure raises before the next input starts), or with another
+            # convolver: two convolvers' buffers at once could pass host_memory
+            if previous and (previous[0].done() or Convolvers.key(previous[1]) !=
+                             Convolvers.key(job)):  # fmt: skip
+                collect(previous[0])
+                previous = None
+            left = threading.Event()
+            future = pool.submit(one, job, left)
+            while not left.wait(0.05):  # until this input is off the device
+                if previous and previous[0].done() and previous[0].exception():
+                    abort.set()  # the one before failed: this one stops at its next slab
+                    break
+            if previous:
+                collect(previous[0])
+            previous = future, job
+        if previous:
+            collect(previous[0])
 
 
 def run_one(
@@ -446,23 +554,43 @@ def run_one(
     *,
     overwrite: bool = False,
     on_slab: Callable[[Job], None] | None = None,
+    on_device_done: Callable[[], None] | None = None,
+    first_frame: Future[np.ndarray] | None = None,
 ) -> VolumeReport:
     """Run one input end to end on the convolvers' device and return its record.
 
     An output that became complete since planning (another run of the same pipeline finished
     it first) is skipped, not an error; a run that finishes second replaces it atomically
-    with the same result.
+    with the same result. ``on_device_done`` is called once the last slab is handed to the
+    writer (the device and the convolver are free for the next input; the writing goes on);
+    ``first_frame``, the input's first frame read ahead (`read_frame`), if it was.
     """
     if job.complete and not overwrite:
         return job.skipped()
     if not overwrite and is_complete(job.output) and not differences(job, cfg):
         return job.skipped("became complete meanwhile (another run)")
     try:
-        return _stream(cfg, job, *convolvers.get(job), peaks, overwrite, on_slab)
+        return _stream(cfg, job, *convolvers.get(job), peaks, overwrite, on_slab, on_device_done,
+                       first_frame)  # fmt: skip
     except OutputExistsError:
         if is_complete(job.output) and not differences(job, cfg):
             return job.skipped("became complete meanwhile (another run)")
         raise
+
+
+def narrowed(data: np.ndarray, spec: str) -> np.ndarray:
+    """float64 as the engine would convert it, converted here, once, and checked."""
+    if data.dtype.kind != "f" or data.dtype.itemsize <= 4:
+        return data
+    try:
+        return as_float32(data, "it")
+    except ValueError as e:
+        raise InputError(f"{spec}: {e}") from None
+
+
+def read_frame(job: Job, t: int) -> np.ndarray:
+    """Frame ``t`` of ``job``'s input, whole, as the convolver takes it."""
+    return narrowed(job.volume.read_frame(t), job.spec)
 
 
 # Writers open in this process: Ctrl-C removes their temporary files from the main thread
@@ -479,8 +607,14 @@ def _stream(
     peaks: RunResult,
     overwrite: bool,
     on_slab: Callable[[Job], None] | None,
+    on_device_done: Callable[[], None] | None = None,
+    first_frame: Future[np.ndarray] | None = None,
 ) -> VolumeReport:
-    t_start = time.perf_counter()
+    # The wall time: from here (reading starts, or the wait for the first frame read ahead
+    # while the input before was on the device) to the last slab written (`drain`). Inputs
+    # overlap (`run_overlapped`), so walls of neighbours overlap; the run's is RunResult.seconds.
+    # stages["read"] is the time this input waited for its reads.
+    t_start, started_at = time.perf_counter(), time.time()
     volume = job.volume
     before = dict(conv.timings)
     four_d = len(volume.shape) == 4
@@ -496,21 +630,13 @@ def _stream(
         if job.whole_frames:
             if t not in frames:
                 frames.clear()
-                frames[t] = narrowed(volume.read_frame(t))
+                ahead = first_frame if t == 0 else None
+                frames[t] = ahead.result() if ahead else read_frame(job, t)
             given = {"frame": frames[t]}
         else:
-            given = {"rows": narrowed(volume.read_rows(conv.source_rows(a, b), t))}
+            given = {"rows": narrowed(volume.read_rows(conv.source_rows(a, b), t), job.spec)}
         read_seconds += time.perf_counter() - t0
         return given
-
-    def narrowed(data: np.ndarray) -> np.ndarray:
-        """float64 as the engine would convert it, converted here, once, and checked."""
-        if data.dtype.kind != "f" or data.dtype.itemsize <= 4:
-            return data
-        try:
-            return as_float32(data, "it")
-        except ValueError as e:
-            raise InputError(f"{job.spec}: {e}") from None
 
     # volconv.resume: a dead run's partial output continues (never with --overwrite)
     digest = cache(volume.sha256)
@@ -536,10 +662,12 @@ def _stream(
                 if i + 1 < len(work):  # prefetch the next slab while the device works
                     pending = pool.submit(read, *work[i + 1])
                 buffer = buffers.get()  # free once the writer has written it
+                counted = conv.counts
                 responses = conv.convolve_slab(a, b, out=buffer[:, : b - a], **given)
                 del given
+                counts = tuple(n - m for n, m in zip(conv.counts, counted, strict=True))
                 writer.write_slab(a, b, responses, frame=t if four_d else None,
-                                  release=partial(buffers.put, buffer))  # fmt: skip
+                                  release=partial(buffers.put, buffer), counts=counts)  # fmt: skip
                 if on_slab:
                     on_slab(job)
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM: what is on disk stays, to resume
@@ -549,8 +677,11 @@ def _stream(
             if pending is not None:
                 pending.cancel()
         frames.clear()
+        # the convolver's figures now: the next input may use it while this one is written
+        stages = {k: conv.timings[k] - before[k] for k in STAGES}
+        if on_device_done:
+            on_device_done()
         writer.drain()  # every slab on disk: the wall time below covers the writing too
-        stages = {k: conv.timings[k] - before[k] for k in ("upload", "pad", "kernel", "download")}
         source_sha256 = sha.result()
         wall = time.perf_counter() - t_start  # the file and the report say the same
         # the share of the input this run computed: 1 unless it resumed a partial output
@@ -582,7 +713,7 @@ def _stream(
         dtype=str(np.dtype(volume.dtype)), n_filters=len(job.filters),
         extents=tuple(int(e) for e in job.kernels.shape[1:]), slab_depth=conv.plan.slab_depth,
         n_slabs=job.n_slabs, status="done", stages=stages, clipped=writer.clipped + writer.nans,
-        resumed_slabs=kept, **record,
+        resumed_slabs=kept, started_at=started_at, **record,
     )  # fmt: skip
 
 

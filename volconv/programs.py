@@ -34,11 +34,17 @@ def context_for(device: cl.Device) -> tuple[cl.Context, cl.CommandQueue]:
 
 
 @cache
-def build(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]) -> cl.Program:
-    """Build kernels/``name`` with ``-D`` defines; pyopencl caches the binary on disk, keyed by
-    source, options and device."""
-    options = [f"-D{k}={v}" for k, v in defines]
-    return cl.Program(ctx, kernel_source(name)).build(options=options)
+def build(
+    ctx: cl.Context,
+    name: str,
+    defines: tuple[tuple[str, object], ...],
+    options: tuple[str, ...] = (),
+) -> cl.Program:
+    """Build kernels/``name`` with ``-D`` defines and other compiler ``options``; pyopencl
+    caches the binary on disk, keyed by source, options and device."""
+    return cl.Program(ctx, kernel_source(name)).build(
+        options=[f"-D{k}={v}" for k, v in defines] + list(options)
+    )
 
 
 def device_seconds(events: list[cl.Event]) -> float:

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.table import Table
 
-# Seconds per stage: host reading, the device's four (OpenCL profiling), host writing, wall.
-STAGES = ("read", "upload", "pad", "kernel", "download", "write", "wall")
+# Seconds per stage: host reading, the device's five (OpenCL profiling; convert: to the stored
+# type), host writing, wall.
+STAGES = ("read", "upload", "pad", "kernel", "convert", "download", "write", "wall")
 
 
 def work_gflop(extents: Iterable[Sequence[int]], voxels: int) -> float:
@@ -163,6 +164,10 @@ class VolumeReport:
     clipped: int = 0  # voxels a uint8 output could not hold (saturated, or NaN stored as 0)
     resumed_slabs: int = 0  # slabs kept from an interrupted run's partial output (not computed)
     stages: dict[str, float] = field(default_factory=dict)
+    # Unix time the input's reading began; its wall (`wall_seconds`, ``stages["wall"]``) runs
+    # from then to its last slab written. Inputs of a run overlap (one is read and computed
+    # while the one before is written), so walls overlap; the run's own is `run_seconds`.
+    started_at: float = math.nan
 
     @classmethod
     def skipped(

@@ -44,6 +44,7 @@ from volconv.boundary import extend_indices, halo
 from volconv.checks import check_cval, check_mode
 from volconv.device import select_device
 from volconv.engine import (
+    STAGES,
     BankConvolver,
     Padder,
     SlabConvolver,
@@ -628,7 +629,7 @@ class SeparableConvolver(SlabConvolver):
             )
             for idx in self._groups
         ]
-        self.timings = dict.fromkeys(("upload", "pad", "kernel", "download"), 0.0)
+        self.timings = dict.fromkeys(STAGES, 0.0)
         self._slots = [f for f, c in enumerate(plan.choices) if c.path != "direct"]
         self._override: NonFiniteOverride | None = None
         if self._slots:
@@ -721,6 +722,21 @@ class SeparableConvolver(SlabConvolver):
         self._fast = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
         self._mid = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
 
+    def _planes(self) -> int:
+        return len(self._slots)  # the direct groups download their own
+
+    def store(self, dtype: str, scale: float = 1.0, offset: float = 0.0) -> None:
+        super().store(dtype, scale, offset)
+        for conv in self._direct:
+            conv.store(dtype, scale, offset)
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        nans, clipped = super().counts
+        for conv in self._direct:
+            nans, clipped = nans + conv.counts[0], clipped + conv.counts[1]
+        return nans, clipped
+
     def _nodes(self) -> Iterator[_Node]:
         for root in self._roots.values():
             yield root
@@ -748,9 +764,10 @@ class SeparableConvolver(SlabConvolver):
 
         ``rows`` holds the volume at `source_rows(a, b)`, in that order; or ``frame`` the whole
         3D volume (see `BankConvolver.convolve_slab`). ``out``, if given, is a float32 array of
-        that shape (or a view with contiguous filter planes).
+        that shape (or a view with contiguous filter planes), or one of the stored type
+        (`store`), the default.
         """
-        plan, queue = self.plan, self.queue
+        plan = self.plan
         ny, nz = plan.shape[1:]
         depth = b - a
         if not 0 <= a < b <= plan.shape[0] or depth > plan.slab_depth:
@@ -761,9 +778,12 @@ class SeparableConvolver(SlabConvolver):
         needed = self.source_rows(a, b)
         rows = slab_rows(a, b, needed, plan.shape, plan.src_dtype, rows, frame)
         shape = (plan.n_filters, depth, ny, nz)
-        out = np.empty(shape, np.float32) if out is None else check_out(out, shape)
+        out = np.empty(shape, self.stored) if out is None else check_out(out, shape, self.stored)
+        nonfinite = rows is not None and has_nonfinite(rows)
+        if nonfinite and out.dtype != np.float32:
+            return self._store_on_host(a, b, out, rows=rows)
         # the direct groups correct non-finite voxels themselves; the passes get them as 0
-        raw, nonfinite = rows, bool(self._slots) and rows is not None and has_nonfinite(rows)
+        raw, nonfinite = rows, bool(self._slots) and nonfinite
         for idx, conv in zip(self._groups, self._direct, strict=True):
             given = (
                 {"frame": frame}
@@ -785,12 +805,7 @@ class SeparableConvolver(SlabConvolver):
             t_up, t_pad = self.padder(a, b, self._padded, rows=finite_part(rows) if nonfinite
                                       else rows)  # fmt: skip
         t_pass = self._launch_passes(depth)
-        plane = depth * ny * nz
-        t_down = [
-            cl.enqueue_copy(queue, out[f], self._out, src_offset=s * plane * 4, is_blocking=False)
-            for s, f in enumerate(self._slots)
-        ]
-        cl.wait_for_events(t_down)
+        t_down = self._download(self._out, out, list(enumerate(self._slots)), depth * ny * nz)
         for stage, events in (("upload", t_up), ("pad", [t_pad]), ("kernel", t_pass),
                               ("download", t_down)):  # fmt: skip
             self.timings[stage] += device_seconds(events)
