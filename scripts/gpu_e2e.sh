@@ -4,26 +4,28 @@
 # against the host's on NVIDIA; bench_e2e on the demo scan (float32, float16, uint8; runs and
 # floors alternating), on 8 copies of it in one run (inputs overlapping) and on a synthetic
 # 1024^3 uint8 scan to float16 (16 GiB out); where the demo's time goes, thread by thread;
-# the codecs on every core against one. About 6 minutes.
+# the start-up phase by phase; the codecs on every core against one. About 9 minutes.
 set -u
 source scripts/gpu_env.sh
 local=/tmp/e2e; mkdir -p $local; df -h /tmp | tail -1; nproc
 step() { echo "== $1 ($(date +%T))"; }
 python3 -m volconv devices --probe > /dev/null 2>&1  # the probe cached, as a user's node has it
 step "device conversion against the host's"
-VOLCONV_TEST_DEVICE=nvidia timeout 120 python3 -m pytest -q -x -p no:cacheprovider \
+VOLCONV_TEST_DEVICE=nvidia timeout 60 python3 -m pytest -q -x -p no:cacheprovider \
   tests/test_convert.py > "$OUT/convert-tests.log" 2>&1; echo "tests exit $?"
 tail -2 "$OUT/convert-tests.log"
-step demo; timeout 150 python3 scripts/bench_e2e.py --device nvidia --repeats 3 \
+step demo; timeout 120 python3 scripts/bench_e2e.py --device nvidia --repeats 3 \
   --dtypes float32,float16,uint8 --out $local --json "$OUT/e2e-demo.json" 2>&1 | grep -v Warn
-step "demo, 8 inputs in one run"; timeout 100 python3 scripts/bench_e2e.py --device nvidia \
+step "demo, 8 inputs in one run"; timeout 90 python3 scripts/bench_e2e.py --device nvidia \
   --inputs 8 --repeats 2 --dtypes float32,float16 --out $local --json "$OUT/e2e-demo-8.json" \
   2>&1 | grep -v Warn
-step "1024^3"; timeout 240 python3 scripts/bench_e2e.py --device nvidia --size 1024 --repeats 2 \
+step "1024^3"; timeout 200 python3 scripts/bench_e2e.py --device nvidia --size 1024 --repeats 2 \
   --dtypes float16 --out $local --json "$OUT/e2e-1024.json" 2>&1 | grep -v Warn
-step "where the demo's time goes"; timeout 60 python3 scripts/profile_run.py pipelines/demo.toml \
+step "start-up, phase by phase"; timeout 40 python3 scripts/profile_start.py pipelines/demo.toml \
+  --device nvidia --json "$OUT/start.json" 2>&1 | grep -v Warn
+step "where the demo's time goes"; timeout 40 python3 scripts/profile_run.py pipelines/demo.toml \
   --device nvidia --set "output.path=$local/prof/{stem}.h5" --json "$OUT/profile-demo.json" \
   2>&1 | grep -v Warn
-step codecs; timeout 150 python3 scripts/bench_codecs.py --size 192 --codecs gzip,lzf,blosc2 \
+step codecs; timeout 60 python3 scripts/bench_codecs.py --size 192 --codecs gzip,lzf \
   --out $local/codecs --json "$OUT/codecs.json" 2>&1 | grep -v Warn
 exit 0
