@@ -404,13 +404,22 @@ def test_input_values_beyond_float32_are_an_error_naming_the_input(tmp_path, cap
         assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-def test_a_corrupt_gzip_input_leaves_no_complete_output(tmp_path, capsys):
+def test_a_corrupt_gzip_input_fails_alone_and_leaves_no_output(tmp_path, capsys):
     data = random_volume((16, 12, 10), "int16")
     nib.save(nib.Nifti1Image(data, np.eye(4)), tmp_path / "a.nii")
     packed = bytearray(gzip.compress((tmp_path / "a.nii").read_bytes(), 1))
     packed[len(packed) // 2 : len(packed) // 2 + 64] = bytes(64)  # CRC now wrong
     (tmp_path / "b.nii.gz").write_bytes(bytes(packed))
-    pipeline = write_pipeline(tmp_path, [{"type": "box"}], input={"paths": ["b.nii.gz"]})
-    code, _, err = volconv("run", pipeline, capsys=capsys)
-    assert code == 2 and "b.nii.gz: the gzip stream is corrupt" in err, err
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    pipeline = write_pipeline(tmp_path, [{"type": "box"}], input={"paths": ["*.nii*"]})
+    report = tmp_path / "report.json"
+    # found mid-read (the CRC is checked beside the work): that input fails, not the run
+    code, out, err = volconv("run", pipeline, "--report", report, capsys=capsys)
+    assert code == 1, err
+    assert "b.nii.gz: the gzip stream is corrupt" in " ".join(out.split()), out
+    records = {Path(r["source"]).name: r for r in json.loads(report.read_text())["inputs"]}
+    assert records["b.nii.gz"]["status"] == "failed"
+    assert "gzip stream is corrupt" in records["b.nii.gz"]["reason"]
+    assert records["a.nii"]["status"] == "done"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.h5"]  # b: nothing left
+    with check_output(tmp_path / "out" / "a.h5", data.astype(float)):
+        pass

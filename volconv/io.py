@@ -45,6 +45,11 @@ class InputError(ValueError):
     """An input the user named cannot be used; the message names the file and the reason."""
 
 
+class CorruptInputError(InputError):
+    """The file turned out corrupt while it was read (after planning): not the user's
+    mistake, so that input fails alone and the run goes on."""
+
+
 @dataclass(eq=False)  # identity, not the value of an array field, makes two volumes equal
 class Volume:
     """A 3D (x, y, z) or 4D (x, y, z, t) input volume, opened without reading its voxels.
@@ -188,11 +193,11 @@ class _GzipCheck:
                 if self.stream.eof:  # this member's trailer checked
                     data, self.stream = self.stream.unused_data, None
         except zlib.error as e:
-            raise InputError(f"{self.path}: the gzip stream is corrupt ({e})") from None
+            raise CorruptInputError(f"{self.path}: the gzip stream is corrupt ({e})") from None
 
     def close(self) -> None:
         if self.stream is not None and not self.stream.eof:
-            raise InputError(f"{self.path}: the gzip stream is cut short (no trailer)")
+            raise CorruptInputError(f"{self.path}: the gzip stream is cut short (no trailer)")
 
 
 class _Permuted:

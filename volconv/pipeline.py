@@ -35,7 +35,8 @@ from volconv.config import Config, PipelineError
 from volconv.convert import device_encodes
 from volconv.device import DeviceError, select_device
 from volconv.engine import STAGES
-from volconv.io import InputError, Volume, expand_inputs, open_volume, split_spec
+from volconv.errors import OutputWriteError
+from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, open_volume, split_spec
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
 from volconv.plan import MAX_FILTERS
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
@@ -109,6 +110,10 @@ class Job:
     def skipped(self, reason: str = "") -> VolumeReport:
         return VolumeReport.skipped(self.spec, str(self.output), self.volume.shape,
                                     len(self.filters), reason)  # fmt: skip
+
+    def failed(self, reason: str) -> VolumeReport:
+        return VolumeReport.failed(self.spec, str(self.output), self.volume.shape,
+                                   len(self.filters), reason)  # fmt: skip
 
 
 def choose_device(cfg: Config) -> cl.Device:
@@ -455,6 +460,12 @@ class _Aborted(RuntimeError):
     """Another input of the run failed: this one stops at its next slab."""
 
 
+# What stops a one-device run rather than failing one input: the user's mistakes found while
+# running (exit 2), a full disk (the inputs after would fail the same way) and Ctrl-C. An input
+# found corrupt mid-read or a device error fails that input alone, as in a batch (exit 1).
+STOPS_THE_RUN = (*USER_ERRORS, OutputWriteError, _Aborted)
+
+
 def run_overlapped(
     cfg: Config,
     jobs: list[Job],
@@ -506,6 +517,12 @@ def run_overlapped(
                 on_device_done=left.set,
                 first_frame=ahead.get(index[id(job)]),
             )
+        except CorruptInputError as e:
+            return job.failed(str(e))
+        except STOPS_THE_RUN:
+            raise
+        except Exception as e:  # this input's own trouble: the others go on (exit status 1)
+            return job.failed(f"{type(e).__name__}: {e}")
         finally:
             left.set()
             ahead.pop(index[id(job)], None)  # the frame goes with its input
