@@ -59,6 +59,15 @@ def test_unroll_and_work_group_by_device_kind():
     assert math.prod(small.local_size) <= 64
 
 
+def test_cpus_pad_the_slab_as_float32():
+    u8 = np.dtype(np.uint8)
+    assert plan(device=fake_device(gpu=False)).pad_dtype == np.float32
+    assert plan(device=fake_device()).pad_dtype == u8
+    assert plan(device=fake_device(gpu=False), pad_float=False).pad_dtype == u8
+    assert plan(device=fake_device(), pad_float=True).pad_dtype == np.float32
+    assert pad_dtype_for(u8, "reflect", 0.0, pad_float=True) == np.float32
+
+
 def test_slab_depth_fits_the_memory_budget():
     whole = plan()
     assert whole.slab_depth == 256  # 80 GiB holds it all (budget 2 GiB)

@@ -68,7 +68,8 @@ class Engine:
     """A way to compute a plan's direct filters, named in the throughput record.
 
     ``convolver`` is ``"module:Class"``, a class with `volconv.engine.BankConvolver`'s
-    constructor and slab interface, imported when used (the engines import this module);
+    constructor, slab interface and ``time_kernel``, imported when used (the engines import
+    this module);
     ``available`` says whether it runs on a device. `volconv.tune` times every available
     engine and caches the winner; an untuned plan takes the first.
     """

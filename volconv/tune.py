@@ -14,6 +14,7 @@ work on a shared machine only ever slows a launch down.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -221,8 +222,6 @@ def _retime(timer: _Timer, points: list[dict], rounds: int) -> list[dict]:
 
 def _read(path: Path) -> dict:
     """The cache's contents, or an empty one when it is missing or unreadable (replaced)."""
-    import json
-
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
