@@ -22,8 +22,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.boundary import halo
-from volconv.peak import default_cache_dir
-from volconv.programs import kernel_source
+from volconv.programs import default_cache_dir, kernel_source
 
 MAX_FILTERS = 64
 MAX_EXTENT = 31
