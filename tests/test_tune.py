@@ -24,7 +24,7 @@ from volconv.plan import (
     tune_keys,
     tuned_knobs,
 )
-from volconv.tune import Candidates, tune_bank
+from volconv.tune import MARGIN, Candidates, tune_bank
 
 TINY = Work((12, 10, 14), 3, (3, 5, 3), dtype="int16")
 FEW = Candidates(vector_widths=(1, 4), unrolls=(2, 5), local_sizes=((4, 2), (2, 4)))
@@ -74,9 +74,10 @@ def test_tuning_picks_one_of_the_candidates(tuned):
     assert win["engine"] in [e.name for e in ENGINES]
     assert win["vector_width"] in (None, *FEW.vector_widths)
     assert win["unroll"] in (*FEW.unrolls, untuned_unroll(record))
-    assert win["gflops"] == max(f["gflops"] for f in record["finalists"]) > 0
-    # the untuned plan ran beside the finalists
+    # the fastest finalist, unless the untuned plan (which ran beside them) is within MARGIN
+    fastest = max(f["gflops"] for f in record["finalists"])
     assert win["untuned_gflops"] > 0
+    assert win["gflops"] == fastest or win["gflops"] == win["untuned_gflops"] > fastest / MARGIN
 
 
 def untuned_unroll(record) -> int:
