@@ -10,6 +10,8 @@ filter at a time, one thread), both on this machine and in the same run. Beside 
     cached), and CONV_UNROLL x work-group shapes, so that defaults are chosen from the data;
   - the one-call user's costs in a fresh process: import, `BankConvolver()`, the first slab,
     and `convolve_bank` of the whole volume end to end against scipy's wall time.
+With ``--widths``, only what a pass of each vector width costs, for several N (the CPU's
+pass efficiencies in volconv/plan.py).
 The machine is shared: every round times everything once, in turns, each part after waiting
 (``--wait`` seconds at most) for the CPUs to be less than ``--quiet`` busy with other work, and
 records the load average and how busy they were; figures are the fastest of the rounds (other
@@ -41,6 +43,7 @@ from volconv.report import write_json
 from volconv.tune import tune_bank, winner_line
 
 UNROLLS = (8, 12, 16, 24)
+WIDTH_NS = (1, 2, 4, 8, 13, 16)
 LOCALS = ((1, 128), (2, 32), (4, 8), (8, 16), (16, 8))
 
 # A one-call user in a fresh process: the seconds of each step, as JSON on stdout.
@@ -117,6 +120,38 @@ def startup(work: Work, device: str) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def width_sweep(args: argparse.Namespace, device) -> dict:
+    """Seconds of the bank for N in `WIDTH_NS` at each vector width (one pass or several) and
+    at the plan's own split, in turns: what a pass of each width costs on this CPU."""
+    points = []
+    for n in WIDTH_NS:
+        work = Work((args.size,) * 3, n, (args.extent,) * 3, args.mode)
+        volume, kernels = work.volume(), work.kernels()
+        for width in (None, 1, 4, 8, 16):
+            conv = BankConvolver(kernels, work.shape, volume.dtype, work.mode, device=device,
+                                 tuned=False, vector_width=width)  # fmt: skip
+            conv.convolve_slab(0, work.shape[0], volume)
+            conv.time_kernel(0, work.shape[0], 1)
+            passes = [p.width for p in conv.plan.passes]
+            points.append({"n": n, "vector_width": width, "gflop": work.gflop(), "seconds": [],
+                           "passes": passes, "conv": conv})  # fmt: skip
+    for _ in range(args.rounds):
+        quiet(args.quiet, args.wait)
+        for p in points:
+            p["seconds"].append(float(np.min(p["conv"].time_kernel(0, args.size, args.launches))))
+    for p in points:
+        del p["conv"]
+        best = min(p["seconds"])
+        p.update(seconds_min=best, gflops=p["gflop"] / best)
+        print(f"N={p['n']:<3} width={p['vector_width'] or 'plan':<5} passes={p['passes']}: "
+              f"{best * 1e3:7.2f} ms {p['gflops']:6.1f} GFLOP/s", flush=True)  # fmt: skip
+    return {"what": "the cost of a pass by vector width on this CPU (scripts/bench_cpu.py "
+                    "--widths)", "command": " ".join(sys.argv),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "device": device_record(device), "shape": [args.size] * 3,
+            "extent": [args.extent] * 3, "points": points}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", type=int, default=96)
@@ -133,10 +168,18 @@ def main() -> None:
         help="before each measurement, wait for the machine to be less busy",
     )
     ap.add_argument("--wait", type=float, default=120, help="... for at most this long (s)")
+    ap.add_argument(
+        "--widths", action="store_true", help="only the sweep of vector widths for several N"
+    )
     ap.add_argument("--json", help="write the record here")
     args = ap.parse_args()
 
     device = select_device(args.device)
+    if args.widths:
+        record = width_sweep(args, device)
+        if args.json:
+            write_json(record, args.json)
+        return
     work = Work((args.size,) * 3, args.n, (args.extent,) * 3, args.mode)
     volume, kernels = work.volume(), work.kernels()
     v32, k32 = volume.astype(np.float32), kernels.astype(np.float32)

@@ -34,6 +34,11 @@ MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must f
 # H100, 256^3 uint8, 7^3 filters (benchmarks/results/; width 2 interpolated). Choosing passes
 # by cost = width / efficiency keeps wide vectors for big banks and avoids zero filters.
 PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
+# CPUs (PoCL on the 2-core EPYC, AVX-512 on 256-bit units, 96^3 uint8, 7^3 filters, fraction
+# of the FMA probe: benchmarks/results/pocl-cpu-widths.json): a pass of width 4 costs what a
+# pass of 8 costs (one FMA instruction per tap and output either way), so 13 filters run as
+# 8 + 8 in 46.5 ms against 56 ms for passes of 8, 4 and 1 (23.5 + 21.9 + 10.8 ms).
+PASS_EFFICIENCY_CPU = {1: 0.24, 2: 0.25, 4: 0.47, 8: 0.88, 16: 0.88}
 DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at more unroll
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*), and 16 beat 8, 12,
@@ -160,14 +165,17 @@ class Plan:
         }  # fmt: skip
 
 
-def split_passes(n: int, width: int | None = None) -> tuple[Pass, ...]:
-    """Cheapest sequence of vector passes covering ``n`` filters (or all of one ``width``)."""
+def split_passes(
+    n: int, width: int | None = None, efficiency: dict[int, float] = PASS_EFFICIENCY
+) -> tuple[Pass, ...]:
+    """Cheapest sequence of vector passes covering ``n`` filters (or all of one ``width``),
+    a pass of width w costing w / ``efficiency[w]``."""
     widths = (width,) if width else VECTOR_WIDTHS
     cost = [0.0] + [math.inf] * n
     choice = [0] * (n + 1)
     for m in range(1, n + 1):
         for w in widths:
-            c = cost[max(0, m - w)] + w / PASS_EFFICIENCY[w]
+            c = cost[max(0, m - w)] + w / efficiency[w]
             if c < cost[m]:
                 cost[m], choice[m] = c, w
     passes, m = [], n
@@ -236,7 +244,7 @@ def make_plan(
     vector_width = knobs.get("vector_width") if vector_width is None else vector_width
     local_size = knobs.get("local_size") if local_size is None else local_size
     engine = knobs.get("engine", ENGINES[0].name) if engine is None else engine
-    passes = split_passes(n_filters, vector_width)
+    passes = split_passes(n_filters, vector_width, PASS_EFFICIENCY_CPU if cpu else PASS_EFFICIENCY)
     widest = max(p.width for p in passes)
     if unroll is None:
         unroll = knobs.get("unroll") or (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
