@@ -45,8 +45,8 @@ TUNE_WIDTHS = (4, 8, 16)
 FINALISTS = 3  # the best points re-timed side by side, in turns
 # How much faster than the untuned plan a winner must run side by side to replace it: on a
 # shared machine a burst of other work can make a worse candidate look a few percent faster
-# (benchmarks/results/pocl-cpu-kernel.json: tuned under a load of 4-5, unroll 8 "won" by 11 %
-# and ran 11 % slower than the plan's unroll 16 on a quiet moment).
+# (benchmarks/results/pocl-cpu-kernel-loaded.json: tuned under a load of 4-5, unroll 8 "won"
+# by 11 % and ran 11 % slower than the plan's unroll 16 on a quiet moment).
 MARGIN = 1.05
 
 Progress = Callable[[dict], None]
