@@ -41,8 +41,9 @@ PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
 PASS_EFFICIENCY_CPU = {1: 0.24, 2: 0.25, 4: 0.47, 8: 0.88, 16: 0.88}
 DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at more unroll
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
-# against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*), and 16 beat 8, 12,
-# 24 and 32 on the 2-core EPYC (benchmarks/results/pocl-cpu-kernel.json).
+# against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
+# 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
+# shape mattered by 3 % at most (96^3, benchmarks/results/pocl-cpu-kernel.json).
 DEFAULT_UNROLL_CPU = {1: 16, 2: 16, 4: 16, 8: 16, 16: 8}
 
 # Slabs per frame a streamed run aims for: with one slab nothing overlaps (read, then compute,
