@@ -5,6 +5,10 @@
  * the loop over the fastest-axis kernel offsets is expanded by macros whose conditions are
  * compile-time constants, so the compiler keeps only the multiply-adds that exist.
  *
+ * On CPUs (PoCL) the work-item loops are not vectorised: the SIMD lanes are the NV filters of
+ * the accumulator, and with a float slab (plan.py pads as float32 on CPUs) the hot loop is one
+ * vfmadd231ps per tap and output with the input broadcast straight from memory.
+ *
  * The input is a padded slab (P0, P1, P2) already extended by the boundary mode (pad.cl), the
  * filters are flipped by the host, so this computes a "valid" correlation whose output
  * (D, NY, NZ) is exactly scipy.ndimage.convolve of the unpadded data.

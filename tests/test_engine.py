@@ -168,6 +168,19 @@ def test_plan_overrides_keep_the_result(device, knobs):
     )
 
 
+@pytest.mark.parametrize("pad_float", [False, True])
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+def test_integer_slab_or_float_slab_keep_the_result(device, dtype, pad_float):
+    """CPUs pad integers to a float32 slab (the hot loop then broadcasts from memory), GPUs
+    keep the source type: both exact, in constant mode with a cval that fits."""
+    volume = random_volume((9, 10, 11), dtype)
+    kernels = random_bank(3, (3, 5, 3))
+    conv = BankConvolver(kernels, volume.shape, volume.dtype, "constant", 7.0, device=device,
+                         pad_float=pad_float)  # fmt: skip
+    assert conv.plan.pad_dtype == (np.float32 if pad_float else volume.dtype)
+    assert_matches_scipy(volume, kernels, "constant", 7.0, device=device, pad_float=pad_float)
+
+
 def test_memory_budget_splits_into_slabs(device):
     volume = random_volume((24, 16, 16), "uint8")
     kernels = random_bank(4, (5, 5, 5))

@@ -51,12 +51,32 @@ def test_passes_prefer_wide_vectors_and_no_wasted_lanes():
     assert [p.width for p in split_passes(5, width=4)] == [4, 4]  # forced width: one spare lane
 
 
+def test_cpus_split_banks_by_their_own_pass_costs():
+    """On a CPU a pass of width 4 costs what one of 8 costs: 13 filters run as 8 + 8."""
+
+    def widths(n, gpu):
+        return [p.width for p in plan(n=n, device=fake_device(gpu=gpu)).passes]
+
+    assert widths(13, gpu=True) == [8, 4, 1] and widths(13, gpu=False) == [8, 8]
+    assert widths(8, gpu=False) == [8] and widths(4, gpu=False) == [4]
+    assert widths(2, gpu=False) == [2] and widths(5, gpu=False) == [8]
+
+
 def test_unroll_and_work_group_by_device_kind():
     gpu, cpu = plan(device=fake_device()), plan(device=fake_device(gpu=False))
     assert gpu.unroll == 8 and cpu.unroll == 16
     assert gpu.local_size == (32, 4, 1)
     small = plan(device=fake_device(group=64))
     assert math.prod(small.local_size) <= 64
+
+
+def test_cpus_pad_the_slab_as_float32():
+    u8 = np.dtype(np.uint8)
+    assert plan(device=fake_device(gpu=False)).pad_dtype == np.float32
+    assert plan(device=fake_device()).pad_dtype == u8
+    assert plan(device=fake_device(gpu=False), pad_float=False).pad_dtype == u8
+    assert plan(device=fake_device(), pad_float=True).pad_dtype == np.float32
+    assert pad_dtype_for(u8, "reflect", 0.0, pad_float=True) == np.float32
 
 
 def test_slab_depth_fits_the_memory_budget():

@@ -252,6 +252,12 @@ def bench(
     plot: str | None = typer.Option(None, "--plot", metavar="PREFIX", help="PREFIX-*.png."),
     refresh_peak: bool = typer.Option(False, "--refresh-peak", help="Run the FMA probe again."),
     peak_only: bool = typer.Option(False, "--peak-only", help="Only the device's peaks."),
+    tune: bool = typer.Option(
+        False,
+        "--tune",
+        help="Find the fastest engine and knobs for this bank shape on the "
+        "device and cache them: later plans of that shape take them (no sweeps).",
+    ),
 ) -> None:
     """Kernel throughput on a synthetic volume as a fraction of the device's peak."""
     from volconv import bench as b  # loaded for this command only
@@ -287,6 +293,23 @@ def bench(
     if peak_only:
         peaks = b.peaks_of(dev, refresh=refresh_peak)
         result = {"device": b.device_record(dev), "peak": b.peak_record(peaks)}
+    elif tune:
+        from volconv.tune import point_line, tune_bank, winner_line
+
+        def show(point: dict) -> None:
+            console.print(f"tune         {point_line(point)}", highlight=False, markup=False,
+                          soft_wrap=True)  # fmt: skip
+
+        console.print(f"volconv bench --tune on {dev.name.strip()}: {work}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
+        b.peaks_of(dev, refresh=refresh_peak)  # the probe's rate, recorded beside the winner
+        result = tune_bank(work, device=dev, repeats=repeats, progress=show)
+        console.print(f"tuned        {winner_line(result)}\nwrote {result['cache']}",
+                      highlight=False, markup=False, soft_wrap=True)  # fmt: skip
+        if json_path:
+            write_json(result, json_path)
+            console.print(f"wrote {json_path}", highlight=False)
+        return
     else:
 
         def progress(section: str, result: dict) -> None:

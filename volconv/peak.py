@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
-from volconv.programs import build, context_for, kernel_source
+from volconv.programs import build, context_for, default_cache_dir, kernel_source
 from volconv.report import format_gflops, write_json
 
 log = logging.getLogger(__name__)
@@ -303,17 +303,6 @@ def theoretical_peak(device: cl.Device) -> Peak:
 
 
 # -- the FMA probe ---------------------------------------------------------------------------
-
-
-def default_cache_dir() -> Path:
-    """``$VOLCONV_CACHE_DIR``, else the user cache dir (platformdirs), else ~/.cache/volconv."""
-    if env := os.environ.get("VOLCONV_CACHE_DIR"):
-        return Path(env)
-    try:
-        from platformdirs import user_cache_dir  # a pyopencl dependency
-    except ImportError:
-        return Path.home() / ".cache" / "volconv"
-    return Path(user_cache_dir("volconv"))
 
 
 def _cache_key(device: cl.Device) -> str:

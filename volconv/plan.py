@@ -2,18 +2,27 @@
 
 Everything the kernel needs at compile time (extents, vector width, unroll, element type) and
 every size the host allocates is fixed here, so the engine only launches. Tests and benchmarks
-override any knob; the defaults come from measurements (DESIGN.md, benchmarks/).
+override any knob; otherwise the knobs `volconv bench --tune` cached for this device, driver
+and bank shape (`tuned_knobs`), else the defaults, which come from measurements (DESIGN.md,
+benchmarks/). `ENGINES` names the engines a plan may choose between.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import json
 import math
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 
 from volconv.boundary import halo
+from volconv.programs import default_cache_dir, kernel_source
 
 MAX_FILTERS = 64
 MAX_EXTENT = 31
@@ -25,9 +34,16 @@ MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must f
 # H100, 256^3 uint8, 7^3 filters (benchmarks/results/; width 2 interpolated). Choosing passes
 # by cost = width / efficiency keeps wide vectors for big banks and avoids zero filters.
 PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
+# CPUs (PoCL on the 2-core EPYC, AVX-512 on 256-bit units, 96^3 uint8, 7^3 filters, fraction
+# of the FMA probe: benchmarks/results/pocl-cpu-widths.json): a pass of width 4 costs what a
+# pass of 8 costs (one FMA instruction per tap and output either way), so 13 filters run as
+# 8 + 8 in 46.5 ms against 56 ms for passes of 8, 4 and 1 (23.5 + 21.9 + 10.8 ms).
+PASS_EFFICIENCY_CPU = {1: 0.24, 2: 0.25, 4: 0.47, 8: 0.88, 16: 0.88}
 DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at more unroll
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
-# against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*).
+# against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
+# 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
+# shape mattered by 3 % at most (96^3, benchmarks/results/pocl-cpu-kernel.json).
 DEFAULT_UNROLL_CPU = {1: 16, 2: 16, 4: 16, 8: 16, 16: 8}
 
 # Slabs per frame a streamed run aims for: with one slab nothing overlaps (read, then compute,
@@ -50,6 +66,36 @@ CL_TYPES = {
     np.dtype(np.int16): "short",
     np.dtype(np.float32): "float",
 }
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A way to compute a plan's direct filters, named in the throughput record.
+
+    ``convolver`` is ``"module:Class"``, a class with `volconv.engine.BankConvolver`'s
+    constructor, slab interface and ``time_kernel``, imported when used (the engines import
+    this module);
+    ``available`` says whether it runs on a device. `volconv.tune` times every available
+    engine and caches the winner; an untuned plan takes the first.
+    """
+
+    name: str
+    convolver: str
+    available: Callable[[cl.Device], bool] = lambda device: True
+
+    def load(self) -> type:
+        module, _, name = self.convolver.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+# The engines, in order of preference when nothing is tuned: another engine (tensor cores on
+# NVIDIA) adds itself here with the devices it runs on.
+ENGINES: tuple[Engine, ...] = (Engine("fp32", "volconv.engine:BankConvolver"),)
+
+
+def engine_candidates(device: cl.Device) -> tuple[Engine, ...]:
+    """The `ENGINES` that run on ``device``, in order of preference."""
+    return tuple(e for e in ENGINES if e.available(device))
 
 
 @dataclass(frozen=True)
@@ -77,6 +123,7 @@ class Plan:
     local_size: tuple[int, int, int]
     slab_depth: int
     filt_local: bool
+    engine: str = ENGINES[0].name
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
 
@@ -119,14 +166,17 @@ class Plan:
         }  # fmt: skip
 
 
-def split_passes(n: int, width: int | None = None) -> tuple[Pass, ...]:
-    """Cheapest sequence of vector passes covering ``n`` filters (or all of one ``width``)."""
+def split_passes(
+    n: int, width: int | None = None, efficiency: dict[int, float] = PASS_EFFICIENCY
+) -> tuple[Pass, ...]:
+    """Cheapest sequence of vector passes covering ``n`` filters (or all of one ``width``),
+    a pass of width w costing w / ``efficiency[w]``."""
     widths = (width,) if width else VECTOR_WIDTHS
     cost = [0.0] + [math.inf] * n
     choice = [0] * (n + 1)
     for m in range(1, n + 1):
         for w in widths:
-            c = cost[max(0, m - w)] + w / PASS_EFFICIENCY[w]
+            c = cost[max(0, m - w)] + w / efficiency[w]
             if c < cost[m]:
                 cost[m], choice[m] = c, w
     passes, m = [], n
@@ -142,8 +192,11 @@ def split_passes(n: int, width: int | None = None) -> tuple[Pass, ...]:
     return tuple(out)
 
 
-def pad_dtype_for(src: np.dtype, mode: str, cval: float) -> np.dtype:
-    """The padded slab keeps the source type unless cval does not fit in it."""
+def pad_dtype_for(src: np.dtype, mode: str, cval: float, *, pad_float: bool = False) -> np.dtype:
+    """The padded slab keeps the source type unless cval does not fit in it, or float32 is
+    asked for (``pad_float``)."""
+    if pad_float:
+        return np.dtype(np.float32)
     if mode == "constant" and src.kind in "iu":
         info = np.iinfo(src)
         if not (float(cval).is_integer() and info.min <= cval <= info.max):
@@ -165,9 +218,18 @@ def make_plan(
     unroll: int | None = None,
     vector_width: int | None = None,
     local_size: tuple[int, int] | None = None,
+    engine: str | None = None,
+    pad_float: bool | None = None,
+    tuned: bool = True,
     stream: bool = False,
 ) -> Plan:
     """Plan from the device's limits; keyword arguments override the choices (tests, bench).
+
+    ``unroll``, ``vector_width``, ``local_size`` and ``engine`` not given come from the
+    tuning cache when it holds this device, driver and bank shape (`tuned_knobs`; ``tuned``
+    False skips it), else from the defaults per kind of device. ``pad_float`` pads the slab
+    as float32 whatever the source type (default: on CPUs, whose kernel then broadcasts each
+    input straight from memory, with no conversion in the hot loop).
 
     ``stream`` asks for slabs shallow enough that reading, computing and writing overlap
     (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows), as a pipeline run wants;
@@ -175,11 +237,18 @@ def make_plan(
     """
     kz = extents[2]
     nz = shape[2]
-    passes = split_passes(n_filters, vector_width)
+    cpu = bool(device.type & cl.device_type.CPU)
+    knobs = {}
+    if tuned and isinstance(device, cl.Device) and None in (unroll, vector_width, local_size,
+                                                            engine):  # fmt: skip
+        knobs = tuned_knobs(device, extents, n_filters, src_dtype) or {}
+    vector_width = knobs.get("vector_width") if vector_width is None else vector_width
+    local_size = knobs.get("local_size") if local_size is None else local_size
+    engine = knobs.get("engine", ENGINES[0].name) if engine is None else engine
+    passes = split_passes(n_filters, vector_width, PASS_EFFICIENCY_CPU if cpu else PASS_EFFICIENCY)
     widest = max(p.width for p in passes)
     if unroll is None:
-        cpu = bool(device.type & cl.device_type.CPU)
-        unroll = (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
+        unroll = knobs.get("unroll") or (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
         unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
     unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
     taps = extents[0] * extents[1] * kz
@@ -196,8 +265,10 @@ def make_plan(
 
     plan = Plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
-        src_dtype=src_dtype, pad_dtype=pad_dtype_for(src_dtype, mode, cval), passes=passes,
-        unroll=unroll, local_size=(lz, ly, 1), slab_depth=shape[0], filt_local=filt_local,
+        src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1),
+        pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
+                                else pad_float),
+        slab_depth=shape[0], filt_local=filt_local, engine=engine,
     )  # fmt: skip
     if slab_depth is None:
         slab_depth = _deepest_slab(plan, device, memory_budget)
@@ -225,3 +296,92 @@ def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> i
             f"with {plan.n_filters} filters (one output row needs {per_row} bytes)"
         )
     return int(min(depth, plan.shape[0]))
+
+
+# -- the tuning cache -----------------------------------------------------------------------
+# `volconv bench --tune` (volconv.tune) writes the knobs that ran fastest for a bank shape on
+# a device to tune.json beside the FMA probe's peak.json: {device key: {bank key: entry}}.
+# An entry made for another bank_conv.cl, or of another format, is stale.
+
+TUNE_FILE = "tune.json"
+TUNE_FORMAT = 1
+
+
+def kernel_hash() -> str:
+    """The first 12 hex digits of bank_conv.cl's SHA-256: tuned knobs hold for this source."""
+    return hashlib.sha256(kernel_source("bank_conv.cl").encode()).hexdigest()[:12]
+
+
+def tune_keys(
+    device: cl.Device, extents: tuple[int, int, int], n_filters: int, src_dtype: np.dtype
+) -> tuple[str, str]:
+    """The cache's keys: the platform, device and driver; the bank's extents, N and type."""
+    parts = (device.platform.name, device.name, device.driver_version)
+    bank = f"{'x'.join(map(str, extents))} N={n_filters} {np.dtype(src_dtype).name}"
+    return " | ".join(p.strip() for p in parts), bank
+
+
+def tune_path(cache_dir: Path | None = None) -> Path:
+    return (cache_dir or default_cache_dir()) / TUNE_FILE
+
+
+def tuned_knobs(
+    device: cl.Device,
+    extents: tuple[int, int, int],
+    n_filters: int,
+    src_dtype: np.dtype,
+    cache_dir: Path | None = None,
+) -> dict[str, object] | None:
+    """The knobs cached for this device, driver and bank shape: ``unroll``, ``local_size``,
+    ``vector_width`` (None: the plan splits the bank), ``engine``; None when there are none.
+    An unreadable file, or an entry that is stale (another kernel source or format) or
+    invalid, is ignored with a warning: the plan falls back to its defaults."""
+    path = tune_path(cache_dir)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return _ignored(path, f"unreadable ({e.strerror})")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return _ignored(path, "not JSON")
+    dev_key, bank_key = tune_keys(device, extents, n_filters, src_dtype)
+    entry = doc.get(dev_key, {}) if isinstance(doc, dict) else None
+    entry = entry.get(bank_key) if isinstance(entry, dict) else None
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        return _ignored(path, f"its entry for {bank_key} is not an object")
+    if entry.get("format") != TUNE_FORMAT or entry.get("kernel") != kernel_hash():
+        return _ignored(path, f"its entry for {bank_key} is stale (another bank_conv.cl)")
+    try:
+        knobs = {
+            "unroll": int(entry["unroll"]),
+            "local_size": tuple(int(v) for v in entry["local_size"]),
+            "vector_width": None if entry["vector_width"] is None else int(entry["vector_width"]),
+            "engine": str(entry["engine"]),
+        }
+    except (KeyError, TypeError, ValueError):
+        return _ignored(path, f"its entry for {bank_key} lacks a knob")
+    names = [e.name for e in engine_candidates(device)]
+    if not (
+        1 <= knobs["unroll"] <= MAX_UNROLL
+        and len(knobs["local_size"]) == 2
+        and min(knobs["local_size"]) >= 1
+        and knobs["vector_width"] in (None, *VECTOR_WIDTHS)
+        and knobs["engine"] in names
+    ):
+        return _ignored(path, f"its entry for {bank_key} holds an invalid knob")
+    return knobs
+
+
+def _ignored(path: Path, why: str) -> None:
+    warnings.warn(
+        f"{path}: {why}; ignored, the plan takes its defaults (volconv bench --tune "
+        "measures again)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return None

@@ -1,0 +1,217 @@
+"""Autotuning cached per device (`volconv.tune`, `volconv bench --tune`) and the plan reading
+the cache (`volconv.plan.tuned_knobs`): round trip, use, stale and corrupt files, atomicity."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import assert_spec_close, reference
+from typer.testing import CliRunner
+
+from volconv import report
+from volconv.bench import Work
+from volconv.cli import app
+from volconv.engine import BankConvolver, convolve_bank
+from volconv.plan import (
+    ENGINES,
+    TUNE_FILE,
+    TUNE_FORMAT,
+    kernel_hash,
+    make_plan,
+    tune_keys,
+    tuned_knobs,
+)
+from volconv.tune import MARGIN, Candidates, tune_bank
+
+TINY = Work((12, 10, 14), 3, (3, 5, 3), dtype="int16")
+FEW = Candidates(vector_widths=(1, 4), unrolls=(2, 5), local_sizes=((4, 2), (2, 4)))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """The user's cache folder, empty and private to the test."""
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def tuned(device, tmp_path_factory):
+    """One tuning of TINY into a fresh cache: (cache folder, record)."""
+    folder = tmp_path_factory.mktemp("tune")
+    return folder, tune_bank(TINY, device=device, candidates=FEW, repeats=2, rounds=2,
+                             cache_dir=folder)  # fmt: skip
+
+
+def entry(**knobs) -> dict:
+    """A valid cache entry for the current kernel, with ``knobs`` replaced."""
+    e = {"format": TUNE_FORMAT, "kernel": kernel_hash(), "engine": ENGINES[0].name,
+         "vector_width": 4, "unroll": 5, "local_size": [2, 4]}  # fmt: skip
+    return {**e, **knobs}
+
+
+def write_entry(folder, device, work: Work, value) -> None:
+    dev_key, bank_key = tune_keys(device, work.extent, work.n, np.dtype(work.dtype))
+    report.write_json({dev_key: {bank_key: value}}, folder / TUNE_FILE)
+
+
+def untuned_plan(device, work: Work, **kw):
+    return make_plan(work.shape, np.dtype(work.dtype), work.extent, work.n, work.mode,
+                     work.cval, device, **kw)  # fmt: skip
+
+
+# -- tuning ---------------------------------------------------------------------------------
+
+
+def test_tuning_picks_one_of_the_candidates(tuned):
+    _, record = tuned
+    win = record["winner"]
+    timed = [p for p in record["points"] if "error" not in p]
+    knobs = [(p["engine"], p["vector_width"], p["unroll"], p["local_size"]) for p in timed]
+    assert (win["engine"], win["vector_width"], win["unroll"], win["local_size"]) in knobs
+    assert win["engine"] in [e.name for e in ENGINES]
+    assert win["vector_width"] in (None, *FEW.vector_widths)
+    assert win["unroll"] in (*FEW.unrolls, untuned_unroll(record))
+    # the fastest finalist, unless the untuned plan (which ran beside them) is within MARGIN
+    fastest = max(f["gflops"] for f in record["finalists"])
+    assert win["untuned_gflops"] > 0
+    assert win["gflops"] == fastest or win["gflops"] == win["untuned_gflops"] > fastest / MARGIN
+
+
+def untuned_unroll(record) -> int:
+    return record["points"][0]["unroll"]
+
+
+def test_tuning_writes_the_cache_and_the_plan_reads_it(tuned, device):
+    folder, record = tuned
+    doc = json.loads((folder / TUNE_FILE).read_text())
+    dev_key, bank_key = record["key"]
+    assert doc[dev_key][bank_key] == record["winner"]
+    assert [p.name for p in folder.iterdir()] == [TUNE_FILE]  # no temporary file left
+    knobs = tuned_knobs(device, TINY.extent, TINY.n, np.dtype(TINY.dtype), cache_dir=folder)
+    win = record["winner"]
+    assert knobs == {"unroll": win["unroll"], "local_size": tuple(win["local_size"]),
+                     "vector_width": win["vector_width"], "engine": win["engine"]}  # fmt: skip
+
+
+def test_cache_round_trip_keeps_other_entries(device, cache):
+    other = {"another device | driver 1": {"7x7x7 N=8 uint8": entry(unroll=16)}}
+    report.write_json(other, cache / TUNE_FILE)
+    record = tune_bank(TINY, device=device, candidates=FEW, repeats=1, rounds=1)
+    doc = json.loads((cache / TUNE_FILE).read_text())
+    assert doc["another device | driver 1"] == other["another device | driver 1"]
+    dev_key, bank_key = record["key"]
+    assert doc[dev_key][bank_key]["unroll"] == record["winner"]["unroll"]
+
+
+def test_cache_is_written_atomically(device, cache, monkeypatch):
+    """The cache goes through a temporary file renamed over it; a failed write leaves the old
+    file whole and no temporary file behind."""
+    old = {"another device | driver 1": {}}
+    report.write_json(old, cache / TUNE_FILE)
+    renames = []
+    real = os.replace
+
+    def failing(src, dst):
+        renames.append((os.path.dirname(src), os.path.basename(src), dst))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report.os, "replace", failing)
+    with pytest.raises(OSError, match="No space"):
+        tune_bank(TINY, device=device, candidates=FEW, repeats=1, rounds=1)
+    (folder, name, dst), = renames  # fmt: skip
+    assert folder == str(cache) and name.startswith(f".{TUNE_FILE}.") and dst == cache / TUNE_FILE
+    assert json.loads((cache / TUNE_FILE).read_text()) == old
+    assert [p.name for p in cache.iterdir()] == [TUNE_FILE]
+    monkeypatch.setattr(report.os, "replace", real)
+
+
+def test_write_false_caches_nothing(device, cache):
+    record = tune_bank(TINY, device=device, candidates=FEW, repeats=1, rounds=1, write=False)
+    assert record["cache"] is None and not (cache / TUNE_FILE).exists()
+
+
+def test_an_engine_not_on_the_device_is_refused(device):
+    with pytest.raises(ValueError, match="no engine"):
+        tune_bank(TINY, device=device, candidates=Candidates(engines=("no-such-engine",)),
+                  write=False)  # fmt: skip
+
+
+# -- the plan reads the cache ---------------------------------------------------------------
+
+
+def test_tuned_choice_is_used_and_still_matches_scipy(device, cache):
+    work = Work((11, 13, 17), 3, (3, 5, 4), mode="mirror", dtype="int16")
+    write_entry(cache, device, work, entry(unroll=5, local_size=[2, 4], vector_width=4))
+    rng = np.random.default_rng(3)
+    volume = rng.integers(-300, 300, work.shape).astype(np.int16)
+    kernels = rng.standard_normal((work.n, *work.extent))
+    conv = BankConvolver(kernels, work.shape, volume.dtype, work.mode, device=device)
+    assert conv.plan.unroll == 5 and conv.plan.local_size[:2] in ((2, 4), (2, 2), (2, 1))
+    assert [p.width for p in conv.plan.passes] == [4]
+    assert untuned_plan(device, work, tuned=False).unroll != 5
+    out = convolve_bank(volume, kernels, work.mode, device=device)
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, work.mode))
+
+
+def test_explicit_knobs_beat_the_cache(device, cache):
+    write_entry(cache, device, TINY, entry(unroll=5))
+    assert untuned_plan(device, TINY).unroll == 5
+    assert untuned_plan(device, TINY, unroll=2).unroll == 2
+    assert untuned_plan(device, TINY, tuned=False).unroll != 5
+
+
+def test_other_banks_take_the_defaults(device, cache):
+    write_entry(cache, device, TINY, entry(unroll=5))
+    other = Work(TINY.shape, TINY.n + 1, TINY.extent, dtype=TINY.dtype)
+    assert untuned_plan(device, other) == untuned_plan(device, other, tuned=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("{not json", "not JSON"),
+        (None, "stale"),  # an entry for another bank_conv.cl
+        ("format", "stale"),
+        ("unroll", "invalid knob"),
+        ("engine", "invalid knob"),
+        ("local_size", "lacks a knob"),
+        ("entry", "not an object"),
+    ],
+)
+def test_corrupt_or_stale_cache_is_ignored_with_a_warning(device, cache, text, why):
+    if text == "{not json":
+        (cache / TUNE_FILE).write_text(text)
+    else:
+        bad = {
+            None: entry(kernel="0123456789ab"),
+            "format": entry(format=TUNE_FORMAT + 1),
+            "unroll": entry(unroll=99),
+            "engine": entry(engine="no-such-engine"),
+            "local_size": entry(local_size="wide"),
+            "entry": [1, 2],
+        }[text]
+        write_entry(cache, device, TINY, bad)
+    with pytest.warns(RuntimeWarning, match=why):
+        plan = untuned_plan(device, TINY)
+    assert plan == untuned_plan(device, TINY, tuned=False)
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def test_cli_bench_tune_caches_the_winner(device, cache, tmp_path):
+    spec = f"{device.platform.name.strip()}:{device.name.strip()}"
+    args = ["bench", "--tune", "--device", spec, "--size", "8,9,10", "--n", "2", "--extent",
+            "3", "--repeats", "1", "--json", str(tmp_path / "t.json")]  # fmt: skip
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    record = json.loads((tmp_path / "t.json").read_text())
+    dev_key, bank_key = record["key"]
+    assert bank_key == "3x3x3 N=2 uint8"
+    assert json.loads((cache / TUNE_FILE).read_text())[dev_key][bank_key] == record["winner"]
+    assert "tuned" in out.output and str(cache / TUNE_FILE) in out.output
+    plan = make_plan((8, 9, 10), np.dtype(np.uint8), (3, 3, 3), 2, "reflect", 0.0, device)
+    assert plan.unroll == min(record["winner"]["unroll"], 16)
