@@ -380,6 +380,30 @@ def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path, dtype):
         assert f.attrs["complete"] and f["responses"].shape == (2, 128, 128, 256)
 
 
+def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(tmp_path, monkeypatch):
+    """A slab's pinned buffer holds at most MAX_PINNED_BYTES (page-locking costs at start and
+    in RSS); an expert's slab_depth is taken as given; the result is the same either way."""
+    import volconv.pipeline as pipeline
+    from volconv.config import load
+
+    volume = random_volume((40, 12, 10), "uint8")
+    np.save(tmp_path / "a.npy", volume)
+    filters = [{"type": "box", "size": 3}, {"type": "gaussian", "sigma": 1.0, "size": 5}]
+    row = len(filters) * 12 * 10 * 4  # float32 responses, one row of slab
+    monkeypatch.setattr(pipeline, "MAX_PINNED_BYTES", 3 * row)
+    capped = write_pipeline(tmp_path, filters, run={"device": DEVICE})
+    cfg = load(capped)
+    (job,) = pipeline.plan_jobs(cfg, pipeline.choose_device(cfg))
+    assert job.plan.slab_depth == 3
+    given = load(capped, ("run.slab_depth=20",))
+    (job,) = pipeline.plan_jobs(given, pipeline.choose_device(given))
+    assert job.plan.slab_depth == 20
+    (record,) = pipeline.run(cfg).reports
+    assert record.slab_depth == 3 and record.n_slabs == 14
+    with check_output(tmp_path / "out" / "a.h5", volume.astype(float)):
+        pass
+
+
 def subprocess_run(args: list) -> str:
     done = subprocess.run([sys.executable, "-m", "volconv", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)  # fmt: skip

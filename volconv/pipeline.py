@@ -244,6 +244,10 @@ def check_report_path(report: Path, claimed: dict[Path, str]) -> None:
 # holds up to two (its queue), so downloads run at the bus's speed rather than page-faulting
 # fresh memory (2.5 GB/s on the H100 node).
 PINNED_BUFFERS = 3
+# Bytes of one pinned slab buffer at most: page-locking costs ~0.45 ms per MiB at start (57 ms
+# for 128 MiB on the H100 node) and a deeper slab makes neither the bus nor the disk faster;
+# at 1024^3 x 8 float16 a slab of 8 rows, not 19, keeps the run's RSS near 1.9 GiB, not 2.45.
+MAX_PINNED_BYTES = 128 * 2**20
 # A frame is read whole, once, in the file's own layout, and goes to the device as it is (a
 # NIfTI is x-fastest: reading slabs along x would stride through the file, and transposing on
 # the host costs more than reading; pad.cl gathers through strides instead; a .nii.gz is
@@ -264,7 +268,7 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     stored = np.dtype(cfg.dtype).itemsize
     item = np.dtype(job.volume.dtype).itemsize
     on_device = device_encodes(device, cfg.dtype)
-    total = PINNED_BUFFERS * slab * (stored if on_device else 4)
+    total = PINNED_BUFFERS * slab * pinned_itemsize(cfg, device)
     if stored != 4 and (not on_device or np.dtype(job.volume.dtype).kind == "f"):
         total += slab * (4 if on_device else stored)
     total += 2 * (depth + sum(job.plan.extents[:1]) - 1) * ny * nz * item
@@ -275,11 +279,20 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     return total
 
 
+def pinned_itemsize(cfg: Config, device: cl.Device) -> int:
+    """Bytes per value of the pinned slab buffers: the stored type where the device converts,
+    else float32."""
+    return np.dtype(cfg.dtype).itemsize if device_encodes(device, cfg.dtype) else 4
+
+
 def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     """Whether ``job`` reads whole frames, and its slab depth made to fit ``host_memory``."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
     job.whole_frames = job.volume.mapped or frame * WHOLE_FRAME_SHARE <= cfg.host_memory
+    row = len(job.filters) * math.prod(job.shape3[1:]) * pinned_itemsize(cfg, device)
     depth = job.plan.slab_depth
+    if cfg.slab_depth is None:  # an expert's slab_depth is taken as given, if it fits
+        depth = min(depth, max(1, MAX_PINNED_BYTES // row))
     while depth > 1 and host_bytes(job, cfg, depth, device) > cfg.host_memory:
         depth = max(1, depth * cfg.host_memory // host_bytes(job, cfg, depth, device) - 1)
     need = host_bytes(job, cfg, depth, device)
