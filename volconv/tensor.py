@@ -261,6 +261,9 @@ class TensorConvolver(BankConvolver):
         bank = as_kernel_bank(kernels)
         self.split = shape_split or default_shape(len(bank))
         self.emulate = emulate
+        # the slab in the input's own type: FP16 fragments are made from it in the kernel
+        # (a CPU's plan would pad float32, for the FP32 kernel's sake)
+        kwargs.setdefault("pad_float", False)
         super().__init__(bank, shape, dtype, mode, cval, **kwargs)
 
     def _build_passes(self) -> None:
