@@ -134,6 +134,14 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--repeats", type=int, default=3, help="runs and floors, alternating")
     p.add_argument("--inputs", type=int, default=1, help="copies of the input in one run")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="sets",
+        metavar="KEY=VALUE",
+        help="passed to volconv run (e.g. run.slab_depth=19)",
+    )
     args = p.parse_args()
 
     folder = args.out or Path(tempfile.mkdtemp(prefix="volconv-e2e-"))
@@ -172,7 +180,7 @@ def main() -> None:
         out = folder / "out" / f"{{stem}}-{args.compression}.h5"
         paths = ", ".join(f'"{s}"' for s in sources)
         sets = [f"input.paths=[{paths}]", f"output.path={out}", f"output.dtype={dtype}",
-                f"output.compression={args.compression}"]  # fmt: skip
+                f"output.compression={args.compression}", *args.sets]  # fmt: skip
         first = Path(str(out).format(stem=source.name.split(".")[0]))
         repeats = []
         for _ in range(args.repeats):  # run, floor, run, floor, ...: the same minutes for both
