@@ -100,12 +100,16 @@ def best_of(n: int, call) -> float:
     return min(times)
 
 
-def run_volconv(pipeline: Path, sets: list[str], device: str, report: Path) -> dict:
+def run_volconv(pipeline: Path, sets: list[str], device: str, report: Path,
+                overwrite: bool = True) -> dict:  # fmt: skip
     """`volconv run` as a user runs it: process wall, its max RSS (GNU time) and the report
-    (its first input's record; ``run_seconds``: the run's own wall over every input)."""
+    (its first input's record; ``run_seconds``: the run's own wall over every input).
+    ``overwrite`` False: as a user's first run into an empty folder, which records resumable
+    progress (a CRC of every slab); ``--overwrite`` records none."""
     options = [a for s in sets for a in ("--set", s)]
-    command = [sys.executable, "-m", "volconv", "run", str(pipeline), "--overwrite", "--device",
-               device, "--report", str(report), *options]  # fmt: skip
+    overwriting = ["--overwrite"] if overwrite else []
+    command = [sys.executable, "-m", "volconv", "run", str(pipeline), "--device", device,
+               "--report", str(report), *options, *overwriting]  # fmt: skip
     timed = Path("/usr/bin/time").exists()
     os.sync()
     t = time.perf_counter()
@@ -134,6 +138,11 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--repeats", type=int, default=3, help="runs and floors, alternating")
     p.add_argument("--inputs", type=int, default=1, help="copies of the input in one run")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="runs without --overwrite into an empty folder (resumable progress)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -172,6 +181,7 @@ def main() -> None:
         "compression": args.compression,
         "repeats": args.repeats,
         "inputs": args.inputs,
+        "fresh": args.fresh,
         "read_floor_seconds": read_floor(source),
         "runs": {},
     }
@@ -184,7 +194,8 @@ def main() -> None:
         first = Path(str(out).format(stem=source.name.split(".")[0]))
         repeats = []
         for _ in range(args.repeats):  # run, floor, run, floor, ...: the same minutes for both
-            run = run_volconv(args.pipeline, sets, args.device, folder / f"report-{dtype}.json")
+            run = run_volconv(args.pipeline, sets, args.device, folder / f"report-{dtype}.json",
+                              overwrite=not args.fresh)  # fmt: skip
             run["write_floor_seconds"] = write_floor(first, args.compression, folder)
             repeats.append(run)
             shutil.rmtree(folder / "out", ignore_errors=True)
