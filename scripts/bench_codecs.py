@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from volconv.report import write_json
+
 CHILD = r"""
 import json, os, resource, sys, time
 from pathlib import Path
@@ -165,8 +167,7 @@ def main() -> None:
             )
     data_path.unlink()
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(result, args.json)
         print(f"wrote {args.json}")
 
 

@@ -39,6 +39,7 @@ import h5py
 import nibabel as nib
 import numpy as np
 
+from volconv.report import write_json
 from volconv.writer import compression_options
 
 
@@ -232,8 +233,7 @@ def main() -> None:
             flush=True,
         )  # fmt: skip
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(result, args.json)
         print(f"wrote {args.json}")
 
 

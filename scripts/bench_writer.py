@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import platform
 import time
@@ -21,6 +20,7 @@ import h5py
 import numpy as np
 
 from volconv.convert import encode
+from volconv.report import write_json
 from volconv.writer import ResponseWriter
 
 ATTRS = dict.fromkeys(("affine", "voxel_size", "source", "source_sha256", "pipeline", "device",
@@ -106,8 +106,7 @@ def main() -> None:
                                        for k, v in best.items()), flush=True)  # fmt: skip
     (args.out / "w.h5").unlink(missing_ok=True)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(result, args.json)
         print(f"wrote {args.json}")
 
 
