@@ -118,3 +118,22 @@ def test_padded_yz_covers_the_last_unrolled_reads():
     p1, p2 = p.padded_yz
     assert p1 == 11 + 4
     assert p2 >= math.ceil(13 / p.unroll) * p.unroll + 6
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"unroll": 0}, "unroll must be a positive integer; got 0"),
+        ({"unroll": 2.5}, "unroll must be a positive integer; got 2.5"),
+        ({"vector_width": 3}, r"vector_width must be one of \(1, 2, 4, 8, 16\); got 3"),
+        ({"local_size": 5}, "local_size must be two positive integers; got 5"),
+        ({"local_size": (0, 4)}, "local_size must be a positive integer; got 0"),
+        ({"local_size": (64, 32)}, r"local_size \(64, 32\) has 2048 work-items; GPU takes at most"),
+    ],
+)
+def test_expert_knobs_are_checked_by_name(knobs, message):
+    """The API's knobs fail with a ValueError naming them, not deep inside the build."""
+    device = fake_device()
+    device.name = "GPU "
+    with pytest.raises(ValueError, match=message):
+        plan(device=device, **knobs)

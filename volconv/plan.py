@@ -22,6 +22,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.boundary import halo
+from volconv.checks import check_positive_int
 from volconv.programs import default_cache_dir, kernel_source
 
 MAX_FILTERS = 64
@@ -204,6 +205,28 @@ def pad_dtype_for(src: np.dtype, mode: str, cval: float, *, pad_float: bool = Fa
     return src
 
 
+def check_knobs(
+    device: cl.Device,
+    unroll: object,
+    vector_width: object,
+    local_size: object,
+) -> None:
+    """The expert knobs given to a plan, checked: a ValueError naming the knob, not a
+    KeyError or an OpenCL error from deep inside the build."""
+    if unroll is not None:
+        check_positive_int(unroll, "unroll")
+    if vector_width is not None and vector_width not in VECTOR_WIDTHS:
+        raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}; got {vector_width!r}")
+    if local_size is not None:
+        if not isinstance(local_size, (tuple, list)) or len(local_size) != 2:
+            raise ValueError(f"local_size must be two positive integers; got {local_size!r}")
+        lz, ly = (check_positive_int(v, "local_size") for v in local_size)
+        if lz * ly > device.max_work_group_size:
+            most = device.max_work_group_size
+            raise ValueError(f"local_size {tuple(local_size)} has {lz * ly} work-items; "
+                             f"{device.name.strip()} takes at most {most}")  # fmt: skip
+
+
 def make_plan(
     shape: tuple[int, int, int],
     src_dtype: np.dtype,
@@ -235,6 +258,7 @@ def make_plan(
     (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows), as a pipeline run wants;
     the whole-array API takes the deepest slab that fits.
     """
+    check_knobs(device, unroll, vector_width, local_size)
     kz = extents[2]
     nz = shape[2]
     cpu = bool(device.type & cl.device_type.CPU)
