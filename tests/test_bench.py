@@ -215,6 +215,7 @@ def test_cli_peak_only(device, tmp_path):
         (["--dtype", "float64"], "--dtype: 'float64'"),
         (["--n", "0"], "--n: 0 is outside"),
         (["--extent", "3,3"], "--extent: expected one integer or three"),
+        (["--size", "100000"], "--size 100000: the volume alone takes 931322.6 GiB"),
     ],
 )
 def test_cli_bad_options_are_user_errors(args, message):

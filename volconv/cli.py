@@ -7,6 +7,7 @@ with the cause. ``--debug`` shows tracebacks.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 
@@ -284,6 +285,12 @@ def bench(
         raise UserError(str(e)) from e
     if dtype not in {str(t) for t in CL_TYPES}:
         raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(map(str, CL_TYPES))}")
+    itemsize = next(t.itemsize for t in CL_TYPES if str(t) == dtype)
+    volume_bytes = math.prod(work.shape) * itemsize
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if volume_bytes > memory // 2:  # before numpy tries to allocate it
+        raise UserError(f"--size {size}: the volume alone takes {_gib(volume_bytes)}; this "
+                        f"machine has {_gib(memory)} of memory: give a smaller size")  # fmt: skip
     from volconv.checks import file_kind
 
     if json_path is not None and file_kind(json_path) not in ("nothing", "a file"):
