@@ -163,6 +163,21 @@ def test_devices_lists_the_platforms_of_a_vendors_folder(tmp_path: Path) -> None
     assert "FP32 peak" in run.stdout and "[CPU]" in run.stdout
 
 
+@pytest.mark.skipif(not POCL_ICD.is_file(), reason=f"no {POCL_ICD} to copy")
+def test_pocl_without_a_writable_cache_is_named_not_said_missing(tmp_path: Path) -> None:
+    """PoCL offers no device when it cannot write its kernel cache: say that, not 'install'."""
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    (vendors / "pocl.icd").write_text(POCL_ICD.read_text())
+    run, _ = devices({"OCL_ICD_VENDORS": str(vendors), "PYOPENCL_CTX": "",
+                      "POCL_CACHE_DIR": "/proc/volconv-no-cache"})  # fmt: skip
+    if run.returncode == 0:  # this PoCL works without its cache: nothing to explain
+        pytest.skip("PoCL offered a device without a writable cache")
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert "cannot write its kernel cache /proc/volconv-no-cache" in run.stderr
+    assert "POCL_CACHE_DIR" in run.stderr and "install PoCL" not in run.stderr
+
+
 def test_no_platform_is_not_the_users_mistake(tmp_path: Path) -> None:
     """With no OpenCL at all, select_device says what to install (the CLI's exit 1)."""
     code = (

@@ -9,6 +9,7 @@ import glob
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,11 +98,41 @@ def missing_platform_help() -> str:
             f"register it with:\n  mkdir -p {vendors} && "
             f"echo libnvidia-opencl.so.1 > {vendors}/nvidia.icd"
         )
-    lines.append(
-        "For the CPU, install PoCL: apt-get install pocl-opencl-icd "
-        "(Debian/Ubuntu; the PyPI pocl-binary-distribution wheel fails on some recent CPUs)."
-    )
+    pocl = [p for p in icds if "pocl" in _read(p).lower() or "pocl" in os.path.basename(p)]
+    cache = pocl_cache_dir()
+    if pocl and not _writable(cache):
+        lines.append(
+            f"PoCL is registered ({pocl[0]}) but cannot write its kernel cache {cache}, and "
+            "then offers no device: set POCL_CACHE_DIR (or XDG_CACHE_HOME) to a writable folder."
+        )
+    elif pocl:
+        lines.append(f"PoCL is registered ({pocl[0]}) but offers no device; "
+                     "POCL_DEBUG=all volconv devices shows why.")  # fmt: skip
+    else:
+        lines.append(
+            "For the CPU, install PoCL: apt-get install pocl-opencl-icd "
+            "(Debian/Ubuntu; the PyPI pocl-binary-distribution wheel fails on some recent CPUs)."
+        )
     return "\n".join(lines)
+
+
+def pocl_cache_dir() -> str:
+    """Where PoCL keeps compiled kernels: POCL_CACHE_DIR, else XDG_CACHE_HOME/pocl, else
+    ~/.cache/pocl."""
+    if os.environ.get("POCL_CACHE_DIR"):
+        return os.environ["POCL_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pocl")
+
+
+def _writable(folder: str) -> bool:
+    """Whether a file can be made in ``folder`` (made if missing, as PoCL would)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def _read(path: str) -> str:
