@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import pyopencl as cl
 
 from volconv.config import Config, PipelineError
-from volconv.device import NoDeviceError, list_devices, select_device
+from volconv.device import NoDeviceError, device_name, list_devices, select_device
 from volconv.io import split_spec
 from volconv.pipeline import (
     Convolvers,
@@ -42,7 +42,6 @@ from volconv.pipeline import (
     Job,
     RunResult,
     choose_device,
-    device_name,
     peaks,
     plan_jobs,
     run_one,

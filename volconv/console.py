@@ -20,7 +20,8 @@ from rich.progress import (
 
 import volconv
 from volconv.config import Config, PipelineError
-from volconv.pipeline import Job, RunResult, choose_device, device_name, peaks, plan_jobs, run
+from volconv.device import device_name
+from volconv.pipeline import Job, RunResult, choose_device, peaks, plan_jobs, run
 from volconv.report import (
     VolumeReport,
     format_gflop,

@@ -85,6 +85,11 @@ def find_library(name: str, folders: Sequence[str] = LIBRARY_FOLDERS) -> str | N
     return None
 
 
+def device_name(device: cl.Device) -> str:
+    """The device as records and tables name it: "NAME (PLATFORM)"."""
+    return f"{device.name.strip()} ({device.platform.name.strip()})"
+
+
 def missing_platform_help() -> str:
     """Why no OpenCL platform shows up here, and what to do about it."""
     vendors = os.environ.get("OCL_ICD_VENDORS", "/etc/OpenCL/vendors")

@@ -33,7 +33,7 @@ from volconv.bank import BankError, Filter, build_bank, stack_kernels
 from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
 from volconv.convert import device_encodes
-from volconv.device import DeviceError, select_device
+from volconv.device import DeviceError, device_name, select_device
 from volconv.engine import STAGES
 from volconv.errors import OutputWriteError
 from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, open_volume, split_spec
@@ -761,10 +761,6 @@ def resumed(
     for _ in range(job.resumed if on_slab else 0):
         on_slab(job)
     return job.resumed, left
-
-
-def device_name(device: cl.Device) -> str:
-    return f"{device.name.strip()} ({device.platform.name.strip()})"
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------

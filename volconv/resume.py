@@ -42,6 +42,7 @@ import h5py
 import numpy as np
 
 import volconv
+from volconv.device import device_name
 from volconv.writer import _pool, dead_runs, private_prefix
 
 if TYPE_CHECKING:
@@ -72,8 +73,6 @@ def leftovers(path: Path) -> list[Path]:
 def fingerprint(job: Job, cfg: Config, conv: SeparableConvolver) -> str:
     """What decides the bytes of ``job``'s output: a partial made with another value of any
     of these is never resumed. The input's SHA-256 is checked beside it (`Progress`)."""
-    from volconv.pipeline import device_name  # the pipeline imports this module
-
     parts = {
         "format": FORMAT,
         "volconv": volconv.__version__,
