@@ -1,7 +1,7 @@
 """Inputs overlapping in one run (`volconv.pipeline.run_overlapped`): input i+1 is read and
 filtered while input i is still being written, every output exact, the records in order and
-timed as the report documents; inputs of other shapes one after the other; a failure stops
-the run and leaves no temporary."""
+timed as the report documents; inputs of other shapes one after the other; a failing input
+fails alone and leaves no temporary; a full disk stops the run."""
 
 from __future__ import annotations
 

@@ -498,7 +498,8 @@ def run_overlapped(
     pinned buffers (the same shape, type and bank), which input i's writer gives back as it
     writes them; an input with another convolver waits until the one before is complete; a
     frame is read ahead only where it fits beside what input i holds (`Job.host_bytes`).
-    A failure stops the other input at its next slab (its file removed) and raises.
+    An input that fails for its own reason becomes a failed record and the others go on;
+    what `STOPS_THE_RUN` stops the other input at its next slab (its file removed) and raises.
     """
     abort = threading.Event()
     ahead: dict[int, Future[np.ndarray]] = {}  # index of a job -> its first frame
