@@ -256,10 +256,17 @@ def test_dask_workers_one_killed_mid_task_then_resume(tmp_path, dask_cluster, ca
 
 
 # -- Ctrl-C -------------------------------------------------------------------------------
-def test_ctrl_c_stops_every_worker_and_leaves_nothing_that_looks_complete(tmp_path, capsys):
+def recorded_slabs(out: Path) -> int:
+    """How many slabs the progress logs of the partial outputs in ``out`` record so far."""
+    logs = (p.read_bytes() for p in out.glob(".*.partial-*/progress"))
+    return sum(log.count(b"\nslab ") for log in logs)
+
+
+def test_ctrl_c_stops_every_worker_keeps_their_slabs_and_a_rerun_resumes(tmp_path, capsys):
     pipeline = make_inputs(tmp_path, {k: (600, 24, 24) for k in "abcd"})
     write_pipeline(tmp_path, FILTERS, run={"slab_depth": 1, "devices": [DEVICE, DEVICE]})
     out = tmp_path / "out"
+    reference = one_device(pipeline, capsys)
     run = subprocess.Popen(
         [sys.executable, "-m", "volconv", "run", str(pipeline)],  # [run] devices: a list
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -268,7 +275,7 @@ def test_ctrl_c_stops_every_worker_and_leaves_nothing_that_looks_complete(tmp_pa
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 90
-        while not list(out.glob(".*.partial-*")) and time.monotonic() < deadline:
+        while not recorded_slabs(out) and time.monotonic() < deadline:
             assert run.poll() is None, run.communicate()
             time.sleep(0.01)
         os.killpg(run.pid, signal.SIGINT)
@@ -278,13 +285,18 @@ def test_ctrl_c_stops_every_worker_and_leaves_nothing_that_looks_complete(tmp_pa
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
     assert run.returncode == 130
-    assert list(out.glob(".*partial*")) == []
-    for path in out.iterdir():  # whatever finished before the signal is complete
+    partials = list(out.glob(".*.partial-*"))
+    assert partials  # the inputs in progress keep their complete slabs, hidden
+    for path in out.glob("[!.]*"):  # whatever finished before the signal is complete
         assert says_complete(path)
-    code, text, err = volconv("run", pipeline, capsys=capsys)
+    report = tmp_path / "report.json"
+    code, text, err = volconv("run", pipeline, "--report", report, capsys=capsys)
     assert code == 0, err
     assert lines(text, "done") + lines(text, "skipped") == 4
-    assert all(says_complete(out / f"{k}.h5") for k in "abcd")
+    inputs = json.loads(report.read_text())["inputs"]
+    assert any(r.get("resumed_slabs", 0) > 0 for r in inputs), inputs
+    assert list(out.glob(".*partial*")) == []
+    assert_same_outputs(out, reference, list("abcd"))
 
 
 def test_a_worker_writes_one_input_while_the_next_is_on_its_device(tmp_path, capsys):

@@ -62,12 +62,13 @@ LOCAL_WORKER = {"nthreads": 2, "resources": {"GPU": 2}}
 # Reruns of a task whose worker died (beyond the scheduler's own allowed-failures).
 RETRIES = 2
 CONNECT_TIMEOUT = "20s"
-STOP_WAIT = 10.0  # seconds Ctrl-C waits for the running tasks to remove their files
+STOP_WAIT = 10.0  # seconds Ctrl-C waits for the running tasks to stop at a slab's end
 
 
 # -- in the worker --------------------------------------------------------------------------
-class _Stopped(RuntimeError):
-    """The client of this task's batch was interrupted (Ctrl-C)."""
+class _Stopped(Interrupted):
+    """The client of this task's batch was interrupted (Ctrl-C). An `Interrupted`, so that the
+    writer keeps its complete slabs for a rerun to resume, as a one-device run's Ctrl-C does."""
 
 
 # Per worker process: the convolvers and peaks of the last (device, pipeline settings) seen,
@@ -153,7 +154,7 @@ def process(
 
         def on_slab(job: Job) -> None:
             if batch in _STOPPED:
-                raise _Stopped  # the writer removes its temporary file
+                raise _Stopped  # the writer keeps its complete slabs (volconv.resume)
 
         with _TURNS.turn(Convolvers.key(job)) as left:
             key = (device, cfg.boundary, cfg.cval, cfg.slab_depth, cfg.dtype, cfg.scale,
@@ -269,7 +270,9 @@ def run_batch(
                 _gather(client, cfg, todo, records, overwrite, on_volume)
                 result.seconds = time.perf_counter() - start - result.start_seconds
         finally:
-            if not cfg.scheduler:  # files of workers killed with the cluster, if any
+            # Files of workers killed with the cluster: with --overwrite nothing resumes them;
+            # otherwise their complete slabs are kept for the rerun (which removes a stale one).
+            if not cfg.scheduler and overwrite:
                 for job in todo:
                     if job.spec not in records:
                         remove_stale_temps(job.output)
@@ -364,8 +367,9 @@ def _gather(
             if on_volume:
                 on_volume(record)
     except KeyboardInterrupt as e:
-        # Every running task stops at its next slab and removes its temporary file; the
-        # queued ones are dropped. Then the cluster (or this client) closes.
+        # Every running task stops at its next slab, keeping its complete slabs for a rerun
+        # (with --overwrite: removing its file); the queued ones are dropped. Then the
+        # cluster (or this client) closes.
         with suppress(Exception):
             client.run(stop, batch, on_error="ignore")
         with suppress(Exception):
@@ -374,8 +378,8 @@ def _gather(
             client.cancel(list(futures))
         done = sum(r.status != "failed" for r in records.values())
         raise Interrupted(
-            f"interrupted: {done} output(s) complete and kept; those in progress were removed; "
-            "run the same command again to resume"
+            f"interrupted: {done} output(s) complete and kept; those in progress keep their "
+            "complete slabs (hidden partial files); run the same command again to resume"
         ) from e
 
 
