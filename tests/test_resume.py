@@ -124,6 +124,10 @@ def test_a_stopped_run_resumes_and_gives_the_same_bits(tmp_path, uninterrupted, 
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
     recorded = stop_mid_volume(tmp_path, how)
+    check = subprocess.run([sys.executable, "-m", "volconv", "validate", str(tmp_path / "p.toml")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    assert f"(new; an interrupted run's partial with {recorded} slabs resumes" in check.stdout
 
     r = report_of(tmp_path)
     n = volume.shape[0]

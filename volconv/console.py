@@ -30,6 +30,7 @@ from volconv.report import (
     summary_line,
     summary_table,
 )
+from volconv.resume import recorded_slabs
 from volconv.separable import describe_plan
 
 if TYPE_CHECKING:
@@ -195,6 +196,8 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
             state = "exists: replaced"
         else:
             state = "new"
+        if not job.complete and not overwrite and (slabs := recorded_slabs(job.output)):
+            state += f"; an interrupted run's partial with {slabs} slabs resumes if it matches"
         shape = "x".join(map(str, job.volume.shape))
         extents = "x".join(map(str, job.kernels.shape[1:]))
         say(

@@ -330,3 +330,17 @@ class Progress:
 
 def _slab_line(frame: int, a: int, b: int, crcs: list[int]) -> bytes:
     return _line(f"slab {frame} {a} {b} {','.join(f'{c:08x}' for c in crcs)}")
+
+
+def recorded_slabs(path: Path) -> int:
+    """The most slabs that a partial output of ``path`` left by an interrupted run records
+    (0: none), from the logs alone: what `volconv validate` shows. Whether a rerun resumes it
+    (same fingerprint and input, bytes that match) is decided by `Progress.open`."""
+    most = 0
+    for entry in leftovers(path):
+        try:
+            if _ours(os.lstat(entry), stat.S_ISDIR, private=True):
+                most = max(most, sum(r[0] == "slab" for r in Progress._read_log(entry / LOG)))
+        except OSError:
+            continue
+    return most
