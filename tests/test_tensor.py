@@ -27,7 +27,6 @@ from volconv.tensor import (
     digit_types,
     direct_convolver,
     filter_exponents,
-    split_pays,
     tensor_defines,
     tensor_pays,
     tensor_refusal,
@@ -336,26 +335,25 @@ def test_tensor_splits(nvidia, extents, persistent):
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.float32])
 def test_tensor_dtypes(nvidia, dtype):
-    """uint8 and int8 take the tensor cores; int16 and float32 their digits where
-    `split_pays`, else the FP32 kernel; as exact either way."""
+    """uint8 and int8 take the tensor cores; int16 and float32, untuned, the FP32 kernel
+    (their digits measured slower); as exact either way."""
     bank = np.random.default_rng(5).standard_normal((8, 5, 6, 7))
     shape = (30, 31, 45)
     vol = volume_of(dtype, shape)
     sep = SeparableConvolver(bank, shape, dtype, "mirror", device=nvidia, slab_depth=11,
                              choices=direct(bank), tuned=False)  # fmt: skip
-    digits = len(digit_types(dtype))
-    if digits == 1:
-        assert sep.engines == [TENSOR_ENGINE]
-    else:
-        pays = split_pays(8, (5, 6, 7), digits)
-        assert sep.engines == [f"{TENSOR_ENGINE}x{digits}" if pays else "fp32"]
+    assert sep.engines == [TENSOR_ENGINE if len(digit_types(dtype)) == 1 else "fp32"]
     out = run(sep, vol)
     assert_spec_close(out, vol, bank, reference(vol, bank, "mirror"))
 
 
 def test_tensor_cval_off_type_takes_digits(nvidia):
-    """A cval off uint8 pads the slab in float32: the digits where they pay, forced here."""
-    bank = np.random.default_rng(8).standard_normal((2, 3, 3, 3))
+    """A cval off uint8 pads the slab in float32: the FP32 kernel untuned, the digits
+    forced."""
+    bank = np.random.default_rng(8).standard_normal((8, 3, 3, 3))
+    auto = direct_convolver(bank, (8, 9, 10), np.uint8, "constant", 0.5, device=nvidia,
+                            tuned=False)  # fmt: skip
+    assert auto.engine == "fp32"
     conv = direct_convolver(bank, (8, 9, 10), np.uint8, "constant", 0.5, device=nvidia,
                             engine="tensor")  # fmt: skip
     assert conv.engine == f"{TENSOR_ENGINE}x{FLOAT_DIGITS}"

@@ -476,17 +476,6 @@ class DigitConvolver(BankConvolver):
         return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
 
 
-# The split's cost, H100, 256^3, 7^3 (benchmarks/results/h100-tensor-types.json): a pass of
-# the tensor kernel per digit, and the split and sums, which read and write the responses.
-SPLIT_MIN_FILTERS = {2: 8, 3: 1000}
-
-
-def split_pays(n_filters: int, extents: tuple[int, ...], digits: int) -> bool:
-    """Whether 'auto' takes the tensor cores for a group of ``digits``-digit inputs (where
-    they exist): as `tensor_pays`, from `SPLIT_MIN_FILTERS` filters."""
-    return tensor_pays(n_filters, extents) and n_filters >= SPLIT_MIN_FILTERS.get(digits, 1000)
-
-
 def tensor_pays(n_filters: int, extents: tuple[int, ...]) -> bool:
     """Whether 'auto' takes the tensor cores for a group (where they exist): faster from
     `MIN_TENSOR_FILTERS` filters, at least as accurate below `FP32_BLOCKED_TAPS` taps."""
@@ -546,18 +535,21 @@ def auto_engine(
 ) -> str:
     """'auto''s engine for a bank: the one ``volconv bench --tune`` cached for this device,
     driver and bank shape (`volconv.plan.tuned_knobs`; ``tuned`` False skips it), else the
-    rule: 'tensor' where the device and bank allow it and `tensor_pays` (8-bit inputs) or
-    `split_pays` (digits) says it runs faster, else 'fp32'."""
+    rule: 'tensor' where the device and bank allow it, the slab is 8-bit (`digit_types`) and
+    `tensor_pays`, else 'fp32'. Digits stay on FP32 untuned: a pass per digit and the sums
+    cost more than the FP32 kernel (H100, 256^3, N = 8, 7^3: int16 2.32 ms against 1.90,
+    float32 3.85 against 2.17; benchmarks/results/h100-tensor-types.json); the tuner takes
+    them where they measure faster."""
     src = native_volume(np.empty(0, dtype)).dtype
     extents = tuple(bank.shape[1:])
     knobs = tuned_knobs(device, extents, len(bank), src) if tuned else None
     if knobs:
         return str(knobs["engine"])
-    digits = len(digit_types(src, mode, cval))
-    pays = (
-        tensor_pays(len(bank), extents) if digits == 1 else split_pays(len(bank), extents, digits)
-    )
-    if pays and tensor_refusal(device, bank, src, mode, cval, split=True) is None:
+    if (
+        len(digit_types(src, mode, cval)) == 1
+        and tensor_pays(len(bank), extents)
+        and tensor_refusal(device, bank, src, mode, cval) is None
+    ):
         return "tensor"
     return "fp32"
 
