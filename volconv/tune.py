@@ -248,26 +248,27 @@ def _read(path: Path) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
+def _knob_text(p: dict) -> str:
+    """The engine, and the FP32 kernel's knobs where they are the engine's."""
+    engine = f"engine={p.get('path') or p['engine']}"
+    if not next((e.knobs for e in ENGINES if e.name == p["engine"]), True):
+        return engine
+    lz, ly = p.get("local_size") or ("?", "?")
+    passes = f" passes={'+'.join(map(str, p['passes']))}" if p.get("passes") else ""
+    return (f"{engine} width={p.get('vector_width') or 'auto'}{passes} unroll={p.get('unroll')} "
+            f"work-group={lz}x{ly}")  # fmt: skip
+
+
 def point_line(p: dict) -> str:
     """One timed candidate as a line of text."""
-    knobs = f"engine={p.get('path') or p['engine']} width={p.get('vector_width') or 'auto'}"
     if "error" in p:
-        return f"{knobs} unroll={p.get('unroll')} work-group={p.get('local_size')}: {p['error']}"
-    lz, ly = p["local_size"]
-    return (
-        f"{knobs} passes={'+'.join(map(str, p['passes']))} unroll={p['unroll']} "
-        f"work-group={lz}x{ly}: {p['seconds'] * 1e3:.3f} ms, {p['gflops']:.1f} GFLOP/s"
-    )
+        return f"{_knob_text(p)}: {p['error']}"
+    return f"{_knob_text(p)}: {p['seconds'] * 1e3:.3f} ms, {p['gflops']:.1f} GFLOP/s"
 
 
 def winner_line(record: dict) -> str:
     """The winner as a line of text."""
     w = record["winner"]
-    lz, ly = w["local_size"]
     untuned = w.get("untuned_gflops")
     gain = f", {w['gflops'] / untuned:.2f}x the untuned plan" if untuned else ""
-    return (
-        f"engine={w.get('path') or w['engine']} width={w['vector_width'] or 'auto'} "
-        f"unroll={w['unroll']} "
-        f"work-group={lz}x{ly}: {w['gflops']:.1f} GFLOP/s{gain}"
-    )
+    return f"{_knob_text(w)}: {w['gflops']:.1f} GFLOP/s{gain}"
