@@ -399,8 +399,8 @@ class DigitConvolver(BankConvolver):
         if len(self.digits) == 1:
             raise ValueError(f"{np.dtype(dtype)} slabs are 8-bit already: use TensorConvolver")
         self.engine = f"{TENSOR_ENGINE}x{len(self.digits)}"  # the record's name: digits
-        self.emulate, self._inner_options = emulate, {"shape_split": shape_split,
-                                                      "emulate": emulate}  # fmt: skip
+        self.emulate = emulate
+        self._inner_options = {"shape_split": shape_split, "emulate": emulate}
         device = kwargs.get("device")
         device = device if isinstance(device, cl.Device) else select_device(device)
         if kwargs.get("slab_depth") is None and kwargs.get("plan") is None:
