@@ -41,6 +41,7 @@ defines = {
                  ("COMBO_OUT", 0), ("WZ", "1.0f,2.0f,1.0f"), ("WY", "1.0f,0.0f,-1.0f"),
                  ("WX", "0.5f,0.5f,0.5f"), ("IN_T", "uchar")),
     "convert.cl": (),
+    "digits.cl": (("SRC_T", "float"), ("DIGITS", 3), ("FIXED_POINT", 1)),
 }
 options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
 for name in names:

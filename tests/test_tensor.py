@@ -8,16 +8,23 @@ import numpy as np
 import pytest
 from conftest import assert_spec_close, reference
 
+from volconv.checks import spec_tolerance
 from volconv.engine import BankConvolver
+from volconv.plan import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
+from volconv.report import write_json
 from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
+    FLOAT_DIGITS,
     FP32_BLOCKED_TAPS,
     MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
+    DigitConvolver,
     TensorConvolver,
     TensorShape,
+    auto_engine,
     b_fragments,
     choose_engine,
+    digit_types,
     direct_convolver,
     filter_exponents,
     tensor_defines,
@@ -79,6 +86,42 @@ def test_engine_choice_and_fallback(device):
     assert forced.engines == ["fp32"]
     vol = volume_of(np.uint8, shape)
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
+
+
+def test_tuned_engine_choice_and_fallback(device, tmp_path, monkeypatch):
+    """'auto' takes the engine ``volconv bench --tune`` cached for the bank shape where it
+    runs; a cached tensor engine on a device without tensor cores is ignored with a warning,
+    the FP32 kernel taking the bank (results as scipy's either way)."""
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
+    bank = np.random.default_rng(12).standard_normal((2, 3, 3, 3))  # the rule: FP32
+    shape = (9, 10, 11)
+    dev_key, bank_key = tune_keys(device, (3, 3, 3), 2, np.dtype(np.int16))
+    cached = {"format": TUNE_FORMAT, "kernel": kernel_hash(), "engine": "tensor",
+              "vector_width": None, "unroll": 4, "local_size": [4, 2]}  # fmt: skip
+    write_json({dev_key: {bank_key: cached}}, tmp_path / TUNE_FILE)
+    assert auto_engine(device, bank, np.dtype(np.int16), "reflect", 0.0, tuned=False) == "fp32"
+    if tensor_supported(device):
+        conv = direct_convolver(bank, shape, np.int16, device=device)
+        assert type(conv) is DigitConvolver and conv.engine == f"{TENSOR_ENGINE}x2"
+    else:
+        with pytest.warns(RuntimeWarning, match="names engine 'tensor', which does not run"):
+            conv = direct_convolver(bank, shape, np.int16, device=device)
+        assert type(conv) is BankConvolver and conv.engine == "fp32"
+    vol = volume_of(np.int16, shape)
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
+
+
+def test_digit_types():
+    """8-bit slabs stay whole; 16-bit integers are two digits; floats, and a cval off an
+    integer type, a fixed point of FLOAT_DIGITS; the top digit signed where the type is."""
+    u8, i8 = np.dtype(np.uint8), np.dtype(np.int8)
+    assert digit_types(np.uint8) == (u8,) and digit_types(np.int8, "constant", -128) == (i8,)
+    assert digit_types(np.int16) == (i8, u8) and digit_types(np.uint16) == (u8, u8)
+    floats = (i8, *[u8] * (FLOAT_DIGITS - 1))
+    assert digit_types(np.float32) == digit_types(np.float64) == floats
+    assert digit_types(np.uint8, "constant", 0.5) == digit_types(np.int16, "constant", 1e6)
+    assert digit_types(np.int16, "constant", 1e6) == floats
+    assert digit_types(np.uint8, "reflect", 0.5) == (u8,)  # cval unused outside constant
 
 
 def test_tensor_pays():
@@ -196,6 +239,51 @@ def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, mode, 3.0))
 
 
+@pytest.mark.parametrize(
+    ("dtype", "mode", "cval", "n", "extents"),
+    [
+        (np.int16, "reflect", 0.0, 3, (3, 4, 5)),
+        (np.uint16, "wrap", 0.0, 9, (2, 3, 4)),
+        (np.float32, "constant", 2.5, 3, (3, 4, 5)),
+        (np.uint8, "constant", 0.5, 2, (4, 2, 3)),
+        (np.float64, "mirror", 0.0, 1, (1, 3, 2)),
+        (np.int16, "nearest", 0.0, 2, (3, 3, 3)),
+    ],
+)
+def test_emulated_digits(device, dtype, mode, cval, n, extents):
+    """`DigitConvolver` over the emulated kernel: the split into digit slabs (signed top
+    digit), the float fixed point's per-slab scale, the FP32 sums, on any device (slabs of 4
+    rows, each with its own scale)."""
+    bank = np.random.default_rng(9).standard_normal((n, *extents))
+    shape = (9, 9, 20)
+    vol = volume_of(dtype, shape, 1)
+    if np.dtype(dtype).kind == "f":
+        vol[:4] *= 1e-3  # a first slab of smaller values: another scale
+    conv = DigitConvolver(bank, shape, dtype, mode, cval, device=device, emulate=True,
+                          shape_split=TensorShape(1, 2, 1, 2, 4), slab_depth=4)  # fmt: skip
+    assert conv.engine == f"{TENSOR_ENGINE}x{len(digit_types(dtype, mode, cval))}"
+    assert conv.tensor_gflop > 0
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, mode, cval))
+
+
+def test_emulated_digits_nonfinite(device):
+    """NaN and Inf voxels as scipy propagates them, the finite part through the digits."""
+    bank = np.random.default_rng(11).standard_normal((2, 3, 2, 3))
+    shape = (8, 7, 17)
+    vol = volume_of(np.float32, shape)
+    vol[1, 2, 3], vol[5, 5, 5], vol[6, 0, 16] = np.nan, np.inf, -np.inf
+    conv = DigitConvolver(bank, shape, np.float32, "reflect", device=device, emulate=True,
+                          shape_split=TensorShape(1, 2, 1, 2, 4), slab_depth=4)  # fmt: skip
+    out = run(conv, vol)
+    ref = reference(vol, bank, "reflect")
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])
+    finite = np.isfinite(ref)
+    err = np.abs(np.where(finite, out, 0) - np.where(finite, ref, 0)).max(axis=(1, 2, 3))
+    vmax = float(np.abs(vol[np.isfinite(vol)]).max())
+    assert np.all(err <= [spec_tolerance(k, vmax) for k in bank])
+
+
 # -- the kernel on the tensor cores (NVIDIA cc >= 8.0) -------------------------------------
 
 
@@ -247,22 +335,113 @@ def test_tensor_splits(nvidia, extents, persistent):
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.float32])
 def test_tensor_dtypes(nvidia, dtype):
-    """uint8 and int8 take the tensor cores; int16 and float32 the FP32 kernel, as exact."""
+    """uint8 and int8 take the tensor cores; int16 and float32, untuned, the FP32 kernel
+    (their digits measured slower); as exact either way."""
     bank = np.random.default_rng(5).standard_normal((8, 5, 6, 7))
     shape = (30, 31, 45)
     vol = volume_of(dtype, shape)
     sep = SeparableConvolver(bank, shape, dtype, "mirror", device=nvidia, slab_depth=11,
-                             choices=direct(bank))  # fmt: skip
-    tensor = np.dtype(dtype) in (np.dtype(np.uint8), np.dtype(np.int8))
-    assert sep.engines == [TENSOR_ENGINE if tensor else "fp32"]
+                             choices=direct(bank), tuned=False)  # fmt: skip
+    assert sep.engines == [TENSOR_ENGINE if len(digit_types(dtype)) == 1 else "fp32"]
     out = run(sep, vol)
     assert_spec_close(out, vol, bank, reference(vol, bank, "mirror"))
 
 
-def test_tensor_cval_off_type_falls_back(nvidia):
-    bank = np.ones((2, 3, 3, 3))
-    conv = direct_convolver(bank, (8, 9, 10), np.uint8, "constant", 0.5, device=nvidia)
-    assert conv.engine == "fp32"
+def test_tensor_cval_off_type_takes_digits(nvidia):
+    """A cval off uint8 pads the slab in float32: the FP32 kernel untuned, the digits
+    forced."""
+    bank = np.random.default_rng(8).standard_normal((8, 3, 3, 3))
+    auto = direct_convolver(bank, (8, 9, 10), np.uint8, "constant", 0.5, device=nvidia,
+                            tuned=False)  # fmt: skip
+    assert auto.engine == "fp32"
+    conv = direct_convolver(bank, (8, 9, 10), np.uint8, "constant", 0.5, device=nvidia,
+                            engine="tensor")  # fmt: skip
+    assert conv.engine == f"{TENSOR_ENGINE}x{FLOAT_DIGITS}"
+    vol = volume_of(np.uint8, (8, 9, 10))
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "constant", 0.5))
+
+
+# -- inputs split into 8-bit digits on the tensor cores (NVIDIA cc >= 8.0) ----------------
+
+SPLIT_TYPES = (np.uint8, np.int16, np.float32)  # uint8: a cval off the type splits it
+
+
+def split_case(dtype, mode: str) -> tuple[float, str]:
+    """The cval of a case (uint8: a fraction, so the slab is float32 and split) and the
+    engine name its digits give."""
+    cval = 2.5 if dtype == np.uint8 else -3.0
+    digits = len(digit_types(dtype, "constant" if dtype == np.uint8 else mode, cval))
+    return cval, f"{TENSOR_ENGINE}x{digits}"
+
+
+@pytest.mark.parametrize("dtype", SPLIT_TYPES)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("extents", [(7, 7, 7), (4, 6, 2)])
+def test_split_modes(nvidia, mode, dtype, extents):
+    """Every mode, odd and even extents, slabs of 7 rows (seams); the digit slabs through the
+    tensor cores (uint8 with a cval off the type, in constant mode only)."""
+    if dtype == np.uint8 and mode != "constant":
+        pytest.skip("uint8 splits only for a cval off the type")
+    bank = np.random.default_rng(10).standard_normal((8, *extents))
+    shape = (26, 23, 37)
+    cval, engine = split_case(dtype, mode)
+    vol = volume_of(dtype, shape)
+    conv = direct_convolver(bank, shape, dtype, mode, cval, device=nvidia, slab_depth=7,
+                            engine="tensor")  # fmt: skip
+    assert conv.engine == engine
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, mode, cval))
+
+
+@pytest.mark.parametrize("dtype", SPLIT_TYPES)
+@pytest.mark.parametrize("n", [1, 8, 13, 32])
+@pytest.mark.parametrize("extents", [(5, 5, 5), (4, 2, 8), (6, 3, 10)])
+def test_split_filters(nvidia, n, extents, dtype):
+    """N in {1, 8, 13, 32} (one pass, several, a partial one), even extents, filters of very
+    different scales."""
+    rng = np.random.default_rng(n)
+    bank = rng.standard_normal((n, *extents)) * 10.0 ** rng.integers(-6, 6, (n, 1, 1, 1))
+    shape = (33, 40, 70)
+    mode = "constant" if dtype == np.uint8 else "reflect"
+    cval, engine = split_case(dtype, mode)
+    vol = volume_of(dtype, shape, n)
+    conv = direct_convolver(bank, shape, dtype, mode, cval, device=nvidia, slab_depth=13,
+                            engine="tensor")  # fmt: skip
+    assert conv.engine == engine
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, mode, cval))
+
+
+def test_split_nonfinite(nvidia):
+    """NaN and Inf voxels of a float volume reach their outputs as in scipy; the finite part
+    through the digits."""
+    bank = np.random.default_rng(11).standard_normal((8, 3, 4, 5))
+    shape = (20, 21, 22)
+    vol = volume_of(np.float32, shape)
+    vol[3, 4, 5], vol[10, 10, 10], vol[15, 2, 20] = np.nan, np.inf, -np.inf
+    conv = direct_convolver(bank, shape, np.float32, "wrap", device=nvidia, slab_depth=6,
+                            engine="tensor")  # fmt: skip
+    out = run(conv, vol)
+    ref = reference(vol, bank, "wrap")
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])
+    finite = np.isfinite(ref)
+    err = np.abs(np.where(finite, out, 0) - np.where(finite, ref, 0)).max(axis=(1, 2, 3))
+    vmax = float(np.abs(vol[np.isfinite(vol)]).max())
+    assert np.all(err <= [spec_tolerance(k, vmax) for k in bank])
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.float32])
+def test_split_no_worse_than_fp32(nvidia, dtype):
+    """Error against float64 (max |err| / (sum|w| x max|v|)) of the digits at most the FP32
+    kernel's, for 8 random 7^3 filters."""
+    bank = np.random.default_rng(6).standard_normal((8, 7, 7, 7))
+    vol = volume_of(dtype, (48, 56, 64))
+    ref = reference(vol, bank, "reflect")
+    scale = np.abs(bank).sum(axis=(1, 2, 3)) * float(np.abs(vol).max())
+    errs = {}
+    for engine in ("tensor", "fp32"):
+        out = run(direct_convolver(bank, vol.shape, dtype, device=nvidia, engine=engine), vol)
+        errs[engine] = float((np.abs(out - ref).max(axis=(1, 2, 3)) / scale).max())
+    assert errs["tensor"] <= errs["fp32"], errs
 
 
 @pytest.mark.parametrize("k", [7, 9, 11])

@@ -24,6 +24,7 @@ from volconv.plan import (
     tune_keys,
     tuned_knobs,
 )
+from volconv.tensor import tensor_supported
 from volconv.tune import MARGIN, Candidates, tune_bank
 
 TINY = Work((12, 10, 14), 3, (3, 5, 3), dtype="int16")
@@ -78,6 +79,18 @@ def test_tuning_picks_one_of_the_candidates(tuned):
     fastest = max(f["gflops"] for f in record["finalists"])
     assert win["untuned_gflops"] > 0
     assert win["gflops"] == fastest or win["gflops"] == win["untuned_gflops"] > fastest / MARGIN
+
+
+def test_tuning_times_the_tensor_engine_where_it_runs(tuned, device):
+    """On NVIDIA cc >= 8.0 the tensor engine is a candidate (int16: two digit slabs), timed
+    once, with none of the FP32 kernel's knobs to search; elsewhere the FP32 kernel alone."""
+    _, record = tuned
+    timed = [p for p in record["points"] if "error" not in p]
+    tensor = [p for p in timed if p["engine"] == "tensor"]
+    if tensor_supported(device):
+        assert [p["path"] for p in tensor] == ["tensor-fp16x2"]
+    else:
+        assert not tensor and {p["engine"] for p in record["points"]} == {"fp32"}
 
 
 def untuned_unroll(record) -> int:
@@ -179,7 +192,7 @@ def test_other_banks_take_the_defaults(device, cache):
         (None, "stale"),  # an entry for another bank_conv.cl
         ("format", "stale"),
         ("unroll", "invalid knob"),
-        ("engine", "invalid knob"),
+        ("engine", "names engine 'no-such-engine', which does not run on"),
         ("local_size", "lacks a knob"),
         ("entry", "not an object"),
     ],

@@ -73,25 +73,42 @@ CL_TYPES = {
 class Engine:
     """A way to compute a plan's direct filters, named in the throughput record.
 
-    ``convolver`` is ``"module:Class"``, a class with `volconv.engine.BankConvolver`'s
-    constructor, slab interface and ``time_kernel``, imported when used (the engines import
-    this module);
-    ``available`` says whether it runs on a device. `volconv.tune` times every available
-    engine and caches the winner; an untuned plan takes the first.
+    ``convolver`` is ``"module:callable"``, a class or factory with
+    `volconv.engine.BankConvolver`'s constructor, slab interface and ``time_kernel``, imported
+    when used (the engines import this module), which raises ValueError for a bank or type it
+    does not take; ``supported`` is ``"module:function"`` of a device, whether the engine runs
+    there (empty: everywhere); ``knobs``: whether the FP32 kernel's knobs (vector width,
+    unroll, work-group) are its own, for `volconv.tune` to search; ``sources``: its kernels/
+    files. `volconv.tune` times every available engine and caches the winner; untuned,
+    `volconv.tensor.direct_convolver` chooses by rule.
     """
 
     name: str
     convolver: str
-    available: Callable[[cl.Device], bool] = lambda device: True
+    supported: str = ""
+    knobs: bool = True
+    sources: tuple[str, ...] = ()
 
-    def load(self) -> type:
-        module, _, name = self.convolver.partition(":")
-        return getattr(importlib.import_module(module), name)
+    def load(self) -> Callable:
+        return _load(self.convolver)
+
+    def available(self, device: cl.Device) -> bool:
+        return not self.supported or bool(_load(self.supported)(device))
 
 
-# The engines, in order of preference when nothing is tuned: another engine (tensor cores on
-# NVIDIA) adds itself here with the devices it runs on.
-ENGINES: tuple[Engine, ...] = (Engine("fp32", "volconv.engine:BankConvolver"),)
+def _load(name: str) -> Callable:
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# The engines, the FP32 kernel first (an untuned plan's, and every device's): the tensor cores
+# on NVIDIA cc >= 8.0 (`volconv.tensor`), for 8-bit inputs and, split into 8-bit digits,
+# 16-bit integers and floats.
+ENGINES: tuple[Engine, ...] = (
+    Engine("fp32", "volconv.engine:BankConvolver", sources=("bank_conv.cl",)),
+    Engine("tensor", "volconv.tensor:tensor_convolver", "volconv.tensor:tensor_supported",
+           knobs=False, sources=("tensor_conv.cl", "digits.cl")),
+)  # fmt: skip
 
 
 def engine_candidates(device: cl.Device) -> tuple[Engine, ...]:
@@ -325,15 +342,17 @@ def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> i
 # -- the tuning cache -----------------------------------------------------------------------
 # `volconv bench --tune` (volconv.tune) writes the knobs that ran fastest for a bank shape on
 # a device to tune.json beside the FMA probe's peak.json: {device key: {bank key: entry}}.
-# An entry made for another bank_conv.cl, or of another format, is stale.
+# An entry made for other kernels (any engine's), or of another format, is stale.
 
 TUNE_FILE = "tune.json"
 TUNE_FORMAT = 1
 
 
 def kernel_hash() -> str:
-    """The first 12 hex digits of bank_conv.cl's SHA-256: tuned knobs hold for this source."""
-    return hashlib.sha256(kernel_source("bank_conv.cl").encode()).hexdigest()[:12]
+    """The first 12 hex digits of the SHA-256 of every engine's kernels: tuned knobs and the
+    engine chosen hold for these sources."""
+    sources = "".join(kernel_source(f) for e in ENGINES for f in e.sources)
+    return hashlib.sha256(sources.encode()).hexdigest()[:12]
 
 
 def tune_keys(
@@ -379,7 +398,7 @@ def tuned_knobs(
     if not isinstance(entry, dict):
         return _ignored(path, f"its entry for {bank_key} is not an object")
     if entry.get("format") != TUNE_FORMAT or entry.get("kernel") != kernel_hash():
-        return _ignored(path, f"its entry for {bank_key} is stale (another bank_conv.cl)")
+        return _ignored(path, f"its entry for {bank_key} is stale (other kernels)")
     try:
         knobs = {
             "unroll": int(entry["unroll"]),
@@ -389,15 +408,17 @@ def tuned_knobs(
         }
     except (KeyError, TypeError, ValueError):
         return _ignored(path, f"its entry for {bank_key} lacks a knob")
-    names = [e.name for e in engine_candidates(device)]
     if not (
         1 <= knobs["unroll"] <= MAX_UNROLL
         and len(knobs["local_size"]) == 2
         and min(knobs["local_size"]) >= 1
         and knobs["vector_width"] in (None, *VECTOR_WIDTHS)
-        and knobs["engine"] in names
     ):
         return _ignored(path, f"its entry for {bank_key} holds an invalid knob")
+    if knobs["engine"] not in [e.name for e in engine_candidates(device)]:
+        engine = knobs["engine"]
+        return _ignored(path, f"its entry for {bank_key} names engine {engine!r}, which does "
+                              f"not run on {device.name.strip()}")  # fmt: skip
     return knobs
 
 

@@ -8,10 +8,13 @@ accumulation. uint8 and int8 volumes are exact in FP16; each filter's coefficien
 by a power of two and split into hi + lo FP16 halves with separate accumulators, which keeps
 the error against float64 at or below the FP32 kernel's (DESIGN.md, "Tensor cores").
 
-Inputs FP16 cannot hold exactly (16-bit integers, float32 and wider, a non-integer ``cval``
-in constant mode) and filters whose scale leaves float32's normal range stay on the FP32
-kernel: `tensor_refusal` says why. ``VOLCONV_ENGINE=fp32`` (or ``engine='fp32'``) forces the
-FP32 kernel everywhere, for comparison.
+Inputs 8-bit integers do not hold exactly (16-bit integers, float32 and wider, a non-integer
+``cval`` in constant mode) take `DigitConvolver`: the padded slab split on the device into
+8-bit digit slabs (kernels/digits.cl), each through the same kernel, the responses summed in
+FP32. Filters whose scale leaves float32's normal range stay on the FP32 kernel:
+`tensor_refusal` says why. `direct_convolver` chooses between the engines (the one
+``volconv bench --tune`` cached, else a rule); ``VOLCONV_ENGINE=fp32`` (or ``engine='fp32'``)
+forces the FP32 kernel everywhere, for comparison.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyopencl as cl
 
+from volconv.device import select_device
 from volconv.engine import BankConvolver, as_kernel_bank, native_volume
-from volconv.plan import pad_dtype_for
+from volconv.plan import CL_TYPES, pad_dtype_for, tuned_knobs
 from volconv.programs import build
 from volconv.report import work_gflop
 
@@ -80,15 +84,22 @@ def filter_exponents(bank: np.ndarray) -> np.ndarray:
 
 
 def tensor_refusal(
-    device: cl.Device, bank: np.ndarray, dtype: np.dtype, mode: str, cval: float
+    device: cl.Device,
+    bank: np.ndarray,
+    dtype: np.dtype,
+    mode: str,
+    cval: float,
+    *,
+    split: bool = False,
 ) -> str | None:
-    """Why the tensor-core engine does not take this bank and volume type (None: it does)."""
+    """Why the tensor-core engine does not take this bank and volume type (None: it does):
+    `TensorConvolver`'s types only, or with ``split`` every type, through `DigitConvolver`."""
     if not tensor_supported(device):
         return f"{device.name.strip()} has no mma.sync (NVIDIA cc >= 8.0 wanted)"
     src = native_volume(np.empty(0, dtype)).dtype
-    if src not in EXACT_TYPES:
+    if not split and src not in EXACT_TYPES:
         return f"{src} inputs are not exact in FP16 (uint8 and int8 are)"
-    if pad_dtype_for(src, mode, cval) != src:
+    if not split and pad_dtype_for(src, mode, cval) != src:
         return f"cval {cval} is not a {src} value"
     e = filter_exponents(bank)
     if np.any(e > 126) or np.any(e < -127):
@@ -324,6 +335,147 @@ class TensorConvolver(BankConvolver):
         return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
 
 
+# -- inputs 8-bit integers do not hold: digits ---------------------------------------------
+# The digits of a float slab's fixed point (8 bits each): with 3, q = rint(x / 2^s) is a 24-bit
+# number, its rounding below 2^-23 of the slab's largest |x|, float32's own spacing there.
+FLOAT_DIGITS = 3
+REDUCE_GROUP = 256  # work-items per group of digits.cl's slab_max (a power of two)
+REDUCE_GROUPS = 1024
+
+
+def digit_types(dtype: np.dtype, mode: str = "reflect", cval: float = 0.0) -> tuple[np.dtype, ...]:
+    """The 8-bit slabs, top digit first, a padded slab of volumes of ``dtype`` splits into
+    for the tensor cores: itself where it is 8-bit (`EXACT_TYPES`, cval one of its values);
+    int16 into int8 and uint8 (x = 256 hi + lo), uint16 into two uint8; a float slab (or a
+    cval off the integer type) into a signed fixed point of `FLOAT_DIGITS` digits, int8 then
+    uint8."""
+    src = native_volume(np.empty(0, dtype)).dtype
+    pad = pad_dtype_for(src, mode, cval)
+    u8, i8 = EXACT_TYPES
+    if pad in EXACT_TYPES:
+        return (pad,)
+    if pad == np.int16:
+        return (i8, u8)
+    if pad == np.uint16:
+        return (u8, u8)
+    return (i8, *[u8] * (FLOAT_DIGITS - 1))
+
+
+class DigitConvolver(BankConvolver):
+    """The tensor-core engine for volumes 8-bit integers do not hold exactly (`digit_types`):
+    `BankConvolver`'s parameters, slabs and results.
+
+    Each slab is padded in its own type (a float slab in float32), split on the device into
+    8-bit digit slabs (kernels/digits.cl: a float slab first scaled by the power of two that
+    puts its largest |x| at the top of a `FLOAT_DIGITS` x 8-bit fixed point), and each digit
+    slab filtered by a `TensorConvolver` of its type; the responses are summed top digit
+    first, ``out = 256 out + part`` in FP32, then scaled back. 16-bit integers are exact
+    digits; floats round once, to the fixed point. NaN and Inf voxels are set as in scipy by
+    `BankConvolver`'s override, the slab's finite part filtered here. The ``kernel`` timing
+    counts the split and the sums beside the digits' launches.
+
+    Parameters
+    ----------
+    shape_split, emulate
+        As `TensorConvolver`'s, for each digit's.
+    **kwargs
+        As `BankConvolver`'s. Without ``slab_depth`` the slab is planned in half the memory
+        budget: the digit slabs and a second response buffer take about as much again.
+    """
+
+    def __init__(
+        self,
+        kernels: object,
+        shape: tuple[int, int, int],
+        dtype: np.dtype,
+        mode: str = "reflect",
+        cval: float = 0.0,
+        *,
+        shape_split: TensorShape | None = None,
+        emulate: bool = False,
+        **kwargs: object,
+    ) -> None:
+        self.digits = digit_types(dtype, mode, cval)
+        if len(self.digits) == 1:
+            raise ValueError(f"{np.dtype(dtype)} slabs are 8-bit already: use TensorConvolver")
+        self.engine = f"{TENSOR_ENGINE}x{len(self.digits)}"  # the record's name: digits
+        self.emulate = emulate
+        self._inner_options = {"shape_split": shape_split, "emulate": emulate}
+        device = kwargs.get("device")
+        device = device if isinstance(device, cl.Device) else select_device(device)
+        if kwargs.get("slab_depth") is None and kwargs.get("plan") is None:
+            budget = kwargs.get("memory_budget") or min(device.global_mem_size // 4, 2 << 30)
+            kwargs["memory_budget"] = int(budget) // 2
+        kwargs.setdefault("pad_float", False)  # the slab in its own type: split exactly
+        super().__init__(kernels, shape, dtype, mode, cval, **{**kwargs, "device": device})
+
+    def _build_passes(self) -> None:
+        plan, ctx = self.plan, self.ctx
+        reason = tensor_refusal(self.device, self.kernels, plan.src_dtype, plan.mode, plan.cval,
+                                split=True)  # fmt: skip
+        if reason and not (self.emulate and "mma.sync" in reason):
+            raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
+        self.fixed_point = plan.pad_dtype.kind == "f"
+        defines = {"SRC_T": CL_TYPES[plan.pad_dtype], "DIGITS": len(self.digits)}
+        if self.fixed_point:
+            defines["FIXED_POINT"] = 1
+        program = build(ctx, "digits.cl", tuple(defines.items()))
+        self._split, self._combine, self._max = (
+            cl.Kernel(program, name) for name in ("split", "combine", "slab_max")
+        )
+        # one TensorConvolver per digit type, planned as this slab: its padded buffer is the
+        # digit slab; its responses go where `_launch_passes` points them
+        self._inner = {}
+        for dt in dict.fromkeys(self.digits):
+            digit_plan = replace(plan, src_dtype=dt, pad_dtype=dt, cval=0.0)
+            inner = TensorConvolver(self.kernels, plan.shape, dt, plan.mode, 0.0,
+                                    device=self.device, plan=digit_plan,
+                                    **self._inner_options)  # fmt: skip
+            inner._out = None  # its own response buffer is never used
+            self._inner[dt] = inner
+        mf = cl.mem_flags
+        self._part = cl.Buffer(ctx, mf.READ_WRITE, plan.slab_bytes(plan.slab_depth)["responses"])
+        self._max_bits = cl.Buffer(ctx, mf.READ_WRITE, 4)
+
+    def _launch_passes(self, depth: int) -> list[cl.Event]:
+        """Split the padded slab of ``depth`` output rows into digits, filter each, sum."""
+        plan, queue = self.plan, self.queue
+        p1, p2 = plan.padded_yz
+        n = np.int64((depth + plan.extents[0] - 1) * p1 * p2)
+        size = plan.n_filters * depth * math.prod(plan.shape[1:])
+        events = []
+        if self.fixed_point:
+            events.append(cl.enqueue_fill_buffer(queue, self._max_bits, np.uint32(0), 0, 4))
+            group = min(REDUCE_GROUP, self.device.max_work_group_size)
+            groups = min(REDUCE_GROUPS, -(-int(n) // group))
+            self._max.set_args(self._padded, n, self._max_bits, cl.LocalMemory(4 * group))
+            events.append(cl.enqueue_nd_range_kernel(queue, self._max, (group * groups,),
+                                                     (group,)))  # fmt: skip
+        last = len(self.digits) - 1
+        for d, dt in enumerate(self.digits):
+            inner = self._inner[dt]
+            self._split.set_args(self._padded, inner._padded, n, np.int32(8 * (last - d)),
+                                 self._max_bits)  # fmt: skip
+            events.append(cl.enqueue_nd_range_kernel(queue, self._split, (int(n),), None))
+            inner._out = self._out if d == 0 else self._part
+            events += inner._launch_passes(depth)
+            if d:
+                self._combine.set_args(self._out, self._part, np.int64(size),
+                                       np.int32(d == last), self._max_bits)  # fmt: skip
+                events.append(cl.enqueue_nd_range_kernel(queue, self._combine, (size,), None))
+        return events
+
+    @property
+    def tensor_gflop(self) -> float:
+        """GFLOP the tensor cores execute for one volume: every digit's (`TensorConvolver`)."""
+        return sum(self._inner[dt].tensor_gflop for dt in self.digits)
+
+    @property
+    def useful_gflop(self) -> float:
+        plan = self.plan
+        return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
+
+
 def tensor_pays(n_filters: int, extents: tuple[int, ...]) -> bool:
     """Whether 'auto' takes the tensor cores for a group (where they exist): faster from
     `MIN_TENSOR_FILTERS` filters, at least as accurate below `FP32_BLOCKED_TAPS` taps."""
@@ -349,17 +501,76 @@ def direct_convolver(
     engine: str | None = None,
     **overrides: object,
 ) -> BankConvolver:
-    """The direct engine for a bank: `TensorConvolver` where the device and the bank allow
-    it (`tensor_refusal`) and it measured faster and as accurate (`tensor_pays`), else the
-    FP32 `BankConvolver`. ``engine`` ('auto', 'fp32', 'tensor'; default $VOLCONV_ENGINE
-    or 'auto') forces one; 'tensor' raises where it cannot. The convolver's ``engine``
+    """The direct engine for a bank: the tensor cores (`tensor_convolver`) where the device
+    and bank allow it (`tensor_refusal`) and `auto_engine` takes them, else the FP32
+    `BankConvolver`. ``engine`` ('auto', 'fp32', 'tensor'; default $VOLCONV_ENGINE or
+    'auto') forces one; 'tensor' raises where it cannot. The convolver's ``engine``
     attribute names the choice for the record."""
-    engine = choose_engine(engine)
+    forced = choose_engine(engine)
     bank = as_kernel_bank(kernels)
-    if engine == "tensor" or (engine == "auto" and tensor_pays(len(bank), bank.shape[1:])):
-        reason = tensor_refusal(device, bank, np.dtype(dtype), mode, cval)
+    engine = forced
+    if forced == "auto":
+        tuned = bool(overrides.get("tuned", True))
+        engine = auto_engine(device, bank, np.dtype(dtype), mode, cval, tuned=tuned)
+    if engine == "tensor":
+        reason = tensor_refusal(device, bank, np.dtype(dtype), mode, cval, split=True)
         if reason is None:
-            return TensorConvolver(bank, shape, dtype, mode, cval, device=device, **overrides)
-        if engine == "tensor":
+            cls = TensorConvolver if len(digit_types(dtype, mode, cval)) == 1 else DigitConvolver
+            return cls(bank, shape, dtype, mode, cval, device=device, engine="tensor",
+                       **overrides)  # fmt: skip
+        if forced == "tensor":
             raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
-    return BankConvolver(kernels, shape, dtype, mode, cval, device=device, **overrides)
+    return BankConvolver(bank, shape, dtype, mode, cval, device=device, engine="fp32",
+                         **overrides)  # fmt: skip
+
+
+def auto_engine(
+    device: cl.Device,
+    bank: np.ndarray,
+    dtype: np.dtype,
+    mode: str,
+    cval: float,
+    *,
+    tuned: bool = True,
+) -> str:
+    """'auto''s engine for a bank: the one ``volconv bench --tune`` cached for this device,
+    driver and bank shape (`volconv.plan.tuned_knobs`; ``tuned`` False skips it), else the
+    rule: 'tensor' where the device and bank allow it, the slab is 8-bit (`digit_types`) and
+    `tensor_pays`, else 'fp32'. Digits stay on FP32 untuned: a pass per digit and the sums
+    cost more than the FP32 kernel (H100, 256^3, N = 8, 7^3: int16 2.32 ms against 1.90,
+    float32 3.85 against 2.17; benchmarks/results/h100-tensor-types.json); the tuner takes
+    them where they measure faster."""
+    src = native_volume(np.empty(0, dtype)).dtype
+    extents = tuple(bank.shape[1:])
+    knobs = tuned_knobs(device, extents, len(bank), src) if tuned else None
+    if knobs:
+        return str(knobs["engine"])
+    if (
+        len(digit_types(src, mode, cval)) == 1
+        and tensor_pays(len(bank), extents)
+        and tensor_refusal(device, bank, src, mode, cval) is None
+    ):
+        return "tensor"
+    return "fp32"
+
+
+def tensor_convolver(
+    kernels: object,
+    shape: tuple[int, int, int],
+    dtype: np.dtype,
+    mode: str = "reflect",
+    cval: float = 0.0,
+    *,
+    device: cl.Device,
+    **overrides: object,
+) -> BankConvolver:
+    """The tensor-core engine as `volconv.plan.ENGINES` offers it to `volconv.tune`:
+    `TensorConvolver` or `DigitConvolver` by the volume's type; a ValueError where the device
+    or bank refuse it (`tensor_refusal`) or where the FP32 kernel is the more accurate (from
+    `FP32_BLOCKED_TAPS` taps), so that a tuned choice keeps the error no worse than FP32's."""
+    bank = as_kernel_bank(kernels)
+    if math.prod(bank.shape[1:]) >= FP32_BLOCKED_TAPS:
+        raise ValueError(f"from {FP32_BLOCKED_TAPS} taps the FP32 kernel is the more accurate")
+    overrides.pop("engine", None)
+    return direct_convolver(bank, shape, dtype, mode, cval, device=device, engine="tensor",
+                            **overrides)  # fmt: skip

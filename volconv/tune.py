@@ -1,8 +1,9 @@
 """Autotuning, cached per device: `volconv bench --tune`.
 
 `tune_bank` times candidate knobs of the direct path for one bank shape on one device (the
-engine, from `volconv.plan.ENGINES`, and for each engine the vector width, CONV_UNROLL and the
-work-group shape), re-times the best few side by side with the untuned plan, which a winner
+engine, from `volconv.plan.ENGINES`: the FP32 kernel, and the tensor cores where the device
+has them; for the FP32 kernel the vector width, CONV_UNROLL and the work-group shape),
+re-times the best few side by side with the untuned plan, which a winner
 must beat by `MARGIN`, and caches the winner in ``tune.json`` beside the FMA probe's
 ``peak.json`` (`volconv.plan.tuned_knobs` reads it: every later plan of that bank shape on
 that device and driver takes it).
@@ -29,6 +30,7 @@ from volconv.bench import Work, device_record
 from volconv.device import select_device
 from volconv.peak import measured_peak
 from volconv.plan import (
+    ENGINES,
     TUNE_FORMAT,
     engine_candidates,
     kernel_hash,
@@ -36,6 +38,7 @@ from volconv.plan import (
     tune_path,
 )
 from volconv.report import write_json
+from volconv.tensor import auto_engine
 
 # Candidates measured on PoCL (benchmarks/results/pocl-cpu-kernel.json) and the H100
 # (h100-bench.json): unroll beyond 24 and work-groups beyond 128 work-items never won there.
@@ -88,7 +91,8 @@ class _Timer:
         conv.time_kernel(a, b, 1)  # warm-up: the driver's first-launch work, clocks
         plan = conv.plan
         point = {
-            "engine": plan.engine,
+            "engine": engine,
+            "path": conv.engine,  # what ran, as the record names it (e.g. tensor-fp16x3)
             "vector_width": knobs.get("vector_width"),  # None: the plan's own passes
             "unroll": plan.unroll,
             "local_size": list(plan.local_size[:2]),
@@ -109,7 +113,7 @@ class _Timer:
         requested = {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()}
         try:
             conv, rows, point = self.build(engine, **knobs)
-        except cl.Error as e:  # e.g. OUT_OF_RESOURCES for a wide unroll
+        except (cl.Error, ValueError) as e:  # OUT_OF_RESOURCES for a wide unroll; a refusal
             self.points.append({"engine": engine, **requested, "error": f"{e}"})
             if progress:
                 progress(self.points[-1])
@@ -154,10 +158,16 @@ def tune_bank(
     if not engines:
         raise ValueError(f"no engine of {candidates.engines} runs on {device.name.strip()}")
     timer = _Timer(work, device, repeats)
-    untuned = None  # the plan's own choice: the first engine at its defaults
+    # the untuned plan's own choice: the engine by rule (`auto_engine`) at its defaults
+    default = auto_engine(device, timer.kernels, np.dtype(work.dtype), work.mode, work.cval,
+                          tuned=False)  # fmt: skip
+    engines.sort(key=lambda e: e != default)
+    untuned = None
     for engine in engines:
         base = timer.measure(engine, progress)
         untuned = untuned or base
+        if not next(e for e in ENGINES if e.name == engine).knobs:
+            continue  # none of the FP32 kernel's knobs to search
         widths = [timer.measure(engine, progress, vector_width=v)
                   for v in candidates.vector_widths]  # fmt: skip
         best = _best([base, *widths])
@@ -186,6 +196,7 @@ def tune_bank(
         "format": TUNE_FORMAT,
         "kernel": kernel_hash(),
         **{k: winner[k] for k in ("engine", "vector_width", "unroll", "local_size")},
+        "path": winner.get("path"),
         "gflops": winner["gflops"],
         "untuned_gflops": untuned and untuned["gflops"],
         "measured_peak_gflops": probe,
@@ -237,25 +248,27 @@ def _read(path: Path) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
+def _knob_text(p: dict) -> str:
+    """The engine, and the FP32 kernel's knobs where they are the engine's."""
+    engine = f"engine={p.get('path') or p['engine']}"
+    if not next((e.knobs for e in ENGINES if e.name == p["engine"]), True):
+        return engine
+    lz, ly = p.get("local_size") or ("?", "?")
+    passes = f" passes={'+'.join(map(str, p['passes']))}" if p.get("passes") else ""
+    return (f"{engine} width={p.get('vector_width') or 'auto'}{passes} unroll={p.get('unroll')} "
+            f"work-group={lz}x{ly}")  # fmt: skip
+
+
 def point_line(p: dict) -> str:
     """One timed candidate as a line of text."""
-    knobs = f"engine={p['engine']} width={p.get('vector_width') or 'auto'}"
     if "error" in p:
-        return f"{knobs} unroll={p.get('unroll')} work-group={p.get('local_size')}: {p['error']}"
-    lz, ly = p["local_size"]
-    return (
-        f"{knobs} passes={'+'.join(map(str, p['passes']))} unroll={p['unroll']} "
-        f"work-group={lz}x{ly}: {p['seconds'] * 1e3:.3f} ms, {p['gflops']:.1f} GFLOP/s"
-    )
+        return f"{_knob_text(p)}: {p['error']}"
+    return f"{_knob_text(p)}: {p['seconds'] * 1e3:.3f} ms, {p['gflops']:.1f} GFLOP/s"
 
 
 def winner_line(record: dict) -> str:
     """The winner as a line of text."""
     w = record["winner"]
-    lz, ly = w["local_size"]
     untuned = w.get("untuned_gflops")
     gain = f", {w['gflops'] / untuned:.2f}x the untuned plan" if untuned else ""
-    return (
-        f"engine={w['engine']} width={w['vector_width'] or 'auto'} unroll={w['unroll']} "
-        f"work-group={lz}x{ly}: {w['gflops']:.1f} GFLOP/s{gain}"
-    )
+    return f"{_knob_text(w)}: {w['gflops']:.1f} GFLOP/s{gain}"
