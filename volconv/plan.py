@@ -29,6 +29,7 @@ MAX_FILTERS = 64
 MAX_EXTENT = 31
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 MAX_UNROLL = 32
+MAX_ROWS = 8  # bank_conv.cl's ROWS: outputs per work-item along axis 1
 MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must fit
 
 # Fraction of peak one pass of each vector width reaches, and the unroll that reached it:
@@ -41,6 +42,8 @@ PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
 # 8 + 8 in 46.5 ms against 56 ms for passes of 8, 4 and 1 (23.5 + 21.9 + 10.8 ms).
 PASS_EFFICIENCY_CPU = {1: 0.24, 2: 0.25, 4: 0.47, 8: 0.88, 16: 0.88}
 DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at more unroll
+DEFAULT_ROWS = {1: 1, 2: 1, 4: 1, 8: 1, 16: 1}
+DEFAULT_ROWS_CPU = {1: 1, 2: 1, 4: 1, 8: 1, 16: 1}
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
@@ -124,6 +127,7 @@ class Plan:
     local_size: tuple[int, int, int]
     slab_depth: int
     filt_local: bool
+    rows: int = 1
     engine: str = ENGINES[0].name
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
@@ -163,7 +167,7 @@ class Plan:
         return {
             "KX": self.extents[0], "KY": self.extents[1], "KZ": self.extents[2],
             "NV": width, "UNROLL": self.unroll, "IN_T": CL_TYPES[self.pad_dtype],
-            "FILT_LOCAL": int(self.filt_local),
+            "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows,
         }  # fmt: skip
 
 
@@ -210,11 +214,14 @@ def check_knobs(
     unroll: object,
     vector_width: object,
     local_size: object,
+    rows: object = None,
 ) -> None:
     """The expert knobs given to a plan, checked: a ValueError naming the knob, not a
     KeyError or an OpenCL error from deep inside the build."""
     if unroll is not None:
         check_positive_int(unroll, "unroll")
+    if rows is not None and check_positive_int(rows, "rows") > MAX_ROWS:
+        raise ValueError(f"rows must be 1..{MAX_ROWS}; got {rows!r}")
     if vector_width is not None and vector_width not in VECTOR_WIDTHS:
         raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}; got {vector_width!r}")
     if local_size is not None:
@@ -241,6 +248,7 @@ def make_plan(
     unroll: int | None = None,
     vector_width: int | None = None,
     local_size: tuple[int, int] | None = None,
+    rows: int | None = None,
     engine: str | None = None,
     pad_float: bool | None = None,
     tuned: bool = True,
@@ -258,7 +266,7 @@ def make_plan(
     (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows), as a pipeline run wants;
     the whole-array API takes the deepest slab that fits.
     """
-    check_knobs(device, unroll, vector_width, local_size)
+    check_knobs(device, unroll, vector_width, local_size, rows)
     kz = extents[2]
     nz = shape[2]
     cpu = bool(device.type & cl.device_type.CPU)
@@ -277,11 +285,15 @@ def make_plan(
     unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
     taps = extents[0] * extents[1] * kz
     filt_local = taps * widest * 4 <= device.local_mem_size // 2
+    if rows is None:
+        rows = (DEFAULT_ROWS_CPU if cpu else DEFAULT_ROWS)[widest]
+    rows = max(1, min(rows, MAX_ROWS, shape[1]))
     if local_size is None:
         # 128 work-items, up to 32 along z: 32x4 at unroll 8 beat 16x8 on the H100 (74 % vs
         # 72 % of peak, benchmarks/results/h100-bench.json).
         lz = min(32, 1 << max(0, math.ceil(math.log2(math.ceil(nz / unroll)))))
-        ly = max(1, min(128 // lz, 1 << max(0, math.ceil(math.log2(shape[1])))))
+        gy = math.ceil(shape[1] / rows)
+        ly = max(1, min(128 // lz, 1 << max(0, math.ceil(math.log2(gy)))))
         local_size = (lz, ly)
     lz, ly = local_size
     while lz * ly > device.max_work_group_size:
@@ -289,7 +301,7 @@ def make_plan(
 
     plan = Plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
-        src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1),
+        src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1), rows=rows,
         pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
                                 else pad_float),
         slab_depth=shape[0], filt_local=filt_local, engine=engine,

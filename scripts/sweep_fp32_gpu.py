@@ -1,0 +1,212 @@
+"""Sweep the FP32 kernel's register block (bank_conv.cl) on a GPU, in one call.
+
+For each point (N, unroll, rows, work-group) on a 256^3 uint8 volume (the MNI152 scan in
+data/ where present, else random bytes) and N random normal 7^3 filters, reflect:
+  - the compiler's report of each build (``-cl-nv-verbose``: registers, spill bytes, stack
+    frame, warnings) and its PTX (the binary pyopencl returns), kept in ``--ptx`` (a .tar.gz)
+    for ptxas / nvdisasm;
+  - device seconds of the bank passes (OpenCL profiling events, `BankConvolver.time_kernel`)
+    after one warm-up launch: minimum and median of ``--repeats``;
+  - TFLOP/s of useful work against the FMA probe's rate measured in the same run;
+  - correctness: the response buffer poisoned with NaN before the slab, every response
+    written, and ``--samples`` random voxels per filter against a float64 reference
+    (max |err| over SPEC.md's tolerance, <= 1 passes).
+The JSON is rewritten after each point; the last lines print a table.
+
+    PYOPENCL_NO_CACHE=1 python3 scripts/sweep_fp32_gpu.py --device nvidia \
+        --json $OUT/sweep.json --ptx $OUT/ptx.tar.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+
+import volconv.engine as engine
+from volconv.checks import spec_tolerance
+from volconv.device import select_device
+from volconv.engine import BankConvolver
+from volconv.peak import probe_fma, theoretical_peak
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILDS: dict[tuple, dict] = {}
+EXTRA: dict[str, object] = {}  # defines the plan does not make (ROW_UNROLL), per point
+
+
+def verbose_build(ctx, name, defines, options=()):
+    """engine.build with the compiler's report kept for bank_conv.cl."""
+    if name == "bank_conv.cl":
+        defines = (*defines, *EXTRA.items())
+    nvidia = "NVIDIA" in ctx.devices[0].platform.name
+    program = build(ctx, name, defines, (*options, *(("-cl-nv-verbose",) if nvidia else ())))
+    if name == "bank_conv.cl" and defines not in BUILDS:
+        dev = ctx.devices[0]
+        text = program.get_build_info(dev, cl.program_build_info.LOG)
+        BUILDS[defines] = {"log": text, "binary": program.get_info(cl.program_info.BINARIES)[0]}
+    return program
+
+
+build = engine.build
+engine.build = verbose_build
+
+
+def report(text: str) -> dict[str, object]:
+    """Registers, spill bytes and stack frame from a ptxas report (the last kernel's)."""
+    get = lambda pat: [int(v) for v in re.findall(pat, text)]  # noqa: E731
+    regs, frame = get(r"Used (\d+) registers"), get(r"(\d+) bytes stack frame")
+    stores, loads = get(r"(\d+) bytes spill stores"), get(r"(\d+) bytes spill loads")
+    warn = [ln for ln in text.splitlines() if "warning" in ln.lower()]
+    return {"registers": regs[-1] if regs else None, "stack": frame[-1] if frame else None,
+            "spill_stores": stores[-1] if stores else None,
+            "spill_loads": loads[-1] if loads else None, "warnings": warn}  # fmt: skip
+
+
+def load_volume(size: int) -> np.ndarray:
+    path = ROOT / "data" / "mni152_t1_256.nii"
+    if size == 256 and path.exists():
+        import nibabel
+
+        return np.ascontiguousarray(np.asarray(nibabel.load(path).dataobj, np.uint8))
+    return np.random.default_rng(1).integers(0, 256, (size,) * 3, dtype=np.uint8)
+
+
+def sample_error(vol, bank, out, samples, rng) -> float:
+    """Worst |out - ref| / tolerance over random voxels, reflect mode (odd extents)."""
+    h = [k // 2 for k in bank.shape[1:]]
+    padded = np.pad(vol.astype(np.float64), [(a, a) for a in h], mode="symmetric")
+    pts = [rng.integers(0, s, samples) for s in vol.shape]
+    worst = 0.0
+    vmax = float(vol.max())
+    kx, ky, kz = bank.shape[1:]
+    for f, k in enumerate(bank):
+        flipped = k[::-1, ::-1, ::-1]
+        ref = np.array([np.sum(padded[x : x + kx, y : y + ky, z : z + kz] * flipped)
+                        for x, y, z in zip(*pts, strict=True)])  # fmt: skip
+        err = np.max(np.abs(out[f][tuple(pts)].astype(np.float64) - ref))
+        worst = max(worst, float(err / spec_tolerance(k, vmax)))
+    return worst
+
+
+POINTS = {  # N: [(unroll, rows)], each at every work-group of LOCALS[N]
+    8: [(8, 1), (4, 2), (8, 2), (16, 1), (4, 3), (4, 4), (6, 2), (12, 1)],
+    1: [(16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (8, 4), (24, 4)],
+    4: [(16, 1), (8, 2), (16, 2), (8, 4)],
+    2: [(16, 1), (16, 2), (16, 4), (32, 2)],
+    16: [(4, 1), (4, 2), (2, 2), (8, 1)],
+}
+LOCALS = {8: [(32, 4), (16, 8), (32, 2), (8, 16)], 1: [(32, 4), (16, 8), (32, 8), (8, 16)],
+          4: [(32, 4), (16, 8)], 2: [(32, 4), (16, 8)], 16: [(32, 4)]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="nvidia")
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=300)
+    ap.add_argument("--ns", default="8,1,4,2,16")
+    ap.add_argument("--points", default=None, help="JSON {N: [[unroll, rows], ...]}")
+    ap.add_argument("--locals", default=None, help="JSON {N: [[lz, ly], ...]}")
+    ap.add_argument("--float-slab", action="store_true", help="also the first point as float")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--ptx", default=None)
+    args = ap.parse_args()
+    points = {int(k): [tuple(p) for p in v] for k, v in json.loads(args.points).items()} \
+        if args.points else POINTS  # fmt: skip
+    locals_ = {int(k): [tuple(p) for p in v] for k, v in json.loads(args.locals).items()} \
+        if args.locals else LOCALS  # fmt: skip
+
+    device = select_device(args.device)
+    vol = load_volume(args.size)
+    probe = probe_fma(device)
+    peak = float(probe["gflops"])
+    result = {"device": device.name.strip(), "driver": device.driver_version,
+              "probe_gflops": peak, "theoretical_gflops": theoretical_peak(device).gflops,
+              "shape": list(vol.shape), "extent": 7, "mode": "reflect", "points": []}  # fmt: skip
+    print(f"{result['device']} driver {result['driver']}: FMA probe {peak / 1e3:.1f} TFLOP/s",
+          flush=True)
+    rng = np.random.default_rng(7)
+    runs = []
+    for n in (int(v) for v in args.ns.split(",")):
+        bank = rng.standard_normal((n, 7, 7, 7))
+        variants = [((*p, None)[:3], loc, False) for p in points[n] for loc in locals_[n]]
+        if args.float_slab:
+            variants.append(((*points[n][0], None)[:3], locals_[n][0], True))
+        for (unroll, rows, row_unroll), local, float_slab in variants:
+            point = {"n": n, "unroll": unroll, "rows": rows, "row_unroll": row_unroll,
+                     "local_size": list(local), "float_slab": float_slab}  # fmt: skip
+            EXTRA.clear()
+            if row_unroll is not None:
+                EXTRA["ROW_UNROLL"] = row_unroll
+            knobs = {"rows": rows} if rows != 1 else {}  # a checkout without the knob: rows 1
+            t0 = time.perf_counter()
+            try:
+                conv = BankConvolver(bank, vol.shape, vol.dtype, "reflect", device=device,
+                                     unroll=unroll, local_size=local, pad_float=float_slab,
+                                     tuned=False, **knobs)  # fmt: skip
+                a, b = next(conv.slabs())
+                nan = np.float32(np.nan)
+                cl.enqueue_fill_buffer(conv.queue, conv._out, nan, 0, conv._out.size).wait()
+                out = conv.convolve_slab(a, b, vol[conv.source_rows(a, b)])
+                conv.time_kernel(a, b, 1)
+                sec = conv.time_kernel(a, b, args.repeats)
+                gflop = 2 * n * 343 * (b - a) * vol.shape[1] * vol.shape[2] / 1e9
+                p = conv.plan
+                defines = (*p.build_options(p.passes[0].width).items(), *EXTRA.items())
+                point.update({
+                    "plan_unroll": p.unroll, "plan_rows": getattr(p, "rows", 1),
+                    "passes": [q.width for q in p.passes], "slab_rows": b - a,
+                    "ms_min": float(sec.min()) * 1e3, "ms_median": float(np.median(sec)) * 1e3,
+                    "tflops": gflop / float(sec.min()) / 1e3,
+                    "of_probe": gflop / float(sec.min()) / peak,
+                    "all_written": bool(np.isfinite(out).all()),
+                    "err_over_tol": sample_error(vol, bank, out, args.samples, rng)
+                    if b - a == vol.shape[0] else None,  # one slab: the whole volume
+                    **report(BUILDS.get(defines, {}).get("log", "")),
+                })  # fmt: skip
+                del conv, out
+            except (cl.Error, ValueError) as e:
+                point["error"] = f"{type(e).__name__}: {e}"[:300]
+            point["wall_s"] = time.perf_counter() - t0
+            runs.append(point)
+            result["points"] = runs
+            Path(args.json).write_text(json.dumps(result, indent=1))
+            print(line(point), flush=True)
+    if args.ptx:
+        with tarfile.open(args.ptx, "w:gz") as tar:
+            for defines, b in BUILDS.items():
+                name = "_".join(f"{k}{v}" for k, v in defines)
+                for suffix, data in ((".ptx", b["binary"]), (".log", b["log"].encode())):
+                    info = tarfile.TarInfo(name + suffix)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    print("\n== best per N (min ms)")
+    for n in sorted({p["n"] for p in runs}):
+        ok = [p for p in runs if p["n"] == n and "ms_min" in p]
+        for p in sorted(ok, key=lambda p: p["ms_min"])[:4]:
+            print(line(p))
+
+
+def line(p: dict) -> str:
+    ru = "" if p.get("row_unroll") is None else f" ru={p['row_unroll']}"
+    head = (f"N={p['n']:<2} U={p['unroll']:<2} R={p['rows']}{ru} wg={p['local_size'][0]}x"
+            f"{p['local_size'][1]:<3}{' f32' if p['float_slab'] else ''}")
+    if "error" in p:
+        return f"{head} ERROR {p['error']}"
+    return (f"{head} {p['ms_min']:.3f} ms (med {p['ms_median']:.3f}) {p['tflops']:.1f} TF/s "
+            f"{100 * p['of_probe']:.1f}% regs={p['registers']} spill={p['spill_stores']}/"
+            f"{p['spill_loads']} stack={p['stack']} ok={p['all_written']} "
+            f"err/tol={p['err_over_tol'] and round(p['err_over_tol'], 3)} "
+            f"warn={len(p['warnings'])}")
+
+
+if __name__ == "__main__":
+    main()
