@@ -25,6 +25,7 @@ import json
 import re
 import tarfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,18 +36,20 @@ from volconv.checks import spec_tolerance
 from volconv.device import select_device
 from volconv.engine import BankConvolver
 from volconv.peak import probe_fma, theoretical_peak
+from volconv.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDS: dict[tuple, dict] = {}
-EXTRA: dict[str, object] = {}  # defines the plan does not make (ROW_UNROLL), per point
+OPTIONS: list[str] = []  # build options of every bank_conv build (--options)
 
 
 def verbose_build(ctx, name, defines, options=()):
     """engine.build with the compiler's report kept for bank_conv.cl."""
-    if name == "bank_conv.cl":
-        defines = (*defines, *EXTRA.items())
     nvidia = "NVIDIA" in ctx.devices[0].platform.name
-    program = build(ctx, name, defines, (*options, *(("-cl-nv-verbose",) if nvidia else ())))
+    extra = ("-cl-nv-verbose",) if nvidia else ()
+    if name == "bank_conv.cl":
+        extra = (*extra, *OPTIONS)
+    program = build(ctx, name, defines, (*options, *extra))
     if name == "bank_conv.cl" and defines not in BUILDS:
         dev = ctx.devices[0]
         text = program.get_build_info(dev, cl.program_build_info.LOG)
@@ -69,9 +72,9 @@ def report(text: str) -> dict[str, object]:
             "spill_loads": loads[-1] if loads else None, "warnings": warn}  # fmt: skip
 
 
-def load_volume(size: int) -> np.ndarray:
+def load_volume(size: int, random: bool = False) -> np.ndarray:
     path = ROOT / "data" / "mni152_t1_256.nii"
-    if size == 256 and path.exists():
+    if size == 256 and path.exists() and not random:
         import nibabel
 
         return np.ascontiguousarray(np.asarray(nibabel.load(path).dataobj, np.uint8))
@@ -113,8 +116,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--ns", default="8,1,4,2,16")
+    ap.add_argument("--extent", type=int, default=7, help="k of the k^3 filters (odd)")
+    ap.add_argument(
+        "--options", default="", help="more build options, e.g. -cl-nv-maxrregcount=144"
+    )
     ap.add_argument("--points", default=None, help="JSON {N: [[unroll, rows], ...]}")
     ap.add_argument("--locals", default=None, help="JSON {N: [[lz, ly], ...]}")
+    ap.add_argument("--random", action="store_true", help="random bytes, not the scan")
     ap.add_argument("--float-slab", action="store_true", help="also the first point as float")
     ap.add_argument("--json", required=True)
     ap.add_argument("--ptx", default=None)
@@ -124,46 +132,64 @@ def main() -> None:
     locals_ = {int(k): [tuple(p) for p in v] for k, v in json.loads(args.locals).items()} \
         if args.locals else LOCALS  # fmt: skip
 
+    OPTIONS[:] = args.options.split()
     device = select_device(args.device)
-    vol = load_volume(args.size)
+    vol = load_volume(args.size, args.random)
     probe = probe_fma(device)
     peak = float(probe["gflops"])
     result = {"device": device.name.strip(), "driver": device.driver_version,
               "probe_gflops": peak, "theoretical_gflops": theoretical_peak(device).gflops,
-              "shape": list(vol.shape), "extent": 7, "mode": "reflect", "points": []}  # fmt: skip
-    print(f"{result['device']} driver {result['driver']}: FMA probe {peak / 1e3:.1f} TFLOP/s",
-          flush=True)
+              "shape": list(vol.shape), "random": args.random, "mode": "reflect",
+              "options": args.options, "points": []}  # fmt: skip
+    print(
+        f"{result['device']} driver {result['driver']}: FMA probe {peak / 1e3:.1f} TFLOP/s",
+        flush=True,
+    )
     rng = np.random.default_rng(7)
     runs = []
+    k = args.extent
     for n in (int(v) for v in args.ns.split(",")):
-        bank = rng.standard_normal((n, 7, 7, 7))
-        variants = [((*p, None)[:3], loc, False) for p in points[n] for loc in locals_[n]]
-        if args.float_slab:
-            variants.append(((*points[n][0], None)[:3], locals_[n][0], True))
-        for (unroll, rows, row_unroll), local, float_slab in variants:
-            point = {"n": n, "unroll": unroll, "rows": rows, "row_unroll": row_unroll,
-                     "local_size": list(local), "float_slab": float_slab}  # fmt: skip
-            EXTRA.clear()
-            if row_unroll is not None:
-                EXTRA["ROW_UNROLL"] = row_unroll
-            knobs = {"rows": rows} if rows != 1 else {}  # a checkout without the knob: rows 1
+        bank = rng.standard_normal((n, k, k, k))
+        variants = [
+            (tuple(p), loc, False) for p in points[n] for loc in locals_.get(n, [(32, 4)]) if p
+        ]
+        variants += [((), None, False) for p in points[n] if not p]  # the plan's defaults
+        if args.float_slab and points[n][0]:
+            variants.append((tuple(points[n][0]), locals_.get(n, [(32, 4)])[0], True))
+        for knobs, local, float_slab in variants:
+            # [] the plan's defaults; [unroll, rows, row_unroll, prefetch] (None: default)
+            unroll, rows, row_unroll, prefetch = (*knobs, None, None, None, None)[:4]
+            point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
+                     "row_unroll": row_unroll, "prefetch": prefetch,
+                     "local_size": list(local) if knobs else None,
+                     "float_slab": float_slab}  # fmt: skip
             t0 = time.perf_counter()
             try:
+                given = {"unroll": unroll, "rows": rows, "local_size": local if knobs else None,
+                         "pad_float": float_slab}  # fmt: skip
+                given = {key: v for key, v in given.items() if v is not None}
+                plan = make_plan(vol.shape, vol.dtype, (k, k, k), n, "reflect", 0.0, device,
+                                 tuned=False, **given)  # fmt: skip
+                if row_unroll is not None:
+                    plan = replace(
+                        plan, row_unroll=None if row_unroll < 0 else row_unroll
+                    )  # -1: none
+                if prefetch is not None:
+                    plan = replace(plan, prefetch=bool(prefetch))
                 conv = BankConvolver(bank, vol.shape, vol.dtype, "reflect", device=device,
-                                     unroll=unroll, local_size=local, pad_float=float_slab,
-                                     tuned=False, **knobs)  # fmt: skip
+                                     plan=plan)  # fmt: skip
                 a, b = next(conv.slabs())
                 nan = np.float32(np.nan)
                 cl.enqueue_fill_buffer(conv.queue, conv._out, nan, 0, conv._out.size).wait()
                 out = conv.convolve_slab(a, b, vol[conv.source_rows(a, b)])
                 conv.time_kernel(a, b, 1)
                 sec = conv.time_kernel(a, b, args.repeats)
-                gflop = 2 * n * 343 * (b - a) * vol.shape[1] * vol.shape[2] / 1e9
-                p = conv.plan
-                defines = (*p.build_options(p.passes[0].width).items(), *EXTRA.items())
+                gflop = 2 * n * k**3 * (b - a) * vol.shape[1] * vol.shape[2] / 1e9
+                defines = tuple(plan.build_options(plan.passes[0].width).items())
                 point.update({
-                    "plan_unroll": p.unroll, "plan_rows": getattr(p, "rows", 1),
-                    "passes": [q.width for q in p.passes], "slab_rows": b - a,
+                    "plan": {key: getattr(plan, key, None) for key in
+                             ("unroll", "rows", "row_unroll", "prefetch", "local_size")},
+                    "passes": [q.width for q in plan.passes], "slab_rows": b - a,
                     "ms_min": float(sec.min()) * 1e3, "ms_median": float(np.median(sec)) * 1e3,
                     "tflops": gflop / float(sec.min()) / 1e3,
                     "of_probe": gflop / float(sec.min()) / peak,
@@ -173,12 +199,12 @@ def main() -> None:
                     **report(BUILDS.get(defines, {}).get("log", "")),
                 })  # fmt: skip
                 del conv, out
-            except (cl.Error, ValueError) as e:
+            except (cl.Error, ValueError, TypeError) as e:
                 point["error"] = f"{type(e).__name__}: {e}"[:300]
             point["wall_s"] = time.perf_counter() - t0
             runs.append(point)
             result["points"] = runs
-            Path(args.json).write_text(json.dumps(result, indent=1))
+            Path(args.json).write_text(json.dumps(result, indent=1, default=str))
             print(line(point), flush=True)
     if args.ptx:
         with tarfile.open(args.ptx, "w:gz") as tar:
@@ -196,16 +222,25 @@ def main() -> None:
 
 
 def line(p: dict) -> str:
-    ru = "" if p.get("row_unroll") is None else f" ru={p['row_unroll']}"
-    head = (f"N={p['n']:<2} U={p['unroll']:<2} R={p['rows']}{ru} wg={p['local_size'][0]}x"
-            f"{p['local_size'][1]:<3}{' f32' if p['float_slab'] else ''}")
+    if p["local_size"] is None:
+        head = f"N={p['n']:<2} k={p['extent']} plan's defaults {p.get('plan', '')}"
+    else:
+        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "prefetch")
+                        if p[key] is not None)  # fmt: skip
+        head = (
+            f"N={p['n']:<2} k={p['extent']} U={p['unroll']:<2} R={p['rows']}{extra} "
+            f"wg={p['local_size'][0]}x{p['local_size'][1]:<3}"
+            f"{' f32' if p['float_slab'] else ''}"
+        )
     if "error" in p:
         return f"{head} ERROR {p['error']}"
-    return (f"{head} {p['ms_min']:.3f} ms (med {p['ms_median']:.3f}) {p['tflops']:.1f} TF/s "
-            f"{100 * p['of_probe']:.1f}% regs={p['registers']} spill={p['spill_stores']}/"
-            f"{p['spill_loads']} stack={p['stack']} ok={p['all_written']} "
-            f"err/tol={p['err_over_tol'] and round(p['err_over_tol'], 3)} "
-            f"warn={len(p['warnings'])}")
+    return (
+        f"{head} {p['ms_min']:.3f} ms (med {p['ms_median']:.3f}) {p['tflops']:.1f} TF/s "
+        f"{100 * p['of_probe']:.1f}% regs={p['registers']} spill={p['spill_stores']}/"
+        f"{p['spill_loads']} stack={p['stack']} ok={p['all_written']} "
+        f"err/tol={p['err_over_tol'] and round(p['err_over_tol'], 3)} "
+        f"warn={len(p['warnings'])}"
+    )
 
 
 if __name__ == "__main__":

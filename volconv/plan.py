@@ -41,14 +41,29 @@ PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
 # pass of 8 costs (one FMA instruction per tap and output either way), so 13 filters run as
 # 8 + 8 in 46.5 ms against 56 ms for passes of 8, 4 and 1 (23.5 + 21.9 + 10.8 ms).
 PASS_EFFICIENCY_CPU = {1: 0.24, 2: 0.25, 4: 0.47, 8: 0.88, 16: 0.88}
-DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at more unroll
-DEFAULT_ROWS = {1: 1, 2: 1, 4: 1, 8: 1, 16: 1}
-DEFAULT_ROWS_CPU = {1: 1, 2: 1, 4: 1, 8: 1, 16: 1}
+# GPUs: outputs per work-item along z (unroll) and y (rows) by vector width. H100, 256^3
+# uint8, 7^3 (benchmarks/results/h100-fp32-sweep*.json): narrow vectors need the 2D block to
+# reuse each input value and coefficient enough (width 1 at 8 x 4: 64 % of the FMA probe
+# against 37 % at 16 x 1); wider vectors spill at more unroll.
+DEFAULT_UNROLL = {1: 8, 2: 4, 4: 4, 8: 8, 16: 2}
+DEFAULT_ROWS = {1: 4, 2: 4, 4: 2, 8: 1, 16: 2}
+# With rows > 1 the kernel unrolls its loop over input rows whole: per filter plane
+# rows * unroll * ky * kz * width FMA instructions. At 1568 (7^3) they ran at 64-68 % of the
+# probe; at 3136-3872 (7^3 unrolled whole at width 8, 11^3 at these blocks) at 17-57 %: the
+# code outgrows the instruction cache. Past this budget the plan halves the rows, and at one
+# row takes the unroll that one row ran best at (DEFAULT_UNROLL_1D).
+MAX_UNROLLED_FMAS = 1600
+DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
+# GPUs, rows 1 at width 8 or more: the loop over input rows unrolled twice (NVIDIA's
+# compiler unrolled the bank_conv.cl of 69f87f1 so by itself; left to it, this source ran
+# 13 % slower at N = 8; narrower vectors ran as fast or faster left to it).
+GPU_ROW_UNROLL = 2
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
 # shape mattered by 3 % at most (96^3, benchmarks/results/pocl-cpu-kernel.json).
 DEFAULT_UNROLL_CPU = {1: 16, 2: 16, 4: 16, 8: 16, 16: 8}
+DEFAULT_ROWS_CPU = {1: 1, 2: 1, 4: 1, 8: 1, 16: 1}
 
 # Slabs per frame a streamed run aims for: with one slab nothing overlaps (read, then compute,
 # then write); with several, reading slab i + 1, computing slab i and writing slab i - 1 run
@@ -128,6 +143,8 @@ class Plan:
     slab_depth: int
     filt_local: bool
     rows: int = 1
+    row_unroll: int | None = None
+    prefetch: bool = False
     engine: str = ENGINES[0].name
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
@@ -167,7 +184,8 @@ class Plan:
         return {
             "KX": self.extents[0], "KY": self.extents[1], "KZ": self.extents[2],
             "NV": width, "UNROLL": self.unroll, "IN_T": CL_TYPES[self.pad_dtype],
-            "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows,
+            "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows, "PREFETCH": int(self.prefetch),
+            **({} if self.row_unroll is None else {"ROW_UNROLL": self.row_unroll}),
         }  # fmt: skip
 
 
@@ -279,15 +297,27 @@ def make_plan(
     engine = knobs.get("engine", ENGINES[0].name) if engine is None else engine
     passes = split_passes(n_filters, vector_width, PASS_EFFICIENCY_CPU if cpu else PASS_EFFICIENCY)
     widest = max(p.width for p in passes)
-    if unroll is None:
-        unroll = knobs.get("unroll") or (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
+    unroll_given = unroll is not None or bool(knobs.get("unroll"))
+    rows_given = rows is not None
+    unroll = (
+        unroll or knobs.get("unroll") or (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
+    )
+    rows = rows or (DEFAULT_ROWS_CPU if cpu else DEFAULT_ROWS)[widest]
+    while (
+        not rows_given
+        and rows > 1
+        and (rows * unroll * extents[1] * kz * widest > MAX_UNROLLED_FMAS)
+    ):  # the unrolled loop over input rows within the instruction cache
+        rows //= 2
+        if rows == 1 and not unroll_given:
+            unroll = DEFAULT_UNROLL_1D[widest]
+    if not unroll_given:
         unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
     unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
+    rows = max(1, min(rows, MAX_ROWS, shape[1]))
+    row_unroll = GPU_ROW_UNROLL if not cpu and rows == 1 and widest >= 8 else None
     taps = extents[0] * extents[1] * kz
     filt_local = taps * widest * 4 <= device.local_mem_size // 2
-    if rows is None:
-        rows = (DEFAULT_ROWS_CPU if cpu else DEFAULT_ROWS)[widest]
-    rows = max(1, min(rows, MAX_ROWS, shape[1]))
     if local_size is None:
         # 128 work-items, up to 32 along z: 32x4 at unroll 8 beat 16x8 on the H100 (74 % vs
         # 72 % of peak, benchmarks/results/h100-bench.json).
@@ -302,6 +332,7 @@ def make_plan(
     plan = Plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
         src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1), rows=rows,
+        row_unroll=row_unroll,
         pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
                                 else pad_float),
         slab_depth=shape[0], filt_local=filt_local, engine=engine,
