@@ -22,6 +22,8 @@
  *                when ROWS > 1, which needs it; otherwise the compiler's choice)
  *   IN_T         element type of the padded slab (uchar, char, ushort, short, float)
  *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
+ *   CVT_BITS     optional, 1: integers to float through the float's bit pattern (IN_MIN: the
+ *                type's least value), 0: a conversion instruction (default)
  *   PREFETCH     optional, 1: load the next input row into registers before this row's
  *                multiply-adds, so that its latency hides behind them (default 0)
  *   BLOCK_TAPS   optional: sum blocked from this many taps on (default below)
@@ -69,6 +71,20 @@ typedef float16 vecf;
 #define NPOS (KZ + UNROLL - 1) /* input values of one row a work-item reads */
 #ifndef PREFETCH
 #define PREFETCH 0
+#endif
+
+/* An input value as float. With CVT_BITS, v - IN_MIN (< 2^16) goes into the mantissa of
+ * 2^23, and 2^23 + v - IN_MIN, exact, minus 2^23 - IN_MIN, exact, is v: one integer OR
+ * (the ALU pipe) and one FADD, where the conversion instruction (I2FP.F32.U32 on Hopper)
+ * takes the FMA pipe for several cycles, 14 of them for 448 FMAs per row at N = 8. */
+#ifndef CVT_BITS
+#define CVT_BITS 0
+#endif
+#if CVT_BITS
+#define TO_FLOAT(v) \
+    (as_float(0x4B000000u | (uint)((int)(v) - (IN_MIN))) - (8388608.0f - (float)(IN_MIN)))
+#else
+#define TO_FLOAT(v) ((float)(v))
 #endif
 
 /* Blocked summation for large filters: one FP32 running sum over a 31^3 filter's 29,791 taps
@@ -131,13 +147,13 @@ typedef float16 vecf;
 
 #if PREFETCH
 #define RAW(pos) (cur[(pos)])
-#define LOAD1(pos) if ((pos) < NPOS) nxt[(pos)] = (float)nrow[(pos)];
+#define LOAD1(pos) if ((pos) < NPOS) nxt[(pos)] = TO_FLOAT(nrow[(pos)]);
 #define COPY1(pos) if ((pos) < NPOS) cur[(pos)] = nxt[(pos)];
 #define EACH8(m, p) m(p) m(p + 1) m(p + 2) m(p + 3) m(p + 4) m(p + 5) m(p + 6) m(p + 7)
 #define EACH(m) EACH8(m, 0) EACH8(m, 8) EACH8(m, 16) EACH8(m, 24) EACH8(m, 32) EACH8(m, 40) \
                 EACH8(m, 48) EACH8(m, 56)
 #else
-#define RAW(pos) ((float)row[(pos)])
+#define RAW(pos) TO_FLOAT(row[(pos)])
 #endif
 
 /* The input row r rows below y: rows past the slab (read only for the last work-items'
