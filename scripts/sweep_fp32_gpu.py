@@ -116,7 +116,6 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--ns", default="8,1,4,2,16")
-    ap.add_argument("--cvt", type=int, default=None, help="CVT_BITS 0 or 1 (default: plan's)")
     ap.add_argument("--extent", type=int, default=7, help="k of the k^3 filters (odd)")
     ap.add_argument(
         "--options", default="", help="more build options, e.g. -cl-nv-maxrregcount=144"
@@ -158,12 +157,11 @@ def main() -> None:
         if args.float_slab and points[n][0]:
             variants.append((tuple(points[n][0]), locals_.get(n, [(32, 4)])[0], True))
         for knobs, local, float_slab in variants:
-            # [] the plan's defaults; [unroll, rows, row_unroll, prefetch, cvt_bits] (None:
-            # the plan's; row_unroll -1: none)
-            unroll, rows, row_unroll, prefetch, cvt = (*knobs, *[None] * 5)[:5]
-            cvt = args.cvt if cvt is None else cvt
+            # [] the plan's defaults; [unroll, rows, row_unroll] (None: the plan's;
+            # row_unroll -1: the compiler's choice)
+            unroll, rows, row_unroll = (*knobs, None, None, None)[:3]
             point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
-                     "row_unroll": row_unroll, "prefetch": prefetch, "cvt_bits": cvt,
+                     "row_unroll": row_unroll,
                      "local_size": list(local) if knobs else None,
                      "float_slab": float_slab}  # fmt: skip
             t0 = time.perf_counter()
@@ -177,10 +175,6 @@ def main() -> None:
                     plan = replace(
                         plan, row_unroll=None if row_unroll < 0 else row_unroll
                     )  # -1: none
-                if prefetch is not None:
-                    plan = replace(plan, prefetch=bool(prefetch))
-                if cvt is not None:
-                    plan = replace(plan, cvt_bits=bool(cvt))
                 conv = BankConvolver(bank, vol.shape, vol.dtype, "reflect", device=device,
                                      plan=plan)  # fmt: skip
                 a, b = next(conv.slabs())
@@ -193,8 +187,7 @@ def main() -> None:
                 defines = tuple(plan.build_options(plan.passes[0].width).items())
                 point.update({
                     "plan": {key: getattr(plan, key, None) for key in
-                             ("unroll", "rows", "row_unroll", "prefetch", "cvt_bits",
-                              "local_size")},
+                             ("unroll", "rows", "row_unroll", "local_size")},
                     "passes": [q.width for q in plan.passes], "slab_rows": b - a,
                     "ms_min": float(sec.min()) * 1e3, "ms_median": float(np.median(sec)) * 1e3,
                     "tflops": gflop / float(sec.min()) / 1e3,
@@ -231,7 +224,7 @@ def line(p: dict) -> str:
     if p["local_size"] is None:
         head = f"N={p['n']:<2} k={p['extent']} plan's defaults {p.get('plan', '')}"
     else:
-        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "prefetch", "cvt_bits")
+        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll",)
                         if p[key] is not None)  # fmt: skip
         head = (
             f"N={p['n']:<2} k={p['extent']} U={p['unroll']:<2} R={p['rows']}{extra} "

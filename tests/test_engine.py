@@ -171,37 +171,20 @@ def test_plan_overrides_keep_the_result(device, knobs):
     )
 
 
-@pytest.mark.parametrize("dtype", ["uint8", "int8", "uint16", "int16"])
-@pytest.mark.parametrize("cvt_bits", [False, True])
-def test_integers_to_float_either_way(device, dtype, cvt_bits):
-    """Integer slabs convert to float by instruction or through the float's bit pattern
-    (CVT_BITS): both exact, over each type's whole range."""
-    info = np.iinfo(dtype)
-    volume = RNG.integers(info.min, info.max, (6, 7, 30), endpoint=True).astype(dtype)
-    volume.flat[:2] = info.min, info.max
-    kernels = random_bank(2, (3, 3, 5))
-    plan = make_plan(volume.shape, volume.dtype, kernels.shape[1:], 2, "nearest", 0.0, device,
-                     pad_float=False)  # fmt: skip
-    conv = BankConvolver(kernels, volume.shape, volume.dtype, "nearest", device=device,
-                         plan=replace(plan, cvt_bits=cvt_bits))  # fmt: skip
-    out = conv.convolve_slab(0, volume.shape[0], volume)
-    assert_spec_close(out, volume, kernels, reference(volume, kernels, "nearest"))
-
-
 @pytest.mark.parametrize("mode", ["reflect", "wrap", "constant"])
 @pytest.mark.parametrize(
-    ("n", "unroll", "rows", "row_unroll", "prefetch"),
-    [(1, 8, 4, None, False), (1, 4, 8, None, True), (2, 4, 3, None, False), (4, 4, 2, 1, True),
-     (8, 8, 1, 2, False), (8, 8, 1, 2, True), (3, 5, 2, None, True), (16, 2, 2, None, False)],
+    ("n", "unroll", "rows", "row_unroll"),
+    [(1, 8, 4, None), (1, 4, 8, None), (2, 4, 3, None), (4, 4, 2, 1), (8, 8, 1, 2), (8, 8, 1, 0),
+     (3, 5, 2, None), (16, 2, 2, None)],
 )  # fmt: skip
-def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unroll, prefetch):
+def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unroll):
     """Outputs per work-item along z and y (rows that do not divide ny, slab seams in the
-    7-row kernel), the row loop's unroll and the prefetch of the next row: the same result."""
+    7-row kernel) and the row loop's unroll: the same result."""
     volume = random_volume((11, 13, 37), "uint8")
     kernels = random_bank(n, (7, 5, 7))
     plan = make_plan(volume.shape, volume.dtype, kernels.shape[1:], n, mode, 3.0,
                      device, unroll=unroll, rows=rows, slab_depth=6)  # fmt: skip
-    plan = replace(plan, row_unroll=row_unroll, prefetch=prefetch, cvt_bits=prefetch)
+    plan = replace(plan, row_unroll=row_unroll)
     conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, 3.0, device=device,
                          plan=plan)  # fmt: skip
     out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])

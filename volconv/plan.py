@@ -58,9 +58,6 @@ DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
 # compiler unrolled the bank_conv.cl of 69f87f1 so by itself; left to it, this source ran
 # 13 % slower at N = 8; narrower vectors ran as fast or faster left to it).
 GPU_ROW_UNROLL = 2
-# GPUs: integer inputs to float through the float's bit pattern (an integer OR and an FADD,
-# bank_conv.cl's CVT_BITS) rather than the conversion instruction.
-GPU_CVT_BITS = True
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
@@ -147,8 +144,6 @@ class Plan:
     filt_local: bool
     rows: int = 1
     row_unroll: int | None = None
-    prefetch: bool = False
-    cvt_bits: bool = False
     engine: str = ENGINES[0].name
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
@@ -188,10 +183,8 @@ class Plan:
         return {
             "KX": self.extents[0], "KY": self.extents[1], "KZ": self.extents[2],
             "NV": width, "UNROLL": self.unroll, "IN_T": CL_TYPES[self.pad_dtype],
-            "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows, "PREFETCH": int(self.prefetch),
+            "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows,
             **({} if self.row_unroll is None else {"ROW_UNROLL": self.row_unroll}),
-            **({"CVT_BITS": 1, "IN_MIN": np.iinfo(self.pad_dtype).min}
-               if self.cvt_bits and self.pad_dtype.kind in "iu" else {}),
         }  # fmt: skip
 
 
@@ -338,7 +331,7 @@ def make_plan(
     plan = Plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
         src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1), rows=rows,
-        row_unroll=row_unroll, cvt_bits=GPU_CVT_BITS and not cpu,
+        row_unroll=row_unroll,
         pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
                                 else pad_float),
         slab_depth=shape[0], filt_local=filt_local, engine=engine,
