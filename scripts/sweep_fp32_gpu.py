@@ -1,7 +1,11 @@
 """Sweep the FP32 kernel's register block (bank_conv.cl) on a GPU, in one call.
 
-For each point (N, unroll, rows, work-group) on a 256^3 uint8 volume (the MNI152 scan in
-data/ where present, else random bytes) and N random normal 7^3 filters, reflect:
+For each point on a 256^3 uint8 volume (the MNI152 scan in data/ where present and --random
+not given, else random bytes) and N random normal k^3 filters (--extent, default 7), reflect:
+a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll] at each
+work-group of --locals (row_unroll -1: the compiler's choice); --options adds build options
+(e.g. -cl-nv-maxrregcount=168). Run from another checkout's root with its volconv on
+PYTHONPATH, it measures that checkout's kernel (knobs it lacks: leave them out). Kept:
   - the compiler's report of each build (``-cl-nv-verbose``: registers, spill bytes, stack
     frame, warnings) and its PTX (the binary pyopencl returns), kept in ``--ptx`` (a .tar.gz)
     for ptxas / nvdisasm;
@@ -15,6 +19,10 @@ The JSON is rewritten after each point; the last lines print a table.
 
     PYOPENCL_NO_CACHE=1 python3 scripts/sweep_fp32_gpu.py --device nvidia \
         --json $OUT/sweep.json --ptx $OUT/ptx.tar.gz
+    python3 scripts/sweep_fp32_gpu.py --ns 1,8 --extent 9 --points '{"1":[[]],"8":[[]]}' ...
+
+The PTX in --ptx assembles with ptxas -arch=sm_90a (strip its trailing NUL bytes) and
+disassembles with nvdisasm: benchmarks/results/h100-fp32-sass.txt.
 """
 
 from __future__ import annotations
@@ -98,7 +106,7 @@ def sample_error(vol, bank, out, samples, rng) -> float:
     return worst
 
 
-POINTS = {  # N: [(unroll, rows)], each at every work-group of LOCALS[N]
+POINTS = {  # N: [(unroll, rows)], each at every work-group of LOCALS[N] (sweep 1)
     8: [(8, 1), (4, 2), (8, 2), (16, 1), (4, 3), (4, 4), (6, 2), (12, 1)],
     1: [(16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (8, 4), (24, 4)],
     4: [(16, 1), (8, 2), (16, 2), (8, 4)],

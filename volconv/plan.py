@@ -1,4 +1,5 @@
-"""Plan a bank convolution once from device limits: passes, unroll, work-group, slab depth.
+"""Plan a bank convolution once from device limits: passes, outputs per work-item (unroll
+along z, rows along y), work-group, slab depth.
 
 Everything the kernel needs at compile time (extents, vector width, unroll, element type) and
 every size the host allocates is fixed here, so the engine only launches. Tests and benchmarks
@@ -35,6 +36,9 @@ MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must f
 # Fraction of peak one pass of each vector width reaches, and the unroll that reached it:
 # H100, 256^3 uint8, 7^3 filters (benchmarks/results/; width 2 interpolated). Choosing passes
 # by cost = width / efficiency keeps wide vectors for big banks and avoids zero filters.
+# Measured with one row per work-item; with DEFAULT_ROWS widths 1, 2, 4 reach 0.64, 0.68,
+# 0.68 at 7^3 (h100-fp32-defaults.json), not used here until mixed passes are measured (a
+# plan's unroll and rows are the widest pass's).
 PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
 # CPUs (PoCL on the 2-core EPYC, AVX-512 on 256-bit units, 96^3 uint8, 7^3 filters, fraction
 # of the FMA probe: benchmarks/results/pocl-cpu-widths.json): a pass of width 4 costs what a
