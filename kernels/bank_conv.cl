@@ -17,6 +17,9 @@
  *   KX, KY, KZ   filter extents along axes 0, 1, 2 (axis 2 is the fastest in memory)
  *   NV           filters per pass: 1, 2, 4, 8 or 16 (the accumulator vector width)
  *   UNROLL       outputs per work-item along axis 2, 1..32, KZ + UNROLL - 1 <= 64
+ *   ROWS         optional: outputs per work-item along axis 1, 1..8 (default 1)
+ *   ROW_UNROLL   optional: unroll factor of the loop over input rows (0: whole, the default
+ *                when ROWS > 1, which needs it; otherwise the compiler's choice)
  *   IN_T         element type of the padded slab (uchar, char, ushort, short, float)
  *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
  *   BLOCK_TAPS   optional: sum blocked from this many taps on (default below)
@@ -39,6 +42,25 @@ typedef float16 vecf;
 
 #if UNROLL < 1 || UNROLL > 32 || KZ + UNROLL - 1 > 64
 #error "UNROLL must be 1..32 with KZ + UNROLL - 1 <= 64"
+#endif
+
+#ifndef ROWS
+#define ROWS 1
+#endif
+#if ROWS < 1 || ROWS > 8
+#error "ROWS must be 1..8"
+#endif
+#define PRAGMA(x) _Pragma(#x)
+#define PRAGMA_UNROLL(n) PRAGMA(unroll n)
+#if !defined(ROW_UNROLL) && ROWS > 1
+#define ROW_UNROLL 0
+#endif
+#ifndef ROW_UNROLL
+#define ROW_LOOP /* the compiler's choice */
+#elif ROW_UNROLL == 0
+#define ROW_LOOP PRAGMA(unroll)
+#else
+#define ROW_LOOP PRAGMA_UNROLL(ROW_UNROLL)
 #endif
 
 #define NTAPS (KX * KY * KZ)
@@ -65,12 +87,26 @@ typedef float16 vecf;
 #define FILT_SPACE __global
 #endif
 
-/* One multiply-add of the input value at z-offset `pos` into output `u`: it exists only when
- * 0 <= pos - u < KZ, which the compiler decides, so no branch survives. */
+/* One multiply-add of the input value at z-offset `pos` of input row `r` into output `u` of
+ * output row `v`: it exists only when 0 <= pos - u < KZ and 0 <= r - v < KY, which the
+ * compiler decides once `r` is unrolled, so no branch survives. */
+#define MADV(v, u, pos)                                                              \
+    if ((v) < ROWS && r - (v) >= 0 && r - (v) < KY) {                                \
+        SUM[(v)][(u)] += raw * filt[foff - (v) * KZ + (pos) - (u)];                  \
+    }
+
+#if ROWS == 1
 #define MAD(u, pos)                                                      \
     if ((u) < UNROLL && (pos) - (u) >= 0 && (pos) - (u) < KZ) {          \
-        SUM[(u)] += raw * filt[foff + (pos) - (u)];                      \
+        SUM[0][(u)] += raw * filt[foff + (pos) - (u)];                   \
     }
+#else
+#define MAD(u, pos)                                                      \
+    if ((u) < UNROLL && (pos) - (u) >= 0 && (pos) - (u) < KZ) {          \
+        MADV(0, u, pos) MADV(1, u, pos) MADV(2, u, pos) MADV(3, u, pos)  \
+        MADV(4, u, pos) MADV(5, u, pos) MADV(6, u, pos) MADV(7, u, pos)  \
+    }
+#endif
 
 #define MADS(pos)                                                                      \
     if ((pos) < KZ + UNROLL - 1) {                                                     \
@@ -87,12 +123,24 @@ typedef float16 vecf;
     MADS(p) MADS(p + 1) MADS(p + 2) MADS(p + 3) MADS(p + 4) MADS(p + 5) MADS(p + 6)    \
     MADS(p + 7)
 
+/* The input row r rows below y: rows past the slab (read only for the last work-items'
+ * outputs beyond ny, never stored) read the last row instead. */
+#if ROWS > 1
+#define ROW_Y(r) min(y + (r), P1 - 1)
+#else
+#define ROW_Y(r) (y + (r))
+#endif
+
 /* Store lane `i` of every unrolled output to the plane of filter f0 + i. */
 #define STORE_LANE(i, lane)                                                            \
     if ((i) < NV && (i) < nreal) {                                                     \
         __global float *dst = out + (long)(f0 + (i)) * plane + base;                   \
-        for (int u = 0; u < UNROLL; u++) {                                             \
-            if (z0 + u < nz) dst[u] = lane(acc[u]);                                    \
+        for (int v = 0; v < ROWS; v++) {                                               \
+            if (y + v < ny) {                                                          \
+                for (int u = 0; u < UNROLL; u++) {                                     \
+                    if (z0 + u < nz) dst[v * nz + u] = lane(acc[v][u]);                \
+                }                                                                      \
+            }                                                                          \
         }                                                                              \
     }
 
@@ -141,25 +189,31 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
 #endif
 
     const int z0 = (int)get_global_id(0) * UNROLL;
-    const int y = (int)get_global_id(1);
+    const int y = (int)get_global_id(1) * ROWS;
     const int x = (int)get_global_id(2);
     if (z0 >= nz || y >= ny || x >= D) return;
 
-    vecf acc[UNROLL];
-    for (int u = 0; u < UNROLL; u++) acc[u] = (vecf)(0.0f);
+    vecf acc[ROWS][UNROLL];
+    for (int v = 0; v < ROWS; v++)
+        for (int u = 0; u < UNROLL; u++) acc[v][u] = (vecf)(0.0f);
 
     for (int dx = 0; dx < KX; dx++) {
 #if BLOCKED
-        vecf part[UNROLL];
-        for (int u = 0; u < UNROLL; u++) part[u] = (vecf)(0.0f);
+        vecf part[ROWS][UNROLL];
+        for (int v = 0; v < ROWS; v++)
+            for (int u = 0; u < UNROLL; u++) part[v][u] = (vecf)(0.0f);
 #endif
-        for (int dy = 0; dy < KY; dy++) {
-            __global const IN_T *row = in + ((x + dx) * P1 + (y + dy)) * P2 + z0;
-            const int foff = (dx * KY + dy) * KZ;
+        /* Input row r feeds output row v through filter row r - v; with ROWS > 1 the loop
+         * is unrolled so that every (r, v) condition is a constant. */
+        ROW_LOOP
+        for (int r = 0; r < KY + ROWS - 1; r++) {
+            __global const IN_T *row = in + ((x + dx) * P1 + ROW_Y(r)) * P2 + z0;
+            const int foff = (dx * KY + r) * KZ;
             MADS8(0) MADS8(8) MADS8(16) MADS8(24) MADS8(32) MADS8(40) MADS8(48) MADS8(56)
         }
 #if BLOCKED
-        for (int u = 0; u < UNROLL; u++) acc[u] += part[u];
+        for (int v = 0; v < ROWS; v++)
+            for (int u = 0; u < UNROLL; u++) acc[v][u] += part[v][u];
 #endif
     }
 

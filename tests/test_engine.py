@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
@@ -10,6 +12,7 @@ from conftest import assert_spec_close, reference
 
 from volconv import BankConvolver, convolve_bank
 from volconv.checks import MODES
+from volconv.plan import make_plan
 
 RNG = np.random.default_rng(20261122)
 
@@ -166,6 +169,27 @@ def test_plan_overrides_keep_the_result(device, knobs):
         device=device,
         **knobs,
     )
+
+
+@pytest.mark.parametrize("mode", ["reflect", "wrap", "constant"])
+@pytest.mark.parametrize(
+    ("n", "unroll", "rows", "row_unroll"),
+    [(1, 8, 4, None), (1, 4, 8, None), (2, 4, 3, None), (4, 4, 2, 1), (8, 8, 1, 2), (8, 8, 1, 0),
+     (3, 5, 2, None), (16, 2, 2, None)],
+)  # fmt: skip
+def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unroll):
+    """Outputs per work-item along z and y (rows that do not divide ny, slab seams in the
+    7-row kernel) and the row loop's unroll: the same result."""
+    volume = random_volume((11, 13, 37), "uint8")
+    kernels = random_bank(n, (7, 5, 7))
+    plan = make_plan(volume.shape, volume.dtype, kernels.shape[1:], n, mode, 3.0,
+                     device, unroll=unroll, rows=rows, slab_depth=6)  # fmt: skip
+    plan = replace(plan, row_unroll=row_unroll)
+    conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, 3.0, device=device,
+                         plan=plan)  # fmt: skip
+    out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
+                          for a, b in conv.slabs()], axis=1)  # fmt: skip
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 3.0))
 
 
 @pytest.mark.parametrize("pad_float", [False, True])

@@ -11,6 +11,7 @@ import pyopencl as cl
 import pytest
 
 from volconv.plan import (
+    MAX_UNROLLED_FMAS,
     MIN_STREAM_DEPTH,
     STREAM_SLABS,
     VECTOR_WIDTHS,
@@ -70,6 +71,24 @@ def test_unroll_and_work_group_by_device_kind():
     assert math.prod(small.local_size) <= 64
 
 
+def test_gpus_block_narrow_vectors_in_two_axes_within_the_code_budget():
+    """Narrow vectors take several output rows per work-item on a GPU, but only while the
+    unrolled loop over input rows stays within `MAX_UNROLLED_FMAS`; CPUs keep one row."""
+    one = plan(n=1)
+    assert (one.unroll, one.rows, one.row_unroll) == (8, 4, None)
+    assert (plan(n=8).rows, plan(n=8).row_unroll) == (1, 2)
+    assert plan(n=1, device=fake_device(gpu=False)).rows == 1
+    for k in (3, 5, 7, 9, 11, 31):
+        for n in (1, 2, 4, 8):
+            p = plan(extents=(k, k, k), n=n)
+            width = max(q.width for q in p.passes)
+            assert p.rows == 1 or p.rows * p.unroll * k * k * width <= MAX_UNROLLED_FMAS
+    big = plan(extents=(11, 11, 11), n=1)
+    assert (big.unroll, big.rows) == (16, 1)  # one row: the unroll one row ran best at
+    assert plan(extents=(11, 11, 11), n=1, rows=3).rows == 3  # a given knob is kept
+    assert plan(shape=(4, 2, 40), n=1).rows == 2  # no more rows than the volume has
+
+
 def test_cpus_pad_the_slab_as_float32():
     u8 = np.dtype(np.uint8)
     assert plan(device=fake_device(gpu=False)).pad_dtype == np.float32
@@ -127,6 +146,8 @@ def test_padded_yz_covers_the_last_unrolled_reads():
         ({"unroll": 2.5}, "unroll must be a positive integer; got 2.5"),
         ({"vector_width": 3}, r"vector_width must be one of \(1, 2, 4, 8, 16\); got 3"),
         ({"local_size": 5}, "local_size must be two positive integers; got 5"),
+        ({"rows": 0}, "rows must be a positive integer; got 0"),
+        ({"rows": 9}, "rows must be 1..8; got 9"),
         ({"local_size": (0, 4)}, "local_size must be a positive integer; got 0"),
         ({"local_size": (64, 32)}, r"local_size \(64, 32\) has 2048 work-items; GPU takes at most"),
     ],

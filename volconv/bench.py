@@ -131,6 +131,7 @@ def time_volconv(
     point = {
         "n": n,
         "unroll": plan.unroll,
+        "rows_per_item": plan.rows,
         "local_size": list(plan.local_size[:2]),
         "passes": [p.width for p in plan.passes],
         "rows": b - a,

@@ -402,7 +402,7 @@ class BankConvolver(SlabConvolver):
         A plan made by `volconv.plan.make_plan` for this bank, shape and type on ``device``
         (the pipeline plans each input once and hands the plan over); default: plan here.
     **overrides
-        Plan knobs (``slab_depth``, ``memory_budget``, ``unroll``, ``vector_width``,
+        Plan knobs (``slab_depth``, ``memory_budget``, ``unroll``, ``rows``, ``vector_width``,
         ``local_size``) when planning here; see `volconv.plan.make_plan`.
     """
 
@@ -566,7 +566,8 @@ class BankConvolver(SlabConvolver):
         p1, p2 = plan.padded_yz
         lz, ly, _ = plan.local_size
         gz = -(-nz // plan.unroll)
-        glob = (-(-gz // lz) * lz, -(-ny // ly) * ly, depth)
+        gy = -(-ny // plan.rows)
+        glob = (-(-gz // lz) * lz, -(-gy // ly) * ly, depth)
         events = []
         for p, knl, coeffs in self._passes:
             knl.set_args(

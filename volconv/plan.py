@@ -1,4 +1,5 @@
-"""Plan a bank convolution once from device limits: passes, unroll, work-group, slab depth.
+"""Plan a bank convolution once from device limits: passes, outputs per work-item (unroll
+along z, rows along y), work-group, slab depth.
 
 Everything the kernel needs at compile time (extents, vector width, unroll, element type) and
 every size the host allocates is fixed here, so the engine only launches. Tests and benchmarks
@@ -29,23 +30,44 @@ MAX_FILTERS = 64
 MAX_EXTENT = 31
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 MAX_UNROLL = 32
+MAX_ROWS = 8  # bank_conv.cl's ROWS: outputs per work-item along axis 1
 MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must fit
 
 # Fraction of peak one pass of each vector width reaches, and the unroll that reached it:
 # H100, 256^3 uint8, 7^3 filters (benchmarks/results/; width 2 interpolated). Choosing passes
 # by cost = width / efficiency keeps wide vectors for big banks and avoids zero filters.
+# Measured with one row per work-item; with DEFAULT_ROWS widths 1, 2, 4 reach 0.64, 0.68,
+# 0.68 at 7^3 (h100-fp32-defaults.json), not used here until mixed passes are measured (a
+# plan's unroll and rows are the widest pass's).
 PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
 # CPUs (PoCL on the 2-core EPYC, AVX-512 on 256-bit units, 96^3 uint8, 7^3 filters, fraction
 # of the FMA probe: benchmarks/results/pocl-cpu-widths.json): a pass of width 4 costs what a
 # pass of 8 costs (one FMA instruction per tap and output either way), so 13 filters run as
 # 8 + 8 in 46.5 ms against 56 ms for passes of 8, 4 and 1 (23.5 + 21.9 + 10.8 ms).
 PASS_EFFICIENCY_CPU = {1: 0.24, 2: 0.25, 4: 0.47, 8: 0.88, 16: 0.88}
-DEFAULT_UNROLL = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}  # wider vectors spill at more unroll
+# GPUs: outputs per work-item along z (unroll) and y (rows) by vector width. H100, 256^3
+# uint8, 7^3 (benchmarks/results/h100-fp32-sweep*.json): narrow vectors need the 2D block to
+# reuse each input value and coefficient enough (width 1 at 8 x 4: 64 % of the FMA probe
+# against 37 % at 16 x 1); wider vectors spill at more unroll.
+DEFAULT_UNROLL = {1: 8, 2: 4, 4: 4, 8: 8, 16: 2}
+DEFAULT_ROWS = {1: 4, 2: 4, 4: 2, 8: 1, 16: 2}
+# With rows > 1 the kernel unrolls its loop over input rows whole: per filter plane
+# rows * unroll * ky * kz * width FMA instructions. At 1568 (7^3) they ran at 64-68 % of the
+# probe; at 3136-3872 (7^3 unrolled whole at width 8, 11^3 at these blocks) at 17-57 %: the
+# code outgrows the instruction cache. Past this budget the plan halves the rows, and at one
+# row takes the unroll that one row ran best at (DEFAULT_UNROLL_1D).
+MAX_UNROLLED_FMAS = 1600
+DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
+# GPUs, rows 1 at width 8 or more: the loop over input rows unrolled twice (NVIDIA's
+# compiler unrolled the bank_conv.cl of 69f87f1 so by itself; left to it, this source ran
+# 13 % slower at N = 8; narrower vectors ran as fast or faster left to it).
+GPU_ROW_UNROLL = 2
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
 # shape mattered by 3 % at most (96^3, benchmarks/results/pocl-cpu-kernel.json).
 DEFAULT_UNROLL_CPU = {1: 16, 2: 16, 4: 16, 8: 16, 16: 8}
+DEFAULT_ROWS_CPU = {1: 1, 2: 1, 4: 1, 8: 1, 16: 1}
 
 # Slabs per frame a streamed run aims for: with one slab nothing overlaps (read, then compute,
 # then write); with several, reading slab i + 1, computing slab i and writing slab i - 1 run
@@ -141,6 +163,8 @@ class Plan:
     local_size: tuple[int, int, int]
     slab_depth: int
     filt_local: bool
+    rows: int = 1
+    row_unroll: int | None = None
     engine: str = ENGINES[0].name
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
@@ -180,7 +204,8 @@ class Plan:
         return {
             "KX": self.extents[0], "KY": self.extents[1], "KZ": self.extents[2],
             "NV": width, "UNROLL": self.unroll, "IN_T": CL_TYPES[self.pad_dtype],
-            "FILT_LOCAL": int(self.filt_local),
+            "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows,
+            **({} if self.row_unroll is None else {"ROW_UNROLL": self.row_unroll}),
         }  # fmt: skip
 
 
@@ -227,11 +252,14 @@ def check_knobs(
     unroll: object,
     vector_width: object,
     local_size: object,
+    rows: object = None,
 ) -> None:
     """The expert knobs given to a plan, checked: a ValueError naming the knob, not a
     KeyError or an OpenCL error from deep inside the build."""
     if unroll is not None:
         check_positive_int(unroll, "unroll")
+    if rows is not None and check_positive_int(rows, "rows") > MAX_ROWS:
+        raise ValueError(f"rows must be 1..{MAX_ROWS}; got {rows!r}")
     if vector_width is not None and vector_width not in VECTOR_WIDTHS:
         raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}; got {vector_width!r}")
     if local_size is not None:
@@ -258,6 +286,7 @@ def make_plan(
     unroll: int | None = None,
     vector_width: int | None = None,
     local_size: tuple[int, int] | None = None,
+    rows: int | None = None,
     engine: str | None = None,
     pad_float: bool | None = None,
     tuned: bool = True,
@@ -275,7 +304,7 @@ def make_plan(
     (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows), as a pipeline run wants;
     the whole-array API takes the deepest slab that fits.
     """
-    check_knobs(device, unroll, vector_width, local_size)
+    check_knobs(device, unroll, vector_width, local_size, rows)
     kz = extents[2]
     nz = shape[2]
     cpu = bool(device.type & cl.device_type.CPU)
@@ -288,17 +317,33 @@ def make_plan(
     engine = knobs.get("engine", ENGINES[0].name) if engine is None else engine
     passes = split_passes(n_filters, vector_width, PASS_EFFICIENCY_CPU if cpu else PASS_EFFICIENCY)
     widest = max(p.width for p in passes)
-    if unroll is None:
-        unroll = knobs.get("unroll") or (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
+    unroll_given = unroll is not None or bool(knobs.get("unroll"))
+    rows_given = rows is not None
+    unroll = (
+        unroll or knobs.get("unroll") or (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
+    )
+    rows = rows or (DEFAULT_ROWS_CPU if cpu else DEFAULT_ROWS)[widest]
+    while (
+        not rows_given
+        and rows > 1
+        and (rows * unroll * extents[1] * kz * widest > MAX_UNROLLED_FMAS)
+    ):  # the unrolled loop over input rows within the instruction cache
+        rows //= 2
+        if rows == 1 and not unroll_given:
+            unroll = DEFAULT_UNROLL_1D[widest]
+    if not unroll_given:
         unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
     unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
+    rows = max(1, min(rows, MAX_ROWS, shape[1]))
+    row_unroll = GPU_ROW_UNROLL if not cpu and rows == 1 and widest >= 8 else None
     taps = extents[0] * extents[1] * kz
     filt_local = taps * widest * 4 <= device.local_mem_size // 2
     if local_size is None:
         # 128 work-items, up to 32 along z: 32x4 at unroll 8 beat 16x8 on the H100 (74 % vs
         # 72 % of peak, benchmarks/results/h100-bench.json).
         lz = min(32, 1 << max(0, math.ceil(math.log2(math.ceil(nz / unroll)))))
-        ly = max(1, min(128 // lz, 1 << max(0, math.ceil(math.log2(shape[1])))))
+        gy = math.ceil(shape[1] / rows)
+        ly = max(1, min(128 // lz, 1 << max(0, math.ceil(math.log2(gy)))))
         local_size = (lz, ly)
     lz, ly = local_size
     while lz * ly > device.max_work_group_size:
@@ -306,7 +351,8 @@ def make_plan(
 
     plan = Plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
-        src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1),
+        src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1), rows=rows,
+        row_unroll=row_unroll,
         pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
                                 else pad_float),
         slab_depth=shape[0], filt_local=filt_local, engine=engine,
