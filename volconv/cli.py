@@ -404,6 +404,16 @@ def entry_point() -> None:
 def main() -> None:
     """Map exceptions to the exit statuses SPEC.md promises (through SystemExit)."""
     try:
+        _main_app()
+    finally:
+        # replaced outputs freed in the background (volconv.writer.remove_later), joined
+        # here: after the table and the report, before the process leaves
+        if (writer := sys.modules.get("volconv.writer")) is not None:
+            writer.wait_for_removals()
+
+
+def _main_app() -> None:
+    try:
         app()  # typer reports bad options itself (exit 2) and exits through SystemExit
     except KeyboardInterrupt as e:  # outside a command (imports, typer's parsing)
         _interrupted(e)

@@ -296,6 +296,29 @@ def remove_stale_temps(path: Path) -> None:
             continue
 
 
+# Private folders being removed in the background (`remove_later`).
+_REMOVALS: list[threading.Thread] = []
+
+
+def remove_later(folder: Path) -> None:
+    """Remove ``folder`` (a finished output's private folder, holding the file it replaced)
+    in a background thread, while the run goes on; `wait_for_removals` joins it. Not a
+    daemon: the interpreter waits for it at exit. Should the process die first, the folder
+    is a dead run's, removed by the next run that writes the same output
+    (`remove_stale_temps`); it never looks like a partial output to resume (`temp` is gone).
+    """
+    thread = threading.Thread(target=shutil.rmtree, args=(folder, True), name="volconv-remove")
+    thread.start()
+    _REMOVALS.append(thread)
+
+
+def wait_for_removals() -> None:
+    """Wait until the folders `remove_later` was given are gone (before a process leaves
+    through ``os._exit``)."""
+    while _REMOVALS:
+        _REMOVALS.pop().join()
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -617,11 +640,14 @@ class ResponseWriter:
         for (frame, a), b in self.progress.done.items():
             self._written[frame, a:b] = True
 
-    def _remove_folder(self) -> None:
+    def _remove_folder(self, later: bool = False) -> None:
         if self.progress is not None:
             self.progress.close()
         if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+            if later:
+                remove_later(self._folder)
+            else:
+                shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
 
     def _check_path(self, overwrite: bool) -> None:
@@ -866,12 +892,23 @@ class ResponseWriter:
             raise self._write_error(e) from e
 
     def _rename(self) -> None:
-        """Move `temp` onto `path` if it is still the file this writer created."""
+        """Move `temp` onto `path` if it is still the file this writer created.
+
+        A file replaced at `path` lives on as a hard link in the private folder, so that the
+        rename stays instant (freeing a large file's blocks and cached pages takes 0.1-0.2 s
+        for 512 MiB): the folder goes in the background (`remove_later`). At every moment
+        `path` holds the old file or the new complete one.
+        """
         st = os.lstat(self.temp)
         if (st.st_dev, st.st_ino) != self._identity or not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{self.path}: the temporary file {self.temp} was replaced")
+        try:  # a regular file, a link (the link itself), or nothing to keep
+            os.link(self.path, self._folder / f"{self.path.name}.replaced", follow_symlinks=False)
+            kept = True
+        except OSError:
+            kept = False
         os.replace(self.temp, self.path)  # atomic, and a link at `path` is replaced itself
-        self._remove_folder()
+        self._remove_folder(later=kept)
 
     def keep(self) -> None:
         """Stop writing but keep the temporary file and its progress, for a later run to
