@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the experiments run as code strings in fresh processes)
 """What a `volconv run` process's start-up costs are made of, and which of them can overlap.
 
     python scripts/probe_start_driver.py PIPELINE --device D [--json OUT.json]
@@ -233,6 +234,7 @@ def unlink_cost(folder: Path, size: int = 512 << 20) -> dict:
     out: dict[str, list[float]] = {"replace over it": [], "replace, old kept by a link": [],
                                    "unlink the link": []}  # fmt: skip
     block = os.urandom(1 << 20)
+
     def write(path: Path) -> None:
         with open(path, "wb") as f:
             for _ in range(size >> 20):

@@ -3,9 +3,10 @@
     python scripts/profile_start.py PIPELINE [--device D] [--repeats R] [--json OUT.json]
 
 Runs, in one go: `python -c pass`, `volconv --help`, the whole `volconv run --overwrite`
-process (once to fill caches, then R times; minima are kept), and then the same run phase by phase in this process (each import, load, device,
-plan, peaks, program build, the run itself), so the gap between the process and the in-run
-wall can be read off. Prints a table; ``--json`` saves it.
+process (once to fill caches, then R times; minima are kept), and then the same run phase by
+phase in this process (each import, load, device, plan, peaks, program build, the run
+itself), so the gap between the process and the in-run wall can be read off. Prints a
+table; ``--json`` saves it.
 """
 
 from __future__ import annotations

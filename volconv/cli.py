@@ -172,15 +172,28 @@ def run(
     ),
 ) -> None:
     """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
+    from volconv.programs import start_context, start_driver
+
+    # The OpenCL driver starts, and then the device's context is made, in the background
+    # while the modules import and the pipeline is read (volconv.programs).
+    start_driver()
     from volconv.config import load
-    from volconv.console import run_and_report
-    from volconv.pipeline import USER_ERRORS
+    from volconv.device import DeviceError, NoDeviceError, select_device
 
     try:
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
+        if cfg.devices == "one" and not cfg.scheduler:
+            with contextlib.suppress(DeviceError, NoDeviceError):  # the run reports them
+                start_context(select_device(cfg.device))
+        from volconv.console import run_and_report
+
         result = run_and_report(cfg, console, overwrite=overwrite, report=report)
-    except USER_ERRORS as e:  # the pipeline's, bank's, inputs' and writer's: exit 2
-        raise UserError(str(e)) from e
+    except (ValueError, OSError) as e:
+        from volconv.pipeline import USER_ERRORS
+
+        if not isinstance(e, USER_ERRORS):
+            raise
+        raise UserError(str(e)) from e  # the pipeline's, bank's, inputs' and writer's: exit 2
     except KeyboardInterrupt as e:  # here: typer would turn it into a silent exit 130
         _interrupted(e)
     if result.failed:
