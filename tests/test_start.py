@@ -20,12 +20,15 @@ from volconv.separable import SeparableConvolver
 BOX = [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]
 
 
-def test_a_context_started_ahead_is_the_one_taken(device) -> None:
+def test_a_context_started_ahead_is_the_one_taken(device, monkeypatch) -> None:
+    monkeypatch.setattr(programs, "_MADE", set())  # as in a new process
     programs.start_driver()
     programs.driver_started()
     programs.start_context(device)
+    started = programs._CONTEXTS[device.int_ptr]
     ctx, queue = programs.context_for.__wrapped__(device)  # not the process's cached one
-    assert ctx.devices == [device] and device.int_ptr not in programs._CONTEXTS
+    assert ctx.int_ptr == started.result() and device.int_ptr not in programs._CONTEXTS
+    assert ctx.devices == [device]
     data = np.arange(64, dtype=np.float32)
     buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=data)
     back = np.empty_like(data)

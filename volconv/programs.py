@@ -52,6 +52,7 @@ def kernel_source(name: str) -> str:
 # a `volconv run` imports its modules and reads its pipeline meanwhile.
 _DRIVER: list[Future[None]] = []  # the platforms' start, once a process
 _CONTEXTS: dict[int, Future[int | None]] = {}  # device pointer -> context pointer, or None
+_MADE: set[int] = set()  # devices `context_for` has made or taken a context for
 
 
 @cache
@@ -104,7 +105,7 @@ def driver_started() -> None:
 
 def start_context(device: cl.Device) -> None:
     """Start making ``device``'s context (`context_for` takes it) in a background thread."""
-    if device.int_ptr in _CONTEXTS or (lib := _loader()) is None:
+    if device.int_ptr in _CONTEXTS or device.int_ptr in _MADE or (lib := _loader()) is None:
         return
     pointer = ctypes.c_void_p(device.int_ptr)
 
@@ -121,6 +122,7 @@ def start_context(device: cl.Device) -> None:
 def context_for(device: cl.Device) -> tuple[cl.Context, cl.CommandQueue]:
     """The process's one context and profiling queue for ``device``, made on first use (or
     taken from `start_context`)."""
+    _MADE.add(device.int_ptr)
     started = _CONTEXTS.pop(device.int_ptr, None)
     made = started.result() if started is not None and started.exception() is None else None
     # the started one is this process's to own; a failed start is made again, by pyopencl,
