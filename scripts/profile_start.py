@@ -3,7 +3,8 @@
     python scripts/profile_start.py PIPELINE [--device D] [--repeats R] [--json OUT.json]
 
 Runs, in one go: `python -c pass`, `volconv --help`, the whole `volconv run --overwrite`
-process (once to fill caches, then R times; minima are kept), and then the same run phase by
+process (once to fill caches, then R times replacing its output, R times with the output
+removed beforehand; minima are kept), and then the same run phase by
 phase in this process (each import, load, device, plan, peaks, program build, the run
 itself), so the gap between the process and the in-run wall can be read off. Prints a
 table; ``--json`` saves it.
@@ -46,6 +47,15 @@ def main() -> None:
                       json.loads(report.read_text())["total"]["wall_seconds"]))  # fmt: skip
     out["process"], out["in_run_wall"] = min(w[0] for w in walls), min(w[1] for w in walls)
     out["process_minus_in_run_each"] = sorted(p - w for p, w in walls)
+    outputs = [Path(r["output"]) for r in json.loads(report.read_text())["inputs"]]
+    fresh = []
+    for _ in runs:  # the same with no old output to replace (removed beforehand, untimed)
+        for path in outputs:
+            path.unlink(missing_ok=True)
+        fresh.append((process_seconds([*cmd, "--report", str(report)]),
+                      json.loads(report.read_text())["total"]["wall_seconds"]))  # fmt: skip
+    out["process_no_old_output"] = min(w[0] for w in fresh)
+    out["in_run_wall_no_old_output"] = min(w[1] for w in fresh)
 
     phases: dict[str, float] = {}
     t = time.perf_counter()
@@ -62,6 +72,12 @@ def main() -> None:
     import pyopencl  # noqa: F401
 
     mark("import pyopencl")
+    from volconv import programs
+
+    started = hasattr(programs, "start_driver")  # volconv starts the driver ahead
+    if started:
+        programs.start_driver()
+        mark("start the driver (in the background)")
     import h5py  # noqa: F401
 
     mark("import h5py")
@@ -77,7 +93,12 @@ def main() -> None:
     cfg = config.load(a.pipeline, (), device=a.device)
     mark("load pipeline")
     device = pipeline.choose_device(cfg)
-    mark("choose device (platforms, context)")
+    mark("choose device (platforms, or the wait for them)")
+    if started:
+        programs.start_context(device)
+    else:
+        programs.context_for(device)
+    mark("context (started in the background, or made)")
     jobs = pipeline.plan_jobs(cfg, device, overwrite=True, report=None)
     mark("plan jobs")
     result = pipeline.RunResult(device, *pipeline.peaks(device))
@@ -85,7 +106,7 @@ def main() -> None:
     convolvers = pipeline.Convolvers(cfg, device)
     for job in jobs:
         convolvers.get(job)
-    mark("build programs, pinned buffers")
+    mark("context taken, programs, pinned buffers (the first only, in the background, if lazy)")
     for job in jobs:
         convolvers.get(job)[0].pinned_slab()
     mark("one more pinned slab buffer per convolver (its share of the line above)")
@@ -94,10 +115,14 @@ def main() -> None:
     mark("run (in-run walls)")
     out["phases"] = phases
     out["process_minus_in_run"] = out["process"] - out["in_run_wall"]
+    out["process_no_old_output_minus_in_run"] = (
+        out["process_no_old_output"] - out["in_run_wall_no_old_output"]
+    )
     out["process_minus_in_run_minus_pass"] = out["process_minus_in_run"] - out["python_pass"]
     for k, v in phases.items():
         print(f"{v * 1000:8.1f} ms  {k}")
-    for k in ("python_pass", "help", "process", "in_run_wall", "process_minus_in_run"):
+    for k in ("python_pass", "help", "process", "in_run_wall", "process_minus_in_run",
+              "process_no_old_output", "in_run_wall_no_old_output"):  # fmt: skip
         print(f"{out[k] * 1000:8.1f} ms  {k}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))

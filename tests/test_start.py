@@ -5,13 +5,15 @@ in the background while the old file stays whole until the new one is complete
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import h5py
 import numpy as np
 import pyopencl as cl
 import pytest
-from test_pipeline import check_output, random_volume, volconv, write_pipeline
+from test_pipeline import ROOT, check_output, random_volume, volconv, write_pipeline
 
 from volconv import programs
 from volconv.pipeline import PinnedSlabs
@@ -106,3 +108,19 @@ def test_an_overwrite_that_fails_keeps_the_old_output_whole(tmp_path, capsys, mo
     with h5py.File(out) as f:
         np.testing.assert_array_equal(f["responses"][()], old)
         assert f.attrs["complete"]
+
+
+def test_a_run_imports_only_what_it_needs(tmp_path) -> None:
+    """nibabel (0.05-0.1 s) for the files it reads only, the progress bar on a terminal
+    only: not for a .npy input written to a pipe."""
+    np.save(tmp_path / "scan.npy", random_volume((5, 4, 3), "uint8"))
+    pipeline = write_pipeline(tmp_path, BOX)
+    code = (
+        "import sys; from volconv.cli import main; sys.argv = ['volconv', 'run', sys.argv[1]]\n"
+        "try: main()\nexcept SystemExit as e: assert not e.code, e.code\n"
+        "print(sorted(m for m in ('nibabel', 'rich.progress', 'scipy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(pipeline)], capture_output=True,
+                          text=True, cwd=ROOT, check=True)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+    assert (tmp_path / "out" / "scan.h5").is_file()
