@@ -247,10 +247,14 @@ def test_existing_files_need_overwrite(tmp_path: Path) -> None:
         np.testing.assert_array_equal(f["responses"][()], data)
 
 
-def test_a_replaced_file_stays_whole_until_the_new_one_is_complete(tmp_path, monkeypatch):
+@pytest.mark.parametrize("swaps", [True, False], ids=["swapped", "replaced"])
+def test_a_replaced_file_stays_whole_until_the_new_one_is_complete(tmp_path, monkeypatch, swaps):
     """With overwrite the old output stays at its path, intact, while the new one is written
-    and when writing it fails; the rename is instant, the old file living on as a hard link
-    in the private folder, which goes in the background; nothing is left beside it."""
+    and when writing it fails; then the new one is swapped in at once (where the file system
+    can: else replaced), the old one going with the private folder, in the background;
+    nothing is left beside it."""
+    if not swaps:
+        monkeypatch.setattr(writer_module, "_swap", lambda a, b: False)
     path = tmp_path / "out.h5"
     old = responses()
     write(path, old)
@@ -267,10 +271,15 @@ def test_a_replaced_file_stays_whole_until_the_new_one_is_complete(tmp_path, mon
     write(path, old + 1, overwrite=True)
     with h5py.File(path) as f:
         np.testing.assert_array_equal(f["responses"][()], old + 1)
+    if not swaps:
+        assert not later and list(tmp_path.iterdir()) == [path]
+        return
     (folder,) = later  # the old file, whole, in the private folder only
     assert folder.name.startswith(private_prefix(path))
     assert [p.name for p in folder.iterdir()] == ["out.h5.replaced"]
     assert (folder / "out.h5.replaced").stat().st_ino == inode
+    with h5py.File(folder / "out.h5.replaced") as f:
+        np.testing.assert_array_equal(f["responses"][()], old)
     monkeypatch.undo()
     writer_module.remove_later(folder)
     writer_module.wait_for_removals()

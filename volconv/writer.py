@@ -12,6 +12,7 @@ Dimension scales (``filter``, ``x``, ``y``, ``z``[, ``t``]) make the file open i
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import queue
@@ -19,6 +20,7 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 import threading
 import zlib
@@ -294,6 +296,22 @@ def remove_stale_temps(path: Path) -> None:
                 entry.unlink()
         except OSError:  # gone meanwhile, or not ours to remove
             continue
+
+
+@cache
+def _renameat2() -> Callable[..., int] | None:
+    libc = ctypes.CDLL(None, use_errno=True)  # Linux's C library (glibc 2.28+ has renameat2)
+    return getattr(libc, "renameat2", None)
+
+
+def _swap(a: Path, b: Path) -> bool:
+    """Exchange the entries ``a`` and ``b`` in one atomic step (Linux's renameat2 with
+    RENAME_EXCHANGE); False where the system or the file system cannot, or ``b`` is gone."""
+    renameat2 = _renameat2() if sys.platform == "linux" else None
+    if renameat2 is None:
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
 
 
 # Private folders being removed in the background (`remove_later`).
@@ -894,21 +912,33 @@ class ResponseWriter:
     def _rename(self) -> None:
         """Move `temp` onto `path` if it is still the file this writer created.
 
-        A file replaced at `path` lives on as a hard link in the private folder, so that the
-        rename stays instant (freeing a large file's blocks and cached pages takes 0.1-0.2 s
-        for 512 MiB): the folder goes in the background (`remove_later`). At every moment
-        `path` holds the old file or the new complete one.
+        A file at `path` is swapped with `temp` in one step (`_swap`) rather than replaced:
+        ext4 writes a file renamed over another out to the disk first (0.13-0.23 s for
+        512 MiB), and freeing the old file's blocks and pages takes 0.08-0.14 s, done in
+        the background (`remove_later`). At every moment `path` holds the old file or the
+        new complete one.
         """
         st = os.lstat(self.temp)
         if (st.st_dev, st.st_ino) != self._identity or not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{self.path}: the temporary file {self.temp} was replaced")
-        try:  # a regular file, a link (the link itself), or nothing to keep
-            os.link(self.path, self._folder / f"{self.path.name}.replaced", follow_symlinks=False)
-            kept = True
-        except OSError:
-            kept = False
+        try:
+            old = os.lstat(self.path)
+        except FileNotFoundError:
+            old = None
+        replaceable = old is not None and (stat.S_ISREG(old.st_mode) or stat.S_ISLNK(old.st_mode))
+        if replaceable and _swap(self.temp, self.path):
+            swapped = os.lstat(self.temp)
+            if (swapped.st_dev, swapped.st_ino) == (old.st_dev, old.st_ino):
+                # a name no rerun takes for a partial output to resume
+                os.rename(self.temp, self._folder / f"{self.path.name}.replaced")
+                self._remove_folder(later=True)
+                return
+            if not _swap(self.temp, self.path):  # replaced meanwhile: put it back
+                self._folder = None  # never removed: it holds what was at `path`
+                raise OutputError(f"{self.path} changed while it was replaced; what was "
+                                  f"there is now {self.temp}")  # fmt: skip
         os.replace(self.temp, self.path)  # atomic, and a link at `path` is replaced itself
-        self._remove_folder(later=kept)
+        self._remove_folder()
 
     def keep(self) -> None:
         """Stop writing but keep the temporary file and its progress, for a later run to
