@@ -124,3 +124,12 @@ def test_a_run_imports_only_what_it_needs(tmp_path) -> None:
                           text=True, cwd=ROOT, check=True)  # fmt: skip
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
     assert (tmp_path / "out" / "scan.h5").is_file()
+
+
+def test_every_user_error_is_a_value_error() -> None:
+    """`volconv run` catches the user's mistakes as ValueError and sorts them with
+    USER_ERRORS only then, so that the pipeline's modules import after the device's context
+    has started: a user error of another kind would end in exit 1, not 2."""
+    from volconv.pipeline import USER_ERRORS
+
+    assert all(issubclass(error, ValueError) for error in USER_ERRORS)

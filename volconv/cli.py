@@ -178,17 +178,17 @@ def run(
     # while the modules import and the pipeline is read (volconv.programs).
     start_driver()
     from volconv.config import load
-    from volconv.device import DeviceError, NoDeviceError, select_device
+    from volconv.device import select_device
 
     try:
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
         if cfg.devices == "one" and not cfg.scheduler:
-            with contextlib.suppress(DeviceError, NoDeviceError):  # the run reports them
+            with contextlib.suppress(Exception):  # a spec naming no device: the run says so
                 start_context(select_device(cfg.device))
         from volconv.console import run_and_report
 
         result = run_and_report(cfg, console, overwrite=overwrite, report=report)
-    except (ValueError, OSError) as e:
+    except ValueError as e:  # every one of USER_ERRORS is one
         from volconv.pipeline import USER_ERRORS
 
         if not isinstance(e, USER_ERRORS):
