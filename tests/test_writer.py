@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from volconv import writer as writer_module
 from volconv.writer import (
     ROOT_ATTRS,
     OutputError,
@@ -244,6 +245,49 @@ def test_existing_files_need_overwrite(tmp_path: Path) -> None:
     write(path, data, overwrite=True)
     with h5py.File(path) as f:
         np.testing.assert_array_equal(f["responses"][()], data)
+
+
+@pytest.mark.parametrize("swaps", [True, False], ids=["swapped", "replaced"])
+def test_a_replaced_file_stays_whole_until_the_new_one_is_complete(tmp_path, monkeypatch, swaps):
+    """With overwrite the old output stays at its path, intact, while the new one is written
+    and when writing it fails; then the new one is swapped in at once (where the file system
+    can: else replaced), the old one going with the private folder, in the background;
+    nothing is left beside it."""
+    if not swaps:
+        monkeypatch.setattr(writer_module, "_swap", lambda a, b: False)
+    path = tmp_path / "out.h5"
+    old = responses()
+    write(path, old)
+    inode = path.stat().st_ino
+    with pytest.raises(RuntimeError, match="cut"), writer(path, overwrite=True) as w:
+        w.write_slab(0, 4, (old[:, :4] + 1).copy())
+        raise RuntimeError("cut")
+    assert list(tmp_path.iterdir()) == [path] and path.stat().st_ino == inode
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["responses"][()], old)
+
+    later: list[Path] = []
+    monkeypatch.setattr(writer_module, "remove_later", later.append)
+    write(path, old + 1, overwrite=True)
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["responses"][()], old + 1)
+    if not swaps:
+        assert not later and list(tmp_path.iterdir()) == [path]
+        return
+    (folder,) = later  # the old file, whole, in the private folder only
+    assert folder.name.startswith(private_prefix(path))
+    assert [p.name for p in folder.iterdir()] == ["out.h5.replaced"]
+    assert (folder / "out.h5.replaced").stat().st_ino == inode
+    with h5py.File(folder / "out.h5.replaced") as f:
+        np.testing.assert_array_equal(f["responses"][()], old)
+    monkeypatch.undo()
+    writer_module.remove_later(folder)
+    writer_module.wait_for_removals()
+    assert list(tmp_path.iterdir()) == [path]
+
+    write(path, old, overwrite=True)  # the real thing: nothing left once joined
+    writer_module.wait_for_removals()
+    assert list(tmp_path.iterdir()) == [path]
 
 
 def test_bad_options_name_the_value(tmp_path: Path) -> None:

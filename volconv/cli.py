@@ -172,15 +172,28 @@ def run(
     ),
 ) -> None:
     """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
+    from volconv.programs import start_context, start_driver
+
+    # The OpenCL driver starts, and then the device's context is made, in the background
+    # while the modules import and the pipeline is read (volconv.programs).
+    start_driver()
     from volconv.config import load
-    from volconv.console import run_and_report
-    from volconv.pipeline import USER_ERRORS
+    from volconv.device import select_device
 
     try:
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
+        if cfg.devices == "one" and not cfg.scheduler:
+            with contextlib.suppress(Exception):  # a spec naming no device: the run says so
+                start_context(select_device(cfg.device))
+        from volconv.console import run_and_report
+
         result = run_and_report(cfg, console, overwrite=overwrite, report=report)
-    except USER_ERRORS as e:  # the pipeline's, bank's, inputs' and writer's: exit 2
-        raise UserError(str(e)) from e
+    except ValueError as e:  # every one of USER_ERRORS is one
+        from volconv.pipeline import USER_ERRORS
+
+        if not isinstance(e, USER_ERRORS):
+            raise
+        raise UserError(str(e)) from e  # the pipeline's, bank's, inputs' and writer's: exit 2
     except KeyboardInterrupt as e:  # here: typer would turn it into a silent exit 130
         _interrupted(e)
     if result.failed:
@@ -403,6 +416,16 @@ def entry_point() -> None:
 
 def main() -> None:
     """Map exceptions to the exit statuses SPEC.md promises (through SystemExit)."""
+    try:
+        _main_app()
+    finally:
+        # replaced outputs freed in the background (volconv.writer.remove_later), joined
+        # here: after the table and the report, before the process leaves
+        if (writer := sys.modules.get("volconv.writer")) is not None:
+            writer.wait_for_removals()
+
+
+def _main_app() -> None:
     try:
         app()  # typer reports bad options itself (exit 2) and exits through SystemExit
     except KeyboardInterrupt as e:  # outside a command (imports, typer's parsing)

@@ -9,14 +9,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 import volconv
 from volconv.config import Config, PipelineError
@@ -34,6 +26,8 @@ from volconv.resume import recorded_slabs
 from volconv.separable import describe_plan
 
 if TYPE_CHECKING:
+    from rich.progress import Progress
+
     from volconv.batch import BatchResult
 
 
@@ -161,6 +155,15 @@ def wide(console: Console) -> Console:
 
 
 def _progress(console: Console, unit: str = "slabs") -> Progress:
+    from rich.progress import (  # on a terminal only
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn(unit), TimeElapsedColumn(), TimeRemainingColumn(),

@@ -18,6 +18,7 @@ import pyopencl as cl
 
 from volconv.errors import DeviceError, NoDeviceError
 from volconv.peak import Peak, theoretical_peak
+from volconv.programs import driver_started
 
 __all__ = ["DeviceError", "NoDeviceError", "list_devices", "select_device"]
 
@@ -148,6 +149,7 @@ def _read(path: str) -> str:
 
 
 def _platforms() -> list[cl.Platform]:
+    driver_started()
     try:
         return cl.get_platforms()
     except cl.Error:  # PLATFORM_NOT_FOUND_KHR: no ICD registered at all

@@ -12,6 +12,7 @@ Dimension scales (``filter``, ``x``, ``y``, ``z``[, ``t``]) make the file open i
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import queue
@@ -19,6 +20,7 @@ import re
 import shutil
 import socket
 import stat
+import sys
 import tempfile
 import threading
 import zlib
@@ -294,6 +296,45 @@ def remove_stale_temps(path: Path) -> None:
                 entry.unlink()
         except OSError:  # gone meanwhile, or not ours to remove
             continue
+
+
+@cache
+def _renameat2() -> Callable[..., int] | None:
+    libc = ctypes.CDLL(None, use_errno=True)  # Linux's C library (glibc 2.28+ has renameat2)
+    return getattr(libc, "renameat2", None)
+
+
+def _swap(a: Path, b: Path) -> bool:
+    """Exchange the entries ``a`` and ``b`` in one atomic step (Linux's renameat2 with
+    RENAME_EXCHANGE); False where the system or the file system cannot, or ``b`` is gone."""
+    renameat2 = _renameat2() if sys.platform == "linux" else None
+    if renameat2 is None:
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
+
+
+# Private folders being removed in the background (`remove_later`).
+_REMOVALS: list[threading.Thread] = []
+
+
+def remove_later(folder: Path) -> None:
+    """Remove ``folder`` (a finished output's private folder, holding the file it replaced)
+    in a background thread, while the run goes on; `wait_for_removals` joins it. Not a
+    daemon: the interpreter waits for it at exit. Should the process die first, the folder
+    is a dead run's, removed by the next run that writes the same output
+    (`remove_stale_temps`); it never looks like a partial output to resume (`temp` is gone).
+    """
+    thread = threading.Thread(target=shutil.rmtree, args=(folder, True), name="volconv-remove")
+    thread.start()
+    _REMOVALS.append(thread)
+
+
+def wait_for_removals() -> None:
+    """Wait until the folders `remove_later` was given are gone (before a process leaves
+    through ``os._exit``)."""
+    while _REMOVALS:
+        _REMOVALS.pop().join()
 
 
 def _running(pid: int) -> bool:
@@ -617,11 +658,14 @@ class ResponseWriter:
         for (frame, a), b in self.progress.done.items():
             self._written[frame, a:b] = True
 
-    def _remove_folder(self) -> None:
+    def _remove_folder(self, later: bool = False) -> None:
         if self.progress is not None:
             self.progress.close()
         if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+            if later:
+                remove_later(self._folder)
+            else:
+                shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
 
     def _check_path(self, overwrite: bool) -> None:
@@ -866,10 +910,33 @@ class ResponseWriter:
             raise self._write_error(e) from e
 
     def _rename(self) -> None:
-        """Move `temp` onto `path` if it is still the file this writer created."""
+        """Move `temp` onto `path` if it is still the file this writer created.
+
+        A file at `path` is swapped with `temp` in one step (`_swap`) rather than replaced:
+        ext4 writes a file renamed over another out to the disk first (0.13-0.23 s for
+        512 MiB), and freeing the old file's blocks and pages takes 0.08-0.14 s, done in
+        the background (`remove_later`). At every moment `path` holds the old file or the
+        new complete one.
+        """
         st = os.lstat(self.temp)
         if (st.st_dev, st.st_ino) != self._identity or not stat.S_ISREG(st.st_mode):
             raise OutputError(f"{self.path}: the temporary file {self.temp} was replaced")
+        try:
+            old = os.lstat(self.path)
+        except FileNotFoundError:
+            old = None
+        replaceable = old is not None and (stat.S_ISREG(old.st_mode) or stat.S_ISLNK(old.st_mode))
+        if replaceable and _swap(self.temp, self.path):
+            swapped = os.lstat(self.temp)
+            if (swapped.st_dev, swapped.st_ino) == (old.st_dev, old.st_ino):
+                # a name no rerun takes for a partial output to resume
+                os.rename(self.temp, self._folder / f"{self.path.name}.replaced")
+                self._remove_folder(later=True)
+                return
+            if not _swap(self.temp, self.path):  # replaced meanwhile: put it back
+                self._folder = None  # never removed: it holds what was at `path`
+                raise OutputError(f"{self.path} changed while it was replaced; what was "
+                                  f"there is now {self.temp}")  # fmt: skip
         os.replace(self.temp, self.path)  # atomic, and a link at `path` is replaced itself
         self._remove_folder()
 
