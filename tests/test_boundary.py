@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.ndimage as ndi
 
-from volconv.boundary import extend_indices, halo
+from volconv.boundary import extend_indices, halo, sources
 from volconv.checks import MODES
 
 # scipy.ndimage's mode -> numpy.pad's name for the same extension
@@ -46,3 +46,12 @@ def test_halo_and_maps_reproduce_scipy_convolve_1d(mode, k):
 def test_unknown_mode_names_mode():
     with pytest.raises(ValueError, match=r"mode must be one of .*did you mean 'mirror'"):
         extend_indices(3, 0, 3, "miror")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_sources_are_the_distinct_rows_read(mode, n):
+    for start in range(-9, 9):
+        for stop in range(start, start + 13):
+            m = extend_indices(n, start, stop, mode)
+            np.testing.assert_array_equal(sources(m), np.unique(m[m >= 0]))

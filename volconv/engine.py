@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from volconv.boundary import extend_indices
+from volconv.boundary import extend_indices, sources
 from volconv.checks import (
     as_float32,
     check_cval,
@@ -210,7 +210,7 @@ class Padder:
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows (axis 0) that output rows ``[a, b)`` read."""
         m0 = self.row_map(a, b)
-        return np.unique(m0[m0 >= 0])
+        return sources(m0)
 
     def __call__(
         self,
@@ -225,7 +225,7 @@ class Padder:
         C order or x-fastest, of `src_dtype`). Returns the upload events and the pad event."""
         ny, nz = self.shape[1:]
         m0 = self.row_map(a, b)
-        needed = np.unique(m0[m0 >= 0])
+        needed = sources(m0)
         local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
         events = [cl.enqueue_copy(self.queue, self._m0, local, is_blocking=False)]
         src = self._src

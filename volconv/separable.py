@@ -40,7 +40,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.bank import Filter, stack_kernels
-from volconv.boundary import extend_indices, halo
+from volconv.boundary import extend_indices, halo, sources
 from volconv.checks import check_cval, check_mode
 from volconv.device import select_device
 from volconv.engine import (
@@ -749,7 +749,7 @@ class SeparableConvolver(SlabConvolver):
         """Sorted source rows (axis 0) that output rows ``[a, b)`` read, for every filter."""
         plan = self.plan
         m0 = extend_indices(plan.shape[0], a - plan.halo_lo[0], b + plan.halo_hi[0], plan.mode)
-        return np.unique(m0[m0 >= 0])
+        return sources(m0)
 
     def convolve_slab(
         self,
@@ -829,7 +829,7 @@ class SeparableConvolver(SlabConvolver):
             self._override = NonFiniteOverride(kernels, counting)
         m0 = extend_indices(self.plan.shape[0], a - self._override_lo[0],
                             b + self._override_hi[0], self.plan.mode)  # fmt: skip
-        sub = rows[np.searchsorted(needed, np.unique(m0[m0 >= 0]))]
+        sub = rows[np.searchsorted(needed, sources(m0))]
         slots = out[self._slots]
         for stage, seconds in self._override.apply(a, b, sub, slots).items():
             self.timings[stage] += seconds
