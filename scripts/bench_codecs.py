@@ -8,7 +8,10 @@ to one, beside h5py writing the same data with HDF5's own filters (which run on 
 The responses are those of a bank over a smoothed-noise volume (so they compress as real
 ones do): ``--filters`` Gaussian derivatives of a ``--size``^3 volume, made once. Each
 measurement runs in a fresh process (its own pools, BLOSC_NTHREADS read at start), pinned
-with ``os.sched_setaffinity`` for the one-core figure, best of ``--repeats``, after a sync.
+with ``os.sched_setaffinity`` for the one-core figure (the same code: its pool then has one
+thread, beside the writer's), best of ``--repeats``, each after a sync; the one-core and
+all-core processes run one after the other on the same bytes. h5py alone (HDF5's filters,
+one thread whatever the cores) is timed once, in the all-core process.
 Issue 10's goal: every core at least (cores - 1) times as fast as one. ``cores_busy`` (CPU
 seconds over wall seconds) tells how many cores the writer kept busy, which shows its
 parallelism even where other work takes the cores away.
@@ -33,7 +36,7 @@ from volconv.report import write_json
 CHILD = r"""
 import json, os, resource, sys, time
 from pathlib import Path
-cores, data_path, folder, codec, dtype, repeats, depth = sys.argv[1:8]
+cores, data_path, folder, codec, dtype, repeats, depth, floor = sys.argv[1:9]
 if cores == "one":
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 import h5py
@@ -76,12 +79,13 @@ def h5py_alone(chunks):
     seconds = time.perf_counter() - t
     path.unlink()
     return seconds
-runs = sorted(volconv() for _ in range(int(repeats)))
-chunks = runs[0][2]
-floor = min(h5py_alone(chunks) for _ in range(int(repeats)))
-print(json.dumps({"seconds": runs[0][0], "all": [r[0] for r in runs],
-                  "cpu_seconds": runs[0][3], "cores_busy": runs[0][3] / runs[0][0],
-                  "bytes": runs[0][1], "chunks": chunks, "h5py_seconds": floor,
+runs = [volconv() for _ in range(int(repeats))]
+best = min(runs)
+chunks = best[2]
+floor = h5py_alone(chunks) if floor == "1" else None  # HDF5's filters: one thread either way
+print(json.dumps({"seconds": best[0], "all": [r[0] for r in runs],
+                  "cpu_seconds": best[3], "cores_busy": best[3] / best[0],
+                  "bytes": best[1], "chunks": chunks, "h5py_seconds": floor,
                   "cores": len(os.sched_getaffinity(0))}))
 """
 
@@ -101,7 +105,7 @@ def responses(size: int, n: int) -> np.ndarray:
 def measure(cores: str, data: Path, folder: Path, codec: str, dtype: str, args) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, cores, str(data), str(folder), codec, dtype,
-         str(args.repeats), str(args.slab_depth)],
+         str(args.repeats), str(args.slab_depth), "1" if cores == "all" else "0"],
         capture_output=True, text=True,
     )  # fmt: skip
     if done.returncode != 0:
