@@ -21,7 +21,7 @@ import numpy as np
 
 from volconv.convert import encode
 from volconv.report import write_json
-from volconv.resume import COMMIT_SECONDS, Progress
+from volconv.resume import Progress
 from volconv.writer import ResponseWriter
 
 ATTRS = dict.fromkeys(("affine", "voxel_size", "source", "source_sha256", "pipeline", "device",
@@ -43,8 +43,8 @@ def main() -> None:
     p.add_argument("--stored-only", action="store_true",
                    help="only the stored type given, as the device makes it")  # fmt: skip
     p.add_argument("--progress", action="store_true",
-                   help="also with resumable progress, committed every slab and every "
-                        f"{COMMIT_SECONDS:g} s (volconv.resume)")  # fmt: skip
+                   help="also with resumable progress (volconv.resume: CRCs, a flush and a "
+                        "record every slab)")  # fmt: skip
     p.add_argument("--filters", type=int, default=8)
     p.add_argument("--slab-depth", type=int, default=64)
     p.add_argument("--dtypes", default="float32,float16,uint8")
@@ -81,12 +81,12 @@ def main() -> None:
             encode(s, out) if dtype != "float32" else out.__setitem__(..., s)
             stored.append(out)
 
-        flushes: dict[float, list] = {}  # per interval: (flushes, seconds) of each write
+        flushes: list[float] = []  # seconds each write with progress spent flushing
 
-        def write(cls, given, dtype=dtype, interval=None, flushes=flushes) -> None:
+        def write(cls, given, dtype=dtype, progress=False, flushes=flushes) -> None:
             path = args.out / "w.h5"
             path.unlink(missing_ok=True)
-            progress = None if interval is None else Progress("bench", lambda: "0" * 64, interval)
+            progress = Progress("bench", lambda: "0" * 64) if progress else None
             extra = {} if progress is None else {"progress": progress}
             with cls(path, shape, names, kernels, dtype=dtype, boundary="reflect", cval=0.0,
                      slab_depth=depth, compression=args.compression, **extra) as w:  # fmt: skip
@@ -95,7 +95,7 @@ def main() -> None:
                 w.drain()
                 w.finish(ATTRS)
             if progress is not None:
-                flushes.setdefault(interval, []).append((progress.flushes, progress.flush_seconds))
+                flushes.append(progress.flush_seconds)
 
         def floor(dtype=dtype, stored=stored) -> None:
             path = args.out / "f.h5"
@@ -111,26 +111,18 @@ def main() -> None:
                 cases[f"{name}, float32 given"] = lambda cls=cls: write(cls, slabs)
             if name == "volconv" and (dtype != "float32" or args.stored_only):
                 cases[f"{name}, {dtype} given"] = lambda cls=cls, stored=stored: write(cls, stored)
-        if args.progress:  # what resume adds: CRCs, flushes and the log
-            for interval in (0.0, COMMIT_SECONDS):
-                cases[f"volconv, {dtype} given, progress every {interval:g} s"] = (
-                    lambda stored=stored, i=interval: write(ResponseWriter, stored, interval=i)
-                )
+        if args.progress:  # what resume adds: CRCs, a flush a slab and the log
+            cases[f"volconv, {dtype} given, progress"] = lambda stored=stored: write(
+                ResponseWriter, stored, progress=True)  # fmt: skip
         times = {k: [] for k in cases}
         for _ in range(args.repeats):
             for k, call in cases.items():
                 times[k].append(timed(call))
         best = {k: min(v) for k, v in times.items()}
-        result["dtypes"][dtype] = {
-            "best": best,
-            "all": times,
-            "flushes": {
-                f"{k:g}": [{"flushes": c, "seconds": t} for c, t in v] for k, v in flushes.items()
-            },
-        }
-        for k, v in flushes.items():
-            print(f"  progress every {k:g} s: flushes (count, seconds) " + ", ".join(
-                f"({c}, {t:.3f})" for c, t in v), flush=True)  # fmt: skip
+        result["dtypes"][dtype] = {"best": best, "all": times, "flush_seconds": flushes}
+        if flushes:
+            print(f"  progress: {-(-rows // depth)} flushes a write, in all "
+                  + ", ".join(f"{t:.4f}" for t in flushes) + " s", flush=True)  # fmt: skip
         print(f"{dtype}: " + ", ".join(f"{k} {v:.3f} s ({v / best['h5py alone']:.2f}x)"
                                        for k, v in best.items()), flush=True)  # fmt: skip
     (args.out / "w.h5").unlink(missing_ok=True)

@@ -52,10 +52,6 @@ if TYPE_CHECKING:
     from volconv.separable import SeparableConvolver
 
 LOG = "progress"  # the log's name in the private folder
-# Slabs written count as complete at most this late while the writer is busy: a commit
-# flushes the HDF5 file first (its metadata and the OS's write calls), so a busy writer
-# commits many slabs at once; one about to wait for the next slab commits at once.
-COMMIT_SECONDS = 1.0
 FORMAT = "volconv-progress 1"
 # Opened without following a link at the last component, and never a FIFO's blocking open.
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -137,15 +133,9 @@ class Progress:
         How many of them a run that no longer runs had made (0: a fresh file).
     """
 
-    def __init__(
-        self, key: str, input_sha: Callable[[], str], interval: float = COMMIT_SECONDS
-    ) -> None:
+    def __init__(self, key: str, input_sha: Callable[[], str]) -> None:
         self.key = key
-        self.interval = interval
-        self.flush_seconds = 0.0
-        self.flushes = 0
-        self._written: list[tuple[int, int, int, list[int]]] = []  # recorded, not committed
-        self._committed = time.monotonic()
+        self.flush_seconds = 0.0  # spent flushing the file before records (benchmarks)
         self._input_sha = input_sha
         self.done: dict[tuple[int, int], int] = {}
         self.kept = 0
@@ -314,33 +304,21 @@ class Progress:
     def record(
         self, file: h5py.File, a: int, b: int, frame: int | None, checksums: list[Future[int]]
     ) -> None:
-        """Slab ``[a, b)`` of ``frame`` is written (its `checksums`): it counts as complete at
-        the next `commit`, which this makes once the last is `interval` seconds old (the
-        writer also commits before it waits for the next slab, and when it stops)."""
-        self._written.append((frame or 0, a, b, [c.result() for c in checksums]))
-        if time.monotonic() - self._committed >= self.interval:
-            self.commit(file)
-
-    def commit(self, file: h5py.File) -> None:
-        """Flush the file, and only then count complete every slab `record`ed since the last
-        commit, in one write to the log."""
-        if not self._written:
-            return
+        """Slab ``[a, b)`` of ``frame`` is written (its `checksums`): flush the file, and only
+        then count the slab complete."""
         start = time.perf_counter()
-        file.flush()  # the slabs' data and HDF5's metadata, out of this process
+        file.flush()  # the slab's data and HDF5's metadata, out of this process (0.2 ms at
+        # 1024^2 planes on the H100 node: benchmarks/results/h100-writer-progress-3.json)
         self.flush_seconds += time.perf_counter() - start
-        self.flushes += 1
-        written, self._written = self._written, []
+        crcs = [c.result() for c in checksums]
         with self._lock:
-            for frame, a, b, crcs in written:
-                self.done[frame, a] = b
-                self._crcs[frame, a] = crcs
-            self._append(b"".join(_slab_line(*w) for w in written))
-        self._committed = time.monotonic()
+            self.done[frame or 0, a] = b
+            self._crcs[frame or 0, a] = crcs
+            self._append(_slab_line(frame or 0, a, b, crcs))
 
-    def _append(self, lines: bytes) -> None:
+    def _append(self, line: bytes) -> None:
         if self._fd is not None:
-            os.write(self._fd, lines)  # one write: whole lines, or one cut by a kill (ignored)
+            os.write(self._fd, line)  # one write: whole or, if killed, cut (and ignored)
 
     def remaining(self, work: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """The ``(frame, a, b)`` of ``work`` not complete on disk."""

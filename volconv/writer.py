@@ -777,27 +777,12 @@ class ResponseWriter:
         while flight or not closing:
             room = len(flight) < depth and not self._queue.empty()  # a slab waits, and room
             if not closing and (not flight or room):
-                if (item := self._take(idle=not flight)) is None:
+                if (item := self._queue.get()) is None:
                     closing = True
                 else:
                     flight.append(self._begin(*item))
             else:
                 self._end(flight.popleft())
-        if self.progress is not None and self._error is None:
-            self._commit()  # slabs written but not yet recorded: on `finish` and on `keep`
-
-    def _take(self, idle: bool) -> tuple | None:
-        """The next queued item; a writer about to wait for it with nothing in flight
-        (``idle``) first records the slabs it wrote since the last record (resume)."""
-        if idle and self.progress is not None and self._error is None and self._queue.empty():
-            self._commit()
-        return self._queue.get()
-
-    def _commit(self) -> None:
-        try:
-            self.progress.commit(self._file)
-        except BaseException as e:  # raised again in the caller's thread
-            self._error = e
 
     def _begin(
         self,
