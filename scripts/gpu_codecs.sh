@@ -4,14 +4,15 @@
 # float32 and float16); the writer alone at 1024^2 planes with and without resumable
 # progress (CRCs, a flush and a record every slab); the 1024^3 uint8 -> 8 float16 run
 # fresh (progress recorded) and with --overwrite, in turns, beside h5py's chunked write of the
-# same bytes. About 4 minutes. CODECS_SIZE (192), CODECS_REPEATS (3), SKIP_WRITER=1.
+# same bytes. About 4 minutes. CODECS_SIZE (192), CODECS_REPEATS (3), CODECS_ARGS (e.g.
+# --no-h5py), SKIP_WRITER=1 (the writer alone not measured).
 set -u
 source scripts/gpu_env.sh
 local=/tmp/codecs; mkdir -p $local; df -h /tmp | tail -1; nproc
 step() { echo "== $1 ($(date +%T))"; }
 python3 -m volconv devices --probe > /dev/null 2>&1  # the probe cached, as a user's node has it
 step codecs; timeout 150 python3 scripts/bench_codecs.py --size ${CODECS_SIZE:-192} \
-  --codecs gzip,lzf --repeats ${CODECS_REPEATS:-3} --out $local/codecs \
+  --codecs gzip,lzf --repeats ${CODECS_REPEATS:-3} ${CODECS_ARGS:-} --out $local/codecs \
   --json "$OUT/codecs-${CODECS_SIZE:-192}.json" 2>&1 | grep -v Warn
 if [ -z "${SKIP_WRITER:-}" ]; then
   step "writer alone, 1024^2 planes, progress"; timeout 60 python3 scripts/bench_writer.py \
