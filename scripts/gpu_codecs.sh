@@ -21,7 +21,7 @@ if [ -z "${SKIP_WRITER:-}" ]; then
   rm -rf $local/writer
 fi
 step "1024^3 fresh and --overwrite in turns"; timeout 150 python3 scripts/bench_e2e.py \
-  --device nvidia --size 1024 --repeats 2 --alternate --floors chunked --dtypes float16 \
+  --device nvidia --size 1024 --repeats ${E2E_REPEATS:-2} --alternate --floors chunked --dtypes float16 \
   --out $local/e2e --json "$OUT/e2e-1024-fresh.json" 2>&1 | grep -v Warn
 rm -rf $local
 exit 0
