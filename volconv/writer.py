@@ -69,7 +69,7 @@ ROOT_ATTRS = (
 MAX_CHUNK_BYTES = 64 * 2**20
 # Largest chunk that volconv compresses on its pool (gzip, lzf): a slab then makes many
 # chunks, several per core, so that the cores finish together (8 filters x 32 rows of 256^2
-# float16: 64 chunks; at 4 MiB, 8, and 16 cores ran at 5x one). A chunk of 1 MiB still
+# float16: 32 chunks; at 4 MiB, 8, and 16 cores ran at 5x one). A chunk of 1 MiB still
 # costs ~100 times the call that hands it over, and fits h5py's default chunk cache.
 POOL_CHUNK_BYTES = 2**20
 # Slabs whose chunks compress on the pool at once: the next slab's chunks compress while the
@@ -563,9 +563,9 @@ class ResponseWriter:
             # write_direct_chunk: HDF5 would compress them on one core.
             self._direct = _direct_codec(filters)
             self._filtered = bool(filters)
-            self._pooled = self._filtered and self._direct is not None
+            pooled = self._filtered and self._direct is not None
             chunks = chunk_shape((n, *self.shape), slab_depth, self.dtype.itemsize,
-                                 POOL_CHUNK_BYTES if self._pooled else MAX_CHUNK_BYTES)  # fmt: skip
+                                 POOL_CHUNK_BYTES if pooled else MAX_CHUNK_BYTES)  # fmt: skip
             if resumed:  # volconv.resume: a dead run's file, its complete slabs checked
                 self._resumed(chunks)
             else:
