@@ -8,10 +8,15 @@ to one, beside h5py writing the same data with HDF5's own filters (which run on 
 The responses are those of a bank over a smoothed-noise volume (so they compress as real
 ones do): ``--filters`` Gaussian derivatives of a ``--size``^3 volume, made once. Each
 measurement runs in a fresh process (its own pools, BLOSC_NTHREADS read at start), pinned
-with ``os.sched_setaffinity`` for the one-core figure, best of ``--repeats``, after a sync.
+with ``os.sched_setaffinity`` for the one-core figure (the same code: its pool then has one
+thread, beside the writer's), best of ``--repeats``, each after a sync; the one-core and
+all-core processes run one after the other on the same bytes. h5py alone (HDF5's filters,
+one thread whatever the cores) is timed once, in the all-core process.
 Issue 10's goal: every core at least (cores - 1) times as fast as one. ``cores_busy`` (CPU
 seconds over wall seconds) tells how many cores the writer kept busy, which shows its
-parallelism even where other work takes the cores away.
+parallelism even where other work takes the cores away; ``compute_only_speedup``, the same
+chunks compressed on the same pool with no file at all, how far the cores themselves scale
+(a core alone runs at a higher clock than sixteen together), the writer's ceiling.
 """
 
 from __future__ import annotations
@@ -33,12 +38,12 @@ from volconv.report import write_json
 CHILD = r"""
 import json, os, resource, sys, time
 from pathlib import Path
-cores, data_path, folder, codec, dtype, repeats, depth = sys.argv[1:8]
+cores, data_path, folder, codec, dtype, repeats, depth, floor = sys.argv[1:9]
 if cores == "one":
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 import h5py
 import numpy as np
-from volconv.writer import ResponseWriter, compression_options
+from volconv.writer import ResponseWriter, _direct_codec, _pool, compression_options
 data = np.load(data_path)
 n, nx = data.shape[:2]
 depth = int(depth)
@@ -56,6 +61,7 @@ def volconv():
     with ResponseWriter(path, data.shape[1:], [f"f{i}" for i in range(n)], kernels,
                         dtype=dtype, compression=codec, boundary="reflect", cval=0.0,
                         slab_depth=depth) as w:
+        created = time.perf_counter() - t  # the file and its layout: one thread either way
         for a in range(0, nx, depth):
             w.write_slab(a, min(a + depth, nx), stored[:, a : a + depth])
         w.drain()
@@ -66,7 +72,7 @@ def volconv():
         w.finish(attrs)
     size = path.stat().st_size
     path.unlink()
-    return seconds, size, chunks, cpu
+    return seconds, size, chunks, cpu, created
 def h5py_alone(chunks):
     path = Path(folder) / f"h-{cores}.h5"
     os.sync()
@@ -76,12 +82,24 @@ def h5py_alone(chunks):
     seconds = time.perf_counter() - t
     path.unlink()
     return seconds
-runs = sorted(volconv() for _ in range(int(repeats)))
-chunks = runs[0][2]
-floor = min(h5py_alone(chunks) for _ in range(int(repeats)))
-print(json.dumps({"seconds": runs[0][0], "all": [r[0] for r in runs],
-                  "cpu_seconds": runs[0][3], "cores_busy": runs[0][3] / runs[0][0],
-                  "bytes": runs[0][1], "chunks": chunks, "h5py_seconds": floor,
+def compute_only(chunks):
+    # the chunks compressed on the writer's pool and nothing else (no file, no writes, no
+    # hand-over): how far the cores themselves scale (clocks, caches), the writer's ceiling
+    direct = _direct_codec(compression_options(codec))
+    blocks = [stored[f, x : x + chunks[1]] for f in range(n) for x in range(0, nx, chunks[1])]
+    t = time.perf_counter()
+    for _ in _pool().map(direct, blocks):
+        pass
+    return time.perf_counter() - t
+runs = [volconv() for _ in range(int(repeats))]
+best = min(runs)
+chunks = best[2]
+floor = h5py_alone(chunks) if floor == "1" else None  # HDF5's filters: one thread either way
+compute = min(compute_only(chunks) for _ in range(1 if cores == "one" else int(repeats)))
+print(json.dumps({"seconds": best[0], "all": [r[0] for r in runs],
+                  "cpu_seconds": best[3], "cores_busy": best[3] / best[0],
+                  "bytes": best[1], "chunks": chunks, "h5py_seconds": floor,
+                  "create_seconds": best[4], "compute_only_seconds": compute,
                   "cores": len(os.sched_getaffinity(0))}))
 """
 
@@ -101,7 +119,7 @@ def responses(size: int, n: int) -> np.ndarray:
 def measure(cores: str, data: Path, folder: Path, codec: str, dtype: str, args) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, cores, str(data), str(folder), codec, dtype,
-         str(args.repeats), str(args.slab_depth)],
+         str(args.repeats), str(args.slab_depth), "1" if cores == "all" and args.h5py else "0"],
         capture_output=True, text=True,
     )  # fmt: skip
     if done.returncode != 0:
@@ -118,6 +136,8 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--slab-depth", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no-h5py", dest="h5py", action="store_false",
+                   help="skip h5py alone writing the same data (one thread, slow)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="folder for the files (a tmp dir)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
@@ -149,9 +169,12 @@ def main() -> None:
             every = measure("all", data_path, folder, codec, dtype, args)
             speedup = one["seconds"] / every["seconds"]
             raw = np.prod(result["shape"]) * np.dtype(dtype).itemsize
+            ceiling = one["compute_only_seconds"] / every["compute_only_seconds"]
             entry = {
                 "one_core": one, "all_cores": every, "speedup": speedup,
-                "over_h5py_alone": every["h5py_seconds"] / every["seconds"],
+                "compute_only_speedup": ceiling,
+                "over_h5py_alone": every["h5py_seconds"] / every["seconds"]
+                if every["h5py_seconds"] else None,
                 "compressed_fraction": every["bytes"] / raw,
                 "goal_met": speedup >= result["goal_speedup"],
             }  # fmt: skip
@@ -159,10 +182,15 @@ def main() -> None:
             print(
                 f"{codec:7s} {dtype}: one core {one['seconds']:.3f} s, {every['cores']} cores "
                 f"{every['seconds']:.3f} s: {speedup:.2f}x (goal {result['goal_speedup']}x; "
-                f"{every['cores_busy']:.1f} cores busy); "
-                f"h5py alone {every['h5py_seconds']:.3f} s "
-                f"({entry['over_h5py_alone']:.2f}x); {100 * entry['compressed_fraction']:.0f} % "
-                "of the raw bytes",
+                f"{every['cores_busy']:.1f} cores busy; file made in "
+                f"{every['create_seconds'] * 1e3:.0f} ms); "
+                f"compressing alone, no file: {ceiling:.2f}x; "
+                + (
+                    f"h5py alone {every['h5py_seconds']:.3f} s ({entry['over_h5py_alone']:.2f}x); "
+                    if every["h5py_seconds"]
+                    else ""
+                )
+                + f"{100 * entry['compressed_fraction']:.0f} % of the raw bytes",
                 flush=True,
             )
     data_path.unlink()

@@ -50,10 +50,12 @@ def read_floor(path: Path) -> float:
     return best_of(3, lambda: np.array(nib.load(path).dataobj))  # a copy: read, not mapped
 
 
-def write_floor(like: Path, compression: str, folder: Path) -> dict[str, float]:
+def write_floor(
+    like: Path, compression: str, folder: Path, kinds: str = "all", repeats: int = 2
+) -> dict[str, float]:
     """Seconds for h5py alone to write the bytes of output ``like`` (its shape, dtype and
-    chunks, the same codec) from memory, chunked and contiguous, best of two each (after a
-    sync)."""
+    chunks, the same codec) from memory, chunked and (``kinds`` "all") contiguous and by
+    direct chunks, best of ``repeats`` each (after a sync)."""
     with h5py.File(like, "r") as f:
         ds = f["responses"]
         data = np.empty(ds.shape, ds.dtype)
@@ -82,11 +84,11 @@ def write_floor(like: Path, compression: str, folder: Path) -> dict[str, float]:
                     ds.id.write_direct_chunk((f, x, *(0,) * (data.ndim - 2)), block)
         target.unlink()
 
-    floors = {"chunked": best_of(2, lambda: write(chunks=chunks, **options))}
-    if not options:
-        floors["contiguous"] = best_of(2, lambda: write())
+    floors = {"chunked": best_of(repeats, lambda: write(chunks=chunks, **options))}
+    if not options and kinds == "all":
+        floors["contiguous"] = best_of(repeats, lambda: write())
         if data.ndim == 4:
-            floors["direct_chunks"] = best_of(2, direct)
+            floors["direct_chunks"] = best_of(repeats, direct)
     floors["bytes"] = data.nbytes
     return floors
 
@@ -127,6 +129,44 @@ def run_volconv(pipeline: Path, sets: list[str], device: str, report: Path,
             "inputs": len(doc["inputs"]), "run_seconds": run_seconds}  # fmt: skip
 
 
+def summary(repeats: list[dict], inputs: int, result: dict, name: str) -> dict:
+    """The best run of ``repeats`` (least in-run wall), the floors' minima and the ratios;
+    printed."""
+    best = min(repeats, key=lambda r: r["report"]["stages"]["wall"])
+    floors = {k: min(r["write_floor_seconds"][k] for r in repeats)
+              for k in repeats[0]["write_floor_seconds"]}  # fmt: skip
+    stages = best["report"]["stages"]
+    run = {**best, "write_floor_seconds": floors, "repeats": [
+        {"process_seconds": r["process_seconds"], "run_seconds": r["run_seconds"],
+         "stages": r["report"]["stages"], "write_floor_seconds": r["write_floor_seconds"]}
+        for r in repeats]}  # fmt: skip
+    run_seconds = min(r["run_seconds"] for r in repeats)
+    run["ratios"] = {
+        "in_run_wall_over_write_floor": stages["wall"] / floors["chunked"],
+        "read_over_floor": stages["read"] / result["read_floor_seconds"],
+        "process_minus_in_run_seconds": best["process_seconds"] - stages["wall"],
+        "run_over_inputs_write_floors": run_seconds / (inputs * floors["chunked"]),
+    }
+    print(
+        f"{name}: process {best['process_seconds']:.2f} s, in-run wall {stages['wall']:.3f}"
+        f" s (read {stages['read']:.3f}, kernel {stages['kernel']:.4f}, convert "
+        f"{stages.get('convert', 0.0):.4f}, download {stages['download']:.4f}, write "
+        f"{stages['write']:.3f}); h5py write floor {floors['chunked']:.3f} s chunked"
+        + (f", {floors['contiguous']:.3f} s contiguous" if "contiguous" in floors else "")
+        + (f", {floors['direct_chunks']:.3f} s direct chunks" if "direct_chunks" in floors
+           else "")
+        + f"; wall/floor {run['ratios']['in_run_wall_over_write_floor']:.2f}, read/floor "
+        f"{run['ratios']['read_over_floor']:.2f}, start "
+        f"{run['ratios']['process_minus_in_run_seconds']:.2f} s, max RSS "
+        f"{(best['max_rss_bytes'] or 0) / 2**30:.2f} GiB; walls "
+        + ", ".join(f"{r['report']['stages']['wall']:.2f}" for r in repeats)
+        + (f"; {inputs} inputs in {run_seconds:.3f} s, over {inputs} floors "
+           f"{run['ratios']['run_over_inputs_write_floors']:.2f}" if inputs > 1 else ""),
+        flush=True,
+    )  # fmt: skip
+    return run
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--input", type=Path, default=Path("data/mni152_t1_256.nii"))
@@ -143,6 +183,17 @@ def main() -> None:
         "--fresh",
         action="store_true",
         help="runs without --overwrite into an empty folder (resumable progress)",
+    )
+    p.add_argument(
+        "--alternate",
+        action="store_true",
+        help="each repeat runs both ways, --overwrite and fresh, in turns (the floor between)",
+    )
+    p.add_argument(
+        "--floors",
+        choices=("all", "chunked"),
+        default="all",
+        help="chunked: only h5py's chunked write, once a repeat (for large outputs)",
     )
     p.add_argument(
         "--set",
@@ -183,55 +234,34 @@ def main() -> None:
         "repeats": args.repeats,
         "inputs": args.inputs,
         "fresh": args.fresh,
+        "alternate": args.alternate,
         "read_floor_seconds": read_floor(source),
         "runs": {},
     }
     print(f"read floor (nibabel, whole): {result['read_floor_seconds'] * 1e3:.1f} ms", flush=True)
+    modes = ["overwrite", "fresh"] if args.alternate else ["fresh" if args.fresh else "overwrite"]
+    floor_repeats = 1 if args.floors == "chunked" else 2
     for dtype in args.dtypes.split(","):
         out = folder / "out" / f"{{stem}}-{args.compression}.h5"
         paths = ", ".join(f'"{s}"' for s in sources)
         sets = [f"input.paths=[{paths}]", f"output.path={out}", f"output.dtype={dtype}",
                 f"output.compression={args.compression}", *args.sets]  # fmt: skip
         first = Path(str(out).format(stem=source.name.split(".")[0]))
-        repeats = []
-        for _ in range(args.repeats):  # run, floor, run, floor, ...: the same minutes for both
-            run = run_volconv(args.pipeline, sets, args.device, folder / f"report-{dtype}.json",
-                              overwrite=not args.fresh)  # fmt: skip
-            run["write_floor_seconds"] = write_floor(first, args.compression, folder)
-            repeats.append(run)
-            shutil.rmtree(folder / "out", ignore_errors=True)
-        best = min(repeats, key=lambda r: r["report"]["stages"]["wall"])
-        floors = {k: min(r["write_floor_seconds"][k] for r in repeats)
-                  for k in repeats[0]["write_floor_seconds"]}  # fmt: skip
-        stages = best["report"]["stages"]
-        run = {**best, "write_floor_seconds": floors, "repeats": [
-            {"process_seconds": r["process_seconds"], "run_seconds": r["run_seconds"],
-             "stages": r["report"]["stages"], "write_floor_seconds": r["write_floor_seconds"]}
-            for r in repeats]}  # fmt: skip
-        run_seconds = min(r["run_seconds"] for r in repeats)
-        run["ratios"] = {
-            "in_run_wall_over_write_floor": stages["wall"] / floors["chunked"],
-            "read_over_floor": stages["read"] / result["read_floor_seconds"],
-            "process_minus_in_run_seconds": best["process_seconds"] - stages["wall"],
-            "run_over_inputs_write_floors": run_seconds / (args.inputs * floors["chunked"]),
-        }
-        result["runs"][dtype] = run
-        print(
-            f"{dtype}: process {best['process_seconds']:.2f} s, in-run wall {stages['wall']:.3f}"
-            f" s (read {stages['read']:.3f}, kernel {stages['kernel']:.4f}, convert "
-            f"{stages.get('convert', 0.0):.4f}, download {stages['download']:.4f}, write "
-            f"{stages['write']:.3f}); h5py write floor {floors['chunked']:.3f} s chunked"
-            + (f", {floors['contiguous']:.3f} s contiguous" if "contiguous" in floors else "")
-            + (f", {floors['direct_chunks']:.3f} s direct chunks" if "direct_chunks" in floors
-               else "")
-            + f"; wall/floor {run['ratios']['in_run_wall_over_write_floor']:.2f}, read/floor "
-            f"{run['ratios']['read_over_floor']:.2f}, start "
-            f"{run['ratios']['process_minus_in_run_seconds']:.2f} s, max RSS "
-            f"{(best['max_rss_bytes'] or 0) / 2**30:.2f} GiB"
-            + (f"; {args.inputs} inputs in {run_seconds:.3f} s, over {args.inputs} floors "
-               f"{run['ratios']['run_over_inputs_write_floors']:.2f}" if args.inputs > 1 else ""),
-            flush=True,
-        )  # fmt: skip
+        repeats = {mode: [] for mode in modes}
+        floors_seen = []
+        for i in range(args.repeats):  # run, floor, run, ...: the same minutes for each
+            for mode in modes[:: -1 if i % 2 else 1]:  # turns: neither always goes first
+                run = run_volconv(args.pipeline, sets, args.device, folder / f"report-{dtype}.json",
+                                  overwrite=mode == "overwrite")  # fmt: skip
+                if len(floors_seen) <= i:  # once a repeat, from the first run's output
+                    floors_seen.append(write_floor(first, args.compression, folder, args.floors,
+                                                   floor_repeats))  # fmt: skip
+                run["write_floor_seconds"] = floors_seen[i]
+                repeats[mode].append(run)
+                shutil.rmtree(folder / "out", ignore_errors=True)  # fresh runs find none
+        for mode in modes:
+            name = f"{dtype}/{mode}" if args.alternate else dtype
+            result["runs"][name] = summary(repeats[mode], args.inputs, result, name)
     if args.json:
         write_json(result, args.json)
         print(f"wrote {args.json}")

@@ -21,6 +21,7 @@ import numpy as np
 
 from volconv.convert import encode
 from volconv.report import write_json
+from volconv.resume import Progress
 from volconv.writer import ResponseWriter
 
 ATTRS = dict.fromkeys(("affine", "voxel_size", "source", "source_sha256", "pipeline", "device",
@@ -38,6 +39,12 @@ def timed(call) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=256)
+    p.add_argument("--rows", type=int, default=0, help="rows along x (default: --size)")
+    p.add_argument("--stored-only", action="store_true",
+                   help="only the stored type given, as the device makes it")  # fmt: skip
+    p.add_argument("--progress", action="store_true",
+                   help="also with resumable progress (volconv.resume: CRCs, a flush and a "
+                        "record every slab)")  # fmt: skip
     p.add_argument("--filters", type=int, default=8)
     p.add_argument("--slab-depth", type=int, default=64)
     p.add_argument("--dtypes", default="float32,float16,uint8")
@@ -50,6 +57,8 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     n, size, depth = args.filters, args.size, args.slab_depth
+    rows = args.rows or size
+    shape = (rows, size, size)
     rng = np.random.default_rng(0)
     slabs = [rng.standard_normal((n, depth, size, size), np.float32) * 100 for _ in range(3)]
     writers = {"volconv": ResponseWriter}
@@ -62,7 +71,7 @@ def main() -> None:
     names = [f"f{i}" for i in range(n)]
     result = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
               "cores": len(os.sched_getaffinity(0)), "out": str(args.out),
-              "shape": [n, size, size, size], "slab_depth": depth,
+              "shape": [n, *shape], "slab_depth": depth,
               "compression": args.compression, "compare": str(args.compare or ""),
               "dtypes": {}}  # fmt: skip
     for dtype in args.dtypes.split(","):
@@ -72,36 +81,48 @@ def main() -> None:
             encode(s, out) if dtype != "float32" else out.__setitem__(..., s)
             stored.append(out)
 
-        def write(cls, given, dtype=dtype) -> None:
+        flushes: list[float] = []  # seconds each write with progress spent flushing
+
+        def write(cls, given, dtype=dtype, progress=False, flushes=flushes) -> None:
             path = args.out / "w.h5"
             path.unlink(missing_ok=True)
-            with cls(path, (size,) * 3, names, kernels, dtype=dtype, boundary="reflect",
-                     cval=0.0, slab_depth=depth, compression=args.compression) as w:  # fmt: skip
-                for i, a in enumerate(range(0, size, depth)):
-                    w.write_slab(a, min(a + depth, size), given[i % 3][:, : min(depth, size - a)])
+            progress = Progress("bench", lambda: "0" * 64) if progress else None
+            extra = {} if progress is None else {"progress": progress}
+            with cls(path, shape, names, kernels, dtype=dtype, boundary="reflect", cval=0.0,
+                     slab_depth=depth, compression=args.compression, **extra) as w:  # fmt: skip
+                for i, a in enumerate(range(0, rows, depth)):
+                    w.write_slab(a, min(a + depth, rows), given[i % 3][:, : min(depth, rows - a)])
                 w.drain()
                 w.finish(ATTRS)
+            if progress is not None:
+                flushes.append(progress.flush_seconds)
 
         def floor(dtype=dtype, stored=stored) -> None:
             path = args.out / "f.h5"
             with h5py.File(path, "w") as f:
-                ds = f.create_dataset("r", (n, size, size, size), dtype, chunks=(1, depth,
-                                      size, size))  # fmt: skip
-                for i, a in enumerate(range(0, size, depth)):
-                    ds[:, a : a + depth] = stored[i % 3][:, : min(depth, size - a)]
+                ds = f.create_dataset("r", (n, *shape), dtype, chunks=(1, depth, size, size))
+                for i, a in enumerate(range(0, rows, depth)):
+                    ds[:, a : a + depth] = stored[i % 3][:, : min(depth, rows - a)]
             path.unlink()
 
         cases = {"h5py alone": floor}
         for name, cls in writers.items():
-            cases[f"{name}, float32 given"] = lambda cls=cls: write(cls, slabs)
-            if name == "volconv" and dtype != "float32":
+            if not args.stored_only:
+                cases[f"{name}, float32 given"] = lambda cls=cls: write(cls, slabs)
+            if name == "volconv" and (dtype != "float32" or args.stored_only):
                 cases[f"{name}, {dtype} given"] = lambda cls=cls, stored=stored: write(cls, stored)
+        if args.progress:  # what resume adds: CRCs, a flush a slab and the log
+            cases[f"volconv, {dtype} given, progress"] = lambda stored=stored: write(
+                ResponseWriter, stored, progress=True)  # fmt: skip
         times = {k: [] for k in cases}
         for _ in range(args.repeats):
             for k, call in cases.items():
                 times[k].append(timed(call))
         best = {k: min(v) for k, v in times.items()}
-        result["dtypes"][dtype] = {"best": best, "all": times}
+        result["dtypes"][dtype] = {"best": best, "all": times, "flush_seconds": flushes}
+        if flushes:
+            print(f"  progress: {-(-rows // depth)} flushes a write, in all "
+                  + ", ".join(f"{t:.4f}" for t in flushes) + " s", flush=True)  # fmt: skip
         print(f"{dtype}: " + ", ".join(f"{k} {v:.3f} s ({v / best['h5py alone']:.2f}x)"
                                        for k, v in best.items()), flush=True)  # fmt: skip
     (args.out / "w.h5").unlink(missing_ok=True)

@@ -25,6 +25,7 @@ from test_pipeline import DEVICE, ROOT, random_volume
 from volconv.config import dump_toml, load
 from volconv.pipeline import Interrupted
 from volconv.pipeline import run as volconv_run
+from volconv.writer import ROOT_ATTRS
 
 # Many slabs of one or two rows: seconds on a CPU, so a signal lands mid-volume.
 FILTERS = [{"type": "gaussian", "name": f"g{i}", "sigma": 1.5, "order": [0, 0, i % 3]}
@@ -379,4 +380,78 @@ def test_a_run_stopped_in_this_process_resumes_in_it(tmp_path, uninterrupted):
     assert result.reports[0].resumed_slabs == recorded
     with h5py.File(out / "b.h5") as f:
         np.testing.assert_array_equal(f["responses"][()], whole)
+    assert partials(out) == []
+
+
+# A writer of lzf chunks (two slabs' chunks in flight on the pool), each slab's buffer coming
+# back 20 ms late so that it runs behind its producer; SIGKILLed once some slabs are recorded.
+WRITER_CHILD = r"""
+import sys, time
+from concurrent.futures import Future
+import numpy as np
+from volconv.resume import Progress
+from volconv.writer import ResponseWriter
+path = sys.argv[1]
+data = np.load(sys.argv[2])
+progress = Progress("key", lambda: "0" * 64)
+w = ResponseWriter(path, data.shape[1:], ["a", "b", "c"], np.zeros((3, 1, 1, 1)),
+                   dtype="float16", compression="lzf", boundary="reflect", cval=0.0,
+                   slab_depth=2, progress=progress)
+sha = Future()
+sha.set_result("0" * 64)
+progress.input_known(sha)  # as the pipeline does: only a log naming its input resumes
+for a in range(0, data.shape[1], 2):
+    w.write_slab(a, a + 2, data[:, a : a + 2], release=lambda: time.sleep(0.02))
+time.sleep(600)  # killed before it finishes
+"""
+
+
+def test_a_writer_with_slabs_in_flight_killed_resumes_bit_for_bit(tmp_path):
+    """With two slabs' chunks compressing at once and written as each is made, a slab is
+    still recorded only once all its chunks are written and flushed: a writer killed at any
+    moment resumes from exactly the slabs recorded, each read back whole, and the finished
+    file is bitwise what one uninterrupted writer makes."""
+    from volconv.resume import Progress
+    from volconv.writer import ResponseWriter
+
+    rng = np.random.default_rng(7)
+    data = (rng.standard_normal((3, 120, 32, 24)) * 50).astype(np.float16)
+    np.save(tmp_path / "d.npy", data)
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / "b.h5"
+
+    def writer(target: Path, progress: Progress | None) -> ResponseWriter:
+        return ResponseWriter(target, data.shape[1:], ["a", "b", "c"], np.zeros((3, 1, 1, 1)),
+                              dtype="float16", compression="lzf", boundary="reflect",
+                              cval=0.0, slab_depth=2, progress=progress)  # fmt: skip
+
+    command = [sys.executable, "-c", WRITER_CHILD, str(path), str(tmp_path / "d.npy")]
+    child = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while slabs_recorded(out) < 12:
+        assert child.poll() is None, child.communicate()
+        assert time.monotonic() < deadline, "the writer recorded no progress"
+        time.sleep(0.005)
+    child.kill()
+    child.communicate()
+    recorded = slabs_recorded(out)
+    assert 12 <= recorded < 60
+
+    progress = Progress("key", lambda: "0" * 64)
+    with writer(path, progress) as w:
+        assert len(progress.done) == recorded  # each read back, its CRCs whole
+        work = progress.remaining([(0, a, a + 2) for a in range(0, 120, 2)])
+        assert len(work) == 60 - recorded
+        for _, a, b in work:
+            w.write_slab(a, b, data[:, a:b].copy())
+        w.finish(dict.fromkeys(ROOT_ATTRS, 0))
+    with writer(tmp_path / "whole.h5", None) as w:
+        for a in range(0, 120, 2):
+            w.write_slab(a, a + 2, data[:, a : a + 2].copy())
+        w.finish(dict.fromkeys(ROOT_ATTRS, 0))
+    with h5py.File(path) as f, h5py.File(tmp_path / "whole.h5") as g:
+        assert f.attrs["complete"]
+        np.testing.assert_array_equal(f["responses"][()], g["responses"][()])
+        np.testing.assert_array_equal(f["responses"][()], data)
     assert partials(out) == []

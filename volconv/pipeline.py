@@ -52,10 +52,12 @@ from volconv.writer import (
     OutputError,
     OutputExistsError,
     ResponseWriter,
+    backlog_bytes,
     check_output_path,
     holds,
     is_complete,
     is_regular,
+    slabs_in_flight,
 )
 
 # The errors that are the user's: the CLI turns them into exit status 2 and one line.
@@ -260,7 +262,8 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     """The host memory a run of ``job`` holds at slab depth ``depth`` (SPEC "Memory"): the
     pinned slab buffers (of the stored type where the device converts, else float32), a
     float32 slab converted on the host (every slab where the device does not convert; where
-    it does, a slab whose source holds NaN or Inf), two slabs of source rows (one read
+    it does, a slab whose source holds NaN or Inf) for each slab the writer has in flight, the
+    writer's compressed chunks (`volconv.writer.backlog_bytes`), two slabs of source rows (one read
     ahead), the whole frame if it is read whole, and on a CPU device its buffers, which are
     host memory too."""
     ny, nz = job.shape3[1:]
@@ -269,8 +272,10 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     item = np.dtype(job.volume.dtype).itemsize
     on_device = device_encodes(device, cfg.dtype)
     total = PINNED_BUFFERS * slab * pinned_itemsize(cfg, device)
+    in_flight = slabs_in_flight(cfg.compression)  # the writer's, each converted on its own
     if stored != 4 and (not on_device or np.dtype(job.volume.dtype).kind == "f"):
-        total += slab * (4 if on_device else stored)
+        total += in_flight * slab * (4 if on_device else stored)
+    total += backlog_bytes(slab * stored, cfg.compression)
     total += 2 * (depth + sum(job.plan.extents[:1]) - 1) * ny * nz * item
     if job.whole_frames:
         total += math.prod(job.shape3) * item

@@ -24,8 +24,10 @@ import sys
 import tempfile
 import threading
 import zlib
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from time import perf_counter
@@ -68,8 +70,14 @@ ROOT_ATTRS = (
 # taking a small region decompresses little.
 MAX_CHUNK_BYTES = 64 * 2**20
 # Largest chunk that volconv compresses on its pool (gzip, lzf): a slab then makes many
-# chunks, enough for every core (8 filters x 64 rows of 256^2 float32: 32 chunks, not 8).
-POOL_CHUNK_BYTES = 4 * 2**20
+# chunks, several per core, so that the cores finish together (8 filters x 32 rows of 256^2
+# float16: 32 chunks; at 4 MiB, 8, and 16 cores ran at 5x one). A chunk of 1 MiB still
+# costs ~100 times the call that hands it over, and fits h5py's default chunk cache.
+POOL_CHUNK_BYTES = 2**20
+# Slabs whose chunks compress on the pool at once: the next slab's chunks compress while the
+# writer thread writes the one before, so no core waits for the writes (nor for the slowest
+# chunk of a slab). Each holds its slab and its compressed chunks (`backlog_bytes`).
+SLABS_IN_FLIGHT = 2
 # Failures to write that are not the user's mistake: no space, quota, I/O, size limit.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
 
@@ -92,9 +100,12 @@ def _direct_codec(filters: dict) -> Callable[[np.ndarray], tuple[object, int]] |
             raw = _shuffled(block)
             out = np.empty(raw.nbytes, np.uint8)  # as h5py's filter: no room, no compression
             n = lzf(raw.ctypes.data, raw.nbytes, out.ctypes.data, out.nbytes)
+            if n:
+                return out[:n], 0
             # HDF5 stores a chunk its optional LZF filter (pipeline entry 1) cannot shrink
             # as shuffled only, with that filter's bit set in the chunk's mask
-            return (out[:n], 0) if n else (raw, 1 << 1)
+            out[:] = raw  # out of the scratch buffer, which this thread reuses
+            return out, 1 << 1
 
         return compress
     return None
@@ -102,9 +113,18 @@ def _direct_codec(filters: dict) -> Callable[[np.ndarray], tuple[object, int]] |
 
 def _shuffled(block: np.ndarray) -> np.ndarray:
     """HDF5's shuffle filter: byte k of every element together, for k = 0, 1, ... (bytes,
-    contiguous)."""
+    contiguous), in this thread's scratch buffer (valid until its next call): no fresh
+    pages to fault in per chunk."""
     raw = np.ascontiguousarray(block).view(np.uint8).reshape(-1, block.itemsize)
-    return np.ascontiguousarray(raw.T).reshape(-1)
+    scratch = getattr(_scratch, "shuffled", None)
+    if scratch is None or scratch.nbytes < raw.nbytes:
+        scratch = _scratch.shuffled = np.empty(raw.nbytes, np.uint8)
+    out = scratch[: raw.nbytes]
+    np.copyto(out.reshape(block.itemsize, -1), raw.T)
+    return out
+
+
+_scratch = threading.local()
 
 
 @cache
@@ -440,6 +460,36 @@ def chunk_shape(
     return (1, chunk_depth, ny, nz, *(1,) * (len(shape) - 4))
 
 
+@dataclass(eq=False)
+class _Slab:
+    """A slab in the writer thread's hands: its rows and frame, what gives its buffer back,
+    its stored values, its CRCs (futures, resume) and its chunks: offsets with their bytes
+    and filter mask, or a future of them (compressed on the pool)."""
+
+    a: int
+    b: int
+    frame: int | None
+    release: Callable[[], None] | None
+    stored: np.ndarray | None = None
+    checksums: list[Future[int]] = field(default_factory=list)
+    chunks: list[tuple[tuple[int, ...], object]] = field(default_factory=list)
+
+
+def slabs_in_flight(compression: str) -> int:
+    """Slabs the writer thread works on at once for output ``compression``: `SLABS_IN_FLIGHT`
+    where volconv compresses chunks on its pool (gzip, lzf), else one."""
+    pooled = compression.startswith("gzip") or (compression == "lzf" and _lzf() is not None)
+    return SLABS_IN_FLIGHT if pooled else 1
+
+
+def backlog_bytes(slab_bytes: int, compression: str) -> int:
+    """Host memory the writer holds beyond the slabs handed to it, for slabs of
+    ``slab_bytes`` stored: the compressed chunks of the slabs in flight (each at most its
+    slab's size) where chunks compress on the pool."""
+    n = slabs_in_flight(compression)
+    return n * slab_bytes if n > 1 else 0
+
+
 class ResponseWriter:
     """Writes the N responses of one input to an HDF5 file, slab by slab.
 
@@ -531,6 +581,7 @@ class ResponseWriter:
         self._check(names, kernels, dtype, scale, offset, slab_depth)
         extents = self._check_extents(extents, kernels)
         filters = compression_options(compression)
+        self._compression = compression
         self._check_path(overwrite)
         self.dtype = np.dtype(dtype)
         self.scale, self.offset = float(scale), float(offset)
@@ -760,55 +811,104 @@ class ResponseWriter:
         self._queue.put((a, b, frame, responses, release))
 
     def _run(self) -> None:
-        """The writer thread: write queued slabs until the sentinel None; after an error or
-        an abort, keep draining so `write_slab` never blocks on a full queue."""
-        while (item := self._queue.get()) is not None:
-            a, b, frame, responses, release = item
-            try:
-                if self._error is None and not self._stop:
-                    start = perf_counter()
-                    stored = responses if responses.dtype == self.dtype else self._encode(
-                        responses)  # fmt: skip
-                    if self.progress is not None:  # volconv.resume: CRCs beside the write
-                        checksums = self.progress.checksums(stored)
-                    if self._direct is None:
-                        index = (slice(None), slice(a, b), *(() if frame is None else (..., frame)))
-                        self._responses[index] = stored
-                    else:
-                        self._write_chunks(a, b, frame, stored)
-                    if self.progress is not None:  # flushed, then counted (volconv.resume)
-                        self.progress.record(self._file, a, b, frame, checksums)
-                    self.write_seconds += perf_counter() - start
-            except BaseException as e:  # raised again in the caller's thread
-                self._error = e
-            finally:
-                del responses
-                if release is not None:
-                    release()
+        """The writer thread: take queued slabs until the sentinel None, each started at once
+        (`_begin`: its chunks go to the pool) while fewer than `SLABS_IN_FLIGHT` are (one
+        where nothing compresses on the pool), and write them in order (`_end`); after an
+        error or an abort, keep draining so `write_slab` never blocks on a full queue."""
+        flight: deque[_Slab] = deque()
+        depth = slabs_in_flight(self._compression)
+        closing = False
+        while flight or not closing:
+            room = len(flight) < depth and not self._queue.empty()  # a slab waits, and room
+            if not closing and (not flight or room):
+                if (item := self._queue.get()) is None:
+                    closing = True
+                else:
+                    flight.append(self._begin(*item))
+            else:
+                self._end(flight.popleft())
 
-    def _write_chunks(self, a: int, b: int, frame: int | None, stored: np.ndarray) -> None:
+    def _begin(
+        self,
+        a: int,
+        b: int,
+        frame: int | None,
+        responses: np.ndarray,
+        release: Callable[[], None] | None,
+    ) -> _Slab:
+        """Start writing a slab: its stored values, its CRCs (resume) and its chunks'
+        compression on the pool."""
+        slab = _Slab(a, b, frame, release)
+        if self._error is not None or self._stop:
+            return slab
+        start = perf_counter()
+        try:
+            stored = responses if responses.dtype == self.dtype else self._encode(responses)
+            slab.stored = stored
+            if self.progress is not None:  # volconv.resume: CRCs beside the write
+                slab.checksums = self.progress.checksums(stored)
+            if self._direct is not None:
+                slab.chunks = self._chunks(a, b, frame, stored)
+        except BaseException as e:  # raised again in the caller's thread
+            self._error = e
+        self.write_seconds += perf_counter() - start
+        return slab
+
+    def _end(self, slab: _Slab) -> None:
+        """Write a slab begun by `_begin`, record it (resume), and give its buffer back once
+        nothing on the pool reads it any more."""
+        start = perf_counter()
+        try:
+            if slab.stored is not None and self._error is None and not self._stop:
+                self._write(slab)
+                if self.progress is not None:  # flushed, then counted (volconv.resume)
+                    self.progress.record(self._file, slab.a, slab.b, slab.frame,
+                                         slab.checksums)  # fmt: skip
+        except BaseException as e:  # raised again in the caller's thread
+            self._error = e
+        finally:
+            running = [c for _, c in slab.chunks if isinstance(c, Future)] + slab.checksums
+            for job in running:
+                job.cancel()
+            wait(running)
+            slab.stored = slab.chunks = slab.checksums = None
+            if slab.release is not None:
+                slab.release()
+            self.write_seconds += perf_counter() - start
+
+    def _chunks(
+        self, a: int, b: int, frame: int | None, stored: np.ndarray
+    ) -> list[tuple[tuple[int, ...], object]]:
         """Rows ``[a, b)`` of every filter (``stored``: the stored type, each filter's rows
-        contiguous) as whole chunks, written in order: uncompressed straight from
-        ``stored``, else each encoded by the dataset's own filters on the pool. The last
+        contiguous) as whole chunks, in file order, each with its bytes and filter mask:
+        uncompressed, ``stored``'s own rows (no copy: HDF5 writes from the caller's buffer),
+        else a future of them, encoded by the dataset's own filters on the pool. The last
         chunk of an axis that the data does not fill is padded, as HDF5 stores it."""
         depth = self._responses.chunks[1]
         tail = () if frame is None else (frame,)
-        pieces = []
+        chunks = []
         for f in range(stored.shape[0]):
             for x in range(a, b, depth):
                 block = stored[f, x - a : x - a + depth]
                 if block.shape[0] < depth:  # the volume's last rows: a partial edge chunk
                     block = np.concatenate([block, np.zeros((depth - block.shape[0],
                                             *block.shape[1:]), block.dtype)])  # fmt: skip
-                pieces.append(((f, x, 0, 0, *tail), block))
-        write = self._responses.id.write_direct_chunk
-        if not self._filtered:  # no copy: HDF5 writes from the caller's buffer
-            for offsets, block in pieces:
-                write(offsets, block)
+                made = _pool().submit(self._direct, block) if self._filtered else (block, 0)
+                chunks.append(((f, x, 0, 0, *tail), made))
+        return chunks
+
+    def _write(self, slab: _Slab) -> None:
+        """Write a slab's chunks in order, each as soon as it is compressed (or the slab
+        through HDF5's own filters)."""
+        if self._direct is None:
+            tail = () if slab.frame is None else (..., slab.frame)
+            self._responses[(slice(None), slice(slab.a, slab.b), *tail)] = slab.stored
             return
-        encoded = _pool().map(lambda piece: self._direct(piece[1]), pieces)
-        for (offsets, _), (data, mask) in zip(pieces, encoded, strict=True):
+        write = self._responses.id.write_direct_chunk
+        for i, (offsets, made) in enumerate(slab.chunks):
+            data, mask = made.result() if isinstance(made, Future) else made
             write(offsets, data, filter_mask=mask)
+            slab.chunks[i] = (offsets, None)  # its compressed bytes are on disk: free them
 
     def _encode(self, values: np.ndarray) -> np.ndarray:
         """Responses in the stored type, converted on every core: numpy's float16 and uint8
