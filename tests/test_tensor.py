@@ -4,6 +4,8 @@ scipy.ndimage.convolve in float64 at SPEC's tolerance."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import assert_spec_close, reference
@@ -11,6 +13,8 @@ from conftest import assert_spec_close, reference
 from volconv.engine import BankConvolver
 from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
+    DIGIT_MAX,
+    DIGITS,
     FP32_BLOCKED_TAPS,
     MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
@@ -18,8 +22,11 @@ from volconv.tensor import (
     TensorShape,
     b_fragments,
     choose_engine,
+    digit_exponents,
     direct_convolver,
     filter_exponents,
+    int8_digits,
+    int8_fragments,
     tensor_defines,
     tensor_pays,
     tensor_refusal,
@@ -91,11 +98,12 @@ def test_tensor_pays():
 
 def test_ieee_sum_above_7_cubed():
     """Chained tensor-core sums up to 343 taps, IEEE FP32 adds of the hi products above."""
-    u8 = np.dtype(np.uint8)
-    assert "IEEE_SUM" not in tensor_defines((7, 7, 7), u8, TensorShape())
-    assert tensor_defines((7, 7, 8), u8, TensorShape())["IEEE_SUM"] == 1
-    assert tensor_defines((3, 3, 3), u8, TensorShape(ieee_sum=True))["IEEE_SUM"] == 1
-    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, TensorShape(ieee_sum=False))
+    u8, fp16 = np.dtype(np.uint8), TensorShape(arith="fp16")
+    assert "IEEE_SUM" not in tensor_defines((7, 7, 7), u8, fp16)
+    assert tensor_defines((7, 7, 8), u8, fp16)["IEEE_SUM"] == 1
+    assert tensor_defines((3, 3, 3), u8, replace(fp16, ieee_sum=True))["IEEE_SUM"] == 1
+    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, replace(fp16, ieee_sum=False))
+    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, TensorShape())  # int8: exact sums
 
 
 def test_engine_knob(monkeypatch):
@@ -138,7 +146,7 @@ def test_fragments_hold_every_tap_once(extents):
     about 22 bits, each exactly once, and nothing else."""
     rng = np.random.default_rng(2)
     bank = rng.standard_normal((5, *extents)) * 10.0 ** rng.integers(-5, 5, (5, 1, 1, 1))
-    d = tensor_defines(extents, np.dtype(np.uint8), TensorShape(nt=1))
+    d = tensor_defines(extents, np.dtype(np.uint8), TensorShape(nt=1, arith="fp16"))
     frags = b_fragments(bank, d)
     seg, nseg = d["SEG"], d["NSEG"]
     halves = frags.view(np.uint16).reshape(*frags.shape[:-1], 2, 2).view(np.float16)
@@ -163,6 +171,58 @@ def test_fragments_hold_every_tap_once(extents):
     assert np.all(rebuilt[5:] == 0)
 
 
+def test_digits_are_exact_24_bit_fixed_point():
+    """Three signed 8-bit digits rebuild each filter scaled into [2^22, 2^23) and rounded to
+    an integer: exactly, and within half a unit of the scaled coefficient."""
+    rng = np.random.default_rng(8)
+    bank = rng.standard_normal((6, 3, 4, 5)) * 10.0 ** rng.integers(-9, 9, (6, 1, 1, 1))
+    bank[1] *= 2.0**-31 * DIGIT_MAX / np.abs(bank[1]).max()
+    bank[1, 0, 0, 0] = DIGIT_MAX * 2.0**-30  # a peak right at the largest integer
+    bank[2] = 0.0
+    e = digit_exponents(bank)
+    digits = int8_digits(bank).astype(np.int64)
+    assert digits.shape == (DIGITS, *bank.shape)
+    rebuilt = digits[0] + 256 * digits[1] + 65536 * digits[2]
+    scaled = np.ldexp(bank, e[:, None, None, None])
+    assert np.all(np.abs(rebuilt - scaled) <= 0.5)
+    peak = np.abs(rebuilt).max(axis=(1, 2, 3))
+    assert np.all(peak[[0, 1, 3, 4, 5]] >= 2**22) and np.all(peak <= DIGIT_MAX)
+    assert peak[1] == DIGIT_MAX and e[2] == 0
+
+
+@pytest.mark.parametrize("extents", [(7, 7, 7), (2, 5, 3), (3, 4, 9), (1, 3, 17), (2, 2, 31)])
+def test_int8_fragments_hold_every_tap_once(extents):
+    """The INT8 B fragments, read back by mma.sync.m16n8k32's layout, rebuild every digit of
+    every tap exactly once, and nothing else."""
+    rng = np.random.default_rng(2)
+    bank = rng.standard_normal((11, *extents))
+    d = tensor_defines(extents, np.dtype(np.uint8), TensorShape(nt=2))
+    frags = int8_fragments(bank, d)
+    nseg = d["NSEG"]
+    kx = extents[0]
+    rebuilt = np.zeros((DIGITS, 16, *extents), np.int64)
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    for dx in range(kx):
+        for j in range(d["NJ"]):
+            for reg in range(2):
+                for byte in range(4):
+                    k = 4 * t + 16 * reg + byte
+                    item = 4 * j + k // 8
+                    dy, dz = item // nseg, (item % nseg) * 8 + k % 8
+                    value = (frags[dx, j, :, :, :, reg] >> (8 * byte)) & 0xFF  # (NT, digit, lane)
+                    value = value.astype(np.uint8).view(np.int8).astype(np.int64)
+                    inside = (dy < extents[1]) & (dz < extents[2])
+                    assert np.all(value[:, :, ~inside] == 0)
+                    for tile in range(2):
+                        f = 8 * tile + g[inside]
+                        for digit in range(DIGITS):
+                            np.add.at(rebuilt[digit], (f, dx, dy[inside], dz[inside]),
+                                      value[tile, digit, inside])  # fmt: skip
+    assert np.array_equal(rebuilt[:, :11], int8_digits(bank))
+    assert not rebuilt[:, 11:].any()
+
+
 # -- the kernel with mma.sync emulated (any device) -----------------------------------------
 
 
@@ -181,14 +241,16 @@ def test_fragments_hold_every_tap_once(extents):
             (5, 6, 17),
             "wrap",
             np.uint8,
-            TensorShape(1, 2, 1, 1, 4, blocal=True, dxu=1),
+            TensorShape(1, 2, 1, 1, 4, blocal=True, dxu=1, arith="fp16"),
         ),
+        ((3, 5, 7), 3, (6, 9, 20), "reflect", np.uint8, TensorShape(1, 2, 1, 2, 4, arith="fp16")),
+        ((2, 2, 31), 9, (5, 6, 40), "nearest", np.int8, TensorShape(2, 1, 1, 2, persistent=2)),
     ],
 )
 def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
-    """kernels/tensor_conv.cl with mma.sync emulated by its PTX fragment layout: the items,
-    rows, lanes, ring and persistent runs of the real kernel, checked on any device (slabs of
-    4 rows)."""
+    """kernels/tensor_int8.cl (and tensor_conv.cl, arith 'fp16') with mma.sync emulated by
+    its PTX fragment layout: the items, rows, lanes, ring and persistent runs of the real
+    kernel, checked on any device (slabs of 4 rows)."""
     bank = np.random.default_rng(3).standard_normal((n, *extents))
     vol = volume_of(dtype, shape)
     conv = TensorConvolver(bank, shape, dtype, mode, 3.0, device=device, emulate=True,
@@ -237,8 +299,10 @@ def test_tensor_splits(nvidia, extents, persistent):
     shape = (37, 45, 53)
     vol = volume_of(np.uint8, shape)
     for split in (
-        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True),
-        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False),
+        TensorShape(1, 8, 2, 2, 16, persistent),
+        TensorShape(2, 4, 1, 4, 8, persistent),
+        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True, arith="fp16"),
+        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False, arith="fp16"),
     ):
         conv = TensorConvolver(bank, shape, np.uint8, "wrap", device=nvidia, shape_split=split,
                                slab_depth=20)  # fmt: skip

@@ -37,6 +37,8 @@ ENGINE_ENV = "VOLCONV_ENGINE"
 TENSOR_ENGINE = "tensor-fp16"
 EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # exact in FP16
 SCALE_TOP = 14  # each filter's largest |coefficient| scaled into [2^14, 2^15): FP16's top
+DIGITS = 3  # signed 8-bit digits per coefficient (INT8 engine): 24-bit fixed point per filter
+DIGIT_MAX = 127 * (1 + 2**8 + 2**16)  # the largest integer three such digits hold
 # Below this many filters in a group 'auto' keeps the FP32 kernel: a pass of the tensor engine
 # costs the same for 1..8 filters (H100, 256^3, 7^3: N = 1 took 0.79 ms against FP32's 0.46).
 MIN_TENSOR_FILTERS = 4
@@ -104,7 +106,10 @@ class TensorShape:
     steps (``xc`` unused; groups beyond what a multiprocessor holds run as a tail wave: the
     driver takes no register cap, -cl-nv-maxrregcount is refused); ``blocal``: B fragments
     in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``ieee_sum``: hi
-    products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps)."""
+    products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
+    (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
+    (kernels/tensor_conv.cl, hi + lo FP16 halves; ``blocal``, ``dxu``, ``ieee_sum`` are its
+    own)."""
 
     nt: int = 1
     tyw: int = 8
@@ -115,6 +120,7 @@ class TensorShape:
     blocal: bool = False
     dxu: int = 0
     ieee_sum: bool | None = None
+    arith: str = "int8"
 
     @property
     def threads(self) -> int:
@@ -141,6 +147,7 @@ def fit_split(
 ) -> TensorShape:
     """``split`` narrowed (warps along z, then along y, then rows per warp) until its ring of
     planes fits ``local_mem`` bytes: wide filters need taller and wider plane tiles."""
+    threads = split.threads
     while local_bytes(tensor_defines(extents, src, split)) > local_mem:
         if split.wz > 1:
             split = replace(split, wz=split.wz // 2)
@@ -150,18 +157,19 @@ def fit_split(
             split = replace(split, tyw=split.tyw // 2)
         else:
             raise ValueError(f"no work split of tensor_conv.cl fits {local_mem} bytes")
-    if split.persistent:  # as many groups as the multiprocessor's shared memory holds
+    if split.persistent:  # the threads asked for, as far as shared memory holds the groups
         per_group = local_bytes(tensor_defines(extents, src, split)) + 1024
-        split = replace(
-            split, persistent=max(1, min(split.persistent, SM_LOCAL_BYTES // per_group))
-        )
+        want = split.persistent * threads // split.threads
+        split = replace(split, persistent=max(1, min(want, SM_LOCAL_BYTES // per_group)))
     return split
 
 
 def tensor_defines(
     extents: tuple[int, int, int], src: np.dtype, shape: TensorShape, emulate: bool = False
 ) -> dict[str, object]:
-    """Every -D of kernels/tensor_conv.cl for filters of ``extents``."""
+    """Every -D of the split's kernel (`kernel_file`) for filters of ``extents``."""
+    if shape.arith == "int8":
+        return int8_defines(extents, src, shape, emulate)
     kx, ky, kz = extents
     seg = 2 if kz <= 2 else 4 if kz <= 4 else 8
     nseg = math.ceil(kz / seg)
@@ -190,12 +198,98 @@ def tensor_defines(
     return defines
 
 
+def kernel_file(shape: TensorShape) -> str:
+    return "tensor_int8.cl" if shape.arith == "int8" else "tensor_conv.cl"
+
+
+def int8_defines(
+    extents: tuple[int, int, int], src: np.dtype, shape: TensorShape, emulate: bool = False
+) -> dict[str, object]:
+    """Every -D of kernels/tensor_int8.cl: rows of KZ <= 8 taps take one item of K (an item
+    pair spans two rows), longer rows an even number (a pair is 16 taps of one row)."""
+    kx, ky, kz = extents
+    nseg = 1 if kz <= 8 else 2 * math.ceil(kz / 16)
+    nj = math.ceil(math.ceil(ky * nseg / 2) / 2)  # MMAs of two item pairs
+    rowmax = 2 * (2 * nj - 1) if nseg == 1 else (2 * nj - 1) // (nseg // 2)
+    nq = max(2, nseg)
+    lz_max = 11 if nseg == 1 else 19  # g + 4 (t & 1) (+ 8 (t >> 1))
+    pl = 16 * (shape.wz - 1) + lz_max + 8 * (nq - 1) + 1
+    # NSEG = 1: = 16 (mod 32), the two rows of a warp's loads in other banks; else 4 | PL
+    pl += (16 - pl) % 32 if nseg == 1 else -pl % 4
+    defines = {
+        "KX": kx, "KY": ky, "KZ": kz, "IN_T": "uchar" if src == np.uint8 else "char",
+        "NSEG": nseg, "NJ": nj, "NROWS": shape.tyw + rowmax, "NQ": nq,
+        "LROWS": shape.wy * shape.tyw + rowmax + (1 if nseg == 1 else 0), "PL": pl,
+        "NT": shape.nt, "WY": shape.wy, "WZ": shape.wz, "TYW": shape.tyw, "XC": shape.xc,
+    }  # fmt: skip
+    if src == np.int8:
+        defines["IN_SIGNED"] = 1
+    if shape.persistent:
+        defines["PERSISTENT"] = 1
+    if emulate:
+        defines["EMULATE_MMA"] = 1
+    return defines
+
+
 def local_bytes(defines: dict[str, object]) -> int:
-    """Local memory of tensor_conv.cl: the ring of KX + 1 plane tiles (and the B fragments)."""
+    """Local memory of the kernel: the ring of KX + 1 plane tiles (and the B fragments)."""
     kx = int(defines["KX"])
     ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
     frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * 2 * 32 if "BLOCAL" in defines else 0
     return ring + frags
+
+
+def digit_exponents(bank: np.ndarray) -> np.ndarray:
+    """Per filter, the largest power of two ``e`` that keeps its largest |coefficient| x 2^e
+    within `DIGIT_MAX` (in [2^22, 2^23); 0 for a zero filter)."""
+    peak = np.abs(bank.reshape(len(bank), -1)).max(axis=1)
+    m, ex = np.frexp(np.where(peak > 0, peak, 1.0))
+    e = 23 - ex - (np.ldexp(m, 23) > DIGIT_MAX)
+    return np.where(peak > 0, e, 0).astype(np.int64)
+
+
+def int8_digits(bank: np.ndarray) -> np.ndarray:
+    """``bank`` scaled by `digit_exponents`, rounded to integers C and split into `DIGITS`
+    signed 8-bit digits, least significant first: C = d0 + 2^8 d1 + 2^16 d2, each in
+    [-128, 127]."""
+    c = np.rint(np.ldexp(bank, digit_exponents(bank).reshape(-1, *[1] * (bank.ndim - 1))))
+    rest = c.astype(np.int64)
+    digits = []
+    for _ in range(DIGITS):
+        d = (rest + 128) % 256 - 128
+        digits.append(d)
+        rest = (rest - d) // 256
+    assert not rest.any(), "a coefficient past DIGIT_MAX"
+    return np.stack(digits).astype(np.int8)
+
+
+def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
+    """The B operands of one pass of kernels/tensor_int8.cl: ``flipped`` (F <= 8 NT filters,
+    kx, ky, kz) as digits, (KX, NJ, NT, digit, lane, 2) uint32 in mma.sync.m16n8k32's layout:
+    lane (g, t) holds rows k = 4t..4t+3 (b0) and 16+4t..16+4t+3 (b1) of column n = g, the
+    lowest k in the lowest byte."""
+    kx, ky, kz = flipped.shape[1:]
+    nseg, nj, nt = (int(defines[k]) for k in ("NSEG", "NJ", "NT"))
+    digits = int8_digits(flipped)  # (DIGITS, F, kx, ky, kz)
+    # B[dx, j, k, n]: item 4j + k // 8 of the rows' items, tap k % 8 of it
+    k = np.arange(32)
+    item = np.arange(nj)[:, None] * 4 + k // 8  # (NJ, 32)
+    dy, dz = item // nseg, (item % nseg) * 8 + k % 8
+    valid = (dy < ky) & (dz < kz)
+    frags = np.zeros((kx, nj, nt, DIGITS, 32, 2), np.uint32)
+    g, t = np.arange(32) // 4, np.arange(32) % 4
+    for d, part in enumerate(digits):
+        coef = np.where(valid, part[:, :, np.minimum(dy, ky - 1), np.minimum(dz, kz - 1)], 0)
+        full = np.zeros((8 * nt, kx, nj, 32), np.int8)  # (filter, dx, j, k)
+        full[: len(part)] = coef
+        b = full.view(np.uint8).astype(np.uint32)
+        for tile in range(nt):
+            f = tile * 8 + g
+            for reg in range(2):
+                k0 = 4 * t + 16 * reg  # (lane,) indices: each gives (lane, KX, NJ)
+                word = sum(b[f, :, :, k0 + i] << (8 * i) for i in range(4))
+                frags[:, :, tile, d, :, reg] = word.transpose(1, 2, 0)
+    return frags
 
 
 def b_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
@@ -274,18 +368,21 @@ class TensorConvolver(BankConvolver):
         local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
-        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()))
+        int8 = split.arith == "int8"
+        self.program = build(ctx, kernel_file(split), tuple(self.defines.items()))
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
         self._passes = []
         for first in range(0, plan.n_filters, width):
             part = flipped[first : first + width]
-            frags = b_fragments(part, self.defines)
+            frags = (int8_fragments if int8 else b_fragments)(part, self.defines)
             unscale = np.zeros(width, np.float32)
-            unscale[: len(part)] = np.ldexp(1.0, -filter_exponents(part))
+            unscale[: len(part)] = np.ldexp(
+                1.0, -(digit_exponents if int8 else filter_exponents)(part)
+            )
             self._passes.append((
-                first, len(part), cl.Kernel(self.program, "tensor_conv"),
+                first, len(part), cl.Kernel(self.program, kernel_file(split)[:-3]),
                 cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=frags),
                 cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=unscale),
             ))  # fmt: skip
@@ -312,11 +409,15 @@ class TensorConvolver(BankConvolver):
     @property
     def tensor_gflop(self) -> float:
         """GFLOP the tensor cores execute for one volume: every MMA slot, zero taps, padding
-        filters and the lo half included (fractions of the tensor peak count these)."""
+        filters and the lo half (or every digit) included (fractions of the tensor peak count
+        these). INT8 operations count half, as FP16-equivalent work: the dense INT8 peak is
+        twice the FP16 peak that the record holds (cc 8.0 to 9.0)."""
         d, s = self.defines, self.split
-        mmas = int(d["KX"]) * int(d["NJ"]) * 2 * len(self._passes) * s.nt
+        per_mma = 16 * 8 * 16 if s.arith == "fp16" else 16 * 8 * 32 // 2
+        halves = 2 if s.arith == "fp16" else DIGITS
+        mmas = int(d["KX"]) * int(d["NJ"]) * halves * len(self._passes) * s.nt
         tiles = math.prod(self.plan.shape) / 16
-        return tiles * mmas * 2 * 16 * 8 * 16 / 1e9
+        return tiles * mmas * 2 * per_mma / 1e9
 
     @property
     def useful_gflop(self) -> float:
