@@ -38,6 +38,7 @@
  *   XC           outputs along x per work-group (a grid of tiles x chunks)
  *   PERSISTENT   optional: as many work-groups as run at once, each taking an equal run of
  *                the x steps of all tiles in turn
+ *   STORE16      optional: outputs through a per-warp stage in local memory, 16-byte stores
  *   EMULATE_MMA  optional: emulate mma.sync through local memory (any device; tests)
  */
 
@@ -107,6 +108,7 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 }
 
 #define MMA(c, a0, a1, a2, a3, b0, b1) mma_emulated(c, a0, a1, a2, a3, b0, b1, scratch, lane)
+#define WARP_SYNC() barrier(CLK_LOCAL_MEM_FENCE)
 
 #else
 #define MMA_PTX(A) "mma.sync.aligned.m16n8k32.row.col.s32." A ".s8.s32 "
@@ -114,7 +116,11 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
     asm(MMA_PTX(A_PTX) "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};" \
         : "+r"((c)[0]), "+r"((c)[1]), "+r"((c)[2]), "+r"((c)[3])                         \
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+/* the warp's lanes meet, their local memory accesses ordered */
+#define WARP_SYNC() asm volatile("bar.warp.sync -1;" ::: "memory")
 #endif
+
+#define SROW 20 /* floats per filter row of a warp's output stage: stores and loads conflict-free */
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
 void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P2) */
@@ -134,6 +140,10 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #ifdef EMULATE_MMA
     __local uint scratch_all[NWARPS * 32 * 6];
     __local uint *scratch = scratch_all + warp * 32 * 6;
+#endif
+#ifdef STORE16
+    __local float4 stage_all[NWARPS * 8 * SROW / 4];
+    __local float *stage = (__local float *)stage_all + warp * 8 * SROW;
 #endif
     const int wz = warp % WZ, wy = warp / WZ;
     const int P0 = D + KX - 1;
@@ -243,7 +253,34 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
             for (int yy = 0; yy < TYW; yy++) {
                 const int y = y_wg + wy * TYW + yy;
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NT; nt++) {
+#ifdef STORE16
+                    /* through the warp's stage: lane (f, c) then holds z0 + 4c..4c+3 of filter
+                     * f, one 16-byte store */
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const long sum = (long)acc[yy][nt][2][i] * 65536 +
+                                         (long)acc[yy][nt][1][i] * 256 + acc[yy][nt][0][i];
+                        stage[(2 * t + (i & 1)) * SROW + g + 8 * (i >> 1)] =
+                            (float)sum * unscale[nt * 8 + 2 * t + (i & 1)];
+                    }
+                    WARP_SYNC();
+                    const float4 v = *(__local const float4 *)(stage + (lane >> 2) * SROW +
+                                                                4 * (lane & 3));
+                    WARP_SYNC();
+                    const int f = nt * 8 + (lane >> 2), z = z_wg + wz * 16 + 4 * (lane & 3);
+                    if (y < ny && f < nreal) {
+                        __global float *o = out + (long)(f0 + f) * plane + (xrow + y) * nz + z;
+                        if (z + 3 < nz && ((ulong)o & 15) == 0) {
+                            *(__global float4 *)o = v;
+                        } else {
+                            if (z < nz) o[0] = v.x;
+                            if (z + 1 < nz) o[1] = v.y;
+                            if (z + 2 < nz) o[2] = v.z;
+                            if (z + 3 < nz) o[3] = v.w;
+                        }
+                    }
+#else
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int z = z_wg + wz * 16 + g + 8 * (i >> 1);
@@ -254,6 +291,8 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                             out[(long)(f0 + f) * plane + (xrow + y) * nz + z] =
                                 (float)sum * unscale[f];
                     }
+#endif
+                }
             }
 
             if (more) {

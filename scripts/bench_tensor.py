@@ -47,7 +47,8 @@ GRIDS = [TensorShape(1, 8, 1, 2, 128), TensorShape(1, 8, 1, 2, 64), TensorShape(
          TensorShape(1, 8, 1, 4, 256), TensorShape(1, 8, 1, 4, 128)]  # fmt: skip
 SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and GRIDS)
     8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16), *GRIDS,
-        TensorShape(1, 8, 1, 2, persistent=4)],
+        TensorShape(1, 8, 1, 2, persistent=4), TensorShape(1, 8, 2, 2, persistent=2, store16=True),
+        TensorShape(1, 8, 1, 2, 128, store16=True)],
     16: [TensorShape(2, 4, 2, 2, persistent=2, **FP16), TensorShape(2, 4, 1, 2, 128),
          TensorShape(2, 4, 2, 2, 128)],
     32: [TensorShape(2, 4, 2, 2, persistent=2, **FP16), TensorShape(2, 4, 1, 2, 128),
@@ -232,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 fp16 = replace(
                     splits[0], arith="fp16", nt=min(2, splits[0].nt), tyw=8 // min(2, splits[0].nt)
                 )
-                more = SWEEP.get(n, []) if k == 7 else [fp16, grid, *GRIDS[:3]]
+                s16 = [replace(splits[0], store16=True), replace(GRIDS[0], store16=True)]
+                more = SWEEP.get(n, []) if k == 7 else [fp16, grid, *GRIDS[:3], *s16]
                 splits += [s for s in more if s != splits[0]]
             row["tensor_sweep"] = []
             for split in splits:

@@ -245,6 +245,7 @@ def test_int8_fragments_hold_every_tap_once(extents):
         ),
         ((3, 5, 7), 3, (6, 9, 20), "reflect", np.uint8, TensorShape(1, 2, 1, 2, 4, arith="fp16")),
         ((2, 2, 31), 9, (5, 6, 40), "nearest", np.int8, TensorShape(2, 1, 1, 2, persistent=2)),
+        ((3, 3, 5), 10, (6, 7, 22), "reflect", np.uint8, TensorShape(2, 2, 1, 2, 3, store16=True)),
     ],
 )
 def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
@@ -300,7 +301,7 @@ def test_tensor_splits(nvidia, extents, persistent):
     vol = volume_of(np.uint8, shape)
     for split in (
         TensorShape(1, 8, 2, 2, 16, persistent),
-        TensorShape(2, 4, 1, 4, 8, persistent),
+        TensorShape(2, 4, 1, 4, 8, persistent, store16=True),
         TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True, arith="fp16"),
         TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False, arith="fp16"),
     ):

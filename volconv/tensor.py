@@ -109,7 +109,7 @@ class TensorShape:
     products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
     (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
     (kernels/tensor_conv.cl, hi + lo FP16 halves; ``blocal``, ``dxu``, ``ieee_sum`` are its
-    own)."""
+    own); ``store16``: int8 outputs through local memory, 16-byte stores."""
 
     nt: int = 1
     tyw: int = 8
@@ -121,6 +121,7 @@ class TensorShape:
     dxu: int = 0
     ieee_sum: bool | None = None
     arith: str = "int8"
+    store16: bool = False
 
     @property
     def threads(self) -> int:
@@ -224,6 +225,8 @@ def int8_defines(
     }  # fmt: skip
     if src == np.int8:
         defines["IN_SIGNED"] = 1
+    if shape.store16:
+        defines["STORE16"] = 1
     if shape.persistent:
         defines["PERSISTENT"] = 1
     if emulate:
@@ -235,6 +238,7 @@ def local_bytes(defines: dict[str, object]) -> int:
     """Local memory of the kernel: the ring of KX + 1 plane tiles (and the B fragments)."""
     kx = int(defines["KX"])
     ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
+    ring += 640 * int(defines["WY"]) * int(defines["WZ"]) if "STORE16" in defines else 0
     frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * 2 * 32 if "BLOCAL" in defines else 0
     return ring + frags
 
