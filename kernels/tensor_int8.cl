@@ -39,6 +39,9 @@
  *   PERSISTENT   optional: as many work-groups as run at once, each taking an equal run of
  *                the x steps of all tiles in turn
  *   STORE16      optional: outputs through a per-warp stage in local memory, 16-byte stores
+ *   BLOCAL       optional: the pass's B fragments copied to local memory once
+ *   DXU          optional: unroll factor of the loop over dx (default: the compiler's)
+ *   PACK_LATE    optional: the next plane's bytes packed into quads after the MMAs
  *   EMULATE_MMA  optional: emulate mma.sync through local memory (any device; tests)
  */
 
@@ -136,6 +139,15 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
     __local uint4 ring4[RING * PLANE4];
     __local const uint *ring = (__local const uint *)ring4;
     const int lid = (int)get_local_id(0);
+#define NFRAG (KX * NJ * NT * ND * 32)
+#ifdef BLOCAL
+    __local uint2 bfrag_local[NFRAG];
+    for (int i = lid; i < NFRAG; i += NTHREADS) bfrag_local[i] = bfrag[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+#define BFRAG bfrag_local
+#else
+#define BFRAG bfrag
+#endif
     const int warp = lid >> 5, lane = lid & 31, g = lane >> 2, t = lane & 3;
 #ifdef EMULATE_MMA
     __local uint scratch_all[NWARPS * 32 * 6];
@@ -175,9 +187,10 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #endif
         const int abase = (wy * TYW + lrow) * PL + wz * 16 + lz;
 
-        /* Plane xp of the padded slab into registers, four quads (7 bytes) per uint4, zero
-         * outside the slab. */
-        uint4 pre[STAGE];
+        /* Plane xp of the padded slab into registers, 7 bytes for four quads (one uint4) at a
+         * time, zero outside the slab; packed when stored (PACK_LATE: after the MMAs, which
+         * then need not wait for the loads). */
+        uint pre[STAGE][7];
 #define FETCH(xp)                                                                        \
         for (int q = 0; q < STAGE; q++) {                                                    \
             const int idx = lid + q * NTHREADS;                                              \
@@ -185,18 +198,29 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
             const int yg = y_wg + r, zg = z_wg + c;                                          \
             const bool ok = idx < PLANE4 && (xp) < P0 && yg < P1;                            \
             __global const IN_T *src = in + ((long)(xp) * P1 + yg) * P2 + zg;                \
-            uint b[7];                                                                       \
-            for (int e = 0; e < 7; e++) b[e] = (ok && zg + e < P2) ? (uchar)src[e] : 0u;     \
-            pre[q] = (uint4)(b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24,                     \
-                             b[1] | b[2] << 8 | b[3] << 16 | b[4] << 24,                     \
-                             b[2] | b[3] << 8 | b[4] << 16 | b[5] << 24,                     \
-                             b[3] | b[4] << 8 | b[5] << 16 | b[6] << 24);                    \
+            for (int e = 0; e < 7; e++) pre[q][e] = (ok && zg + e < P2) ? (uchar)src[e] : 0u; \
+            EARLY_PACK(q)                                                                    \
         }
+#define PACK(b) (uint4)(b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24,                        \
+                        b[1] | b[2] << 8 | b[3] << 16 | b[4] << 24,                        \
+                        b[2] | b[3] << 8 | b[4] << 16 | b[5] << 24,                        \
+                        b[3] | b[4] << 8 | b[5] << 16 | b[6] << 24)
+#ifdef PACK_LATE
+#define EARLY_PACK(q)
 #define STORE(slot)                                                                      \
         for (int q = 0; q < STAGE; q++) {                                                    \
             const int idx = lid + q * NTHREADS;                                              \
-            if (idx < PLANE4) ring4[(slot) * PLANE4 + idx] = pre[q];                         \
+            if (idx < PLANE4) ring4[(slot) * PLANE4 + idx] = PACK(pre[q]);                   \
         }
+#else
+        uint4 packed[STAGE];
+#define EARLY_PACK(q) packed[q] = PACK(pre[q]);
+#define STORE(slot)                                                                      \
+        for (int q = 0; q < STAGE; q++) {                                                    \
+            const int idx = lid + q * NTHREADS;                                              \
+            if (idx < PLANE4) ring4[(slot) * PLANE4 + idx] = packed[q];                      \
+        }
+#endif
 
         for (int p = 0; p < KX; p++) {
             FETCH(x_wg + p)
@@ -220,6 +244,9 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #pragma unroll
                         for (int i = 0; i < 4; i++) acc[yy][nt][d][i] = 0;
 
+#ifdef DXU
+#pragma unroll DXU
+#endif
             for (int dx = 0; dx < KX; dx++) {
                 __local const uint *a = ring + ((xl + dx) % RING) * PLANE + abase;
                 uint R[NROWS][NQ];
@@ -236,7 +263,7 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                     for (int nt = 0; nt < NT; nt++) {
                         uint2 b[ND];
 #pragma unroll
-                        for (int d = 0; d < ND; d++) b[d] = bfrag[bf + ((j * NT + nt) * ND + d) * 32];
+                        for (int d = 0; d < ND; d++) b[d] = BFRAG[bf + ((j * NT + nt) * ND + d) * 32];
 #pragma unroll
                         for (int yy = 0; yy < TYW; yy++)
 #pragma unroll

@@ -43,16 +43,22 @@ from volconv.tensor import TensorConvolver, TensorShape, default_shape, kernel_f
 
 ROOT = Path(__file__).resolve().parent.parent
 FP16 = {"arith": "fp16"}
-GRIDS = [TensorShape(1, 8, 1, 2, 128), TensorShape(1, 8, 1, 2, 64), TensorShape(1, 8, 2, 2, 128),
-         TensorShape(1, 8, 1, 4, 256), TensorShape(1, 8, 1, 4, 128)]  # fmt: skip
-SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and GRIDS)
-    8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16), *GRIDS,
-        TensorShape(1, 8, 1, 2, persistent=4), TensorShape(1, 8, 2, 2, persistent=2, store16=True),
-        TensorShape(1, 8, 1, 2, 128, store16=True)],
-    16: [TensorShape(2, 4, 2, 2, persistent=2, **FP16), TensorShape(2, 4, 1, 2, 128),
-         TensorShape(2, 4, 2, 2, 128)],
-    32: [TensorShape(2, 4, 2, 2, persistent=2, **FP16), TensorShape(2, 4, 1, 2, 128),
-         TensorShape(2, 4, 2, 2, 128), TensorShape(1, 8, 1, 2, 128)],
+LB = {"pack_late": True, "blocal": True}
+SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and OTHERS)
+    8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16),
+        TensorShape(1, 8, 2, 2, persistent=2, store16=True, pack_late=True),
+        TensorShape(1, 8, 2, 2, persistent=2, store16=True, blocal=True),
+        TensorShape(1, 8, 2, 2, persistent=2, store16=True, dxu=7),
+        TensorShape(1, 8, 2, 2, persistent=2, store16=True, **LB),
+        TensorShape(1, 8, 2, 2, persistent=2, store16=True, dxu=7, **LB),
+        TensorShape(1, 8, 1, 2, 128, store16=True, **LB),
+        TensorShape(1, 8, 1, 1, persistent=8, store16=True, **LB),
+        TensorShape(1, 8, 1, 2, persistent=4, store16=True, **LB)],
+    16: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
+         TensorShape(2, 4, 2, 2, persistent=2, store16=True, **LB)],
+    32: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
+         TensorShape(2, 4, 2, 2, persistent=2, store16=True, **LB),
+         TensorShape(1, 8, 2, 2, persistent=2, store16=True, **LB)],
 }  # fmt: skip
 
 
@@ -233,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                 fp16 = replace(
                     splits[0], arith="fp16", nt=min(2, splits[0].nt), tyw=8 // min(2, splits[0].nt)
                 )
-                s16 = [replace(splits[0], store16=True), replace(GRIDS[0], store16=True)]
-                more = SWEEP.get(n, []) if k == 7 else [fp16, grid, *GRIDS[:3], *s16]
+                more = SWEEP.get(n, []) if k == 7 else [fp16, grid, replace(splits[0], **LB)]
                 splits += [s for s in more if s != splits[0]]
             row["tensor_sweep"] = []
             for split in splits:

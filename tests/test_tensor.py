@@ -233,7 +233,14 @@ def test_int8_fragments_hold_every_tap_once(extents):
         ((2, 4, 11), 13, (9, 10, 21), "constant", np.int8, TensorShape(2, 2, 2, 1, 3)),
         ((4, 2, 2), 5, (7, 6, 18), "mirror", np.uint8, TensorShape(1, 3, 2, 2, 5)),
         ((2, 3, 4), 2, (5, 7, 9), "wrap", np.uint8, TensorShape(1, 2, 1, 1, 4)),
-        ((3, 5, 7), 3, (6, 9, 20), "nearest", np.uint8, TensorShape(1, 2, 1, 2, persistent=1)),
+        (
+            (3, 5, 7),
+            3,
+            (6, 9, 20),
+            "nearest",
+            np.uint8,
+            TensorShape(1, 2, 1, 2, persistent=1, blocal=True, pack_late=True, dxu=2),
+        ),
         ((5, 3, 17), 9, (8, 9, 19), "reflect", np.int8, TensorShape(2, 1, 1, 1, persistent=3)),
         (
             (3, 3, 3),
@@ -300,8 +307,8 @@ def test_tensor_splits(nvidia, extents, persistent):
     shape = (37, 45, 53)
     vol = volume_of(np.uint8, shape)
     for split in (
-        TensorShape(1, 8, 2, 2, 16, persistent),
-        TensorShape(2, 4, 1, 4, 8, persistent, store16=True),
+        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, pack_late=True),
+        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, store16=True),
         TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True, arith="fp16"),
         TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False, arith="fp16"),
     ):

@@ -108,8 +108,9 @@ class TensorShape:
     in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``ieee_sum``: hi
     products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
     (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
-    (kernels/tensor_conv.cl, hi + lo FP16 halves; ``blocal``, ``dxu``, ``ieee_sum`` are its
-    own); ``store16``: int8 outputs through local memory, 16-byte stores."""
+    (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own); ``store16``,
+    ``pack_late``: int8 outputs through local memory in 16-byte stores, the next plane packed
+    after the MMAs."""
 
     nt: int = 1
     tyw: int = 8
@@ -122,6 +123,7 @@ class TensorShape:
     ieee_sum: bool | None = None
     arith: str = "int8"
     store16: bool = False
+    pack_late: bool = False
 
     @property
     def threads(self) -> int:
@@ -133,8 +135,8 @@ class TensorShape:
 # x chunks of 32); N = 32 in 2.96 ms at (2, 4, 2, 2), 2 persistent (3.15 as a grid); 3^3, 5^3,
 # 9^3 and 11^3 10-40 % faster persistent than as a grid.
 DEFAULT_SHAPES = {
-    1: TensorShape(1, 8, 2, 2, persistent=2),
-    2: TensorShape(2, 4, 2, 2, persistent=2),
+    1: TensorShape(1, 8, 2, 2, persistent=2, store16=True),
+    2: TensorShape(2, 4, 2, 2, persistent=2, store16=True),
 }
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
@@ -215,8 +217,9 @@ def int8_defines(
     nq = max(2, nseg)
     lz_max = 11 if nseg == 1 else 19  # g + 4 (t & 1) (+ 8 (t >> 1))
     pl = 16 * (shape.wz - 1) + lz_max + 8 * (nq - 1) + 1
-    # NSEG = 1: = 16 (mod 32), the two rows of a warp's loads in other banks; else 4 | PL
-    pl += (16 - pl) % 32 if nseg == 1 else -pl % 4
+    pl += -pl % 4
+    while nseg == 1 and not 12 <= pl % 32 <= 20:  # a warp's two rows of loads in other banks
+        pl += 4
     defines = {
         "KX": kx, "KY": ky, "KZ": kz, "IN_T": "uchar" if src == np.uint8 else "char",
         "NSEG": nseg, "NJ": nj, "NROWS": shape.tyw + rowmax, "NQ": nq,
@@ -225,8 +228,11 @@ def int8_defines(
     }  # fmt: skip
     if src == np.int8:
         defines["IN_SIGNED"] = 1
-    if shape.store16:
-        defines["STORE16"] = 1
+    for flag in ("store16", "blocal", "pack_late"):
+        if getattr(shape, flag):
+            defines[flag.upper()] = 1
+    if shape.dxu:
+        defines["DXU"] = shape.dxu
     if shape.persistent:
         defines["PERSISTENT"] = 1
     if emulate:
@@ -239,7 +245,9 @@ def local_bytes(defines: dict[str, object]) -> int:
     kx = int(defines["KX"])
     ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
     ring += 640 * int(defines["WY"]) * int(defines["WZ"]) if "STORE16" in defines else 0
-    frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * 2 * 32 if "BLOCAL" in defines else 0
+    digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits
+    frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * digits * 32
+    frags = frags if "BLOCAL" in defines else 0
     return ring + frags
 
 
