@@ -24,7 +24,8 @@
  * Data flow (as tensor_conv.cl): a work-group of WY x WZ warps owns TY = WY * TYW output rows
  * by 16 * WZ outputs along z and walks its run of x; a ring of KX + 1 plane tiles, the next
  * fetched into registers before the MMAs of a step and stored after them, one barrier per x
- * step. Each warp holds TYW x NT x 3 int32 accumulator tiles and reads its rows once per dx.
+ * step. Each warp holds TYW x NT x 3 int32 accumulator tiles and reads its rows once per dx;
+ * its outputs go through a small stage in local memory, to be written in 16-byte stores.
  *
  * Build options (-D), all compile-time invariants (volconv/tensor.py derives them):
  *   KX, KY, KZ   filter extents
@@ -38,10 +39,8 @@
  *   XC           outputs along x per work-group (a grid of tiles x chunks)
  *   PERSISTENT   optional: as many work-groups as run at once, each taking an equal run of
  *                the x steps of all tiles in turn
- *   STORE16      optional: outputs through a per-warp stage in local memory, 16-byte stores
  *   BLOCAL       optional: the pass's B fragments copied to local memory once
  *   DXU          optional: unroll factor of the loop over dx (default: the compiler's)
- *   PACK_LATE    optional: the next plane's bytes packed into quads after the MMAs
  *   EMULATE_MMA  optional: emulate mma.sync through local memory (any device; tests)
  */
 
@@ -153,10 +152,8 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
     __local uint scratch_all[NWARPS * 32 * 6];
     __local uint *scratch = scratch_all + warp * 32 * 6;
 #endif
-#ifdef STORE16
-    __local float4 stage_all[NWARPS * 8 * SROW / 4];
+    __local float4 stage_all[NWARPS * 8 * SROW / 4]; /* each warp's outputs of one row */
     __local float *stage = (__local float *)stage_all + warp * 8 * SROW;
-#endif
     const int wz = warp % WZ, wy = warp / WZ;
     const int P0 = D + KX - 1;
 #ifdef PERSISTENT
@@ -187,9 +184,9 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #endif
         const int abase = (wy * TYW + lrow) * PL + wz * 16 + lz;
 
-        /* Plane xp of the padded slab into registers, 7 bytes for four quads (one uint4) at a
-         * time, zero outside the slab; packed when stored (PACK_LATE: after the MMAs, which
-         * then need not wait for the loads). */
+        /* Plane xp of the padded slab into registers, the 7 bytes of four quads (one uint4)
+         * at a time, zero outside the slab; packed when stored, after the MMAs, which so need
+         * not wait for the loads. */
         uint pre[STAGE][7];
 #define FETCH(xp)                                                                        \
         for (int q = 0; q < STAGE; q++) {                                                    \
@@ -199,28 +196,15 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
             const bool ok = idx < PLANE4 && (xp) < P0 && yg < P1;                            \
             __global const IN_T *src = in + ((long)(xp) * P1 + yg) * P2 + zg;                \
             for (int e = 0; e < 7; e++) pre[q][e] = (ok && zg + e < P2) ? (uchar)src[e] : 0u; \
-            EARLY_PACK(q)                                                                    \
         }
-#define PACK(b) (uint4)(b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24,                        \
-                        b[1] | b[2] << 8 | b[3] << 16 | b[4] << 24,                        \
-                        b[2] | b[3] << 8 | b[4] << 16 | b[5] << 24,                        \
-                        b[3] | b[4] << 8 | b[5] << 16 | b[6] << 24)
-#ifdef PACK_LATE
-#define EARLY_PACK(q)
+#define QUAD(b, i) (b[i] | b[i + 1] << 8 | b[i + 2] << 16 | b[i + 3] << 24)
 #define STORE(slot)                                                                      \
         for (int q = 0; q < STAGE; q++) {                                                    \
             const int idx = lid + q * NTHREADS;                                              \
-            if (idx < PLANE4) ring4[(slot) * PLANE4 + idx] = PACK(pre[q]);                   \
+            if (idx < PLANE4)                                                                \
+                ring4[(slot) * PLANE4 + idx] =                                               \
+                    (uint4)(QUAD(pre[q], 0), QUAD(pre[q], 1), QUAD(pre[q], 2), QUAD(pre[q], 3)); \
         }
-#else
-        uint4 packed[STAGE];
-#define EARLY_PACK(q) packed[q] = PACK(pre[q]);
-#define STORE(slot)                                                                      \
-        for (int q = 0; q < STAGE; q++) {                                                    \
-            const int idx = lid + q * NTHREADS;                                              \
-            if (idx < PLANE4) ring4[(slot) * PLANE4 + idx] = packed[q];                      \
-        }
-#endif
 
         for (int p = 0; p < KX; p++) {
             FETCH(x_wg + p)
@@ -281,9 +265,8 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                 const int y = y_wg + wy * TYW + yy;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-#ifdef STORE16
                     /* through the warp's stage: lane (f, c) then holds z0 + 4c..4c+3 of filter
-                     * f, one 16-byte store */
+                     * f, one 16-byte store (a quarter of the store instructions) */
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const long sum = (long)acc[yy][nt][2][i] * 65536 +
@@ -307,18 +290,6 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                             if (z + 3 < nz) o[3] = v.w;
                         }
                     }
-#else
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int z = z_wg + wz * 16 + g + 8 * (i >> 1);
-                        const int f = nt * 8 + 2 * t + (i & 1);
-                        const long sum = (long)acc[yy][nt][2][i] * 65536 +
-                                         (long)acc[yy][nt][1][i] * 256 + acc[yy][nt][0][i];
-                        if (y < ny && z < nz && f < nreal)
-                            out[(long)(f0 + f) * plane + (xrow + y) * nz + z] =
-                                (float)sum * unscale[f];
-                    }
-#endif
                 }
             }
 

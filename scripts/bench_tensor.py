@@ -43,22 +43,14 @@ from volconv.tensor import TensorConvolver, TensorShape, default_shape, kernel_f
 
 ROOT = Path(__file__).resolve().parent.parent
 FP16 = {"arith": "fp16"}
-LB = {"pack_late": True, "blocal": True}
-SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and OTHERS)
-    8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16),
-        TensorShape(1, 8, 2, 2, persistent=2, store16=True, pack_late=True),
-        TensorShape(1, 8, 2, 2, persistent=2, store16=True, blocal=True),
-        TensorShape(1, 8, 2, 2, persistent=2, store16=True, dxu=7),
-        TensorShape(1, 8, 2, 2, persistent=2, store16=True, **LB),
-        TensorShape(1, 8, 2, 2, persistent=2, store16=True, dxu=7, **LB),
-        TensorShape(1, 8, 1, 2, 128, store16=True, **LB),
-        TensorShape(1, 8, 1, 1, persistent=8, store16=True, **LB),
-        TensorShape(1, 8, 1, 2, persistent=4, store16=True, **LB)],
+SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and its grid form)
+    8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16), TensorShape(1, 8, 2, 2, persistent=2),
+        TensorShape(1, 8, 1, 2, persistent=4, blocal=True),
+        TensorShape(1, 8, 1, 2, 128, blocal=True)],
     16: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
-         TensorShape(2, 4, 2, 2, persistent=2, store16=True, **LB)],
+         TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
     32: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
-         TensorShape(2, 4, 2, 2, persistent=2, store16=True, **LB),
-         TensorShape(1, 8, 2, 2, persistent=2, store16=True, **LB)],
+         TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
 }  # fmt: skip
 
 
@@ -236,10 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             splits = [default_shape(n)]
             if not args.no_sweep:
                 grid = replace(splits[0], persistent=0)
-                fp16 = replace(
-                    splits[0], arith="fp16", nt=min(2, splits[0].nt), tyw=8 // min(2, splits[0].nt)
-                )
-                more = SWEEP.get(n, []) if k == 7 else [fp16, grid, replace(splits[0], **LB)]
+                nt = min(2, splits[0].nt)  # the FP16 engine as it shipped
+                fp16 = replace(splits[0], arith="fp16", nt=nt, tyw=8 // nt, blocal=False)
+                more = SWEEP.get(n, []) if k == 7 else [fp16, grid]
                 splits += [s for s in more if s != splits[0]]
             row["tensor_sweep"] = []
             for split in splits:

@@ -15,7 +15,6 @@ from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
     DIGIT_MAX,
     DIGITS,
-    FP32_BLOCKED_TAPS,
     MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
     TensorConvolver,
@@ -25,8 +24,10 @@ from volconv.tensor import (
     digit_exponents,
     direct_convolver,
     filter_exponents,
+    fit_split,
     int8_digits,
     int8_fragments,
+    local_bytes,
     tensor_defines,
     tensor_pays,
     tensor_refusal,
@@ -89,11 +90,10 @@ def test_engine_choice_and_fallback(device):
 
 
 def test_tensor_pays():
-    """'auto' takes the tensor cores from 4 filters, below the FP32 kernel's blocked sums."""
+    """'auto' takes the tensor cores from 4 filters, at every extent (exact INT8 sums)."""
     assert tensor_pays(MIN_TENSOR_FILTERS, (7, 7, 7)) and tensor_pays(32, (9, 9, 9))
     assert not tensor_pays(MIN_TENSOR_FILTERS - 1, (7, 7, 7))
-    assert not tensor_pays(8, (10, 10, 10)) and not tensor_pays(8, (11, 11, 11))
-    assert tensor_pays(8, (31, 31, 1))  # 961 taps
+    assert tensor_pays(8, (11, 11, 11)) and tensor_pays(8, (31, 31, 1))
 
 
 def test_ieee_sum_above_7_cubed():
@@ -223,6 +223,17 @@ def test_int8_fragments_hold_every_tap_once(extents):
     assert not rebuilt[:, 11:].any()
 
 
+def test_fit_split_drops_local_b_fragments_first():
+    """B fragments leave local memory before the plane tiles shrink; persistent groups keep
+    the threads per multiprocessor asked for."""
+    u8 = np.dtype(np.uint8)
+    split = TensorShape(1, 8, 2, 2, persistent=2, blocal=True)
+    assert fit_split((7, 7, 7), u8, split, 48 * 1024) == split
+    wide = fit_split((11, 11, 11), u8, split, 48 * 1024)  # 50 KB of B fragments
+    assert not wide.blocal and wide.wz == 1 and wide.persistent == 4
+    assert local_bytes(tensor_defines((11, 11, 11), u8, wide)) <= 48 * 1024
+
+
 # -- the kernel with mma.sync emulated (any device) -----------------------------------------
 
 
@@ -239,7 +250,7 @@ def test_int8_fragments_hold_every_tap_once(extents):
             (6, 9, 20),
             "nearest",
             np.uint8,
-            TensorShape(1, 2, 1, 2, persistent=1, blocal=True, pack_late=True, dxu=2),
+            TensorShape(1, 2, 1, 2, persistent=1, blocal=True, dxu=2),
         ),
         ((5, 3, 17), 9, (8, 9, 19), "reflect", np.int8, TensorShape(2, 1, 1, 1, persistent=3)),
         (
@@ -252,7 +263,7 @@ def test_int8_fragments_hold_every_tap_once(extents):
         ),
         ((3, 5, 7), 3, (6, 9, 20), "reflect", np.uint8, TensorShape(1, 2, 1, 2, 4, arith="fp16")),
         ((2, 2, 31), 9, (5, 6, 40), "nearest", np.int8, TensorShape(2, 1, 1, 2, persistent=2)),
-        ((3, 3, 5), 10, (6, 7, 22), "reflect", np.uint8, TensorShape(2, 2, 1, 2, 3, store16=True)),
+        ((3, 3, 5), 10, (6, 7, 22), "reflect", np.uint8, TensorShape(2, 2, 1, 2, 3, blocal=True)),
     ],
 )
 def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
@@ -307,8 +318,8 @@ def test_tensor_splits(nvidia, extents, persistent):
     shape = (37, 45, 53)
     vol = volume_of(np.uint8, shape)
     for split in (
-        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, pack_late=True),
-        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, store16=True),
+        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True),
+        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1),
         TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True, arith="fp16"),
         TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False, arith="fp16"),
     ):
@@ -339,14 +350,11 @@ def test_tensor_cval_off_type_falls_back(nvidia):
 
 @pytest.mark.parametrize("k", [7, 9, 11])
 def test_tensor_no_worse_than_fp32(nvidia, k):
-    """Error against float64 (max |err| / (sum|w| x 255)) at most the FP32 kernel's, for the
-    extents 'auto' gives the tensor cores; from 1000 taps (11^3) it keeps the FP32 kernel."""
+    """Error against float64 (max |err| / (sum|w| x 255)) at most the FP32 kernel's, at every
+    extent 'auto' gives the tensor cores (11^3: where the FP32 kernel sums each plane apart)."""
     bank = np.random.default_rng(6).standard_normal((8, k, k, k))
     vol = volume_of(np.uint8, (48, 56, 64))
     auto = direct_convolver(bank, vol.shape, np.uint8, device=nvidia)
-    if k**3 >= FP32_BLOCKED_TAPS:
-        assert auto.engine == "fp32"
-        return
     assert auto.engine == TENSOR_ENGINE
     ref = reference(vol, bank, "reflect")
     scale = np.abs(bank).sum(axis=(1, 2, 3)) * 255.0

@@ -34,7 +34,8 @@ CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV = 0x4001
 MIN_CC = (8, 0)  # mma.sync.m16n8k16 with f16 inputs and f32 accumulators
 ENGINES = ("auto", "fp32", "tensor")
 ENGINE_ENV = "VOLCONV_ENGINE"
-TENSOR_ENGINE = "tensor-fp16"
+TENSOR_ENGINE = "tensor-int8"  # the default split's arithmetic; `TensorShape.arith` 'fp16' runs
+# kernels/tensor_conv.cl and names itself 'tensor-fp16'
 EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # exact in FP16
 SCALE_TOP = 14  # each filter's largest |coefficient| scaled into [2^14, 2^15): FP16's top
 DIGITS = 3  # signed 8-bit digits per coefficient (INT8 engine): 24-bit fixed point per filter
@@ -43,15 +44,14 @@ DIGIT_MAX = 127 * (1 + 2**8 + 2**16)  # the largest integer three such digits ho
 # costs the same for 1..8 filters (H100, 256^3, 7^3: N = 1 took 0.79 ms against FP32's 0.46).
 MIN_TENSOR_FILTERS = 4
 # Accuracy (max |err| / (sum|w| x 255) against float64, H100, 256^3 MNI uint8, random normal
-# filters; benchmarks/results/h100-tensor*.json). The tensor cores' own FP32 accumulation
-# truncates: chained over the MMAs of a 7^3 filter it stays below the FP32 kernel's error
-# (7.6e-8 against 1.3e-7 at N = 8), at 9^3 it passed it (2.0e-7 against 1.8e-7). Above
-# IEEE_SUM_TAPS the hi products go through IEEE FP32 adds (6.7e-8 at 9^3; 13-18 % slower at
-# 7^3). From FP32_BLOCKED_TAPS on the FP32 kernel sums each dx plane apart
-# (kernels/bank_conv.cl, BLOCK_TAPS) and is the more accurate (11^3: 3.8e-8 against 5.3e-8),
-# so 'auto' keeps it there although the tensor engine ran 2.3x faster.
+# filters, N = 8; benchmarks/results/h100-tensor*.json). INT8 (the default): int32 sums are
+# exact, the error is the coefficients' 23-bit rounding and the output's: 7^3 1.8e-8, 11^3
+# 9.2e-9, against the FP32 kernel's 1.3e-7 and 3.8e-8 (which sums each dx plane apart from
+# 1000 taps), so 'auto' takes it at every extent. FP16 hi/lo (arith 'fp16'): the tensor cores'
+# own FP32 accumulation truncates; chained over the MMAs of a 7^3 filter it stays below the
+# FP32 kernel's error (7.6e-8), at 9^3 it passed it (2.0e-7 against 1.8e-7): above
+# IEEE_SUM_TAPS the hi products go through IEEE FP32 adds (6.7e-8 at 9^3; 13-18 % slower).
 IEEE_SUM_TAPS = 343
-FP32_BLOCKED_TAPS = 1000
 
 
 def compute_capability(device: cl.Device) -> tuple[int, int] | None:
@@ -108,9 +108,7 @@ class TensorShape:
     in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``ieee_sum``: hi
     products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
     (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
-    (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own); ``store16``,
-    ``pack_late``: int8 outputs through local memory in 16-byte stores, the next plane packed
-    after the MMAs."""
+    (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own)."""
 
     nt: int = 1
     tyw: int = 8
@@ -122,21 +120,20 @@ class TensorShape:
     dxu: int = 0
     ieee_sum: bool | None = None
     arith: str = "int8"
-    store16: bool = False
-    pack_late: bool = False
 
     @property
     def threads(self) -> int:
         return 32 * self.wy * self.wz
 
 
-# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor*.json).
-# 7^3: N = 8 in 0.782 ms at (1, 8, 2, 2) with 2 persistent groups per SM (0.805 as a grid of
-# x chunks of 32); N = 32 in 2.96 ms at (2, 4, 2, 2), 2 persistent (3.15 as a grid); 3^3, 5^3,
-# 9^3 and 11^3 10-40 % faster persistent than as a grid.
+# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor-int8-run3.json,
+# 256^3 uint8): 7^3 N = 8 in 0.594 ms (155 TFLOP/s; FP16 hi/lo 0.779) at (1, 8, 2, 2) with 2
+# persistent groups per SM and the B fragments in local memory (0.684 without them, 0.587 at
+# (1, 8, 1, 2) x 4); N = 16 in 1.088 ms and N = 32 in 2.194 ms at (2, 4, 2, 2) (168 TFLOP/s);
+# 3^3, 5^3 N = 8 0.332, 0.476 ms (FP32 kernel 0.422, 0.759), 11^3 2.04 ms (FP32 7.96).
 DEFAULT_SHAPES = {
-    1: TensorShape(1, 8, 2, 2, persistent=2, store16=True),
-    2: TensorShape(2, 4, 2, 2, persistent=2, store16=True),
+    1: TensorShape(1, 8, 2, 2, persistent=2, blocal=True),
+    2: TensorShape(2, 4, 2, 2, persistent=2, blocal=True),
 }
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
@@ -148,9 +145,12 @@ def default_shape(n_filters: int) -> TensorShape:
 def fit_split(
     extents: tuple[int, int, int], src: np.dtype, split: TensorShape, local_mem: int
 ) -> TensorShape:
-    """``split`` narrowed (warps along z, then along y, then rows per warp) until its ring of
-    planes fits ``local_mem`` bytes: wide filters need taller and wider plane tiles."""
+    """``split`` without B fragments in local memory, then narrowed (warps along z, then along
+    y, then rows per warp), until its ring of planes fits ``local_mem`` bytes: wide filters
+    need taller and wider plane tiles."""
     threads = split.threads
+    if local_bytes(tensor_defines(extents, src, split)) > local_mem:  # B fragments: L1 instead
+        split = replace(split, blocal=False)
     while local_bytes(tensor_defines(extents, src, split)) > local_mem:
         if split.wz > 1:
             split = replace(split, wz=split.wz // 2)
@@ -228,9 +228,8 @@ def int8_defines(
     }  # fmt: skip
     if src == np.int8:
         defines["IN_SIGNED"] = 1
-    for flag in ("store16", "blocal", "pack_late"):
-        if getattr(shape, flag):
-            defines[flag.upper()] = 1
+    if shape.blocal:
+        defines["BLOCAL"] = 1
     if shape.dxu:
         defines["DXU"] = shape.dxu
     if shape.persistent:
@@ -244,7 +243,8 @@ def local_bytes(defines: dict[str, object]) -> int:
     """Local memory of the kernel: the ring of KX + 1 plane tiles (and the B fragments)."""
     kx = int(defines["KX"])
     ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
-    ring += 640 * int(defines["WY"]) * int(defines["WZ"]) if "STORE16" in defines else 0
+    if "SEG" not in defines:  # tensor_int8.cl: each warp's output stage
+        ring += 640 * int(defines["WY"]) * int(defines["WZ"])
     digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits
     frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * digits * 32
     frags = frags if "BLOCAL" in defines else 0
@@ -344,8 +344,8 @@ class TensorConvolver(BankConvolver):
     shape_split : TensorShape, optional
         The kernel's work split (default: `default_shape` of the bank).
     emulate : bool
-        Build kernels/tensor_conv.cl with mma.sync emulated through local memory, on any
-        device (slow; tests of the fragment layout on PoCL).
+        Build the kernel with mma.sync emulated through local memory, on any device (slow;
+        tests of the fragment layout on PoCL).
     **kwargs
         As `BankConvolver`.
     """
@@ -366,8 +366,9 @@ class TensorConvolver(BankConvolver):
     ) -> None:
         bank = as_kernel_bank(kernels)
         self.split = shape_split or default_shape(len(bank))
+        self.engine = f"tensor-{self.split.arith}"
         self.emulate = emulate
-        # the slab in the input's own type: FP16 fragments are made from it in the kernel
+        # the slab in the input's own type: the A fragments are made from it in the kernel
         # (a CPU's plan would pad float32, for the FP32 kernel's sake)
         kwargs.setdefault("pad_float", False)
         super().__init__(bank, shape, dtype, mode, cval, **kwargs)
@@ -439,8 +440,9 @@ class TensorConvolver(BankConvolver):
 
 def tensor_pays(n_filters: int, extents: tuple[int, ...]) -> bool:
     """Whether 'auto' takes the tensor cores for a group (where they exist): faster from
-    `MIN_TENSOR_FILTERS` filters, at least as accurate below `FP32_BLOCKED_TAPS` taps."""
-    return n_filters >= MIN_TENSOR_FILTERS and math.prod(extents) < FP32_BLOCKED_TAPS
+    `MIN_TENSOR_FILTERS` filters, and more accurate than the FP32 kernel at every extent
+    (INT8 sums are exact)."""
+    return n_filters >= MIN_TENSOR_FILTERS
 
 
 def choose_engine(engine: str | None = None) -> str:
