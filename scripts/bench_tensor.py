@@ -46,10 +46,14 @@ FP16 = {"arith": "fp16"}
 SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and its grid form)
     8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16), TensorShape(1, 8, 2, 2, persistent=2),
         TensorShape(1, 8, 1, 2, persistent=4, blocal=True),
-        TensorShape(1, 8, 1, 2, 128, blocal=True)],
+        TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=2),
+        TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=7),
+        TensorShape(1, 6, 2, 2, persistent=3, blocal=True)],
     16: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
+         TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
          TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
     32: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
+         TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
          TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
 }  # fmt: skip
 
