@@ -2,11 +2,14 @@
 chosen for a direct bank: `direct_convolver`.
 
 `TensorConvolver` has `BankConvolver`'s slab interface and semantics (the same padded slab,
-responses, non-finite override); its kernel, kernels/tensor_conv.cl, computes the valid
-correlation as an implicit GEMM on ``mma.sync.m16n8k16`` with FP16 inputs and FP32
-accumulation. uint8 and int8 volumes are exact in FP16; each filter's coefficients are scaled
-by a power of two and split into hi + lo FP16 halves with separate accumulators, which keeps
-the error against float64 at or below the FP32 kernel's (DESIGN.md, "Tensor cores").
+responses, non-finite override); its kernel, kernels/tensor_int8.cl, computes the valid
+correlation as an implicit GEMM on ``mma.sync.m16n8k32`` with uint8/int8 inputs: each
+filter's coefficients are scaled by a power of two into 24-bit integers and split into three
+signed 8-bit digits, the digits' int32 sums are exact and combined once in 64-bit integers,
+so the only errors are the coefficients' rounding (23 bits below each filter's largest) and
+the output's: below the FP32 kernel's at every extent measured. ``TensorShape(arith='fp16')``
+runs the earlier kernels/tensor_conv.cl instead (``mma.sync.m16n8k16``, FP16 hi + lo
+coefficient halves, FP32 accumulation; DESIGN.md, "Tensor cores"), for comparison.
 
 Inputs FP16 cannot hold exactly (16-bit integers, float32 and wider, a non-integer ``cval``
 in constant mode) and filters whose scale leaves float32's normal range stay on the FP32
@@ -68,7 +71,7 @@ def compute_capability(device: cl.Device) -> tuple[int, int] | None:
 
 
 def tensor_supported(device: cl.Device) -> bool:
-    """Whether ``device`` runs kernels/tensor_conv.cl: an NVIDIA GPU of cc >= 8.0."""
+    """Whether ``device`` runs the tensor kernels: an NVIDIA GPU of cc >= 8.0."""
     cc = compute_capability(device)
     return bool(device.type & cl.device_type.GPU) and cc is not None and cc >= MIN_CC
 
@@ -100,7 +103,7 @@ def tensor_refusal(
 
 @dataclass(frozen=True)
 class TensorShape:
-    """Work split of tensor_conv.cl: ``nt`` 8-filter tiles per warp, ``tyw`` output rows per
+    """Work split of the tensor kernels: ``nt`` 8-filter tiles per warp, ``tyw`` output rows per
     warp, ``wy`` x ``wz`` warps per work-group, ``xc`` outputs along x per work-group;
     ``persistent`` > 0: that many work-groups per compute unit, each taking an equal run of x
     steps (``xc`` unused; groups beyond what a multiprocessor holds run as a tail wave: the
@@ -159,7 +162,7 @@ def fit_split(
         elif split.tyw > 1:
             split = replace(split, tyw=split.tyw // 2)
         else:
-            raise ValueError(f"no work split of tensor_conv.cl fits {local_mem} bytes")
+            raise ValueError(f"no work split of {kernel_file(split)} fits {local_mem} bytes")
     if split.persistent:  # the threads asked for, as far as shared memory holds the groups
         per_group = local_bytes(tensor_defines(extents, src, split)) + 1024
         want = split.persistent * threads // split.threads
