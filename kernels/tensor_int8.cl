@@ -11,6 +11,7 @@
  * GEMM columns: each A fragment feeds the MMAs of all three, whose int32 sums are exact; they
  * are combined in 64-bit integers and rounded to float once, so the only errors are the
  * coefficients' rounding to 23 bits below the filter's largest and the output's rounding.
+ * (|sum| <= taps x 128 x 255 < 2^31 for every extent up to 31^3: no int32 overflow.)
  *
  * GEMM: M = 16 outputs along z, N = 8 filters (of one digit), K = 32 taps: four "items" of 8
  * consecutive dz taps of one input row. Lane (g, t) holds k = 4t..4t+3 and 16+4t..16+4t+3 of

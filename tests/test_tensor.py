@@ -127,6 +127,8 @@ def test_refusals_name_the_reason(device):
     assert "cval" in tensor_refusal(device, bank, np.dtype(np.uint8), "constant", 0.5)
     assert tensor_refusal(device, bank, np.dtype(np.uint8), "constant", 7.0) is None
     assert "normal range" in tensor_refusal(device, bank * 1e-38, np.dtype(np.uint8), "wrap", 0)
+    # 2^-e of the INT8 digits, 8 binary orders below FP16's scale, would be subnormal
+    assert "normal range" in tensor_refusal(device, bank * 2.0**-110, np.dtype(np.uint8), "wrap", 0)
 
 
 # -- the coefficient split and fragments (pure) -------------------------------------------

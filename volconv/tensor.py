@@ -95,7 +95,7 @@ def tensor_refusal(
         return f"{src} inputs are not exact in FP16 (uint8 and int8 are)"
     if pad_dtype_for(src, mode, cval) != src:
         return f"cval {cval} is not a {src} value"
-    e = filter_exponents(bank)
+    e = np.concatenate([filter_exponents(bank), digit_exponents(bank)])  # FP16's and INT8's
     if np.any(e > 126) or np.any(e < -127):
         return "a filter's scale 2^-e leaves float32's normal range"
     return None
