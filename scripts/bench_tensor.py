@@ -39,14 +39,22 @@ from volconv.device import select_device
 from volconv.engine import BankConvolver
 from volconv.peak import tensor_peak, theoretical_peak
 from volconv.programs import context_for, kernel_source
-from volconv.tensor import TensorConvolver, TensorShape, default_shape
+from volconv.tensor import TensorConvolver, TensorShape, default_shape, kernel_file
 
 ROOT = Path(__file__).resolve().parent.parent
-SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default and its grid form)
-    8: [TensorShape(1, 8, 2, 2, persistent=2, ieee_sum=True), TensorShape(1, 8, 2, 2, 32),
-        TensorShape(1, 4, 2, 4, persistent=2), TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
-    32: [TensorShape(2, 4, 2, 2, persistent=2, ieee_sum=True), TensorShape(2, 4, 1, 4, 32),
-         TensorShape(2, 4, 1, 4, persistent=2)],
+FP16 = {"arith": "fp16"}
+SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and its grid form)
+    8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16), TensorShape(1, 8, 2, 2, persistent=2),
+        TensorShape(1, 8, 1, 2, persistent=4, blocal=True),
+        TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=2),
+        TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=7),
+        TensorShape(1, 6, 2, 2, persistent=3, blocal=True)],
+    16: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
+         TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
+         TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
+    32: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
+         TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
+         TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
 }  # fmt: skip
 
 
@@ -76,16 +84,16 @@ def volconv_engine(conv, vol: np.ndarray, repeats: int) -> tuple[float, np.ndarr
     return float(conv.time_kernel(0, vol.shape[0], repeats).min()), out
 
 
-def verbose_log(device: cl.Device, defines: dict) -> dict:
-    return _verbose_log(device, tuple(defines.items()))
+def verbose_log(device: cl.Device, name: str, defines: dict) -> dict:
+    return _verbose_log(device, name, tuple(defines.items()))
 
 
 @cache
-def _verbose_log(device: cl.Device, defines: tuple) -> dict:
+def _verbose_log(device: cl.Device, name: str, defines: tuple) -> dict:
     """Registers, spills and local memory the compiler reports for one tensor build."""
     ctx, _ = context_for(device)
     options = [f"-D{k}={v}" for k, v in defines] + ["-cl-nv-verbose"]
-    prg = cl.Program(ctx, kernel_source("tensor_conv.cl")).build(options=options)
+    prg = cl.Program(ctx, kernel_source(name)).build(options=options)
     text = prg.get_build_info(device, cl.program_build_info.LOG)
     found = {
         key: int(m.group(1)) if (m := re.search(pat, text)) else None
@@ -224,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             splits = [default_shape(n)]
             if not args.no_sweep:
                 grid = replace(splits[0], persistent=0)
-                more = SWEEP.get(n, []) if k == 7 else [grid]
+                nt = min(2, splits[0].nt)  # the FP16 engine as it shipped
+                fp16 = replace(splits[0], arith="fp16", nt=nt, tyw=8 // nt, blocal=False)
+                more = SWEEP.get(n, []) if k == 7 else [fp16, grid]
                 splits += [s for s in more if s != splits[0]]
             row["tensor_sweep"] = []
             for split in splits:
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     row["tensor_sweep"].append({"split": split.__dict__, "error": str(e)[:300]})
                     continue
                 seconds, out = volconv_engine(conv, vol, args.repeats)
-                info = verbose_log(device, conv.defines)
+                info = verbose_log(device, kernel_file(conv.split), conv.defines)
                 entry = {
                     "split": conv.split.__dict__, "seconds": seconds,
                     "tflops": tflops(n, k, voxels, seconds),
@@ -250,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"{entry['tflops']:.1f} TFLOP/s, err {entry['error']}, regs "
                     f"{info['registers']} spill {spill}")  # fmt: skip
                 if split is splits[0]:
+                    # diagnostic: the same launches storing nothing (nreal = 0), the MMAs kept
+                    passes = conv._passes
+                    conv._passes = [(p[0], 0, *p[2:]) for p in passes]
+                    row["tensor_seconds_no_store"] = float(
+                        conv.time_kernel(0, vol.shape[0], args.repeats).min()
+                    )
+                    conv._passes = passes
+                    log(f"    without stores: {row['tensor_seconds_no_store'] * 1e3:.3f} ms")
                     row["tensor_seconds"] = seconds
                     row["tensor_split"] = conv.split.__dict__
                     row["tensor_build_log"] = info["log"]

@@ -4,6 +4,8 @@ scipy.ndimage.convolve in float64 at SPEC's tolerance."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from conftest import assert_spec_close, reference
@@ -14,8 +16,9 @@ from volconv.plan import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
 from volconv.report import write_json
 from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
+    DIGIT_MAX,
+    DIGITS,
     FLOAT_DIGITS,
-    FP32_BLOCKED_TAPS,
     MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
     DigitConvolver,
@@ -24,9 +27,14 @@ from volconv.tensor import (
     auto_engine,
     b_fragments,
     choose_engine,
+    digit_exponents,
     digit_types,
     direct_convolver,
     filter_exponents,
+    fit_split,
+    int8_digits,
+    int8_fragments,
+    local_bytes,
     tensor_defines,
     tensor_pays,
     tensor_refusal,
@@ -125,20 +133,20 @@ def test_digit_types():
 
 
 def test_tensor_pays():
-    """'auto' takes the tensor cores from 4 filters, below the FP32 kernel's blocked sums."""
+    """'auto' takes the tensor cores from 4 filters, at every extent (exact INT8 sums)."""
     assert tensor_pays(MIN_TENSOR_FILTERS, (7, 7, 7)) and tensor_pays(32, (9, 9, 9))
     assert not tensor_pays(MIN_TENSOR_FILTERS - 1, (7, 7, 7))
-    assert not tensor_pays(8, (10, 10, 10)) and not tensor_pays(8, (11, 11, 11))
-    assert tensor_pays(8, (31, 31, 1))  # 961 taps
+    assert tensor_pays(8, (11, 11, 11)) and tensor_pays(8, (31, 31, 1))
 
 
 def test_ieee_sum_above_7_cubed():
     """Chained tensor-core sums up to 343 taps, IEEE FP32 adds of the hi products above."""
-    u8 = np.dtype(np.uint8)
-    assert "IEEE_SUM" not in tensor_defines((7, 7, 7), u8, TensorShape())
-    assert tensor_defines((7, 7, 8), u8, TensorShape())["IEEE_SUM"] == 1
-    assert tensor_defines((3, 3, 3), u8, TensorShape(ieee_sum=True))["IEEE_SUM"] == 1
-    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, TensorShape(ieee_sum=False))
+    u8, fp16 = np.dtype(np.uint8), TensorShape(arith="fp16")
+    assert "IEEE_SUM" not in tensor_defines((7, 7, 7), u8, fp16)
+    assert tensor_defines((7, 7, 8), u8, fp16)["IEEE_SUM"] == 1
+    assert tensor_defines((3, 3, 3), u8, replace(fp16, ieee_sum=True))["IEEE_SUM"] == 1
+    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, replace(fp16, ieee_sum=False))
+    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, TensorShape())  # int8: exact sums
 
 
 def test_engine_knob(monkeypatch):
@@ -162,6 +170,8 @@ def test_refusals_name_the_reason(device):
     assert "cval" in tensor_refusal(device, bank, np.dtype(np.uint8), "constant", 0.5)
     assert tensor_refusal(device, bank, np.dtype(np.uint8), "constant", 7.0) is None
     assert "normal range" in tensor_refusal(device, bank * 1e-38, np.dtype(np.uint8), "wrap", 0)
+    # 2^-e of the INT8 digits, 8 binary orders below FP16's scale, would be subnormal
+    assert "normal range" in tensor_refusal(device, bank * 2.0**-110, np.dtype(np.uint8), "wrap", 0)
 
 
 # -- the coefficient split and fragments (pure) -------------------------------------------
@@ -181,7 +191,7 @@ def test_fragments_hold_every_tap_once(extents):
     about 22 bits, each exactly once, and nothing else."""
     rng = np.random.default_rng(2)
     bank = rng.standard_normal((5, *extents)) * 10.0 ** rng.integers(-5, 5, (5, 1, 1, 1))
-    d = tensor_defines(extents, np.dtype(np.uint8), TensorShape(nt=1))
+    d = tensor_defines(extents, np.dtype(np.uint8), TensorShape(nt=1, arith="fp16"))
     frags = b_fragments(bank, d)
     seg, nseg = d["SEG"], d["NSEG"]
     halves = frags.view(np.uint16).reshape(*frags.shape[:-1], 2, 2).view(np.float16)
@@ -206,6 +216,69 @@ def test_fragments_hold_every_tap_once(extents):
     assert np.all(rebuilt[5:] == 0)
 
 
+def test_digits_are_exact_24_bit_fixed_point():
+    """Three signed 8-bit digits rebuild each filter scaled into [2^22, 2^23) and rounded to
+    an integer: exactly, and within half a unit of the scaled coefficient."""
+    rng = np.random.default_rng(8)
+    bank = rng.standard_normal((6, 3, 4, 5)) * 10.0 ** rng.integers(-9, 9, (6, 1, 1, 1))
+    bank[1] *= 2.0**-31 * DIGIT_MAX / np.abs(bank[1]).max()
+    bank[1, 0, 0, 0] = DIGIT_MAX * 2.0**-30  # a peak right at the largest integer
+    bank[2] = 0.0
+    e = digit_exponents(bank)
+    digits = int8_digits(bank).astype(np.int64)
+    assert digits.shape == (DIGITS, *bank.shape)
+    rebuilt = digits[0] + 256 * digits[1] + 65536 * digits[2]
+    scaled = np.ldexp(bank, e[:, None, None, None])
+    assert np.all(np.abs(rebuilt - scaled) <= 0.5)
+    peak = np.abs(rebuilt).max(axis=(1, 2, 3))
+    assert np.all(peak[[0, 1, 3, 4, 5]] >= 2**22) and np.all(peak <= DIGIT_MAX)
+    assert peak[1] == DIGIT_MAX and e[2] == 0
+
+
+@pytest.mark.parametrize("extents", [(7, 7, 7), (2, 5, 3), (3, 4, 9), (1, 3, 17), (2, 2, 31)])
+def test_int8_fragments_hold_every_tap_once(extents):
+    """The INT8 B fragments, read back by mma.sync.m16n8k32's layout, rebuild every digit of
+    every tap exactly once, and nothing else."""
+    rng = np.random.default_rng(2)
+    bank = rng.standard_normal((11, *extents))
+    d = tensor_defines(extents, np.dtype(np.uint8), TensorShape(nt=2))
+    frags = int8_fragments(bank, d)
+    nseg = d["NSEG"]
+    kx = extents[0]
+    rebuilt = np.zeros((DIGITS, 16, *extents), np.int64)
+    lane = np.arange(32)
+    g, t = lane // 4, lane % 4
+    for dx in range(kx):
+        for j in range(d["NJ"]):
+            for reg in range(2):
+                for byte in range(4):
+                    k = 4 * t + 16 * reg + byte
+                    item = 4 * j + k // 8
+                    dy, dz = item // nseg, (item % nseg) * 8 + k % 8
+                    value = (frags[dx, j, :, :, :, reg] >> (8 * byte)) & 0xFF  # (NT, digit, lane)
+                    value = value.astype(np.uint8).view(np.int8).astype(np.int64)
+                    inside = (dy < extents[1]) & (dz < extents[2])
+                    assert np.all(value[:, :, ~inside] == 0)
+                    for tile in range(2):
+                        f = 8 * tile + g[inside]
+                        for digit in range(DIGITS):
+                            np.add.at(rebuilt[digit], (f, dx, dy[inside], dz[inside]),
+                                      value[tile, digit, inside])  # fmt: skip
+    assert np.array_equal(rebuilt[:, :11], int8_digits(bank))
+    assert not rebuilt[:, 11:].any()
+
+
+def test_fit_split_drops_local_b_fragments_first():
+    """B fragments leave local memory before the plane tiles shrink; persistent groups keep
+    the threads per multiprocessor asked for."""
+    u8 = np.dtype(np.uint8)
+    split = TensorShape(1, 8, 2, 2, persistent=2, blocal=True)
+    assert fit_split((7, 7, 7), u8, split, 48 * 1024) == split
+    wide = fit_split((11, 11, 11), u8, split, 48 * 1024)  # 50 KB of B fragments
+    assert not wide.blocal and wide.wz == 1 and wide.persistent == 4
+    assert local_bytes(tensor_defines((11, 11, 11), u8, wide)) <= 48 * 1024
+
+
 # -- the kernel with mma.sync emulated (any device) -----------------------------------------
 
 
@@ -216,7 +289,14 @@ def test_fragments_hold_every_tap_once(extents):
         ((2, 4, 11), 13, (9, 10, 21), "constant", np.int8, TensorShape(2, 2, 2, 1, 3)),
         ((4, 2, 2), 5, (7, 6, 18), "mirror", np.uint8, TensorShape(1, 3, 2, 2, 5)),
         ((2, 3, 4), 2, (5, 7, 9), "wrap", np.uint8, TensorShape(1, 2, 1, 1, 4)),
-        ((3, 5, 7), 3, (6, 9, 20), "nearest", np.uint8, TensorShape(1, 2, 1, 2, persistent=1)),
+        (
+            (3, 5, 7),
+            3,
+            (6, 9, 20),
+            "nearest",
+            np.uint8,
+            TensorShape(1, 2, 1, 2, persistent=1, blocal=True, dxu=2),
+        ),
         ((5, 3, 17), 9, (8, 9, 19), "reflect", np.int8, TensorShape(2, 1, 1, 1, persistent=3)),
         (
             (3, 3, 3),
@@ -224,14 +304,17 @@ def test_fragments_hold_every_tap_once(extents):
             (5, 6, 17),
             "wrap",
             np.uint8,
-            TensorShape(1, 2, 1, 1, 4, blocal=True, dxu=1),
+            TensorShape(1, 2, 1, 1, 4, blocal=True, dxu=1, arith="fp16"),
         ),
+        ((3, 5, 7), 3, (6, 9, 20), "reflect", np.uint8, TensorShape(1, 2, 1, 2, 4, arith="fp16")),
+        ((2, 2, 31), 9, (5, 6, 40), "nearest", np.int8, TensorShape(2, 1, 1, 2, persistent=2)),
+        ((3, 3, 5), 10, (6, 7, 22), "reflect", np.uint8, TensorShape(2, 2, 1, 2, 3, blocal=True)),
     ],
 )
 def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
-    """kernels/tensor_conv.cl with mma.sync emulated by its PTX fragment layout: the items,
-    rows, lanes, ring and persistent runs of the real kernel, checked on any device (slabs of
-    4 rows)."""
+    """kernels/tensor_int8.cl (and tensor_conv.cl, arith 'fp16') with mma.sync emulated by
+    its PTX fragment layout: the items, rows, lanes, ring and persistent runs of the real
+    kernel, checked on any device (slabs of 4 rows)."""
     bank = np.random.default_rng(3).standard_normal((n, *extents))
     vol = volume_of(dtype, shape)
     conv = TensorConvolver(bank, shape, dtype, mode, 3.0, device=device, emulate=True,
@@ -325,8 +408,10 @@ def test_tensor_splits(nvidia, extents, persistent):
     shape = (37, 45, 53)
     vol = volume_of(np.uint8, shape)
     for split in (
-        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True),
-        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False),
+        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True),
+        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1),
+        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True, arith="fp16"),
+        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False, arith="fp16"),
     ):
         conv = TensorConvolver(bank, shape, np.uint8, "wrap", device=nvidia, shape_split=split,
                                slab_depth=20)  # fmt: skip
@@ -446,14 +531,11 @@ def test_split_no_worse_than_fp32(nvidia, dtype):
 
 @pytest.mark.parametrize("k", [7, 9, 11])
 def test_tensor_no_worse_than_fp32(nvidia, k):
-    """Error against float64 (max |err| / (sum|w| x 255)) at most the FP32 kernel's, for the
-    extents 'auto' gives the tensor cores; from 1000 taps (11^3) it keeps the FP32 kernel."""
+    """Error against float64 (max |err| / (sum|w| x 255)) at most the FP32 kernel's, at every
+    extent 'auto' gives the tensor cores (11^3: where the FP32 kernel sums each plane apart)."""
     bank = np.random.default_rng(6).standard_normal((8, k, k, k))
     vol = volume_of(np.uint8, (48, 56, 64))
     auto = direct_convolver(bank, vol.shape, np.uint8, device=nvidia)
-    if k**3 >= FP32_BLOCKED_TAPS:
-        assert auto.engine == "fp32"
-        return
     assert auto.engine == TENSOR_ENGINE
     ref = reference(vol, bank, "reflect")
     scale = np.abs(bank).sum(axis=(1, 2, 3)) * 255.0

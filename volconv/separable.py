@@ -925,7 +925,7 @@ class SeparableConvolver(SlabConvolver):
     @property
     def engines(self) -> list[str]:
         """The paths taken: 'separable' for the passes, then each direct engine ('fp32',
-        'tensor-fp16')."""
+        'tensor-int8')."""
         direct = sorted({c.engine for c in self._direct})
         return (["separable"] if self._slots else []) + direct
 

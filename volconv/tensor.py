@@ -2,11 +2,14 @@
 chosen for a direct bank: `direct_convolver`.
 
 `TensorConvolver` has `BankConvolver`'s slab interface and semantics (the same padded slab,
-responses, non-finite override); its kernel, kernels/tensor_conv.cl, computes the valid
-correlation as an implicit GEMM on ``mma.sync.m16n8k16`` with FP16 inputs and FP32
-accumulation. uint8 and int8 volumes are exact in FP16; each filter's coefficients are scaled
-by a power of two and split into hi + lo FP16 halves with separate accumulators, which keeps
-the error against float64 at or below the FP32 kernel's (DESIGN.md, "Tensor cores").
+responses, non-finite override); its kernel, kernels/tensor_int8.cl, computes the valid
+correlation as an implicit GEMM on ``mma.sync.m16n8k32`` with uint8/int8 inputs: each
+filter's coefficients are scaled by a power of two into 24-bit integers and split into three
+signed 8-bit digits, the digits' int32 sums are exact and combined once in 64-bit integers,
+so the only errors are the coefficients' rounding (23 bits below each filter's largest) and
+the output's: below the FP32 kernel's at every extent measured. ``TensorShape(arith='fp16')``
+runs the earlier kernels/tensor_conv.cl instead (``mma.sync.m16n8k16``, FP16 hi + lo
+coefficient halves, FP32 accumulation; DESIGN.md, "Tensor cores"), for comparison.
 
 Inputs 8-bit integers do not hold exactly (16-bit integers, float32 and wider, a non-integer
 ``cval`` in constant mode) take `DigitConvolver`: the padded slab split on the device into
@@ -38,22 +41,24 @@ CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV = 0x4001
 MIN_CC = (8, 0)  # mma.sync.m16n8k16 with f16 inputs and f32 accumulators
 ENGINES = ("auto", "fp32", "tensor")
 ENGINE_ENV = "VOLCONV_ENGINE"
-TENSOR_ENGINE = "tensor-fp16"
+TENSOR_ENGINE = "tensor-int8"  # the default split's arithmetic; `TensorShape.arith` 'fp16' runs
+# kernels/tensor_conv.cl and names itself 'tensor-fp16'
 EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # exact in FP16
 SCALE_TOP = 14  # each filter's largest |coefficient| scaled into [2^14, 2^15): FP16's top
+DIGITS = 3  # signed 8-bit digits per coefficient (INT8 engine): 24-bit fixed point per filter
+DIGIT_MAX = 127 * (1 + 2**8 + 2**16)  # the largest integer three such digits hold
 # Below this many filters in a group 'auto' keeps the FP32 kernel: a pass of the tensor engine
 # costs the same for 1..8 filters (H100, 256^3, 7^3: N = 1 took 0.79 ms against FP32's 0.46).
 MIN_TENSOR_FILTERS = 4
 # Accuracy (max |err| / (sum|w| x 255) against float64, H100, 256^3 MNI uint8, random normal
-# filters; benchmarks/results/h100-tensor*.json). The tensor cores' own FP32 accumulation
-# truncates: chained over the MMAs of a 7^3 filter it stays below the FP32 kernel's error
-# (7.6e-8 against 1.3e-7 at N = 8), at 9^3 it passed it (2.0e-7 against 1.8e-7). Above
-# IEEE_SUM_TAPS the hi products go through IEEE FP32 adds (6.7e-8 at 9^3; 13-18 % slower at
-# 7^3). From FP32_BLOCKED_TAPS on the FP32 kernel sums each dx plane apart
-# (kernels/bank_conv.cl, BLOCK_TAPS) and is the more accurate (11^3: 3.8e-8 against 5.3e-8),
-# so 'auto' keeps it there although the tensor engine ran 2.3x faster.
+# filters, N = 8; benchmarks/results/h100-tensor*.json). INT8 (the default): int32 sums are
+# exact, the error is the coefficients' 23-bit rounding and the output's: 7^3 1.8e-8, 11^3
+# 9.2e-9, against the FP32 kernel's 1.3e-7 and 3.8e-8 (which sums each dx plane apart from
+# 1000 taps), so 'auto' takes it at every extent. FP16 hi/lo (arith 'fp16'): the tensor cores'
+# own FP32 accumulation truncates; chained over the MMAs of a 7^3 filter it stays below the
+# FP32 kernel's error (7.6e-8), at 9^3 it passed it (2.0e-7 against 1.8e-7): above
+# IEEE_SUM_TAPS the hi products go through IEEE FP32 adds (6.7e-8 at 9^3; 13-18 % slower).
 IEEE_SUM_TAPS = 343
-FP32_BLOCKED_TAPS = 1000
 
 
 def compute_capability(device: cl.Device) -> tuple[int, int] | None:
@@ -70,7 +75,7 @@ def compute_capability(device: cl.Device) -> tuple[int, int] | None:
 
 
 def tensor_supported(device: cl.Device) -> bool:
-    """Whether ``device`` runs kernels/tensor_conv.cl: an NVIDIA GPU of cc >= 8.0."""
+    """Whether ``device`` runs the tensor kernels: an NVIDIA GPU of cc >= 8.0."""
     cc = compute_capability(device)
     return bool(device.type & cl.device_type.GPU) and cc is not None and cc >= MIN_CC
 
@@ -101,7 +106,7 @@ def tensor_refusal(
         return f"{src} inputs are not exact in FP16 (uint8 and int8 are)"
     if not split and pad_dtype_for(src, mode, cval) != src:
         return f"cval {cval} is not a {src} value"
-    e = filter_exponents(bank)
+    e = np.concatenate([filter_exponents(bank), digit_exponents(bank)])  # FP16's and INT8's
     if np.any(e > 126) or np.any(e < -127):
         return "a filter's scale 2^-e leaves float32's normal range"
     return None
@@ -109,13 +114,15 @@ def tensor_refusal(
 
 @dataclass(frozen=True)
 class TensorShape:
-    """Work split of tensor_conv.cl: ``nt`` 8-filter tiles per warp, ``tyw`` output rows per
+    """Work split of the tensor kernels: ``nt`` 8-filter tiles per warp, ``tyw`` output rows per
     warp, ``wy`` x ``wz`` warps per work-group, ``xc`` outputs along x per work-group;
     ``persistent`` > 0: that many work-groups per compute unit, each taking an equal run of x
     steps (``xc`` unused; groups beyond what a multiprocessor holds run as a tail wave: the
     driver takes no register cap, -cl-nv-maxrregcount is refused); ``blocal``: B fragments
     in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``ieee_sum``: hi
-    products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps)."""
+    products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
+    (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
+    (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own)."""
 
     nt: int = 1
     tyw: int = 8
@@ -126,19 +133,21 @@ class TensorShape:
     blocal: bool = False
     dxu: int = 0
     ieee_sum: bool | None = None
+    arith: str = "int8"
 
     @property
     def threads(self) -> int:
         return 32 * self.wy * self.wz
 
 
-# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor*.json).
-# 7^3: N = 8 in 0.782 ms at (1, 8, 2, 2) with 2 persistent groups per SM (0.805 as a grid of
-# x chunks of 32); N = 32 in 2.96 ms at (2, 4, 2, 2), 2 persistent (3.15 as a grid); 3^3, 5^3,
-# 9^3 and 11^3 10-40 % faster persistent than as a grid.
+# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor-int8-run3.json,
+# 256^3 uint8): 7^3 N = 8 in 0.594 ms (155 TFLOP/s; FP16 hi/lo 0.779) at (1, 8, 2, 2) with 2
+# persistent groups per SM and the B fragments in local memory (0.684 without them, 0.587 at
+# (1, 8, 1, 2) x 4); N = 16 in 1.088 ms and N = 32 in 2.194 ms at (2, 4, 2, 2) (168 TFLOP/s);
+# 3^3, 5^3 N = 8 0.332, 0.476 ms (FP32 kernel 0.422, 0.759), 11^3 2.04 ms (FP32 7.96).
 DEFAULT_SHAPES = {
-    1: TensorShape(1, 8, 2, 2, persistent=2),
-    2: TensorShape(2, 4, 2, 2, persistent=2),
+    1: TensorShape(1, 8, 2, 2, persistent=2, blocal=True),
+    2: TensorShape(2, 4, 2, 2, persistent=2, blocal=True),
 }
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
@@ -150,8 +159,12 @@ def default_shape(n_filters: int) -> TensorShape:
 def fit_split(
     extents: tuple[int, int, int], src: np.dtype, split: TensorShape, local_mem: int
 ) -> TensorShape:
-    """``split`` narrowed (warps along z, then along y, then rows per warp) until its ring of
-    planes fits ``local_mem`` bytes: wide filters need taller and wider plane tiles."""
+    """``split`` without B fragments in local memory, then narrowed (warps along z, then along
+    y, then rows per warp), until its ring of planes fits ``local_mem`` bytes: wide filters
+    need taller and wider plane tiles."""
+    threads = split.threads
+    if local_bytes(tensor_defines(extents, src, split)) > local_mem:  # B fragments: L1 instead
+        split = replace(split, blocal=False)
     while local_bytes(tensor_defines(extents, src, split)) > local_mem:
         if split.wz > 1:
             split = replace(split, wz=split.wz // 2)
@@ -160,19 +173,20 @@ def fit_split(
         elif split.tyw > 1:
             split = replace(split, tyw=split.tyw // 2)
         else:
-            raise ValueError(f"no work split of tensor_conv.cl fits {local_mem} bytes")
-    if split.persistent:  # as many groups as the multiprocessor's shared memory holds
+            raise ValueError(f"no work split of {kernel_file(split)} fits {local_mem} bytes")
+    if split.persistent:  # the threads asked for, as far as shared memory holds the groups
         per_group = local_bytes(tensor_defines(extents, src, split)) + 1024
-        split = replace(
-            split, persistent=max(1, min(split.persistent, SM_LOCAL_BYTES // per_group))
-        )
+        want = split.persistent * threads // split.threads
+        split = replace(split, persistent=max(1, min(want, SM_LOCAL_BYTES // per_group)))
     return split
 
 
 def tensor_defines(
     extents: tuple[int, int, int], src: np.dtype, shape: TensorShape, emulate: bool = False
 ) -> dict[str, object]:
-    """Every -D of kernels/tensor_conv.cl for filters of ``extents``."""
+    """Every -D of the split's kernel (`kernel_file`) for filters of ``extents``."""
+    if shape.arith == "int8":
+        return int8_defines(extents, src, shape, emulate)
     kx, ky, kz = extents
     seg = 2 if kz <= 2 else 4 if kz <= 4 else 8
     nseg = math.ceil(kz / seg)
@@ -201,12 +215,107 @@ def tensor_defines(
     return defines
 
 
+def kernel_file(shape: TensorShape) -> str:
+    return "tensor_int8.cl" if shape.arith == "int8" else "tensor_conv.cl"
+
+
+def int8_defines(
+    extents: tuple[int, int, int], src: np.dtype, shape: TensorShape, emulate: bool = False
+) -> dict[str, object]:
+    """Every -D of kernels/tensor_int8.cl: rows of KZ <= 8 taps take one item of K (an item
+    pair spans two rows), longer rows an even number (a pair is 16 taps of one row)."""
+    kx, ky, kz = extents
+    nseg = 1 if kz <= 8 else 2 * math.ceil(kz / 16)
+    nj = math.ceil(math.ceil(ky * nseg / 2) / 2)  # MMAs of two item pairs
+    rowmax = 2 * (2 * nj - 1) if nseg == 1 else (2 * nj - 1) // (nseg // 2)
+    nq = max(2, nseg)
+    lz_max = 11 if nseg == 1 else 19  # g + 4 (t & 1) (+ 8 (t >> 1))
+    pl = 16 * (shape.wz - 1) + lz_max + 8 * (nq - 1) + 1
+    pl += -pl % 4
+    while nseg == 1 and not 12 <= pl % 32 <= 20:  # a warp's two rows of loads in other banks
+        pl += 4
+    defines = {
+        "KX": kx, "KY": ky, "KZ": kz, "IN_T": "uchar" if src == np.uint8 else "char",
+        "NSEG": nseg, "NJ": nj, "NROWS": shape.tyw + rowmax, "NQ": nq,
+        "LROWS": shape.wy * shape.tyw + rowmax + (1 if nseg == 1 else 0), "PL": pl,
+        "NT": shape.nt, "WY": shape.wy, "WZ": shape.wz, "TYW": shape.tyw, "XC": shape.xc,
+    }  # fmt: skip
+    if src == np.int8:
+        defines["IN_SIGNED"] = 1
+    if shape.blocal:
+        defines["BLOCAL"] = 1
+    if shape.dxu:
+        defines["DXU"] = shape.dxu
+    if shape.persistent:
+        defines["PERSISTENT"] = 1
+    if emulate:
+        defines["EMULATE_MMA"] = 1
+    return defines
+
+
 def local_bytes(defines: dict[str, object]) -> int:
-    """Local memory of tensor_conv.cl: the ring of KX + 1 plane tiles (and the B fragments)."""
+    """Local memory of the kernel: the ring of KX + 1 plane tiles (and the B fragments)."""
     kx = int(defines["KX"])
     ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
-    frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * 2 * 32 if "BLOCAL" in defines else 0
+    if "SEG" not in defines:  # tensor_int8.cl: each warp's output stage
+        ring += 640 * int(defines["WY"]) * int(defines["WZ"])
+    digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits
+    frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * digits * 32
+    frags = frags if "BLOCAL" in defines else 0
     return ring + frags
+
+
+def digit_exponents(bank: np.ndarray) -> np.ndarray:
+    """Per filter, the largest power of two ``e`` that keeps its largest |coefficient| x 2^e
+    within `DIGIT_MAX` (in [2^22, 2^23); 0 for a zero filter)."""
+    peak = np.abs(bank.reshape(len(bank), -1)).max(axis=1)
+    m, ex = np.frexp(np.where(peak > 0, peak, 1.0))
+    e = 23 - ex - (np.ldexp(m, 23) > DIGIT_MAX)
+    return np.where(peak > 0, e, 0).astype(np.int64)
+
+
+def int8_digits(bank: np.ndarray) -> np.ndarray:
+    """``bank`` scaled by `digit_exponents`, rounded to integers C and split into `DIGITS`
+    signed 8-bit digits, least significant first: C = d0 + 2^8 d1 + 2^16 d2, each in
+    [-128, 127]."""
+    c = np.rint(np.ldexp(bank, digit_exponents(bank).reshape(-1, *[1] * (bank.ndim - 1))))
+    rest = c.astype(np.int64)
+    digits = []
+    for _ in range(DIGITS):
+        d = (rest + 128) % 256 - 128
+        digits.append(d)
+        rest = (rest - d) // 256
+    assert not rest.any(), "a coefficient past DIGIT_MAX"
+    return np.stack(digits).astype(np.int8)
+
+
+def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
+    """The B operands of one pass of kernels/tensor_int8.cl: ``flipped`` (F <= 8 NT filters,
+    kx, ky, kz) as digits, (KX, NJ, NT, digit, lane, 2) uint32 in mma.sync.m16n8k32's layout:
+    lane (g, t) holds rows k = 4t..4t+3 (b0) and 16+4t..16+4t+3 (b1) of column n = g, the
+    lowest k in the lowest byte."""
+    kx, ky, kz = flipped.shape[1:]
+    nseg, nj, nt = (int(defines[k]) for k in ("NSEG", "NJ", "NT"))
+    digits = int8_digits(flipped)  # (DIGITS, F, kx, ky, kz)
+    # B[dx, j, k, n]: item 4j + k // 8 of the rows' items, tap k % 8 of it
+    k = np.arange(32)
+    item = np.arange(nj)[:, None] * 4 + k // 8  # (NJ, 32)
+    dy, dz = item // nseg, (item % nseg) * 8 + k % 8
+    valid = (dy < ky) & (dz < kz)
+    frags = np.zeros((kx, nj, nt, DIGITS, 32, 2), np.uint32)
+    g, t = np.arange(32) // 4, np.arange(32) % 4
+    for d, part in enumerate(digits):
+        coef = np.where(valid, part[:, :, np.minimum(dy, ky - 1), np.minimum(dz, kz - 1)], 0)
+        full = np.zeros((8 * nt, kx, nj, 32), np.int8)  # (filter, dx, j, k)
+        full[: len(part)] = coef
+        b = full.view(np.uint8).astype(np.uint32)
+        for tile in range(nt):
+            f = tile * 8 + g
+            for reg in range(2):
+                k0 = 4 * t + 16 * reg  # (lane,) indices: each gives (lane, KX, NJ)
+                word = sum(b[f, :, :, k0 + i] << (8 * i) for i in range(4))
+                frags[:, :, tile, d, :, reg] = word.transpose(1, 2, 0)
+    return frags
 
 
 def b_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
@@ -249,8 +358,8 @@ class TensorConvolver(BankConvolver):
     shape_split : TensorShape, optional
         The kernel's work split (default: `default_shape` of the bank).
     emulate : bool
-        Build kernels/tensor_conv.cl with mma.sync emulated through local memory, on any
-        device (slow; tests of the fragment layout on PoCL).
+        Build the kernel with mma.sync emulated through local memory, on any device (slow;
+        tests of the fragment layout on PoCL).
     **kwargs
         As `BankConvolver`.
     """
@@ -271,8 +380,9 @@ class TensorConvolver(BankConvolver):
     ) -> None:
         bank = as_kernel_bank(kernels)
         self.split = shape_split or default_shape(len(bank))
+        self.engine = f"tensor-{self.split.arith}"
         self.emulate = emulate
-        # the slab in the input's own type: FP16 fragments are made from it in the kernel
+        # the slab in the input's own type: the A fragments are made from it in the kernel
         # (a CPU's plan would pad float32, for the FP32 kernel's sake)
         kwargs.setdefault("pad_float", False)
         super().__init__(bank, shape, dtype, mode, cval, **kwargs)
@@ -285,18 +395,21 @@ class TensorConvolver(BankConvolver):
         local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
-        self.program = build(ctx, "tensor_conv.cl", tuple(self.defines.items()))
+        int8 = split.arith == "int8"
+        self.program = build(ctx, kernel_file(split), tuple(self.defines.items()))
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
         self._passes = []
         for first in range(0, plan.n_filters, width):
             part = flipped[first : first + width]
-            frags = b_fragments(part, self.defines)
+            frags = (int8_fragments if int8 else b_fragments)(part, self.defines)
             unscale = np.zeros(width, np.float32)
-            unscale[: len(part)] = np.ldexp(1.0, -filter_exponents(part))
+            unscale[: len(part)] = np.ldexp(
+                1.0, -(digit_exponents if int8 else filter_exponents)(part)
+            )
             self._passes.append((
-                first, len(part), cl.Kernel(self.program, "tensor_conv"),
+                first, len(part), cl.Kernel(self.program, kernel_file(split)[:-3]),
                 cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=frags),
                 cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=unscale),
             ))  # fmt: skip
@@ -323,11 +436,15 @@ class TensorConvolver(BankConvolver):
     @property
     def tensor_gflop(self) -> float:
         """GFLOP the tensor cores execute for one volume: every MMA slot, zero taps, padding
-        filters and the lo half included (fractions of the tensor peak count these)."""
+        filters and the lo half (or every digit) included (fractions of the tensor peak count
+        these). INT8 operations count half, as FP16-equivalent work: the dense INT8 peak is
+        twice the FP16 peak that the record holds (cc 8.0 to 9.0)."""
         d, s = self.defines, self.split
-        mmas = int(d["KX"]) * int(d["NJ"]) * 2 * len(self._passes) * s.nt
+        per_mma = 16 * 8 * 16 if s.arith == "fp16" else 16 * 8 * 32 // 2
+        halves = 2 if s.arith == "fp16" else DIGITS
+        mmas = int(d["KX"]) * int(d["NJ"]) * halves * len(self._passes) * s.nt
         tiles = math.prod(self.plan.shape) / 16
-        return tiles * mmas * 2 * 16 * 8 * 16 / 1e9
+        return tiles * mmas * 2 * per_mma / 1e9
 
     @property
     def useful_gflop(self) -> float:
@@ -478,8 +595,9 @@ class DigitConvolver(BankConvolver):
 
 def tensor_pays(n_filters: int, extents: tuple[int, ...]) -> bool:
     """Whether 'auto' takes the tensor cores for a group (where they exist): faster from
-    `MIN_TENSOR_FILTERS` filters, at least as accurate below `FP32_BLOCKED_TAPS` taps."""
-    return n_filters >= MIN_TENSOR_FILTERS and math.prod(extents) < FP32_BLOCKED_TAPS
+    `MIN_TENSOR_FILTERS` filters, and more accurate than the FP32 kernel at every extent
+    (INT8 sums are exact)."""
+    return n_filters >= MIN_TENSOR_FILTERS
 
 
 def choose_engine(engine: str | None = None) -> str:
@@ -566,11 +684,9 @@ def tensor_convolver(
 ) -> BankConvolver:
     """The tensor-core engine as `volconv.plan.ENGINES` offers it to `volconv.tune`:
     `TensorConvolver` or `DigitConvolver` by the volume's type; a ValueError where the device
-    or bank refuse it (`tensor_refusal`) or where the FP32 kernel is the more accurate (from
-    `FP32_BLOCKED_TAPS` taps), so that a tuned choice keeps the error no worse than FP32's."""
+    or bank refuse it (`tensor_refusal`). Its error is below the FP32 kernel's at every extent
+    (exact int32 sums), so the tuner may take it wherever it is faster."""
     bank = as_kernel_bank(kernels)
-    if math.prod(bank.shape[1:]) >= FP32_BLOCKED_TAPS:
-        raise ValueError(f"from {FP32_BLOCKED_TAPS} taps the FP32 kernel is the more accurate")
     overrides.pop("engine", None)
     return direct_convolver(bank, shape, dtype, mode, cval, device=device, engine="tensor",
                             **overrides)  # fmt: skip

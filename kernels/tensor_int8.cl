@@ -1,0 +1,303 @@
+/* Bank convolution on NVIDIA tensor cores in integers: an implicit GEMM on
+ * mma.sync.m16n8k32 (uint8/int8 volume x int8 coefficient digits, int32 accumulation) through
+ * inline PTX (compute capability >= 8.0).
+ *
+ * Same input and output as bank_conv.cl: a padded slab (P0, P1, P2) already extended by the
+ * boundary mode (pad.cl), filters flipped by the host, responses (N, D, NY, NZ) of a "valid"
+ * correlation, exactly scipy.ndimage.convolve of the unpadded data.
+ *
+ * Exactness: the host scales each filter by a power of two 2^e into 24-bit integers and
+ * splits them into three signed 8-bit digits (C = d0 + 2^8 d1 + 2^16 d2). The digits are extra
+ * GEMM columns: each A fragment feeds the MMAs of all three, whose int32 sums are exact; they
+ * are combined in 64-bit integers and rounded to float once, so the only errors are the
+ * coefficients' rounding to 23 bits below the filter's largest and the output's rounding.
+ * (|sum| <= taps x 128 x 255 < 2^31 for every extent up to 31^3: no int32 overflow.)
+ *
+ * GEMM: M = 16 outputs along z, N = 8 filters (of one digit), K = 32 taps: four "items" of 8
+ * consecutive dz taps of one input row. Lane (g, t) holds k = 4t..4t+3 and 16+4t..16+4t+3 of
+ * rows m = g, g + 8: item pair P = 2j + h (h: the register half) is items 2P + (t >> 1), so
+ * lanes t < 2 and t >= 2 read different items. A row of KZ taps takes NSEG items: NSEG = 1
+ * (KZ <= 8, an item pair spans two rows: the lane's row is shifted by t >> 1) or NSEG even
+ * (an item pair is 16 taps of one row: the lane's z is shifted by 8 (t >> 1)). A is a sliding
+ * window over a row (Toeplitz), read from a plane tile in local memory stored as byte quads
+ * Q[i] = row[i..i+3], so a lane's 4 bytes at any z are one aligned 32-bit load.
+ *
+ * Data flow (as tensor_conv.cl): a work-group of WY x WZ warps owns TY = WY * TYW output rows
+ * by 16 * WZ outputs along z and walks its run of x; a ring of KX + 1 plane tiles, the next
+ * fetched into registers before the MMAs of a step and stored after them, one barrier per x
+ * step. Each warp holds TYW x NT x 3 int32 accumulator tiles and reads its rows once per dx;
+ * its outputs go through a small stage in local memory, to be written in 16-byte stores.
+ *
+ * Build options (-D), all compile-time invariants (volconv/tensor.py derives them):
+ *   KX, KY, KZ   filter extents
+ *   IN_T         padded slab type: uchar or char (then IN_SIGNED)
+ *   NSEG         items per input row (1, or even)
+ *   NJ           MMAs per dx and digit (item pairs 2 NJ)
+ *   NROWS, NQ    rows (past the output's) and 8-word columns a lane reads per dx
+ *   LROWS, PL    rows of a plane tile, quads per row (a multiple of 4)
+ *   NT           8-filter tiles per warp (filters per pass: 8 * NT)
+ *   WY, WZ, TYW  warps along y and z, output rows per warp
+ *   XC           outputs along x per work-group (a grid of tiles x chunks)
+ *   PERSISTENT   optional: as many work-groups as run at once, each taking an equal run of
+ *                the x steps of all tiles in turn
+ *   BLOCAL       optional: the pass's B fragments copied to local memory once
+ *   DXU          optional: unroll factor of the loop over dx (default: the compiler's)
+ *   EMULATE_MMA  optional: emulate mma.sync through local memory (any device; tests)
+ */
+
+#define ND 3 /* digits per coefficient */
+#define TY (WY * TYW)
+#define NWARPS (WY * WZ)
+#define NTHREADS (32 * NWARPS)
+#define PLANE (LROWS * PL) /* quads per plane tile */
+#define PLANE4 (PLANE / 4) /* uint4 per plane tile */
+#define RING (KX + 1)
+#define STAGE ((PLANE4 + NTHREADS - 1) / NTHREADS)
+
+#ifdef IN_SIGNED
+#define A_PTX "s8"
+#define A_SIGNED true
+#else
+#define A_PTX "u8"
+#define A_SIGNED false
+#endif
+
+#if NSEG != 1 && NSEG % 2 != 0
+#error "NSEG must be 1 or even"
+#endif
+#if PL % 4 != 0
+#error "PL must be a multiple of 4"
+#endif
+
+/* Item pair P: its row (past the lane's) and first 8-word column. */
+#if NSEG == 1
+#define PROW(P) (2 * (P))
+#define PCOL(P) 0
+#else
+#define PROW(P) ((P) / (NSEG / 2))
+#define PCOL(P) (2 * ((P) % (NSEG / 2)))
+#endif
+
+#ifdef EMULATE_MMA
+/* mma.sync.m16n8k32 row.col s32 (u8|s8).s8 s32 by the PTX fragment layout, one warp's
+ * fragments exchanged through local memory (every work-item of the group reaches every
+ * call). */
+static int byte_of(uint w, int i, bool is_signed)
+{
+    const uint b = (w >> (8 * i)) & 0xffu;
+    return is_signed ? (int)(char)b : (int)b;
+}
+
+static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, uint b1,
+                         __local uint *scratch, int lane)
+{
+    __local uint *mine = scratch + lane * 6;
+    mine[0] = a0; mine[1] = a1; mine[2] = a2; mine[3] = a3; mine[4] = b0; mine[5] = b1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        const int m = g + 8 * (i >> 1), n = 2 * t + (i & 1);
+        int sum = 0;
+        for (int k = 0; k < 32; k++) {
+            /* A[m][k]: lane (m & 7, (k & 15) / 4), register (m >> 3) + 2 (k >> 4) */
+            const uint aw = scratch[((m & 7) * 4 + ((k & 15) >> 2)) * 6 + (m >> 3) + 2 * (k >> 4)];
+            /* B[k][n]: lane (n, (k & 15) / 4), register k >> 4 */
+            const uint bw = scratch[(n * 4 + ((k & 15) >> 2)) * 6 + 4 + (k >> 4)];
+            sum += byte_of(aw, k & 3, A_SIGNED) * byte_of(bw, k & 3, true);
+        }
+        c[i] += sum;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+#define MMA(c, a0, a1, a2, a3, b0, b1) mma_emulated(c, a0, a1, a2, a3, b0, b1, scratch, lane)
+#define WARP_SYNC() barrier(CLK_LOCAL_MEM_FENCE)
+
+#else
+#define MMA_PTX(A) "mma.sync.aligned.m16n8k32.row.col.s32." A ".s8.s32 "
+#define MMA(c, a0, a1, a2, a3, b0, b1)                                                   \
+    asm(MMA_PTX(A_PTX) "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};" \
+        : "+r"((c)[0]), "+r"((c)[1]), "+r"((c)[2]), "+r"((c)[3])                         \
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+/* the warp's lanes meet, their local memory accesses ordered */
+#define WARP_SYNC() asm volatile("bar.warp.sync -1;" ::: "memory")
+#endif
+
+#define SROW 20 /* floats per filter row of a warp's output stage: stores and loads conflict-free */
+
+__kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
+void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P2) */
+                 __global float *restrict out,         /* responses (N, D, NY, NZ) */
+                 __global const uint2 *restrict bfrag, /* (KX, NJ, NT, digit, lane) fragments */
+                 __global const float *restrict unscale, /* 2^-e per filter of the pass */
+                 const int D, const int ny, const int nz,
+                 const int P1, const int P2,
+                 const long plane,                     /* D * ny * nz */
+                 const int f0,                         /* first filter of this pass */
+                 const int nreal)                      /* real filters in this pass */
+{
+    __local uint4 ring4[RING * PLANE4];
+    __local const uint *ring = (__local const uint *)ring4;
+    const int lid = (int)get_local_id(0);
+#define NFRAG (KX * NJ * NT * ND * 32)
+#ifdef BLOCAL
+    __local uint2 bfrag_local[NFRAG];
+    for (int i = lid; i < NFRAG; i += NTHREADS) bfrag_local[i] = bfrag[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+#define BFRAG bfrag_local
+#else
+#define BFRAG bfrag
+#endif
+    const int warp = lid >> 5, lane = lid & 31, g = lane >> 2, t = lane & 3;
+#ifdef EMULATE_MMA
+    __local uint scratch_all[NWARPS * 32 * 6];
+    __local uint *scratch = scratch_all + warp * 32 * 6;
+#endif
+    __local float4 stage_all[NWARPS * 8 * SROW / 4]; /* each warp's outputs of one row */
+    __local float *stage = (__local float *)stage_all + warp * 8 * SROW;
+    const int wz = warp % WZ, wy = warp / WZ;
+    const int P0 = D + KX - 1;
+#ifdef PERSISTENT
+    const int tiles_z = (nz + 16 * WZ - 1) / (16 * WZ);
+    const long total = (long)tiles_z * ((ny + TY - 1) / TY) * D; /* x steps of all tiles */
+    const long per = (total + get_num_groups(0) - 1) / get_num_groups(0);
+    const long end = min(total, (long)get_group_id(0) * per + per);
+    for (long pos = (long)get_group_id(0) * per; pos < end;) { /* uniform in the group */
+        const int tile = (int)(pos / D);
+        const int z_wg = (tile % tiles_z) * (16 * WZ);
+        const int y_wg = (tile / tiles_z) * TY;
+        const int x_wg = (int)(pos - (long)tile * D);
+        const int nx = (int)min(end - pos, (long)(D - x_wg));
+        pos += nx;
+#else
+    {
+        const int z_wg = (int)get_group_id(0) * (16 * WZ);
+        const int y_wg = (int)get_group_id(1) * TY;
+        const int x_wg = (int)get_group_id(2) * XC;
+        const int nx = min(XC, D - x_wg); /* the same for the whole group: barriers stay uniform */
+#endif
+
+        /* The lane's place in its A fragments: row m = g (+8), k = 4t.. of item 2P + (t >> 1) */
+#if NSEG == 1
+        const int lrow = t >> 1, lz = g + 4 * (t & 1);
+#else
+        const int lrow = 0, lz = g + 4 * (t & 1) + 8 * (t >> 1);
+#endif
+        const int abase = (wy * TYW + lrow) * PL + wz * 16 + lz;
+
+        /* Plane xp of the padded slab into registers, the 7 bytes of four quads (one uint4)
+         * at a time, zero outside the slab; packed when stored, after the MMAs, which so need
+         * not wait for the loads. */
+        uint pre[STAGE][7];
+#define FETCH(xp)                                                                        \
+        for (int q = 0; q < STAGE; q++) {                                                    \
+            const int idx = lid + q * NTHREADS;                                              \
+            const int r = idx / (PL / 4), c = 4 * (idx - r * (PL / 4));                      \
+            const int yg = y_wg + r, zg = z_wg + c;                                          \
+            const bool ok = idx < PLANE4 && (xp) < P0 && yg < P1;                            \
+            __global const IN_T *src = in + ((long)(xp) * P1 + yg) * P2 + zg;                \
+            for (int e = 0; e < 7; e++) pre[q][e] = (ok && zg + e < P2) ? (uchar)src[e] : 0u; \
+        }
+#define QUAD(b, i) (b[i] | b[i + 1] << 8 | b[i + 2] << 16 | b[i + 3] << 24)
+#define STORE(slot)                                                                      \
+        for (int q = 0; q < STAGE; q++) {                                                    \
+            const int idx = lid + q * NTHREADS;                                              \
+            if (idx < PLANE4)                                                                \
+                ring4[(slot) * PLANE4 + idx] =                                               \
+                    (uint4)(QUAD(pre[q], 0), QUAD(pre[q], 1), QUAD(pre[q], 2), QUAD(pre[q], 3)); \
+        }
+
+        for (int p = 0; p < KX; p++) {
+            FETCH(x_wg + p)
+            STORE(p)
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        for (int xl = 0; xl < nx; xl++) {
+            const bool more = xl + 1 < nx;
+            if (more) {
+                FETCH(x_wg + xl + KX) /* in flight during the MMAs */
+            }
+
+            int acc[TYW][NT][ND][4];
+#pragma unroll
+            for (int yy = 0; yy < TYW; yy++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int d = 0; d < ND; d++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[yy][nt][d][i] = 0;
+
+#ifdef DXU
+#pragma unroll DXU
+#endif
+            for (int dx = 0; dx < KX; dx++) {
+                __local const uint *a = ring + ((xl + dx) % RING) * PLANE + abase;
+                uint R[NROWS][NQ];
+#pragma unroll
+                for (int r = 0; r < NROWS; r++)
+#pragma unroll
+                    for (int q = 0; q < NQ; q++) R[r][q] = a[r * PL + 8 * q];
+                const int bf = dx * (NJ * NT * ND * 32) + lane;
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    const int r0 = PROW(2 * j), q0 = PCOL(2 * j);
+                    const int r1 = PROW(2 * j + 1), q1 = PCOL(2 * j + 1);
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) {
+                        uint2 b[ND];
+#pragma unroll
+                        for (int d = 0; d < ND; d++) b[d] = BFRAG[bf + ((j * NT + nt) * ND + d) * 32];
+#pragma unroll
+                        for (int yy = 0; yy < TYW; yy++)
+#pragma unroll
+                            for (int d = 0; d < ND; d++)
+                                MMA(acc[yy][nt][d], R[yy + r0][q0], R[yy + r0][q0 + 1],
+                                    R[yy + r1][q1], R[yy + r1][q1 + 1], b[d].x, b[d].y);
+                    }
+                }
+            }
+
+            /* C fragment: c[i] is output z0 + g (+8 for i >= 2) of filter 2t (+1 for odd i). */
+            const long xrow = (long)(x_wg + xl) * ny;
+#pragma unroll
+            for (int yy = 0; yy < TYW; yy++) {
+                const int y = y_wg + wy * TYW + yy;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    /* through the warp's stage: lane (f, c) then holds z0 + 4c..4c+3 of filter
+                     * f, one 16-byte store (a quarter of the store instructions) */
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const long sum = (long)acc[yy][nt][2][i] * 65536 +
+                                         (long)acc[yy][nt][1][i] * 256 + acc[yy][nt][0][i];
+                        stage[(2 * t + (i & 1)) * SROW + g + 8 * (i >> 1)] =
+                            (float)sum * unscale[nt * 8 + 2 * t + (i & 1)];
+                    }
+                    WARP_SYNC();
+                    const float4 v = *(__local const float4 *)(stage + (lane >> 2) * SROW +
+                                                                4 * (lane & 3));
+                    WARP_SYNC();
+                    const int f = nt * 8 + (lane >> 2), z = z_wg + wz * 16 + 4 * (lane & 3);
+                    if (y < ny && f < nreal) {
+                        __global float *o = out + (long)(f0 + f) * plane + (xrow + y) * nz + z;
+                        if (z + 3 < nz && ((ulong)o & 15) == 0) {
+                            *(__global float4 *)o = v;
+                        } else {
+                            if (z < nz) o[0] = v.x;
+                            if (z + 1 < nz) o[1] = v.y;
+                            if (z + 2 < nz) o[2] = v.z;
+                            if (z + 3 < nz) o[3] = v.w;
+                        }
+                    }
+                }
+            }
+
+            if (more) {
+                STORE((xl + KX) % RING) /* plane xl - 1's slot: read by no output from here */
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+    }
+}

@@ -1,0 +1,41 @@
+"""Write the PTX the NVIDIA OpenCL driver returns for the tensor engine's kernel (for ptxas and
+cuobjdump on the GPU node: SASS instruction counts of the engine as built).
+
+    python3 scripts/tensor_ptx.py --device nvidia --extents 7,7,7 --n 8 --out k.ptx
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.device import select_device
+from volconv.programs import context_for, kernel_source
+from volconv.tensor import default_shape, fit_split, kernel_file, tensor_defines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="nvidia")
+    ap.add_argument("--extents", default="7,7,7")
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--dtype", default="uint8")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    device = select_device(args.device)
+    extents = tuple(int(k) for k in args.extents.split(","))
+    src = np.dtype(args.dtype)
+    split = fit_split(extents, src, default_shape(args.n), device.local_mem_size)
+    defines = tensor_defines(extents, src, split)
+    ctx, _ = context_for(device)
+    options = [f"-D{k}={v}" for k, v in defines.items()]
+    prg = cl.Program(ctx, kernel_source(kernel_file(split))).build(options=options)
+    args.out.write_bytes(prg.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0") + b"\n")
+    print(split, defines)
+
+
+if __name__ == "__main__":
+    main()
