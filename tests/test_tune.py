@@ -24,7 +24,7 @@ from volconv.plan import (
     tune_keys,
     tuned_knobs,
 )
-from volconv.tensor import tensor_supported
+from volconv.tensor import TENSOR_ENGINE, tensor_supported
 from volconv.tune import MARGIN, Candidates, tune_bank
 
 TINY = Work((12, 10, 14), 3, (3, 5, 3), dtype="int16")
@@ -88,7 +88,7 @@ def test_tuning_times_the_tensor_engine_where_it_runs(tuned, device):
     timed = [p for p in record["points"] if "error" not in p]
     tensor = [p for p in timed if p["engine"] == "tensor"]
     if tensor_supported(device):
-        assert [p["path"] for p in tensor] == ["tensor-fp16x2"]
+        assert [p["path"] for p in tensor] == [f"{TENSOR_ENGINE}x2"]
     else:
         assert not tensor and {p["engine"] for p in record["points"]} == {"fp32"}
 

@@ -655,9 +655,9 @@ def auto_engine(
     driver and bank shape (`volconv.plan.tuned_knobs`; ``tuned`` False skips it), else the
     rule: 'tensor' where the device and bank allow it, the slab is 8-bit (`digit_types`) and
     `tensor_pays`, else 'fp32'. Digits stay on FP32 untuned: a pass per digit and the sums
-    cost more than the FP32 kernel (H100, 256^3, N = 8, 7^3: int16 2.32 ms against 1.90,
-    float32 3.85 against 2.17; benchmarks/results/h100-tensor-types.json); the tuner takes
-    them where they measure faster."""
+    cost as much as the FP32 kernel or more (H100, 256^3, N = 8, 7^3: int16 1.93 ms against
+    1.91, float32 3.25 against 2.22; benchmarks/results/h100-tensor-types-int8.json); the
+    tuner takes them where they measure faster."""
     src = native_volume(np.empty(0, dtype)).dtype
     extents = tuple(bank.shape[1:])
     knobs = tuned_knobs(device, extents, len(bank), src) if tuned else None

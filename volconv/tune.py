@@ -92,7 +92,7 @@ class _Timer:
         plan = conv.plan
         point = {
             "engine": engine,
-            "path": conv.engine,  # what ran, as the record names it (e.g. tensor-fp16x3)
+            "path": conv.engine,  # what ran, as the record names it (e.g. tensor-int8x3)
             "vector_width": knobs.get("vector_width"),  # None: the plan's own passes
             "unroll": plan.unroll,
             "local_size": list(plan.local_size[:2]),
