@@ -43,18 +43,22 @@ from volconv.tensor import TensorConvolver, TensorShape, default_shape, kernel_f
 
 ROOT = Path(__file__).resolve().parent.parent
 FP16 = {"arith": "fp16"}
+WG1, WG2 = {"wgmma": 1}, {"wgmma": 2}
 SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and its grid form)
-    8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16), TensorShape(1, 8, 2, 2, persistent=2),
-        TensorShape(1, 8, 1, 2, persistent=4, blocal=True),
-        TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=2),
-        TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=7),
-        TensorShape(1, 6, 2, 2, persistent=3, blocal=True)],
-    16: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
-         TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
-         TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
-    32: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
-         TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
-         TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
+    8: [TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=2),
+        TensorShape(1, 8, 2, 2, persistent=2, **WG1),
+        TensorShape(1, 8, 2, 2, persistent=2, **WG2),
+        TensorShape(1, 8, 1, 4, persistent=2, **WG2),
+        TensorShape(1, 4, 2, 2, persistent=4, **WG2),
+        TensorShape(1, 6, 2, 2, persistent=3, **WG2),
+        TensorShape(1, 8, 2, 2, 32, **WG2)],
+    16: [TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
+         TensorShape(2, 4, 2, 2, persistent=2, **WG1),
+         TensorShape(2, 4, 2, 2, persistent=2, **WG2),
+         TensorShape(1, 8, 2, 2, persistent=2, **WG2),
+         TensorShape(2, 4, 1, 4, persistent=2, **WG2)],
+    32: [TensorShape(2, 4, 2, 2, persistent=2, **WG2),
+         TensorShape(1, 8, 2, 2, persistent=2, **WG2)],
 }  # fmt: skip
 
 

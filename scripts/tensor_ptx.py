@@ -7,6 +7,7 @@ cuobjdump on the GPU node: SASS instruction counts of the engine as built).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,15 @@ def main() -> None:
     ap.add_argument("--extents", default="7,7,7")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--dtype", default="uint8")
+    ap.add_argument("--wgmma", type=int, default=0, help="the split on wgmma (1 or 2)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = select_device(args.device)
     extents = tuple(int(k) for k in args.extents.split(","))
     src = np.dtype(args.dtype)
-    split = fit_split(extents, src, default_shape(args.n), device.local_mem_size)
+    split = default_shape(args.n)
+    split = replace(split, wgmma=args.wgmma) if args.wgmma else split
+    split = fit_split(extents, src, split, device.local_mem_size)
     defines = tensor_defines(extents, src, split)
     ctx, _ = context_for(device)
     options = [f"-D{k}={v}" for k, v in defines.items()]

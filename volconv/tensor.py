@@ -119,7 +119,10 @@ class TensorShape:
     ``persistent`` > 0: that many work-groups per compute unit, each taking an equal run of x
     steps (``xc`` unused; groups beyond what a multiprocessor holds run as a tail wave: the
     driver takes no register cap, -cl-nv-maxrregcount is refused); ``blocal``: B fragments
-    in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``ieee_sum``: hi
+    in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``wgmma``: INT8 on
+    ``wgmma.mma_async`` (sm_90a, warpgroups of 4 warps, B in local memory) instead of
+    ``mma.sync``: 1 waits for each dx's MMAs, 2 loads the next dx's A meanwhile (0: off);
+    ``ieee_sum``: hi
     products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
     (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
     (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own)."""
@@ -132,6 +135,7 @@ class TensorShape:
     persistent: int = 0
     blocal: bool = False
     dxu: int = 0
+    wgmma: int = 0
     ieee_sum: bool | None = None
     arith: str = "int8"
 
@@ -164,12 +168,12 @@ def fit_split(
     need taller and wider plane tiles."""
     threads = split.threads
     if local_bytes(tensor_defines(extents, src, split)) > local_mem:  # B fragments: L1 instead
-        split = replace(split, blocal=False)
+        split = replace(split, blocal=False, wgmma=0)
     while local_bytes(tensor_defines(extents, src, split)) > local_mem:
         if split.wz > 1:
-            split = replace(split, wz=split.wz // 2)
+            split = replace(split, wz=split.wz // 2, wgmma=0)
         elif split.wy > 1:
-            split = replace(split, wy=split.wy // 2)
+            split = replace(split, wy=split.wy // 2, wgmma=0)
         elif split.tyw > 1:
             split = replace(split, tyw=split.tyw // 2)
         else:
@@ -242,7 +246,11 @@ def int8_defines(
     }  # fmt: skip
     if src == np.int8:
         defines["IN_SIGNED"] = 1
-    if shape.blocal:
+    if shape.wgmma:
+        if (shape.wy * shape.wz) % 4 or shape.nt > 2:
+            raise ValueError(f"wgmma takes whole warpgroups and nt <= 2: {shape}")
+        defines["WGMMA"] = shape.wgmma
+    if shape.blocal or shape.wgmma:
         defines["BLOCAL"] = 1
     if shape.dxu:
         defines["DXU"] = shape.dxu
@@ -259,7 +267,8 @@ def local_bytes(defines: dict[str, object]) -> int:
     ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
     if "SEG" not in defines:  # tensor_int8.cl: each warp's output stage
         ring += 640 * int(defines["WY"]) * int(defines["WZ"])
-    digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits
+    digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits (as many
+    # bytes in wgmma's tiles)
     frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * digits * 32
     frags = frags if "BLOCAL" in defines else 0
     return ring + frags
@@ -293,7 +302,8 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
     """The B operands of one pass of kernels/tensor_int8.cl: ``flipped`` (F <= 8 NT filters,
     kx, ky, kz) as digits, (KX, NJ, NT, digit, lane, 2) uint32 in mma.sync.m16n8k32's layout:
     lane (g, t) holds rows k = 4t..4t+3 (b0) and 16+4t..16+4t+3 (b1) of column n = g, the
-    lowest k in the lowest byte."""
+    lowest k in the lowest byte. With WGMMA: (KX, NJ, NT, digit) tiles of wgmma's K-major B
+    without swizzle, two core matrices of 8 filters x 16 k bytes (k < 16, then k >= 16)."""
     kx, ky, kz = flipped.shape[1:]
     nseg, nj, nt = (int(defines[k]) for k in ("NSEG", "NJ", "NT"))
     digits = int8_digits(flipped)  # (DIGITS, F, kx, ky, kz)
@@ -303,11 +313,16 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
     dy, dz = item // nseg, (item % nseg) * 8 + k % 8
     valid = (dy < ky) & (dz < kz)
     frags = np.zeros((kx, nj, nt, DIGITS, 32, 2), np.uint32)
+    tiles = np.zeros((kx, nj, nt, DIGITS, 2, 8, 16), np.int8)  # wgmma's: (.., k // 16, n, k % 16)
     g, t = np.arange(32) // 4, np.arange(32) % 4
     for d, part in enumerate(digits):
         coef = np.where(valid, part[:, :, np.minimum(dy, ky - 1), np.minimum(dz, kz - 1)], 0)
         full = np.zeros((8 * nt, kx, nj, 32), np.int8)  # (filter, dx, j, k)
         full[: len(part)] = coef
+        if "WGMMA" in defines:
+            by_tile = full.reshape(nt, 8, kx, nj, 2, 16)  # (nt, n, dx, j, k // 16, k % 16)
+            tiles[:, :, :, d] = by_tile.transpose(2, 3, 0, 4, 1, 5)
+            continue
         b = full.view(np.uint8).astype(np.uint32)
         for tile in range(nt):
             f = tile * 8 + g
@@ -315,7 +330,7 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
                 k0 = 4 * t + 16 * reg  # (lane,) indices: each gives (lane, KX, NJ)
                 word = sum(b[f, :, :, k0 + i] << (8 * i) for i in range(4))
                 frags[:, :, tile, d, :, reg] = word.transpose(1, 2, 0)
-    return frags
+    return tiles.view(np.uint32) if "WGMMA" in defines else frags
 
 
 def b_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
