@@ -49,6 +49,9 @@
  *                fragments as mma.sync's), B from local memory through a matrix descriptor;
  *                1: the dx steps wait for each other's MMAs, 2: the next dx's A registers are
  *                loaded while the MMAs of this one run (wait_group 1)
+ *   WGMMA_COMMENT  optional: the wgmma lines as PTX comments "//@ ..." (NVIDIA's OpenCL
+ *                compiles for sm_90, which refuses them: volconv/tensor.py uncomments them
+ *                in the PTX and builds that for sm_90a)
  */
 
 #define ND 3 /* digits per coefficient */
@@ -152,10 +155,15 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
         mma_emulated((c) + 4 * ch, a0, a1, a2, a3, bt[0], bt[32], scratch, lane);            \
     }
 #else
-#define WG_FENCE() asm volatile("wgmma.fence.sync.aligned;" ::: "memory")
-#define WG_COMMIT() asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory")
-#define WG_WAIT0() asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory")
-#define WG_WAIT1() asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory")
+#ifdef WGMMA_COMMENT
+#define WG_LINE "//@ "
+#else
+#define WG_LINE ""
+#endif
+#define WG_FENCE() asm volatile(WG_LINE "wgmma.fence.sync.aligned;" ::: "memory")
+#define WG_COMMIT() asm volatile(WG_LINE "wgmma.commit_group.sync.aligned;" ::: "memory")
+#define WG_WAIT0() asm volatile(WG_LINE "wgmma.wait_group.sync.aligned 0;" ::: "memory")
+#define WG_WAIT1() asm volatile(WG_LINE "wgmma.wait_group.sync.aligned 1;" ::: "memory")
 #define R12(c) "+r"((c)[0]), "+r"((c)[1]), "+r"((c)[2]), "+r"((c)[3]), "+r"((c)[4]),     \
                "+r"((c)[5]), "+r"((c)[6]), "+r"((c)[7]), "+r"((c)[8]), "+r"((c)[9]),     \
                "+r"((c)[10]), "+r"((c)[11])
@@ -166,14 +174,14 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #if NT == 1
 #define WG_HOLD(c) asm volatile("" : R12(c) :: "memory")
 #define WG_MMA(c, a0, a1, a2, a3, desc, accumulate)                                        \
-    asm volatile("{.reg .pred p; setp.ne.b32 p, %17, 0;\n" WG_PTX("24", A_PTX)              \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %17, 0; " WG_PTX("24", A_PTX)     \
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "                     \
                  "{%12, %13, %14, %15}, %16, p;}"                                             \
                  : R12(c) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(accumulate))
 #elif NT == 2
 #define WG_HOLD(c) asm volatile("" : R12(c), R12((c) + 12) :: "memory")
 #define WG_MMA(c, a0, a1, a2, a3, desc, accumulate)                                        \
-    asm volatile("{.reg .pred p; setp.ne.b32 p, %29, 0;\n" WG_PTX("48", A_PTX)              \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %29, 0; " WG_PTX("48", A_PTX)     \
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
                  "%16, %17, %18, %19, %20, %21, %22, %23}, "                                \
                  "{%24, %25, %26, %27}, %28, p;}"                                             \

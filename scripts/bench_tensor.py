@@ -39,7 +39,13 @@ from volconv.device import select_device
 from volconv.engine import BankConvolver
 from volconv.peak import tensor_peak, theoretical_peak
 from volconv.programs import context_for, kernel_source
-from volconv.tensor import TensorConvolver, TensorShape, default_shape, kernel_file
+from volconv.tensor import (
+    TensorConvolver,
+    TensorShape,
+    build_sm90a,
+    default_shape,
+    kernel_file,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 FP16 = {"arith": "fp16"}
@@ -96,8 +102,11 @@ def verbose_log(device: cl.Device, name: str, defines: dict) -> dict:
 def _verbose_log(device: cl.Device, name: str, defines: tuple) -> dict:
     """Registers, spills and local memory the compiler reports for one tensor build."""
     ctx, _ = context_for(device)
-    options = [f"-D{k}={v}" for k, v in defines] + ["-cl-nv-verbose"]
-    prg = cl.Program(ctx, kernel_source(name)).build(options=options)
+    if "WGMMA" in dict(defines):
+        prg = build_sm90a(ctx, name, defines, ("-cl-nv-verbose",))
+    else:
+        options = [f"-D{k}={v}" for k, v in defines] + ["-cl-nv-verbose"]
+        prg = cl.Program(ctx, kernel_source(name)).build(options=options)
     text = prg.get_build_info(device, cl.program_build_info.LOG)
     found = {
         key: int(m.group(1)) if (m := re.search(pat, text)) else None

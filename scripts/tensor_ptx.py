@@ -15,7 +15,13 @@ import pyopencl as cl
 
 from volconv.device import select_device
 from volconv.programs import context_for, kernel_source
-from volconv.tensor import default_shape, fit_split, kernel_file, tensor_defines
+from volconv.tensor import (
+    build_sm90a,
+    default_shape,
+    fit_split,
+    kernel_file,
+    tensor_defines,
+)
 
 
 def main() -> None:
@@ -35,8 +41,11 @@ def main() -> None:
     split = fit_split(extents, src, split, device.local_mem_size)
     defines = tensor_defines(extents, src, split)
     ctx, _ = context_for(device)
-    options = [f"-D{k}={v}" for k, v in defines.items()]
-    prg = cl.Program(ctx, kernel_source(kernel_file(split))).build(options=options)
+    if "WGMMA" in defines:  # the PTX retargeted to sm_90a (`build_sm90a`)
+        prg = build_sm90a(ctx, kernel_file(split), tuple(defines.items()))
+    else:
+        options = [f"-D{k}={v}" for k, v in defines.items()]
+        prg = cl.Program(ctx, kernel_source(kernel_file(split))).build(options=options)
     args.out.write_bytes(prg.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0") + b"\n")
     print(split, defines)
 

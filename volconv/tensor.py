@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, replace
+from functools import cache
 
 import numpy as np
 import pyopencl as cl
@@ -32,7 +34,7 @@ import pyopencl as cl
 from volconv.device import select_device
 from volconv.engine import BankConvolver, as_kernel_bank, native_volume
 from volconv.plan import CL_TYPES, pad_dtype_for, tuned_knobs
-from volconv.programs import build
+from volconv.programs import build, kernel_source
 from volconv.report import work_gflop
 
 # cl_nv_device_attribute_query
@@ -217,6 +219,37 @@ def tensor_defines(
     if emulate:
         defines["EMULATE_MMA"] = 1
     return defines
+
+
+SM90A_LINE = "//@ "  # kernels/tensor_int8.cl's wgmma lines under WGMMA_COMMENT
+
+
+@cache
+def build_sm90a(
+    ctx: cl.Context,
+    name: str,
+    defines: tuple[tuple[str, object], ...],
+    options: tuple[str, ...] = (),
+) -> cl.Program:
+    """Build kernels/``name`` with wgmma for sm_90a, which NVIDIA's OpenCL does not target (its
+    PTX says sm_90, whose ptxas refuses wgmma): with ``-cl-nv-arch sm_90a`` where the driver
+    takes it; else the kernel compiled with its wgmma lines as PTX comments (WGMMA_COMMENT),
+    and the PTX, those lines uncommented and its target sm_90a, built as the binary."""
+    flags = [f"-D{k}={v}" for k, v in defines]
+    source = kernel_source(name)
+    try:
+        return cl.Program(ctx, source).build(options=[*flags, "-cl-nv-arch", "sm_90a", *options])
+    except cl.Error:
+        pass
+    ptx = cl.Program(ctx, source).build(options=[*flags, "-DWGMMA_COMMENT=1"])
+    text = ptx.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0").decode()
+    text = re.sub(
+        r"^\.target\s+sm_90\b", ".target sm_90a", text.replace(SM90A_LINE, ""), flags=re.M
+    )
+    version = re.search(r"^\.version\s+(\d+)\.(\d+)", text, flags=re.M)
+    if version and (int(version[1]), int(version[2])) < (8, 0):  # wgmma: PTX ISA 8.0
+        text = text.replace(version[0], ".version 8.0", 1)
+    return cl.Program(ctx, ctx.devices[:1], [text.encode()]).build(options=list(options))
 
 
 def kernel_file(shape: TensorShape) -> str:
@@ -411,7 +444,10 @@ class TensorConvolver(BankConvolver):
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
         int8 = split.arith == "int8"
-        self.program = build(ctx, kernel_file(split), tuple(self.defines.items()))
+        sm90a = "WGMMA" in self.defines and not self.emulate
+        self.program = (build_sm90a if sm90a else build)(
+            ctx, kernel_file(split), tuple(self.defines.items())
+        )
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
