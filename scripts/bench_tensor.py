@@ -54,7 +54,7 @@ SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 an
     8: [TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=2),
         TensorShape(1, 8, 2, 2, persistent=2, **WG1),
         TensorShape(1, 8, 2, 2, persistent=2, **WG2),
-        TensorShape(1, 8, 1, 4, persistent=2, **WG2),
+        TensorShape(1, 8, 4, 2, persistent=1, **WG2),
         TensorShape(1, 4, 2, 2, persistent=4, **WG2),
         TensorShape(1, 6, 2, 2, persistent=3, **WG2),
         TensorShape(1, 8, 2, 2, 32, **WG2)],
@@ -62,7 +62,7 @@ SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 an
          TensorShape(2, 4, 2, 2, persistent=2, **WG1),
          TensorShape(2, 4, 2, 2, persistent=2, **WG2),
          TensorShape(1, 8, 2, 2, persistent=2, **WG2),
-         TensorShape(2, 4, 1, 4, persistent=2, **WG2)],
+         TensorShape(2, 4, 4, 2, persistent=1, **WG2)],
     32: [TensorShape(2, 4, 2, 2, persistent=2, **WG2),
          TensorShape(1, 8, 2, 2, persistent=2, **WG2)],
 }  # fmt: skip
