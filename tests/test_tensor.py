@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pyopencl as cl
 import pytest
 from conftest import assert_spec_close, reference
 
@@ -27,7 +28,7 @@ from volconv.tensor import (
     auto_engine,
     b_fragments,
     choose_engine,
-    compute_capability,
+    default_shape,
     digit_exponents,
     digit_types,
     direct_convolver,
@@ -40,6 +41,7 @@ from volconv.tensor import (
     tensor_pays,
     tensor_refusal,
     tensor_supported,
+    wgmma_supported,
 )
 
 MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
@@ -430,6 +432,13 @@ def test_tensor_splits(nvidia, extents, persistent):
         assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "wrap"))
 
 
+def test_wgmma_defaults(device):
+    """The default splits ask for wgmma; only cc 9.0 (sm_90a) has it, and a CPU never."""
+    assert default_shape(8).wgmma and default_shape(32).wgmma
+    if device.type & cl.device_type.CPU:
+        assert not wgmma_supported(device)
+
+
 @pytest.mark.parametrize("wgmma", [1, 2])
 @pytest.mark.parametrize(
     ("extents", "n", "dtype", "split"),
@@ -444,7 +453,7 @@ def test_tensor_splits(nvidia, extents, persistent):
 def test_tensor_wgmma(nvidia, extents, n, dtype, split, wgmma):
     """The INT8 kernel on wgmma.mma_async (sm_90a; cc 8.x builds refuse it) as exact as on
     mma.sync."""
-    if compute_capability(nvidia) < (9, 0):
+    if not wgmma_supported(nvidia):
         pytest.skip("wgmma needs sm_90a")
     bank = np.random.default_rng(n).standard_normal((n, *extents))
     shape = (29, 38, 71)

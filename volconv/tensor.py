@@ -3,7 +3,8 @@ chosen for a direct bank: `direct_convolver`.
 
 `TensorConvolver` has `BankConvolver`'s slab interface and semantics (the same padded slab,
 responses, non-finite override); its kernel, kernels/tensor_int8.cl, computes the valid
-correlation as an implicit GEMM on ``mma.sync.m16n8k32`` with uint8/int8 inputs: each
+correlation as an implicit GEMM on ``mma.sync.m16n8k32`` (on cc 9.0 ``wgmma.mma_async``
+m64nNk32, `build_sm90a`) with uint8/int8 inputs: each
 filter's coefficients are scaled by a power of two into 24-bit integers and split into three
 signed 8-bit digits, the digits' int32 sums are exact and combined once in 64-bit integers,
 so the only errors are the coefficients' rounding (23 bits below each filter's largest) and
@@ -76,6 +77,12 @@ def compute_capability(device: cl.Device) -> tuple[int, int] | None:
         return None
 
 
+def wgmma_supported(device: cl.Device) -> bool:
+    """wgmma.mma_async is sm_90a's alone: compute capability 9.0 (H100, H200), not 8.x nor
+    10.x."""
+    return compute_capability(device) == (9, 0)
+
+
 def tensor_supported(device: cl.Device) -> bool:
     """Whether ``device`` runs the tensor kernels: an NVIDIA GPU of cc >= 8.0."""
     cc = compute_capability(device)
@@ -146,14 +153,17 @@ class TensorShape:
         return 32 * self.wy * self.wz
 
 
-# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor-int8-run3.json,
-# 256^3 uint8): 7^3 N = 8 in 0.594 ms (155 TFLOP/s; FP16 hi/lo 0.779) at (1, 8, 2, 2) with 2
-# persistent groups per SM and the B fragments in local memory (0.684 without them, 0.587 at
-# (1, 8, 1, 2) x 4); N = 16 in 1.088 ms and N = 32 in 2.194 ms at (2, 4, 2, 2) (168 TFLOP/s);
-# 3^3, 5^3 N = 8 0.332, 0.476 ms (FP32 kernel 0.422, 0.759), 11^3 2.04 ms (FP32 7.96).
+# Measured on the H100 (scripts/bench_tensor.py, 256^3 uint8, 7^3): on mma.sync
+# (benchmarks/results/h100-tensor-int8-run3.json) N = 8 in 0.594 ms (155 TFLOP/s; FP16 hi/lo
+# 0.779) at (1, 8, 2, 2) with 2 persistent groups per SM and the B fragments in local memory
+# (0.684 without them); N = 16 in 1.088 ms and N = 32 in 2.194 ms at (2, 4, 2, 2) (168
+# TFLOP/s); 3^3, 5^3 N = 8 0.332, 0.476 ms (FP32 kernel 0.422, 0.759), 11^3 2.04 ms (FP32
+# 7.96). On wgmma (h100-tensor-wgmma-r2.json, the same splits): N = 8 0.501 ms (184 TFLOP/s;
+# wgmma 2 spills at 8 rows per warp: 0.767), N = 16 0.820 ms and N = 32 1.638 ms with wgmma 2
+# (225 TFLOP/s; wgmma 1 0.859 ms). Devices without wgmma (`wgmma_supported`) drop it.
 DEFAULT_SHAPES = {
-    1: TensorShape(1, 8, 2, 2, persistent=2, blocal=True),
-    2: TensorShape(2, 4, 2, 2, persistent=2, blocal=True),
+    1: TensorShape(1, 8, 2, 2, persistent=2, blocal=True, wgmma=1),
+    2: TensorShape(2, 4, 2, 2, persistent=2, blocal=True, wgmma=2),
 }
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
@@ -441,6 +451,8 @@ class TensorConvolver(BankConvolver):
         if reason and not (self.emulate and "mma.sync" in reason):
             raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
         local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
+        if split.wgmma and not (self.emulate or wgmma_supported(self.device)):
+            split = replace(split, wgmma=0)
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
         int8 = split.arith == "int8"
