@@ -43,6 +43,15 @@
  *   BLOCAL       optional: the pass's B fragments copied to local memory once
  *   DXU          optional: unroll factor of the loop over dx (default: the compiler's)
  *   EMULATE_MMA  optional: emulate mma.sync through local memory (any device; tests)
+ *   WGMMA        optional (sm_90a): each warpgroup of 4 warps runs wgmma.mma_async m64nNk32
+ *                (N = 24 NT: the NT tiles' three digits) instead of the warps' mma.sync; A
+ *                from each warp's registers (rows 16w.. of M are warp w's outputs, the same
+ *                fragments as mma.sync's), B from local memory through a matrix descriptor;
+ *                1: the dx steps wait for each other's MMAs, 2: the next dx's A registers are
+ *                loaded while the MMAs of this one run (wait_group 1)
+ *   WGMMA_COMMENT  optional: the wgmma lines as PTX comments "//@ ..." (NVIDIA's OpenCL
+ *                compiles for sm_90, which refuses them: volconv/tensor.py uncomments them
+ *                in the PTX and builds that for sm_90a)
  */
 
 #define ND 3 /* digits per coefficient */
@@ -64,6 +73,9 @@
 
 #if NSEG != 1 && NSEG % 2 != 0
 #error "NSEG must be 1 or even"
+#endif
+#if defined(WGMMA) && (NWARPS % 4 != 0 || !defined(BLOCAL))
+#error "WGMMA needs whole warpgroups and the B tiles in local memory"
 #endif
 #if PL % 4 != 0
 #error "PL must be a multiple of 4"
@@ -123,6 +135,64 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #define WARP_SYNC() asm volatile("bar.warp.sync -1;" ::: "memory")
 #endif
 
+#ifdef WGMMA
+/* B tile of one (dx, j): NC = 3 NT core-matrix columns of 8 n x 32 k bytes, K-major without
+ * swizzle (core matrices of 8 rows x 16 bytes; LBO 128: the second 16 k, SBO 256: the next
+ * 8 n); column n = 8 (3 nt + digit) + filter, so the accumulators are acc[yy][nt][digit][4]. */
+#define NC (ND * NT)
+#define BTILE (NC * 256) /* bytes */
+#define WG_DESC(base) ((ulong)(((base) >> 4) & 0x3fff) | (8ul << 16) | (16ul << 32))
+#ifdef EMULATE_MMA
+#define WG_FENCE()
+#define WG_COMMIT()
+#define WG_WAIT0()
+#define WG_WAIT1()
+#define WG_HOLD(c)
+/* the wgmma of one warp's 16 rows: an emulated m16n8k32 per 8 columns, b read from the tile */
+#define WG_MMA(c, a0, a1, a2, a3, tile, accumulate)                                        \
+    for (int ch = 0; ch < NC; ch++) {                                                        \
+        __local const uint *bt = (__local const uint *)(tile) + ch * 64 + g * 4 + t;         \
+        mma_emulated((c) + 4 * ch, a0, a1, a2, a3, bt[0], bt[32], scratch, lane);            \
+    }
+#else
+#ifdef WGMMA_COMMENT
+#define WG_LINE "//@ "
+#else
+#define WG_LINE ""
+#endif
+#define WG_FENCE() asm volatile(WG_LINE "wgmma.fence.sync.aligned;" ::: "memory")
+#define WG_COMMIT() asm volatile(WG_LINE "wgmma.commit_group.sync.aligned;" ::: "memory")
+#define WG_WAIT0() asm volatile(WG_LINE "wgmma.wait_group.sync.aligned 0;" ::: "memory")
+#define WG_WAIT1() asm volatile(WG_LINE "wgmma.wait_group.sync.aligned 1;" ::: "memory")
+#define R12(c) "+r"((c)[0]), "+r"((c)[1]), "+r"((c)[2]), "+r"((c)[3]), "+r"((c)[4]),     \
+               "+r"((c)[5]), "+r"((c)[6]), "+r"((c)[7]), "+r"((c)[8]), "+r"((c)[9]),     \
+               "+r"((c)[10]), "+r"((c)[11])
+#define WG_PTX(N, A) "wgmma.mma_async.sync.aligned.m64n" N "k32.s32." A ".s8 "
+/* accumulate 0: D = A B (the accumulators' old values unread: no register writes before the
+ * first MMA of an x step, which wgmma.fence would have to separate); WG_HOLD keeps their reads
+ * after the waits */
+#if NT == 1
+#define WG_HOLD(c) asm volatile("" : R12(c) :: "memory")
+#define WG_MMA(c, a0, a1, a2, a3, desc, accumulate)                                        \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %17, 0; " WG_PTX("24", A_PTX)     \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "                     \
+                 "{%12, %13, %14, %15}, %16, p;}"                                             \
+                 : R12(c) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(accumulate))
+#elif NT == 2
+#define WG_HOLD(c) asm volatile("" : R12(c), R12((c) + 12) :: "memory")
+#define WG_MMA(c, a0, a1, a2, a3, desc, accumulate)                                        \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %29, 0; " WG_PTX("48", A_PTX)     \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23}, "                                \
+                 "{%24, %25, %26, %27}, %28, p;}"                                             \
+                 : R12(c), R12((c) + 12)                                                      \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(accumulate))
+#else
+#error "WGMMA takes NT 1 or 2"
+#endif
+#endif
+#endif
+
 #define SROW 20 /* floats per filter row of a warp's output stage: stores and loads conflict-free */
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
@@ -141,8 +211,14 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
     const int lid = (int)get_local_id(0);
 #define NFRAG (KX * NJ * NT * ND * 32)
 #ifdef BLOCAL
-    __local uint2 bfrag_local[NFRAG];
-    for (int i = lid; i < NFRAG; i += NTHREADS) bfrag_local[i] = bfrag[i];
+    __local uint4 bfrag_local4[NFRAG / 2];
+    __local uint2 *bfrag_local = (__local uint2 *)bfrag_local4;
+    for (int i = lid; i < NFRAG / 2; i += NTHREADS)
+        bfrag_local4[i] = ((__global const uint4 *)bfrag)[i];
+#if defined(WGMMA) && !defined(EMULATE_MMA)
+    /* read next by the tensor cores (the async proxy) */
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
 #define BFRAG bfrag_local
 #else
@@ -220,6 +296,7 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
             }
 
             int acc[TYW][NT][ND][4];
+#if !defined(WGMMA) || defined(EMULATE_MMA) /* wgmma's first MMAs do not read them */
 #pragma unroll
             for (int yy = 0; yy < TYW; yy++)
 #pragma unroll
@@ -228,7 +305,51 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                     for (int d = 0; d < ND; d++)
 #pragma unroll
                         for (int i = 0; i < 4; i++) acc[yy][nt][d][i] = 0;
+#endif
 
+#ifdef WGMMA
+#ifdef EMULATE_MMA
+#define WG_TILE(dx, j) (bfrag_local4 + ((dx) * NJ + (j)) * (BTILE / 16))
+#else
+            const uint bsm = (uint)(ulong)bfrag_local4; /* shared window address */
+#define WG_TILE(dx, j) (WG_DESC(bsm) + (ulong)(((dx) * NJ + (j)) * (BTILE / 16)))
+#endif
+            uint R[2][NROWS][NQ];
+#define LOAD_R(buf, dx)                                                                   \
+            {                                                                                \
+                __local const uint *a = ring + ((xl + (dx)) % RING) * PLANE + abase;         \
+                _Pragma("unroll") for (int r = 0; r < NROWS; r++)                            \
+                _Pragma("unroll") for (int q = 0; q < NQ; q++) R[buf][r][q] = a[r * PL + 8 * q]; \
+            }
+            LOAD_R(0, 0)
+#pragma unroll
+            for (int dx = 0; dx < KX; dx++) {
+                const int cur = dx & 1;
+                WG_FENCE();
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    const int r0 = PROW(2 * j), q0 = PCOL(2 * j);
+                    const int r1 = PROW(2 * j + 1), q1 = PCOL(2 * j + 1);
+#pragma unroll
+                    for (int yy = 0; yy < TYW; yy++)
+                        WG_MMA(&acc[yy][0][0][0], R[cur][yy + r0][q0], R[cur][yy + r0][q0 + 1],
+                               R[cur][yy + r1][q1], R[cur][yy + r1][q1 + 1], WG_TILE(dx, j),
+                               dx + j > 0);
+                }
+                WG_COMMIT();
+                if (dx + 1 < KX) {
+#if WGMMA == 2
+                    WG_WAIT1(); /* dx - 1's MMAs, which read the other buffer, are done */
+#else
+                    WG_WAIT0();
+#endif
+                    LOAD_R(cur ^ 1, dx + 1)
+                }
+            }
+            WG_WAIT0();
+#pragma unroll
+            for (int yy = 0; yy < TYW; yy++) WG_HOLD(&acc[yy][0][0][0]);
+#else
 #ifdef DXU
 #pragma unroll DXU
 #endif
@@ -258,6 +379,8 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                     }
                 }
             }
+
+#endif
 
             /* C fragment: c[i] is output z0 + g (+8 for i >= 2) of filter 2t (+1 for odd i). */
             const long xrow = (long)(x_wg + xl) * ny;

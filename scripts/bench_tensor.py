@@ -39,22 +39,32 @@ from volconv.device import select_device
 from volconv.engine import BankConvolver
 from volconv.peak import tensor_peak, theoretical_peak
 from volconv.programs import context_for, kernel_source
-from volconv.tensor import TensorConvolver, TensorShape, default_shape, kernel_file
+from volconv.tensor import (
+    TensorConvolver,
+    TensorShape,
+    build_sm90a,
+    default_shape,
+    kernel_file,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 FP16 = {"arith": "fp16"}
+WG1, WG2 = {"wgmma": 1}, {"wgmma": 2}
 SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and its grid form)
-    8: [TensorShape(1, 8, 2, 2, persistent=2, **FP16), TensorShape(1, 8, 2, 2, persistent=2),
-        TensorShape(1, 8, 1, 2, persistent=4, blocal=True),
-        TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=2),
-        TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=7),
-        TensorShape(1, 6, 2, 2, persistent=3, blocal=True)],
-    16: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
-         TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
-         TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
-    32: [TensorShape(2, 4, 2, 2, persistent=2, **FP16),
-         TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
-         TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
+    8: [TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=2),
+        TensorShape(1, 8, 2, 2, persistent=2, **WG1),
+        TensorShape(1, 8, 2, 2, persistent=2, **WG2),
+        TensorShape(1, 8, 4, 2, persistent=1, **WG2),
+        TensorShape(1, 4, 2, 2, persistent=4, **WG2),
+        TensorShape(1, 6, 2, 2, persistent=3, **WG2),
+        TensorShape(1, 8, 2, 2, 32, **WG2)],
+    16: [TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
+         TensorShape(2, 4, 2, 2, persistent=2, **WG1),
+         TensorShape(2, 4, 2, 2, persistent=2, **WG2),
+         TensorShape(1, 8, 2, 2, persistent=2, **WG2),
+         TensorShape(2, 4, 4, 2, persistent=1, **WG2)],
+    32: [TensorShape(2, 4, 2, 2, persistent=2, **WG2),
+         TensorShape(1, 8, 2, 2, persistent=2, **WG2)],
 }  # fmt: skip
 
 
@@ -92,8 +102,11 @@ def verbose_log(device: cl.Device, name: str, defines: dict) -> dict:
 def _verbose_log(device: cl.Device, name: str, defines: tuple) -> dict:
     """Registers, spills and local memory the compiler reports for one tensor build."""
     ctx, _ = context_for(device)
-    options = [f"-D{k}={v}" for k, v in defines] + ["-cl-nv-verbose"]
-    prg = cl.Program(ctx, kernel_source(name)).build(options=options)
+    if "WGMMA" in dict(defines):
+        prg = build_sm90a(ctx, name, defines, ("-cl-nv-verbose",))
+    else:
+        options = [f"-D{k}={v}" for k, v in defines] + ["-cl-nv-verbose"]
+        prg = cl.Program(ctx, kernel_source(name)).build(options=options)
     text = prg.get_build_info(device, cl.program_build_info.LOG)
     found = {
         key: int(m.group(1)) if (m := re.search(pat, text)) else None

@@ -7,6 +7,7 @@ cuobjdump on the GPU node: SASS instruction counts of the engine as built).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,13 @@ import pyopencl as cl
 
 from volconv.device import select_device
 from volconv.programs import context_for, kernel_source
-from volconv.tensor import default_shape, fit_split, kernel_file, tensor_defines
+from volconv.tensor import (
+    build_sm90a,
+    default_shape,
+    fit_split,
+    kernel_file,
+    tensor_defines,
+)
 
 
 def main() -> None:
@@ -23,16 +30,22 @@ def main() -> None:
     ap.add_argument("--extents", default="7,7,7")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--dtype", default="uint8")
+    ap.add_argument("--wgmma", type=int, default=0, help="the split on wgmma (1 or 2)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = select_device(args.device)
     extents = tuple(int(k) for k in args.extents.split(","))
     src = np.dtype(args.dtype)
-    split = fit_split(extents, src, default_shape(args.n), device.local_mem_size)
+    split = default_shape(args.n)
+    split = replace(split, wgmma=args.wgmma) if args.wgmma else split
+    split = fit_split(extents, src, split, device.local_mem_size)
     defines = tensor_defines(extents, src, split)
     ctx, _ = context_for(device)
-    options = [f"-D{k}={v}" for k, v in defines.items()]
-    prg = cl.Program(ctx, kernel_source(kernel_file(split))).build(options=options)
+    if "WGMMA" in defines:  # the PTX retargeted to sm_90a (`build_sm90a`)
+        prg = build_sm90a(ctx, kernel_file(split), tuple(defines.items()))
+    else:
+        options = [f"-D{k}={v}" for k, v in defines.items()]
+        prg = cl.Program(ctx, kernel_source(kernel_file(split))).build(options=options)
     args.out.write_bytes(prg.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0") + b"\n")
     print(split, defines)
 

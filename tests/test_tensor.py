@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pyopencl as cl
 import pytest
 from conftest import assert_spec_close, reference
 
@@ -27,6 +28,7 @@ from volconv.tensor import (
     auto_engine,
     b_fragments,
     choose_engine,
+    default_shape,
     digit_exponents,
     digit_types,
     direct_convolver,
@@ -39,6 +41,7 @@ from volconv.tensor import (
     tensor_pays,
     tensor_refusal,
     tensor_supported,
+    wgmma_supported,
 )
 
 MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
@@ -309,6 +312,17 @@ def test_fit_split_drops_local_b_fragments_first():
         ((3, 5, 7), 3, (6, 9, 20), "reflect", np.uint8, TensorShape(1, 2, 1, 2, 4, arith="fp16")),
         ((2, 2, 31), 9, (5, 6, 40), "nearest", np.int8, TensorShape(2, 1, 1, 2, persistent=2)),
         ((3, 3, 5), 10, (6, 7, 22), "reflect", np.uint8, TensorShape(2, 2, 1, 2, 3, blocal=True)),
+        # wgmma (warpgroups of 4 warps, B tiles in local memory), emulated per 8 columns
+        ((3, 5, 7), 3, (6, 9, 40), "reflect", np.uint8, TensorShape(1, 2, 2, 2, 4, wgmma=1)),
+        ((2, 4, 11), 13, (9, 10, 45), "constant", np.int8, TensorShape(2, 1, 1, 4, 3, wgmma=2)),
+        (
+            (3, 3, 5),
+            10,
+            (6, 9, 22),
+            "mirror",
+            np.uint8,
+            TensorShape(2, 2, 2, 2, persistent=1, wgmma=2),
+        ),
     ],
 )
 def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
@@ -416,6 +430,38 @@ def test_tensor_splits(nvidia, extents, persistent):
         conv = TensorConvolver(bank, shape, np.uint8, "wrap", device=nvidia, shape_split=split,
                                slab_depth=20)  # fmt: skip
         assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "wrap"))
+
+
+def test_wgmma_defaults(device):
+    """The default splits ask for wgmma; only cc 9.0 (sm_90a) has it, and a CPU never."""
+    assert default_shape(8).wgmma and default_shape(32).wgmma
+    if device.type & cl.device_type.CPU:
+        assert not wgmma_supported(device)
+
+
+@pytest.mark.parametrize("wgmma", [1, 2])
+@pytest.mark.parametrize(
+    ("extents", "n", "dtype", "split"),
+    [
+        ((7, 7, 7), 8, np.uint8, TensorShape(1, 8, 2, 2, persistent=2)),
+        ((7, 7, 7), 13, np.int8, TensorShape(1, 8, 2, 2, 16)),
+        ((4, 4, 12), 16, np.uint8, TensorShape(2, 4, 2, 2, persistent=2)),
+        ((3, 5, 17), 32, np.int8, TensorShape(2, 4, 1, 4, 8)),
+        ((2, 1, 1), 1, np.uint8, TensorShape(1, 2, 1, 4, persistent=1)),
+    ],
+)
+def test_tensor_wgmma(nvidia, extents, n, dtype, split, wgmma):
+    """The INT8 kernel on wgmma.mma_async (sm_90a; cc 8.x builds refuse it) as exact as on
+    mma.sync."""
+    if not wgmma_supported(nvidia):
+        pytest.skip("wgmma needs sm_90a")
+    bank = np.random.default_rng(n).standard_normal((n, *extents))
+    shape = (29, 38, 71)
+    vol = volume_of(dtype, shape, n)
+    conv = TensorConvolver(bank, shape, dtype, "reflect", device=nvidia, slab_depth=12,
+                           shape_split=replace(split, wgmma=wgmma))  # fmt: skip
+    assert "WGMMA" in conv.defines
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.float32])

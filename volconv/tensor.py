@@ -3,7 +3,8 @@ chosen for a direct bank: `direct_convolver`.
 
 `TensorConvolver` has `BankConvolver`'s slab interface and semantics (the same padded slab,
 responses, non-finite override); its kernel, kernels/tensor_int8.cl, computes the valid
-correlation as an implicit GEMM on ``mma.sync.m16n8k32`` with uint8/int8 inputs: each
+correlation as an implicit GEMM on ``mma.sync.m16n8k32`` (on cc 9.0 ``wgmma.mma_async``
+m64nNk32, `build_sm90a`) with uint8/int8 inputs: each
 filter's coefficients are scaled by a power of two into 24-bit integers and split into three
 signed 8-bit digits, the digits' int32 sums are exact and combined once in 64-bit integers,
 so the only errors are the coefficients' rounding (23 bits below each filter's largest) and
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, replace
+from functools import cache
 
 import numpy as np
 import pyopencl as cl
@@ -32,7 +35,7 @@ import pyopencl as cl
 from volconv.device import select_device
 from volconv.engine import BankConvolver, as_kernel_bank, native_volume
 from volconv.plan import CL_TYPES, pad_dtype_for, tuned_knobs
-from volconv.programs import build
+from volconv.programs import build, kernel_source
 from volconv.report import work_gflop
 
 # cl_nv_device_attribute_query
@@ -72,6 +75,12 @@ def compute_capability(device: cl.Device) -> tuple[int, int] | None:
         )
     except cl.Error:
         return None
+
+
+def wgmma_supported(device: cl.Device) -> bool:
+    """wgmma.mma_async is sm_90a's alone: compute capability 9.0 (H100, H200), not 8.x nor
+    10.x."""
+    return compute_capability(device) == (9, 0)
 
 
 def tensor_supported(device: cl.Device) -> bool:
@@ -119,7 +128,10 @@ class TensorShape:
     ``persistent`` > 0: that many work-groups per compute unit, each taking an equal run of x
     steps (``xc`` unused; groups beyond what a multiprocessor holds run as a tail wave: the
     driver takes no register cap, -cl-nv-maxrregcount is refused); ``blocal``: B fragments
-    in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``ieee_sum``: hi
+    in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``wgmma``: INT8 on
+    ``wgmma.mma_async`` (sm_90a, warpgroups of 4 warps, B in local memory) instead of
+    ``mma.sync``: 1 waits for each dx's MMAs, 2 loads the next dx's A meanwhile (0: off);
+    ``ieee_sum``: hi
     products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
     (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
     (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own)."""
@@ -132,6 +144,7 @@ class TensorShape:
     persistent: int = 0
     blocal: bool = False
     dxu: int = 0
+    wgmma: int = 0
     ieee_sum: bool | None = None
     arith: str = "int8"
 
@@ -140,14 +153,17 @@ class TensorShape:
         return 32 * self.wy * self.wz
 
 
-# Measured on the H100 (scripts/bench_tensor.py, benchmarks/results/h100-tensor-int8-run3.json,
-# 256^3 uint8): 7^3 N = 8 in 0.594 ms (155 TFLOP/s; FP16 hi/lo 0.779) at (1, 8, 2, 2) with 2
-# persistent groups per SM and the B fragments in local memory (0.684 without them, 0.587 at
-# (1, 8, 1, 2) x 4); N = 16 in 1.088 ms and N = 32 in 2.194 ms at (2, 4, 2, 2) (168 TFLOP/s);
-# 3^3, 5^3 N = 8 0.332, 0.476 ms (FP32 kernel 0.422, 0.759), 11^3 2.04 ms (FP32 7.96).
+# Measured on the H100 (scripts/bench_tensor.py, 256^3 uint8, 7^3): on mma.sync
+# (benchmarks/results/h100-tensor-int8-run3.json) N = 8 in 0.594 ms (155 TFLOP/s; FP16 hi/lo
+# 0.779) at (1, 8, 2, 2) with 2 persistent groups per SM and the B fragments in local memory
+# (0.684 without them); N = 16 in 1.088 ms and N = 32 in 2.194 ms at (2, 4, 2, 2) (168
+# TFLOP/s); 3^3, 5^3 N = 8 0.332, 0.476 ms (FP32 kernel 0.422, 0.759), 11^3 2.04 ms (FP32
+# 7.96). On wgmma (h100-tensor-wgmma-r2.json, the same splits): N = 8 0.501 ms (184 TFLOP/s;
+# wgmma 2 spills at 8 rows per warp: 0.767), N = 16 0.820 ms and N = 32 1.638 ms with wgmma 2
+# (225 TFLOP/s; wgmma 1 0.859 ms). Devices without wgmma (`wgmma_supported`) drop it.
 DEFAULT_SHAPES = {
-    1: TensorShape(1, 8, 2, 2, persistent=2, blocal=True),
-    2: TensorShape(2, 4, 2, 2, persistent=2, blocal=True),
+    1: TensorShape(1, 8, 2, 2, persistent=2, blocal=True, wgmma=1),
+    2: TensorShape(2, 4, 2, 2, persistent=2, blocal=True, wgmma=2),
 }
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
@@ -164,12 +180,12 @@ def fit_split(
     need taller and wider plane tiles."""
     threads = split.threads
     if local_bytes(tensor_defines(extents, src, split)) > local_mem:  # B fragments: L1 instead
-        split = replace(split, blocal=False)
+        split = replace(split, blocal=False, wgmma=0)
     while local_bytes(tensor_defines(extents, src, split)) > local_mem:
         if split.wz > 1:
-            split = replace(split, wz=split.wz // 2)
+            split = replace(split, wz=split.wz // 2, wgmma=0)
         elif split.wy > 1:
-            split = replace(split, wy=split.wy // 2)
+            split = replace(split, wy=split.wy // 2, wgmma=0)
         elif split.tyw > 1:
             split = replace(split, tyw=split.tyw // 2)
         else:
@@ -215,6 +231,37 @@ def tensor_defines(
     return defines
 
 
+SM90A_LINE = "//@ "  # kernels/tensor_int8.cl's wgmma lines under WGMMA_COMMENT
+
+
+@cache
+def build_sm90a(
+    ctx: cl.Context,
+    name: str,
+    defines: tuple[tuple[str, object], ...],
+    options: tuple[str, ...] = (),
+) -> cl.Program:
+    """Build kernels/``name`` with wgmma for sm_90a, which NVIDIA's OpenCL does not target (its
+    PTX says sm_90, whose ptxas refuses wgmma): with ``-cl-nv-arch sm_90a`` where the driver
+    takes it; else the kernel compiled with its wgmma lines as PTX comments (WGMMA_COMMENT),
+    and the PTX, those lines uncommented and its target sm_90a, built as the binary."""
+    flags = [f"-D{k}={v}" for k, v in defines]
+    source = kernel_source(name)
+    try:
+        return cl.Program(ctx, source).build(options=[*flags, "-cl-nv-arch", "sm_90a", *options])
+    except cl.Error:
+        pass
+    ptx = cl.Program(ctx, source).build(options=[*flags, "-DWGMMA_COMMENT=1"])
+    text = ptx.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0").decode()
+    text = re.sub(
+        r"^\.target\s+sm_90\b", ".target sm_90a", text.replace(SM90A_LINE, ""), flags=re.M
+    )
+    version = re.search(r"^\.version\s+(\d+)\.(\d+)", text, flags=re.M)
+    if version and (int(version[1]), int(version[2])) < (8, 0):  # wgmma: PTX ISA 8.0
+        text = text.replace(version[0], ".version 8.0", 1)
+    return cl.Program(ctx, ctx.devices[:1], [text.encode()]).build(options=list(options))
+
+
 def kernel_file(shape: TensorShape) -> str:
     return "tensor_int8.cl" if shape.arith == "int8" else "tensor_conv.cl"
 
@@ -242,7 +289,11 @@ def int8_defines(
     }  # fmt: skip
     if src == np.int8:
         defines["IN_SIGNED"] = 1
-    if shape.blocal:
+    if shape.wgmma:
+        if (shape.wy * shape.wz) % 4 or shape.nt > 2:
+            raise ValueError(f"wgmma takes whole warpgroups and nt <= 2: {shape}")
+        defines["WGMMA"] = shape.wgmma
+    if shape.blocal or shape.wgmma:
         defines["BLOCAL"] = 1
     if shape.dxu:
         defines["DXU"] = shape.dxu
@@ -259,7 +310,8 @@ def local_bytes(defines: dict[str, object]) -> int:
     ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
     if "SEG" not in defines:  # tensor_int8.cl: each warp's output stage
         ring += 640 * int(defines["WY"]) * int(defines["WZ"])
-    digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits
+    digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits (as many
+    # bytes in wgmma's tiles)
     frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * digits * 32
     frags = frags if "BLOCAL" in defines else 0
     return ring + frags
@@ -293,7 +345,8 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
     """The B operands of one pass of kernels/tensor_int8.cl: ``flipped`` (F <= 8 NT filters,
     kx, ky, kz) as digits, (KX, NJ, NT, digit, lane, 2) uint32 in mma.sync.m16n8k32's layout:
     lane (g, t) holds rows k = 4t..4t+3 (b0) and 16+4t..16+4t+3 (b1) of column n = g, the
-    lowest k in the lowest byte."""
+    lowest k in the lowest byte. With WGMMA: (KX, NJ, NT, digit) tiles of wgmma's K-major B
+    without swizzle, two core matrices of 8 filters x 16 k bytes (k < 16, then k >= 16)."""
     kx, ky, kz = flipped.shape[1:]
     nseg, nj, nt = (int(defines[k]) for k in ("NSEG", "NJ", "NT"))
     digits = int8_digits(flipped)  # (DIGITS, F, kx, ky, kz)
@@ -303,11 +356,16 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
     dy, dz = item // nseg, (item % nseg) * 8 + k % 8
     valid = (dy < ky) & (dz < kz)
     frags = np.zeros((kx, nj, nt, DIGITS, 32, 2), np.uint32)
+    tiles = np.zeros((kx, nj, nt, DIGITS, 2, 8, 16), np.int8)  # wgmma's: (.., k // 16, n, k % 16)
     g, t = np.arange(32) // 4, np.arange(32) % 4
     for d, part in enumerate(digits):
         coef = np.where(valid, part[:, :, np.minimum(dy, ky - 1), np.minimum(dz, kz - 1)], 0)
         full = np.zeros((8 * nt, kx, nj, 32), np.int8)  # (filter, dx, j, k)
         full[: len(part)] = coef
+        if "WGMMA" in defines:
+            by_tile = full.reshape(nt, 8, kx, nj, 2, 16)  # (nt, n, dx, j, k // 16, k % 16)
+            tiles[:, :, :, d] = by_tile.transpose(2, 3, 0, 4, 1, 5)
+            continue
         b = full.view(np.uint8).astype(np.uint32)
         for tile in range(nt):
             f = tile * 8 + g
@@ -315,7 +373,7 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
                 k0 = 4 * t + 16 * reg  # (lane,) indices: each gives (lane, KX, NJ)
                 word = sum(b[f, :, :, k0 + i] << (8 * i) for i in range(4))
                 frags[:, :, tile, d, :, reg] = word.transpose(1, 2, 0)
-    return frags
+    return tiles.view(np.uint32) if "WGMMA" in defines else frags
 
 
 def b_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
@@ -393,10 +451,15 @@ class TensorConvolver(BankConvolver):
         if reason and not (self.emulate and "mma.sync" in reason):
             raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
         local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
+        if split.wgmma and not (self.emulate or wgmma_supported(self.device)):
+            split = replace(split, wgmma=0)
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
         int8 = split.arith == "int8"
-        self.program = build(ctx, kernel_file(split), tuple(self.defines.items()))
+        sm90a = "WGMMA" in self.defines and not self.emulate
+        self.program = (build_sm90a if sm90a else build)(
+            ctx, kernel_file(split), tuple(self.defines.items())
+        )
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
