@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -456,10 +457,17 @@ class TensorConvolver(BankConvolver):
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
         int8 = split.arith == "int8"
-        sm90a = "WGMMA" in self.defines and not self.emulate
-        self.program = (build_sm90a if sm90a else build)(
-            ctx, kernel_file(split), tuple(self.defines.items())
-        )
+        if "WGMMA" in self.defines and not self.emulate:
+            try:
+                self.program = build_sm90a(ctx, kernel_file(split), tuple(self.defines.items()))
+            except cl.Error as e:  # a driver whose PTX cannot be retargeted to sm_90a
+                warnings.warn(f"wgmma did not build ({type(e).__name__}): mma.sync runs instead",
+                              stacklevel=2)  # fmt: skip
+                self.split = split = fit_split(plan.extents, plan.pad_dtype,
+                                               replace(split, wgmma=0), local)  # fmt: skip
+                self.defines = tensor_defines(plan.extents, plan.pad_dtype, split)
+        if "WGMMA" not in self.defines or self.emulate:
+            self.program = build(ctx, kernel_file(split), tuple(self.defines.items()))
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
