@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--float-slab", action="store_true", help="also the first point as float")
     ap.add_argument("--json", required=True)
     ap.add_argument("--ptx", default=None)
+    ap.add_argument("--sass", action="store_true", help="ptxas + cuobjdump op counts per build")
+    ap.add_argument("--arch", default="sm_90a")
     args = ap.parse_args()
     points = {int(k): [tuple(p) for p in v] for k, v in json.loads(args.points).items()} \
         if args.points else POINTS  # fmt: skip
@@ -165,20 +167,26 @@ def main() -> None:
         if args.float_slab and points[n][0]:
             variants.append((tuple(points[n][0]), locals_.get(n, [(32, 4)])[0], True))
         for knobs, local, float_slab in variants:
-            # [] the plan's defaults; [unroll, rows, row_unroll] (None: the plan's;
-            # row_unroll -1: the compiler's choice)
-            unroll, rows, row_unroll = (*knobs, None, None, None)[:3]
+            # [] the plan's defaults; [unroll, rows, row_unroll, filt, in_words] (None: the
+            # plan's; row_unroll -1: the compiler's choice; filt 0 global, 1 local, 2 const)
+            unroll, rows, row_unroll, filt, in_words = (*knobs, *[None] * 5)[:5]
             point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
-                     "row_unroll": row_unroll,
-                     "local_size": list(local) if knobs else None,
+                     "row_unroll": row_unroll, "filt": filt, "in_words": in_words,
+                     "local_size": list(local) if knobs and unroll else None,
                      "float_slab": float_slab}  # fmt: skip
             t0 = time.perf_counter()
             try:
-                given = {"unroll": unroll, "rows": rows, "local_size": local if knobs else None,
+                # no unroll given: the plan's block and work-group, with the other knobs set
+                given = {"unroll": unroll, "rows": rows,
+                         "local_size": local if knobs and unroll else None,
                          "pad_float": float_slab}  # fmt: skip
                 given = {key: v for key, v in given.items() if v is not None}
                 plan = make_plan(vol.shape, vol.dtype, (k, k, k), n, "reflect", 0.0, device,
                                  tuned=False, **given)  # fmt: skip
+                if filt is not None:
+                    plan = replace(plan, filt_local=filt == 1, filt_const=filt == 2)
+                if in_words is not None:
+                    plan = replace(plan, in_words=in_words)
                 if row_unroll is not None:
                     plan = replace(
                         plan, row_unroll=None if row_unroll < 0 else row_unroll
@@ -195,7 +203,9 @@ def main() -> None:
                 defines = tuple(plan.build_options(plan.passes[0].width).items())
                 point.update({
                     "plan": {key: getattr(plan, key, None) for key in
-                             ("unroll", "rows", "row_unroll", "local_size")},
+                             ("unroll", "rows", "row_unroll", "local_size", "filt_local",
+                              "filt_const", "in_words")},
+                    "defines": dict(defines),
                     "passes": [q.width for q in plan.passes], "slab_rows": b - a,
                     "ms_min": float(sec.min()) * 1e3, "ms_median": float(np.median(sec)) * 1e3,
                     "tflops": gflop / float(sec.min()) / 1e3,
@@ -213,6 +223,16 @@ def main() -> None:
             result["points"] = runs
             Path(args.json).write_text(json.dumps(result, indent=1, default=str))
             print(line(point), flush=True)
+    if args.sass:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(16) as pool:  # ptxas runs apart per build
+            counts = pool.map(lambda b: sass_counts(b["binary"], args.arch), BUILDS.values())
+            names = ["_".join(f"{k}{v}" for k, v in d) for d in BUILDS]
+            result["sass"] = dict(zip(names, counts, strict=True))
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        for name, c in result["sass"].items():
+            print(f"SASS {name}: {c.get('ptxas', '')} loop {c.get('loop')}", flush=True)
     if args.ptx:
         with tarfile.open(args.ptx, "w:gz") as tar:
             for defines, b in BUILDS.items():
@@ -228,12 +248,57 @@ def main() -> None:
             print(line(p))
 
 
+def sass_counts(ptx: bytes, arch: str) -> dict[str, object]:
+    """The hot loop's SASS instructions of one build: ptxas (offline, as the driver's JIT) and
+    cuobjdump; the loop is the backward branch's body holding the most FFMAs. FFMA operands
+    are counted by kind: a constant bank (c[..]) or a uniform register (UR) as the b or c."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
+        src.write_bytes(ptx.rstrip(b"\0"))
+        try:
+            r = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(src), "-o", str(cubin)],
+                               capture_output=True, text=True)  # fmt: skip
+        except FileNotFoundError:
+            return {"ptxas": "no ptxas on PATH"}
+        info = " ".join(ln.strip() for ln in r.stderr.splitlines() if "Used" in ln or "spill" in ln)
+        if r.returncode:
+            return {"ptxas": r.stderr[-400:]}
+        text = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True,
+                              text=True).stdout  # fmt: skip
+    ins = []  # (address, opcode, operands)
+    pattern = r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);"
+    for m in re.finditer(pattern, text):
+        ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
+    ffmas = lambda body: sum(i[1].startswith("FFMA") for i in body)  # noqa: E731
+    best: list = []
+    for addr, op, args in ins:
+        t = re.search(r"0x([0-9a-f]+)", args) if op.startswith("BRA") else None
+        if t and int(t.group(1), 16) < addr:
+            body = [i for i in ins if int(t.group(1), 16) <= i[0] <= addr]
+            if ffmas(body) > ffmas(best):
+                best = body
+    ops: dict[str, int] = {}
+    for _, op, _ in best:
+        ops[op.split(".")[0]] = ops.get(op.split(".")[0], 0) + 1
+    ffma = [a for _, op, a in best if op.startswith("FFMA")]
+    loads = sorted({op for _, op, _ in best if op.startswith(("LD", "ULD"))})
+    return {"ptxas": info, "loop": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+            "loop_len": len(best), "load_kinds": loads,
+            "ffma_const_operand": sum("c[" in a for a in ffma),
+            "ffma_ur_operand": sum(bool(re.search(r"\bUR\d", a)) for a in ffma),
+            "total": len(ins),
+            "loop_head": [f"{op} {a.strip()}" for _, op, a in best[:48]]}  # fmt: skip
+
+
 def line(p: dict) -> str:
     if p["local_size"] is None:
-        head = f"N={p['n']:<2} k={p['extent']} plan's defaults {p.get('plan', '')}"
+        head = f"N={p['n']:<2} k={p['extent']} plan's {p.get('plan', '')}"
     else:
-        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll",)
-                        if p[key] is not None)  # fmt: skip
+        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt", "in_words")
+                        if p.get(key) is not None)  # fmt: skip
         head = (
             f"N={p['n']:<2} k={p['extent']} U={p['unroll']:<2} R={p['rows']}{extra} "
             f"wg={p['local_size'][0]}x{p['local_size'][1]:<3}"
