@@ -22,12 +22,15 @@
  *                when ROWS > 1, which needs it; otherwise the compiler's choice)
  *   IN_T         element type of the padded slab (uchar, char, ushort, short, float)
  *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
- *   FILT_CONST   optional: 1 reads the filters from __constant memory instead (the argument
- *                is then __constant; FILT_LOCAL is ignored): every work-item of a warp reads
- *                the same coefficient, which NVIDIA's constant cache serves as one broadcast
- *   IN_WORDS     optional: 0 (default) reads the input a byte at a time; 4, 8 or 16 (uchar
- *                slabs only) reads each input row as aligned words of that many bytes and
- *                takes the bytes out of them, fewer loads; needs UNROLL and P2 multiples of it
+ *   FILT_VALUES  optional: the flipped filters themselves, NTAPS * NV float literals (tap by
+ *                tap, NV lanes each), compiled into the program as a __constant array; the
+ *                filt_g argument is then unused, and each bank is a program of its own. On
+ *                NVIDIA a program's constant bank is read by ULDC into uniform registers that
+ *                FFMA takes as an operand: no load per work-item and no vector registers for
+ *                coefficients (ptxas 13, sm_90a: 96 registers at NV 8 x UNROLL 8 against
+ *                128-168). An OpenCL __constant *argument* is not that: NVIDIA's compiler
+ *                reads it as global memory, LDG.E.128.CONSTANT per work-item
+ *                (benchmarks/results/h100-fp32const-*).
  *   BLOCK_TAPS   optional: sum blocked from this many taps on (default below)
  */
 #pragma OPENCL FP_CONTRACT ON
@@ -87,33 +90,8 @@ typedef float16 vecf;
 #define SUM acc
 #endif
 
-#ifndef FILT_CONST
-#define FILT_CONST 0
-#endif
-#if FILT_CONST
-#undef FILT_LOCAL
-#define FILT_LOCAL 0
-#define FILT_ARG __constant
-#else
-#define FILT_ARG __global
-#endif
-
-#ifndef IN_WORDS
-#define IN_WORDS 0
-#endif
-#if IN_WORDS
-#if IN_WORDS != 4 && IN_WORDS != 8 && IN_WORDS != 16
-#error "IN_WORDS must be 0, 4, 8 or 16"
-#endif
-#if UNROLL % IN_WORDS
-#error "IN_WORDS needs UNROLL a multiple of it"
-#endif
-/* The uint words that hold one input row's KZ + UNROLL - 1 bytes, read IN_WORDS bytes at a
- * time (the slab is little-endian: byte i of a word is bits 8i..8i+7). */
-#define NWORDS (((KZ + UNROLL - 1 + IN_WORDS - 1) / IN_WORDS) * (IN_WORDS / 4))
-#define INPUT(pos) ((float)((win[(pos) >> 2] >> (8 * ((pos) & 3))) & 0xffu))
-#else
-#define INPUT(pos) ((float)row[(pos)])
+#ifdef FILT_VALUES
+__constant float filt_c[NTAPS * NV] __attribute__((aligned(4 * NV))) = {FILT_VALUES};
 #endif
 
 /* One multiply-add of the input value at z-offset `pos` of input row `r` into output `u` of
@@ -139,7 +117,7 @@ typedef float16 vecf;
 
 #define MADS(pos)                                                                      \
     if ((pos) < KZ + UNROLL - 1) {                                                     \
-        const float raw = INPUT(pos);                                                  \
+        const float raw = (float)row[(pos)];                                           \
         MAD(0, pos) MAD(1, pos) MAD(2, pos) MAD(3, pos) MAD(4, pos) MAD(5, pos)        \
         MAD(6, pos) MAD(7, pos) MAD(8, pos) MAD(9, pos) MAD(10, pos) MAD(11, pos)      \
         MAD(12, pos) MAD(13, pos) MAD(14, pos) MAD(15, pos) MAD(16, pos) MAD(17, pos)  \
@@ -151,27 +129,6 @@ typedef float16 vecf;
 #define MADS8(p)                                                                       \
     MADS(p) MADS(p + 1) MADS(p + 2) MADS(p + 3) MADS(p + 4) MADS(p + 5) MADS(p + 6)    \
     MADS(p + 7)
-
-#if IN_WORDS == 4
-#define READ_WORDS(row)                                                                \
-    for (int i = 0; i < NWORDS; i++) win[i] = ((__global const uint *)(row))[i];
-#elif IN_WORDS == 8
-#define READ_WORDS(row)                                                                \
-    for (int i = 0; i < NWORDS / 2; i++) {                                             \
-        const uint2 w = ((__global const uint2 *)(row))[i];                            \
-        win[2 * i] = w.x;                                                              \
-        win[2 * i + 1] = w.y;                                                          \
-    }
-#elif IN_WORDS == 16
-#define READ_WORDS(row)                                                                \
-    for (int i = 0; i < NWORDS / 4; i++) {                                             \
-        const uint4 w = ((__global const uint4 *)(row))[i];                            \
-        win[4 * i] = w.x;                                                              \
-        win[4 * i + 1] = w.y;                                                          \
-        win[4 * i + 2] = w.z;                                                          \
-        win[4 * i + 3] = w.w;                                                          \
-    }
-#endif
 
 /* The input row r rows below y: rows past the slab (read only for the last work-items'
  * outputs beyond ny, never stored) read the last row instead. */
@@ -223,19 +180,21 @@ typedef float16 vecf;
 
 __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P1, P2) */
                         __global float *restrict out,      /* responses (N, D, NY, NZ) */
-                        FILT_ARG const vecf *restrict filt_g, /* NTAPS flipped filters */
+                        __global const vecf *restrict filt_g, /* NTAPS flipped filters */
                         const int D, const int ny, const int nz,
                         const int P1, const int P2,
                         const long plane,                  /* D * ny * nz */
                         const int f0,                      /* first filter of this pass */
                         const int nreal)                   /* real filters in this pass */
 {
-#if FILT_LOCAL
+#ifdef FILT_VALUES
+    __constant const vecf *filt = (__constant const vecf *)filt_c;
+#elif FILT_LOCAL
     __local vecf filt[NTAPS];
     event_t ev = async_work_group_copy(filt, filt_g, NTAPS, 0);
     wait_group_events(1, &ev);
 #else
-    FILT_ARG const vecf *filt = filt_g;
+    __global const vecf *filt = filt_g;
 #endif
 
     const int z0 = (int)get_global_id(0) * UNROLL;
@@ -259,10 +218,6 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
         for (int r = 0; r < KY + ROWS - 1; r++) {
             __global const IN_T *row = in + ((x + dx) * P1 + ROW_Y(r)) * P2 + z0;
             const int foff = (dx * KY + r) * KZ;
-#if IN_WORDS
-            uint win[NWORDS];
-            READ_WORDS(row)
-#endif
             MADS8(0) MADS8(8) MADS8(16) MADS8(24) MADS8(32) MADS8(40) MADS8(48) MADS8(56)
         }
 #if BLOCKED

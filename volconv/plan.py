@@ -62,10 +62,6 @@ DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
 # compiler unrolled the bank_conv.cl of 69f87f1 so by itself; left to it, this source ran
 # 13 % slower at N = 8; narrower vectors ran as fast or faster left to it).
 GPU_ROW_UNROLL = 2
-# GPUs: the filters from __constant memory (FILT_CONST) rather than staged in local memory,
-# and uint8 input rows read in words of GPU_IN_WORDS bytes (IN_WORDS; 0: a byte at a time).
-GPU_FILT_CONST = False
-GPU_IN_WORDS = 0
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
@@ -170,8 +166,10 @@ class Plan:
     rows: int = 1
     row_unroll: int | None = None
     engine: str = ENGINES[0].name
-    filt_const: bool = False  # bank_conv.cl's FILT_CONST: the filters in __constant memory
-    in_words: int = 0  # bank_conv.cl's IN_WORDS: input rows read in words of this many bytes
+    # bank_conv.cl's FILT_VALUES: the coefficients compiled into each pass's program as a
+    # __constant array (NVIDIA: uniform-register operands of FFMA, no per-thread loads); an
+    # expert knob, off by default until the H100 measures it (benchmarks/README.md)
+    filt_compiled: bool = False
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
 
@@ -185,10 +183,7 @@ class Plan:
         """(P1, P2) of the padded slab; P2 covers the last work-item's unrolled reads."""
         ny, nz = self.shape[1:]
         ky, kz = self.extents[1:]
-        p2 = math.ceil(nz / self.unroll) * self.unroll + kz - 1
-        if self.in_words:  # every row starts on a word: the last word read ends by P2
-            p2 = math.ceil(p2 / self.in_words) * self.in_words
-        return ny + ky - 1, p2
+        return ny + ky - 1, math.ceil(nz / self.unroll) * self.unroll + kz - 1
 
     @property
     def n_slabs(self) -> int:
@@ -215,8 +210,6 @@ class Plan:
             "NV": width, "UNROLL": self.unroll, "IN_T": CL_TYPES[self.pad_dtype],
             "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows,
             **({} if self.row_unroll is None else {"ROW_UNROLL": self.row_unroll}),
-            **({"FILT_CONST": 1} if self.filt_const else {}),
-            **({"IN_WORDS": self.in_words} if self.in_words else {}),
         }  # fmt: skip
 
 
@@ -349,11 +342,6 @@ def make_plan(
     row_unroll = GPU_ROW_UNROLL if not cpu and rows == 1 and widest >= 8 else None
     taps = extents[0] * extents[1] * kz
     filt_local = taps * widest * 4 <= device.local_mem_size // 2
-    filt_const = not cpu and GPU_FILT_CONST and taps * widest * 4 <= device.max_constant_buffer_size
-    pad_dtype = pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
-                              else pad_float)  # fmt: skip
-    words = GPU_IN_WORDS
-    in_words = words if not cpu and words and pad_dtype == np.uint8 and unroll % words == 0 else 0
     if local_size is None:
         # 128 work-items, up to 32 along z: 32x4 at unroll 8 beat 16x8 on the H100 (74 % vs
         # 72 % of peak, benchmarks/results/h100-bench.json).
@@ -368,8 +356,10 @@ def make_plan(
     plan = Plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
         src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1), rows=rows,
-        row_unroll=row_unroll, pad_dtype=pad_dtype, slab_depth=shape[0],
-        filt_local=filt_local, filt_const=filt_const, in_words=in_words, engine=engine,
+        row_unroll=row_unroll,
+        pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
+                                else pad_float),
+        slab_depth=shape[0], filt_local=filt_local, engine=engine,
     )  # fmt: skip
     if slab_depth is None:
         slab_depth = _deepest_slab(plan, device, memory_budget)
