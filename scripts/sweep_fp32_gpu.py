@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
+from sass_counts import sass_counts  # scripts/ (this script's folder)
 
 import volconv.engine as engine
 from volconv.checks import spec_tolerance
@@ -261,51 +262,6 @@ def build_log(defines: tuple) -> str:
     engine's FILT_VALUES after them)."""
     logs = [b["log"] for d, b in BUILDS.items() if d[: len(defines)] == defines]
     return logs[-1] if logs else ""
-
-
-def sass_counts(ptx: bytes, arch: str) -> dict[str, object]:
-    """The hot loop's SASS instructions of one build: ptxas (offline, as the driver's JIT) and
-    cuobjdump; the loop is the backward branch's body holding the most FFMAs. FFMA operands
-    are counted by kind: a constant bank (c[..]) or a uniform register (UR) as the b or c."""
-    import subprocess
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src, cubin = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
-        src.write_bytes(ptx.rstrip(b"\0"))
-        try:
-            r = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(src), "-o", str(cubin)],
-                               capture_output=True, text=True)  # fmt: skip
-        except FileNotFoundError:
-            return {"ptxas": "no ptxas on PATH"}
-        info = " ".join(ln.strip() for ln in r.stderr.splitlines() if "Used" in ln or "spill" in ln)
-        if r.returncode:
-            return {"ptxas": r.stderr[-400:]}
-        text = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True,
-                              text=True).stdout  # fmt: skip
-    ins = []  # (address, opcode, operands)
-    pattern = r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);"
-    for m in re.finditer(pattern, text):
-        ins.append((int(m.group(1), 16), m.group(2), m.group(3)))
-    ffmas = lambda body: sum(i[1].startswith("FFMA") for i in body)  # noqa: E731
-    best: list = []
-    for addr, op, args in ins:
-        t = re.search(r"0x([0-9a-f]+)", args) if op.startswith("BRA") else None
-        if t and int(t.group(1), 16) < addr:
-            body = [i for i in ins if int(t.group(1), 16) <= i[0] <= addr]
-            if ffmas(body) > ffmas(best):
-                best = body
-    ops: dict[str, int] = {}
-    for _, op, _ in best:
-        ops[op.split(".")[0]] = ops.get(op.split(".")[0], 0) + 1
-    ffma = [a for _, op, a in best if op.startswith("FFMA")]
-    loads = sorted({op for _, op, _ in best if op.startswith(("LD", "ULD"))})
-    return {"ptxas": info, "loop": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
-            "loop_len": len(best), "load_kinds": loads,
-            "ffma_const_operand": sum("c[" in a for a in ffma),
-            "ffma_ur_operand": sum(bool(re.search(r"\bUR\d", a)) for a in ffma),
-            "total": len(ins),
-            "loop_head": [f"{op} {a.strip()}" for _, op, a in best[:48]]}  # fmt: skip
 
 
 def line(p: dict) -> str:
