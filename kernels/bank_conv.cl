@@ -24,7 +24,7 @@
  *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
  *   FILT_VALUES  optional: the flipped filters themselves, NTAPS * NV float literals (tap by
  *                tap, NV lanes each), compiled into the program as a __constant array; the
- *                filt_g argument is then unused, and each bank is a program of its own. On
+ *                filt_g argument and FILT_LOCAL are then unused, each bank its own program. On
  *                NVIDIA a program's constant bank is read by ULDC into uniform registers that
  *                FFMA takes as an operand: no load per work-item and no vector registers for
  *                coefficients (ptxas 13, sm_90a: 96 registers at NV 8 x UNROLL 8 against
