@@ -2,13 +2,18 @@
 
 For each point on a 256^3 uint8 volume (the MNI152 scan in data/ where present and --random
 not given, else random bytes) and N random normal k^3 filters (--extent, default 7), reflect:
-a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll] at each
-work-group of --locals (row_unroll -1: the compiler's choice); --options adds build options
+a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll, filt] at
+each work-group of --locals (row_unroll -1: the compiler's choice; filt 0: the filters read from
+global memory, 1: staged in local memory, 2: compiled into the program, filt_compiled;
+unroll null: the plan's block and work-group with the
+other knobs set); --options adds build options
 (e.g. -cl-nv-maxrregcount=168). Run from another checkout's root with its volconv on
 PYTHONPATH, it measures that checkout's kernel (knobs it lacks: leave them out). Kept:
   - the compiler's report of each build (``-cl-nv-verbose``: registers, spill bytes, stack
     frame, warnings) and its PTX (the binary pyopencl returns), kept in ``--ptx`` (a .tar.gz)
-    for ptxas / nvdisasm;
+    for ptxas / nvdisasm; with ``--sass`` (on a node with ptxas and cuobjdump) each build's
+    hot loop counted by opcode into the JSON, FFMAs taking a constant-bank or uniform-register
+    operand apart (h100-fp32const-sweep7.json);
   - device seconds of the bank passes (OpenCL profiling events, `BankConvolver.time_kernel`)
     after one warm-up launch: minimum and median of ``--repeats``;
   - TFLOP/s of useful work against the FMA probe's rate measured in the same run;
@@ -38,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
+from sass_counts import sass_counts  # scripts/ (this script's folder)
 
 import volconv.engine as engine
 from volconv.checks import spec_tolerance
@@ -134,6 +140,8 @@ def main() -> None:
     ap.add_argument("--float-slab", action="store_true", help="also the first point as float")
     ap.add_argument("--json", required=True)
     ap.add_argument("--ptx", default=None)
+    ap.add_argument("--sass", action="store_true", help="ptxas + cuobjdump op counts per build")
+    ap.add_argument("--arch", default="sm_90a")
     args = ap.parse_args()
     points = {int(k): [tuple(p) for p in v] for k, v in json.loads(args.points).items()} \
         if args.points else POINTS  # fmt: skip
@@ -165,20 +173,24 @@ def main() -> None:
         if args.float_slab and points[n][0]:
             variants.append((tuple(points[n][0]), locals_.get(n, [(32, 4)])[0], True))
         for knobs, local, float_slab in variants:
-            # [] the plan's defaults; [unroll, rows, row_unroll] (None: the plan's;
-            # row_unroll -1: the compiler's choice)
-            unroll, rows, row_unroll = (*knobs, None, None, None)[:3]
+            # [] the plan's defaults; [unroll, rows, row_unroll, filt] (None: the plan's;
+            # row_unroll -1: the compiler's choice; filt 0 global, 1 local, 2 compiled)
+            unroll, rows, row_unroll, filt = (*knobs, *[None] * 4)[:4]
             point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
-                     "row_unroll": row_unroll,
-                     "local_size": list(local) if knobs else None,
+                     "row_unroll": row_unroll, "filt": filt,
+                     "local_size": list(local) if knobs and unroll else None,
                      "float_slab": float_slab}  # fmt: skip
             t0 = time.perf_counter()
             try:
-                given = {"unroll": unroll, "rows": rows, "local_size": local if knobs else None,
+                # no unroll given: the plan's block and work-group, with the other knobs set
+                given = {"unroll": unroll, "rows": rows,
+                         "local_size": local if knobs and unroll else None,
                          "pad_float": float_slab}  # fmt: skip
                 given = {key: v for key, v in given.items() if v is not None}
                 plan = make_plan(vol.shape, vol.dtype, (k, k, k), n, "reflect", 0.0, device,
                                  tuned=False, **given)  # fmt: skip
+                if filt is not None:
+                    plan = replace(plan, filt_local=filt == 1, filt_compiled=filt == 2)
                 if row_unroll is not None:
                     plan = replace(
                         plan, row_unroll=None if row_unroll < 0 else row_unroll
@@ -195,7 +207,9 @@ def main() -> None:
                 defines = tuple(plan.build_options(plan.passes[0].width).items())
                 point.update({
                     "plan": {key: getattr(plan, key, None) for key in
-                             ("unroll", "rows", "row_unroll", "local_size")},
+                             ("unroll", "rows", "row_unroll", "local_size", "filt_local",
+                              "filt_compiled")},
+                    "defines": dict(defines),
                     "passes": [q.width for q in plan.passes], "slab_rows": b - a,
                     "ms_min": float(sec.min()) * 1e3, "ms_median": float(np.median(sec)) * 1e3,
                     "tflops": gflop / float(sec.min()) / 1e3,
@@ -203,7 +217,7 @@ def main() -> None:
                     "all_written": bool(np.isfinite(out).all()),
                     "err_over_tol": sample_error(vol, bank, out, args.samples, rng)
                     if b - a == vol.shape[0] else None,  # one slab: the whole volume
-                    **report(BUILDS.get(defines, {}).get("log", "")),
+                    **report(build_log(defines)),
                 })  # fmt: skip
                 del conv, out
             except (cl.Error, ValueError, TypeError) as e:
@@ -213,10 +227,20 @@ def main() -> None:
             result["points"] = runs
             Path(args.json).write_text(json.dumps(result, indent=1, default=str))
             print(line(point), flush=True)
+    if args.sass:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(16) as pool:  # ptxas runs apart per build
+            counts = pool.map(lambda b: sass_counts(b["binary"], args.arch), BUILDS.values())
+            names = [build_name(d) for d in BUILDS]
+            result["sass"] = dict(zip(names, counts, strict=True))
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        for name, c in result["sass"].items():
+            print(f"SASS {name}: {c.get('ptxas', '')} loop {c.get('loop')}", flush=True)
     if args.ptx:
         with tarfile.open(args.ptx, "w:gz") as tar:
             for defines, b in BUILDS.items():
-                name = "_".join(f"{k}{v}" for k, v in defines)
+                name = build_name(defines)
                 for suffix, data in ((".ptx", b["binary"]), (".log", b["log"].encode())):
                     info = tarfile.TarInfo(name + suffix)
                     info.size = len(data)
@@ -228,12 +252,24 @@ def main() -> None:
             print(line(p))
 
 
+def build_name(defines: tuple) -> str:
+    """A build's name from its defines, FILT_VALUES (the coefficients) named, not listed."""
+    return "_".join(k if k == "FILT_VALUES" else f"{k}{v}" for k, v in defines)
+
+
+def build_log(defines: tuple) -> str:
+    """The compiler's report of the last build with these plan defines (and maybe the
+    engine's FILT_VALUES after them)."""
+    logs = [b["log"] for d, b in BUILDS.items() if d[: len(defines)] == defines]
+    return logs[-1] if logs else ""
+
+
 def line(p: dict) -> str:
     if p["local_size"] is None:
-        head = f"N={p['n']:<2} k={p['extent']} plan's defaults {p.get('plan', '')}"
+        head = f"N={p['n']:<2} k={p['extent']} plan's {p.get('plan', '')}"
     else:
-        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll",)
-                        if p[key] is not None)  # fmt: skip
+        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt")
+                        if p.get(key) is not None)  # fmt: skip
         head = (
             f"N={p['n']:<2} k={p['extent']} U={p['unroll']:<2} R={p['rows']}{extra} "
             f"wg={p['local_size'][0]}x{p['local_size'][1]:<3}"
