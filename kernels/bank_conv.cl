@@ -22,15 +22,6 @@
  *                when ROWS > 1, which needs it; otherwise the compiler's choice)
  *   IN_T         element type of the padded slab (uchar, char, ushort, short, float)
  *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
- *   FILT_VALUES  optional: the flipped filters themselves, NTAPS * NV float literals (tap by
- *                tap, NV lanes each), compiled into the program as a __constant array; the
- *                filt_g argument and FILT_LOCAL are then unused, each bank its own program. On
- *                NVIDIA a program's constant bank is read by ULDC into uniform registers that
- *                FFMA takes as an operand: no load per work-item and no vector registers for
- *                coefficients (ptxas 13, sm_90a: 96 registers at NV 8 x UNROLL 8 against
- *                128-168). An OpenCL __constant *argument* is not that: NVIDIA's compiler
- *                reads it as global memory, LDG.E.128.CONSTANT per work-item
- *                (benchmarks/results/h100-fp32const-*).
  *   BLOCK_TAPS   optional: sum blocked from this many taps on (default below)
  */
 #pragma OPENCL FP_CONTRACT ON
@@ -88,10 +79,6 @@ typedef float16 vecf;
 #define SUM part
 #else
 #define SUM acc
-#endif
-
-#ifdef FILT_VALUES
-__constant float filt_c[NTAPS * NV] __attribute__((aligned(4 * NV))) = {FILT_VALUES};
 #endif
 
 /* One multiply-add of the input value at z-offset `pos` of input row `r` into output `u` of
@@ -187,9 +174,7 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
                         const int f0,                      /* first filter of this pass */
                         const int nreal)                   /* real filters in this pass */
 {
-#ifdef FILT_VALUES
-    __constant const vecf *filt = (__constant const vecf *)filt_c;
-#elif FILT_LOCAL
+#if FILT_LOCAL
     __local vecf filt[NTAPS];
     event_t ev = async_work_group_copy(filt, filt_g, NTAPS, 0);
     wait_group_events(1, &ev);

@@ -11,8 +11,7 @@ Run alone, it compiles kernels/bank_conv.cl offline with clang's OpenCL front en
 front end than the driver's, the same ptxas; for a first look at a variant, not a measure
 (FILT_LOCAL=1 does not link offline: async_work_group_copy is the driver's).
 
-    python3 scripts/sass_counts.py KX=7 KY=7 KZ=7 NV=8 UNROLL=8 IN_T=uchar FILT_LOCAL=0 ROWS=1 \
-        --filt-values   # random coefficients compiled in (FILT_VALUES)
+    python3 scripts/sass_counts.py KX=7 KY=7 KZ=7 NV=8 UNROLL=8 IN_T=uchar FILT_LOCAL=0 ROWS=1
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,20 +83,14 @@ def offline_ptx(defines: dict[str, str], clang: str = "clang-15") -> bytes:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("defines", nargs="+", help="bank_conv.cl's -D defines, KEY=VALUE")
-    ap.add_argument("--filt-values", action="store_true", help="random FILT_VALUES")
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--clang", default="clang-15")
     ap.add_argument("--head", type=int, default=0, help="print the loop's first instructions")
     args = ap.parse_args()
     defines = dict(d.split("=", 1) for d in args.defines)
-    if args.filt_values:
-        taps = int(defines["KX"]) * int(defines["KY"]) * int(defines["KZ"])
-        values = np.random.default_rng(0).standard_normal(taps * int(defines["NV"]))
-        defines["FILT_VALUES"] = ",".join(f"{v:.8e}f" for v in values.astype(np.float32).tolist())
     counts = sass_counts(offline_ptx(defines, args.clang), args.arch)
     head = counts.pop("loop_head", [])
-    print(json.dumps({"defines": {k: v for k, v in defines.items() if k != "FILT_VALUES"},
-                      "filt_values": args.filt_values, **counts}))  # fmt: skip
+    print(json.dumps({"defines": defines, **counts}))
     for ins in head[: args.head]:
         print("   ", ins)
 

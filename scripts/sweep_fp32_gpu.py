@@ -4,8 +4,7 @@ For each point on a 256^3 uint8 volume (the MNI152 scan in data/ where present a
 not given, else random bytes) and N random normal k^3 filters (--extent, default 7), reflect:
 a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll, filt] at
 each work-group of --locals (row_unroll -1: the compiler's choice; filt 0: the filters read from
-global memory, 1: staged in local memory, 2: compiled into the program, filt_compiled;
-unroll null: the plan's block and work-group with the
+global memory, 1: staged in local memory; unroll null: the plan's block and work-group with the
 other knobs set); --options adds build options
 (e.g. -cl-nv-maxrregcount=168). Run from another checkout's root with its volconv on
 PYTHONPATH, it measures that checkout's kernel (knobs it lacks: leave them out). Kept:
@@ -174,7 +173,7 @@ def main() -> None:
             variants.append((tuple(points[n][0]), locals_.get(n, [(32, 4)])[0], True))
         for knobs, local, float_slab in variants:
             # [] the plan's defaults; [unroll, rows, row_unroll, filt] (None: the plan's;
-            # row_unroll -1: the compiler's choice; filt 0 global, 1 local, 2 compiled)
+            # row_unroll -1: the compiler's choice; filt 0 global, 1 local)
             unroll, rows, row_unroll, filt = (*knobs, *[None] * 4)[:4]
             point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
                      "row_unroll": row_unroll, "filt": filt,
@@ -190,7 +189,7 @@ def main() -> None:
                 plan = make_plan(vol.shape, vol.dtype, (k, k, k), n, "reflect", 0.0, device,
                                  tuned=False, **given)  # fmt: skip
                 if filt is not None:
-                    plan = replace(plan, filt_local=filt == 1, filt_compiled=filt == 2)
+                    plan = replace(plan, filt_local=filt == 1)
                 if row_unroll is not None:
                     plan = replace(
                         plan, row_unroll=None if row_unroll < 0 else row_unroll
@@ -207,8 +206,7 @@ def main() -> None:
                 defines = tuple(plan.build_options(plan.passes[0].width).items())
                 point.update({
                     "plan": {key: getattr(plan, key, None) for key in
-                             ("unroll", "rows", "row_unroll", "local_size", "filt_local",
-                              "filt_compiled")},
+                             ("unroll", "rows", "row_unroll", "local_size", "filt_local")},
                     "defines": dict(defines),
                     "passes": [q.width for q in plan.passes], "slab_rows": b - a,
                     "ms_min": float(sec.min()) * 1e3, "ms_median": float(np.median(sec)) * 1e3,
@@ -253,13 +251,12 @@ def main() -> None:
 
 
 def build_name(defines: tuple) -> str:
-    """A build's name from its defines, FILT_VALUES (the coefficients) named, not listed."""
-    return "_".join(k if k == "FILT_VALUES" else f"{k}{v}" for k, v in defines)
+    """A build's name from its defines."""
+    return "_".join(f"{k}{v}" for k, v in defines)
 
 
 def build_log(defines: tuple) -> str:
-    """The compiler's report of the last build with these plan defines (and maybe the
-    engine's FILT_VALUES after them)."""
+    """The compiler's report of the last build with these plan defines."""
     logs = [b["log"] for d, b in BUILDS.items() if d[: len(defines)] == defines]
     return logs[-1] if logs else ""
 

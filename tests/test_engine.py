@@ -12,7 +12,6 @@ from conftest import assert_spec_close, reference
 
 from volconv import BankConvolver, convolve_bank
 from volconv.checks import MODES
-from volconv.engine import compiled_values
 from volconv.plan import make_plan
 
 RNG = np.random.default_rng(20261122)
@@ -191,40 +190,6 @@ def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unro
     out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
                           for a, b in conv.slabs()], axis=1)  # fmt: skip
     assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 3.0))
-
-
-@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32"])
-@pytest.mark.parametrize(
-    ("n", "extents", "rows"),
-    [(1, (7, 7, 7), 4), (3, (3, 5, 4), 2), (8, (5, 5, 5), 1), (13, (3, 3, 3), 1)],
-)
-def test_filters_compiled_into_the_program_keep_the_result(device, dtype, n, extents, rows):
-    """The coefficients as a program's __constant array (filt_compiled): the same result,
-    lanes past a pass's filters included (13 = 8 + 4 + 1 or 16 with 3 zero lanes)."""
-    volume = random_volume((9, 12, 21), dtype)
-    kernels = random_bank(n, extents)
-    plan = make_plan(volume.shape, volume.dtype, extents, n, "mirror", 0.0, device, rows=rows,
-                     slab_depth=5)  # fmt: skip
-    plan = replace(plan, filt_compiled=True, filt_local=False)
-    conv = BankConvolver(kernels, volume.shape, volume.dtype, "mirror", device=device,
-                         plan=plan)  # fmt: skip
-    out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
-                          for a, b in conv.slabs()], axis=1)  # fmt: skip
-    assert_spec_close(out, volume, kernels, reference(volume, kernels, "mirror"))
-
-
-def test_compiled_values_are_exact_and_bounded(device):
-    """FILT_VALUES's literals read back as the same float32 coefficients (-0, subnormal and
-    extremes included); a bank past the device's constant buffer is refused."""
-    coeffs = np.concatenate([RNG.standard_normal(50), [0.0, -0.0, 1.0, 1e-40, -3.4e38]])
-    coeffs = coeffs.astype(np.float32).reshape(-1, 5)
-    literals = compiled_values(coeffs, device).split(",")
-    assert all(v.endswith("f") for v in literals)
-    back = np.array([float(v[:-1]) for v in literals], np.float32)
-    np.testing.assert_array_equal(back.view(np.uint32), coeffs.ravel().view(np.uint32))
-    big = np.zeros(device.max_constant_buffer_size // 4 + 1, np.float32)
-    with pytest.raises(ValueError, match="constant buffer"):
-        compiled_values(big, device)
 
 
 @pytest.mark.parametrize("pad_float", [False, True])

@@ -130,17 +130,6 @@ def slab_rows(
     return rows
 
 
-def compiled_values(coeffs: np.ndarray, device: cl.Device) -> str:
-    """bank_conv.cl's FILT_VALUES: float32 ``coeffs`` as C literals, 9 significant digits
-    (each float32 exactly), for a program's __constant array."""
-    if coeffs.nbytes > device.max_constant_buffer_size:
-        raise ValueError(
-            f"filt_compiled: {coeffs.nbytes} bytes of coefficients exceed the device's "
-            f"{device.max_constant_buffer_size}-byte constant buffer"
-        )
-    return ",".join(f"{v:.8e}f" for v in coeffs.ravel().tolist())
-
-
 def check_volume_dtype(dtype: np.dtype) -> None:
     if np.dtype(dtype).kind not in "biuf":
         raise TypeError(f"volume must be real numbers; got dtype {np.dtype(dtype)}")
@@ -486,8 +475,6 @@ class BankConvolver(SlabConvolver):
             coeffs[:, : p.count] = flipped[p.first : p.first + p.count].T
             buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=coeffs)
             defines = tuple(plan.build_options(p.width).items())
-            if plan.filt_compiled:
-                defines += (("FILT_VALUES", compiled_values(coeffs, self.device)),)
             self._passes.append(
                 (p, cl.Kernel(build(ctx, "bank_conv.cl", defines), "bank_conv"), buf)
             )

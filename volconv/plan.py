@@ -166,10 +166,6 @@ class Plan:
     rows: int = 1
     row_unroll: int | None = None
     engine: str = ENGINES[0].name
-    # bank_conv.cl's FILT_VALUES: the coefficients compiled into each pass's program as a
-    # __constant array (NVIDIA: uniform-register operands of FFMA, no per-thread loads); an
-    # expert knob, off by default until the H100 measures it (benchmarks/README.md)
-    filt_compiled: bool = False
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
 
