@@ -13,7 +13,7 @@ from conftest import assert_spec_close, reference
 
 from volconv.checks import spec_tolerance
 from volconv.engine import BankConvolver
-from volconv.plan import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
+from volconv.plan import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
 from volconv.report import write_json
 from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
@@ -36,6 +36,7 @@ from volconv.tensor import (
     fit_split,
     int8_digits,
     int8_fragments,
+    kernel_file,
     local_bytes,
     tensor_defines,
     tensor_pays,
@@ -607,3 +608,11 @@ def test_record_holds_the_unit_peak():
     assert r["fraction_of_unit_peak"] == pytest.approx(240.0 / 0.001 / h100.gflops)
     plain = throughput(92.0, 0.001, 0.01, 66_900.0)
     assert np.isnan(plain["unit_peak_gflops"]) and np.isnan(plain["fraction_of_unit_peak"])
+
+
+def test_the_tune_cache_holds_for_every_tensor_kernel_source():
+    """A change to any kernel the tensor engine builds invalidates what was tuned with it."""
+    (tensor,) = [e for e in ENGINES if e.name == "tensor"]
+    for arith in ("int8", "fp16"):
+        assert kernel_file(replace(default_shape(8), arith=arith)) in tensor.sources
+    assert "digits.cl" in tensor.sources
