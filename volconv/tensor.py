@@ -47,7 +47,7 @@ ENGINES = ("auto", "fp32", "tensor")
 ENGINE_ENV = "VOLCONV_ENGINE"
 TENSOR_ENGINE = "tensor-int8"  # the default split's arithmetic; `TensorShape.arith` 'fp16' runs
 # kernels/tensor_conv.cl and names itself 'tensor-fp16'
-EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # exact in FP16
+EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # the tensor kernels take these as they are
 SCALE_TOP = 14  # each filter's largest |coefficient| scaled into [2^14, 2^15): FP16's top
 DIGITS = 3  # signed 8-bit digits per coefficient (INT8 engine): 24-bit fixed point per filter
 DIGIT_MAX = 127 * (1 + 2**8 + 2**16)  # the largest integer three such digits hold
@@ -113,7 +113,7 @@ def tensor_refusal(
         return f"{device.name.strip()} has no mma.sync (NVIDIA cc >= 8.0 wanted)"
     src = native_volume(np.empty(0, dtype)).dtype
     if not split and src not in EXACT_TYPES:
-        return f"{src} inputs are not exact in FP16 (uint8 and int8 are)"
+        return f"{src} inputs are not 8-bit integers (split them: DigitConvolver)"
     if not split and pad_dtype_for(src, mode, cval) != src:
         return f"cval {cval} is not a {src} value"
     e = np.concatenate([filter_exponents(bank), digit_exponents(bank)])  # FP16's and INT8's
