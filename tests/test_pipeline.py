@@ -29,6 +29,7 @@ from volconv import cli
 from volconv.bank import build_bank
 from volconv.checks import spec_tolerance
 from volconv.config import dump_toml
+from volconv.engine import frame_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = sorted((ROOT / "pipelines").glob("*.toml"))
@@ -402,6 +403,25 @@ def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(tmp_path, mon
     assert record.slab_depth == 3 and record.n_slabs == 14
     with check_output(tmp_path / "out" / "a.h5", volume.astype(float)):
         pass
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+def test_device_memory_counts_a_frame_kept_on_the_device(tmp_path, dtype):
+    """An integer frame read whole is kept on a GPU (up to `engine.frame_bytes`) beside the
+    plan's buffers: validate's device memory counts it; a float frame goes as rows."""
+    import volconv.pipeline as pipeline
+    from volconv.config import load
+
+    volume = random_volume((20, 12, 10), dtype)
+    np.save(tmp_path / "a.npy", volume)
+    cfg = load(write_pipeline(tmp_path, [{"type": "box", "size": 3}], run={"device": DEVICE}))
+    device = pipeline.choose_device(cfg)
+    (job,) = pipeline.plan_jobs(cfg, device)
+    assert job.whole_frames  # a .npy maps
+    kept = volume.nbytes if dtype == "uint8" else 0
+    assert pipeline.device_bytes(job, volume.nbytes) == job.plan.device_bytes + kept
+    assert pipeline.device_bytes(job, volume.nbytes - 1) == job.plan.device_bytes
+    assert job.device_bytes == pipeline.device_bytes(job, frame_bytes(device))
 
 
 def subprocess_run(args: list) -> str:

@@ -208,7 +208,7 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
             f"    -> {job.output} ({state})\n"
             f"    kernels {extents}, {format_gflop(job.gflop)} GFLOP, slab depth "
             f"{job.plan.slab_depth} ({job.n_slabs} slabs), device memory "
-            f"{job.plan.device_bytes / 2**20:.1f} MiB, host memory "
+            f"{job.device_bytes / 2**20:.1f} MiB, host memory "
             f"{job.host_bytes / 2**20:.1f} MiB of {cfg.host_memory / 2**20:.0f} MiB"
             f"{', frames read whole' if job.whole_frames else ''}"
         )

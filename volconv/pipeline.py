@@ -34,7 +34,7 @@ from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
 from volconv.convert import device_encodes
 from volconv.device import DeviceError, device_name, select_device
-from volconv.engine import STAGES
+from volconv.engine import STAGES, frame_bytes
 from volconv.errors import OutputWriteError
 from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, open_volume, split_spec
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
@@ -85,6 +85,7 @@ class Job:
     complete: bool  # the output exists, is complete and was made from this input and bank
     whole_frames: bool = False  # read each frame whole, in the file's order, then slab it
     host_bytes: int = 0  # the most host memory the run holds for it
+    device_bytes: int = 0  # the most device memory it holds: the plan's buffers and the frame
     resumed: int = 0  # slabs an interrupted run's partial output held (volconv.resume)
 
     @property
@@ -309,6 +310,16 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     if cfg.slab_depth is None or depth < job.plan.slab_depth:
         job.plan = replace(job.plan, slab_depth=depth)
     job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, device)
+    job.device_bytes = device_bytes(job, frame_bytes(device))
+
+
+def device_bytes(job: Job, frame_limit: int) -> int:
+    """The device memory a run of ``job`` holds: its plan's buffers, and the whole frame
+    where it is read whole and uploads as it is (an integer frame of at most ``frame_limit``
+    bytes, `volconv.engine.frame_bytes`: the `Padder` keeps it on the device)."""
+    frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
+    kept = job.whole_frames and np.dtype(job.volume.dtype).kind in "iu" and frame <= frame_limit
+    return job.plan.device_bytes + (frame if kept else 0)
 
 
 def spatial_shape(volume: Volume) -> tuple[int, int, int]:
