@@ -667,6 +667,35 @@ def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
     assert proc.stderr.strip() == "error: interrupted; validate writes nothing", proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "module", "message"),
+    [("validate", "volconv.config", "interrupted; validate writes nothing"),
+     ("run", "volconv.programs", "interrupted; rerun the same command to resume")],
+)  # fmt: skip
+def test_ctrl_c_while_a_command_imports_says_so_in_one_line(tmp_path, scan, command, module,
+                                                            message):  # fmt: skip
+    """A real SIGINT while the command imports its modules (the first quarter second): one
+    line and 130, not typer's silent exit."""
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    script = (
+        "import os, signal, sys, time\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == {module!r}:\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "            time.sleep(30)\n"
+        "from volconv.cli import main\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        f"sys.argv = ['volconv', {command!r}, {str(pipeline)!r}]\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 130, proc
+    assert proc.stderr.strip() == f"error: {message}", proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.toml", "scan.npy"]
+
+
 def test_bench_json_to_a_folder_is_refused_before_the_work(tmp_path, capsys):
     code, out, err = volconv("bench", "--device", DEVICE, "--size", "8", "--repeats", "1",
                              "--sweep-n", "", "--sweep-unroll", "", "--sweep-local", "",

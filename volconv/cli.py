@@ -172,15 +172,15 @@ def run(
     ),
 ) -> None:
     """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
-    from volconv.programs import start_context, start_driver
+    try:  # Ctrl-C from here on says so in one line, the imports' time included
+        from volconv.programs import start_context, start_driver
 
-    # The OpenCL driver starts, and then the device's context is made, in the background
-    # while the modules import and the pipeline is read (volconv.programs).
-    start_driver()
-    from volconv.config import load
-    from volconv.device import select_device
+        # The OpenCL driver starts, and then the device's context is made, in the background
+        # while the modules import and the pipeline is read (volconv.programs).
+        start_driver()
+        from volconv.config import load
+        from volconv.device import select_device
 
-    try:
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
         if cfg.devices == "one" and not cfg.scheduler:
             with contextlib.suppress(Exception):  # a spec naming no device: the run says so
@@ -208,13 +208,16 @@ def validate(
     device: str | None = _DEVICE,
 ) -> None:
     """Check the pipeline, its bank and every input without computing; print the plan."""
-    from volconv.config import load
-    from volconv.console import show_plan
-    from volconv.pipeline import USER_ERRORS
+    try:  # Ctrl-C from here on says so in one line, the imports' time included
+        from volconv.config import load
+        from volconv.console import show_plan
 
-    try:
         show_plan(load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
-    except USER_ERRORS as e:
+    except ValueError as e:  # every one of USER_ERRORS is one
+        from volconv.pipeline import USER_ERRORS
+
+        if not isinstance(e, USER_ERRORS):
+            raise
         raise UserError(str(e)) from e
     except KeyboardInterrupt as e:  # here: typer would turn it into a silent exit 130
         _interrupted(e, "interrupted; validate writes nothing")
