@@ -645,6 +645,21 @@ def test_an_output_name_too_long_is_exit_2_naming_output_path(tmp_path, scan, ca
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.toml", "scan.npy"]
 
 
+def assert_interrupted(setup: str, cwd: Path, args: list, message: str) -> None:
+    """Run ``volconv ARGS`` in a process after ``setup`` (Python that arranges a real SIGINT):
+    exit 130 and the one line ``error: MESSAGE``."""
+    script = (
+        f"{setup}import sys\n"
+        "from volconv.cli import main\n"
+        f"sys.argv = ['volconv', *{[str(a) for a in args]!r}]\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)  # fmt: skip
+    assert proc.returncode == 130, proc
+    assert proc.stderr.strip() == f"error: {message}", proc.stderr
+
+
 def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
     pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
     # a real SIGINT, delivered while validate checks the inputs
@@ -657,14 +672,9 @@ def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
         "p.plan_jobs = slow\n"
         "import volconv.console as c\n"
         "c.plan_jobs = slow\n"
-        "from volconv.cli import main\n"
-        f"sys.argv = ['volconv', 'validate', {str(pipeline)!r}]\n"
-        "main()\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 130, proc
-    assert proc.stderr.strip() == "error: interrupted; validate writes nothing", proc.stderr
+    assert_interrupted(script, tmp_path, ["validate", pipeline],
+                       "interrupted; validate writes nothing")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -686,13 +696,8 @@ def test_ctrl_c_while_a_command_imports_says_so_in_one_line(tmp_path, scan, comm
         "            time.sleep(30)\n"
         "from volconv.cli import main\n"
         "sys.meta_path.insert(0, Interrupt())\n"
-        f"sys.argv = ['volconv', {command!r}, {str(pipeline)!r}]\n"
-        "main()\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 130, proc
-    assert proc.stderr.strip() == f"error: {message}", proc.stderr
+    assert_interrupted(script, tmp_path, [command, pipeline], message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.toml", "scan.npy"]
 
 
