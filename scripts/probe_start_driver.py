@@ -32,8 +32,8 @@ from pathlib import Path
 
 REPEATS = int(os.environ.get("PROBE_REPEATS", 3))
 
-CTYPES = r"""
-import ctypes, glob, importlib.util, json, os, sys, threading, time
+# Each probe process starts alike: a clock, then numpy and pyopencl imported and timed.
+PRELUDE = r"""
 t0 = time.perf_counter()
 out = {}
 def mark(k):
@@ -43,6 +43,14 @@ import numpy
 mark("import numpy")
 import pyopencl as cl
 mark("import pyopencl")
+"""
+
+CTYPES = (
+    r"""
+import ctypes, glob, importlib.util, json, os, sys, threading, time
+"""
+    + PRELUDE
+    + r"""
 lib = ctypes.CDLL(next(l.split()[-1] for l in open("/proc/self/maps") if "libOpenCL" in l))
 mark("dlopen loader")
 u = ctypes.c_uint32
@@ -84,18 +92,14 @@ a, _ = cl.enqueue_map_buffer(q, b, cl.map_flags.READ | cl.map_flags.WRITE, 0, (3
 mark("map it")
 print(json.dumps(out))
 """
+)
 
-SERIAL = r"""
+SERIAL = (
+    r"""
 import json, os, time
-t0 = time.perf_counter()
-out = {}
-def mark(k):
-    global t0
-    t = time.perf_counter(); out[k] = t - t0; t0 = t
-import numpy
-mark("import numpy")
-import pyopencl as cl
-mark("import pyopencl")
+"""
+    + PRELUDE
+    + r"""
 ps = cl.get_platforms()
 mark("get_platforms")
 want = os.environ["PROBE_DEVICE"].lower()
@@ -120,6 +124,7 @@ import nibabel
 mark("import nibabel")
 print(json.dumps(out))
 """
+)
 
 OVERLAP = r"""
 import ctypes, glob, importlib.util, json, os, threading, time
