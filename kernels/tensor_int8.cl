@@ -49,18 +49,25 @@
  *                fragments as mma.sync's), B from local memory through a matrix descriptor;
  *                1: the dx steps wait for each other's MMAs, 2: the next dx's A registers are
  *                loaded while the MMAs of this one run (wait_group 1)
+ *   XO           optional, with WGMMA: outputs along x per step (1 or 2). With 2 each plane's A
+ *                fragments feed both outputs x and x + 1 in one wgmma of twice the columns
+ *                (filter dx = p for x, p - 1 for x + 1, adjacent tiles in local memory): half
+ *                the A loads per MMA, and as many accumulators as NT = 2
  *   WGMMA_COMMENT  optional: the wgmma lines as PTX comments "//@ ..." (NVIDIA's OpenCL
  *                compiles for sm_90, which refuses them: volconv/tensor.py uncomments them
  *                in the PTX and builds that for sm_90a)
  */
 
 #define ND 3 /* digits per coefficient */
+#ifndef XO
+#define XO 1
+#endif
 #define TY (WY * TYW)
 #define NWARPS (WY * WZ)
 #define NTHREADS (32 * NWARPS)
 #define PLANE (LROWS * PL) /* quads per plane tile */
 #define PLANE4 (PLANE / 4) /* uint4 per plane tile */
-#define RING (KX + 1)
+#define RING (KX + 2 * XO - 1) /* the planes a step reads, and XO being stored */
 #define STAGE ((PLANE4 + NTHREADS - 1) / NTHREADS)
 
 #ifdef IN_SIGNED
@@ -76,6 +83,9 @@
 #endif
 #if defined(WGMMA) && (NWARPS % 4 != 0 || !defined(BLOCAL))
 #error "WGMMA needs whole warpgroups and the B tiles in local memory"
+#endif
+#if XO != 1 && (XO != 2 || !defined(WGMMA))
+#error "XO is 1, or 2 on WGMMA"
 #endif
 #if PL % 4 != 0
 #error "PL must be a multiple of 4"
@@ -138,9 +148,12 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #ifdef WGMMA
 /* B tile of one (dx, j): NC = 3 NT core-matrix columns of 8 n x 32 k bytes, K-major without
  * swizzle (core matrices of 8 rows x 16 bytes; LBO 128: the second 16 k, SBO 256: the next
- * 8 n); column n = 8 (3 nt + digit) + filter, so the accumulators are acc[yy][nt][digit][4]. */
+ * 8 n); column n = 8 (3 nt + digit) + filter, so the accumulators are acc[yy][xo][nt][digit][4].
+ * The tiles of one j lie dx descending, so tile (dx - 1, j) follows tile (dx, j): the columns
+ * of outputs x (dx) and x + 1 (dx - 1) of one plane, one wgmma of 2 NC columns. */
 #define NC (ND * NT)
 #define BTILE (NC * 256) /* bytes */
+#define TILE_INDEX(dx, j) ((j) * KX + KX - 1 - (dx))
 #define WG_DESC(base) ((ulong)(((base) >> 4) & 0x3fff) | (8ul << 16) | (16ul << 32))
 #ifdef EMULATE_MMA
 #define WG_FENCE()
@@ -148,12 +161,19 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #define WG_WAIT0()
 #define WG_WAIT1()
 #define WG_HOLD(c)
-/* the wgmma of one warp's 16 rows: an emulated m16n8k32 per 8 columns, b read from the tile */
-#define WG_MMA(c, a0, a1, a2, a3, tile, accumulate)                                        \
-    for (int ch = 0; ch < NC; ch++) {                                                        \
-        __local const uint *bt = (__local const uint *)(tile) + ch * 64 + g * 4 + t;         \
-        mma_emulated((c) + 4 * ch, a0, a1, a2, a3, bt[0], bt[32], scratch, lane);            \
-    }
+/* the wgmma of one warp's 16 rows and ncols core columns: an emulated m16n8k32 per 8 columns,
+ * b read from the tile; accumulate 0: D = A B */
+#define WG_EMULATED(c, a0, a1, a2, a3, tile, accumulate, ncols)                           \
+    do {                                                                                     \
+        for (int ch = 0; ch < (ncols); ch++) {                                               \
+            __local const uint *bt = (__local const uint *)(tile) + ch * 64 + g * 4 + t;     \
+            if (!(accumulate))                                                               \
+                for (int i = 0; i < 4; i++) (c)[4 * ch + i] = 0;                             \
+            mma_emulated((c) + 4 * ch, a0, a1, a2, a3, bt[0], bt[32], scratch, lane);        \
+        }                                                                                    \
+    } while (0)
+#define WG_ONE(c, a, tile, accumulate) WG_EMULATED(c, a, tile, accumulate, NC)
+#define WG_TWO(c, a, tile, accumulate) WG_EMULATED(c, a, tile, accumulate, 2 * NC)
 #else
 #ifdef WGMMA_COMMENT
 #define WG_LINE "//@ "
@@ -164,31 +184,51 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #define WG_COMMIT() asm volatile(WG_LINE "wgmma.commit_group.sync.aligned;" ::: "memory")
 #define WG_WAIT0() asm volatile(WG_LINE "wgmma.wait_group.sync.aligned 0;" ::: "memory")
 #define WG_WAIT1() asm volatile(WG_LINE "wgmma.wait_group.sync.aligned 1;" ::: "memory")
-#define R12(c) "+r"((c)[0]), "+r"((c)[1]), "+r"((c)[2]), "+r"((c)[3]), "+r"((c)[4]),     \
-               "+r"((c)[5]), "+r"((c)[6]), "+r"((c)[7]), "+r"((c)[8]), "+r"((c)[9]),     \
-               "+r"((c)[10]), "+r"((c)[11])
+#define R4(c) "+r"((c)[0]), "+r"((c)[1]), "+r"((c)[2]), "+r"((c)[3])
+#define R12(c) R4(c), R4((c) + 4), R4((c) + 8)
+#define R24(c) R12(c), R12((c) + 12)
+#define R48(c) R24(c), R24((c) + 24)
 #define WG_PTX(N, A) "wgmma.mma_async.sync.aligned.m64n" N "k32.s32." A ".s8 "
+#define WG_A(a0, a1, a2, a3, desc, accumulate) \
+    "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(accumulate)
 /* accumulate 0: D = A B (the accumulators' old values unread: no register writes before the
  * first MMA of an x step, which wgmma.fence would have to separate); WG_HOLD keeps their reads
  * after the waits */
-#if NT == 1
-#define WG_HOLD(c) asm volatile("" : R12(c) :: "memory")
-#define WG_MMA(c, a0, a1, a2, a3, desc, accumulate)                                        \
+#define WG_N24(c, a0, a1, a2, a3, desc, accumulate)                                       \
     asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %17, 0; " WG_PTX("24", A_PTX)     \
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "                     \
                  "{%12, %13, %14, %15}, %16, p;}"                                             \
-                 : R12(c) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(accumulate))
-#elif NT == 2
-#define WG_HOLD(c) asm volatile("" : R12(c), R12((c) + 12) :: "memory")
-#define WG_MMA(c, a0, a1, a2, a3, desc, accumulate)                                        \
+                 : R12(c) : WG_A(a0, a1, a2, a3, desc, accumulate))
+#define WG_N48(c, a0, a1, a2, a3, desc, accumulate)                                       \
     asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %29, 0; " WG_PTX("48", A_PTX)     \
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
                  "%16, %17, %18, %19, %20, %21, %22, %23}, "                                \
                  "{%24, %25, %26, %27}, %28, p;}"                                             \
-                 : R12(c), R12((c) + 12)                                                      \
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(accumulate))
+                 : R24(c) : WG_A(a0, a1, a2, a3, desc, accumulate))
+#define WG_N96(c, a0, a1, a2, a3, desc, accumulate)                                       \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %53, 0; " WG_PTX("96", A_PTX)     \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "   \
+                 "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+                 "%44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p;}"                       \
+                 : R48(c) : WG_A(a0, a1, a2, a3, desc, accumulate))
+/* WG_ONE: the NC columns of one output along x; WG_TWO: 2 NC, outputs x and x + 1 (``a``:
+ * the four A registers, expanded before the call below) */
+#if NT == 1
+#define WG_ONE(c, a, tile, accumulate) WG_N24(c, a, tile, accumulate)
+#define WG_TWO(c, a, tile, accumulate) WG_N48(c, a, tile, accumulate)
+#elif NT == 2
+#define WG_ONE(c, a, tile, accumulate) WG_N48(c, a, tile, accumulate)
+#define WG_TWO(c, a, tile, accumulate) WG_N96(c, a, tile, accumulate)
 #else
 #error "WGMMA takes NT 1 or 2"
+#endif
+#if XO * NT == 1
+#define WG_HOLD(c) asm volatile("" : R12(c) :: "memory")
+#elif XO * NT == 2
+#define WG_HOLD(c) asm volatile("" : R24(c) :: "memory")
+#else
+#define WG_HOLD(c) asm volatile("" : R48(c) :: "memory")
 #endif
 #endif
 #endif
@@ -283,20 +323,20 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                     (uint4)(QUAD(pre[q], 0), QUAD(pre[q], 1), QUAD(pre[q], 2), QUAD(pre[q], 3)); \
         }
 
-        for (int p = 0; p < KX; p++) {
+        for (int p = 0; p < KX + XO - 1; p++) {
             FETCH(x_wg + p)
             STORE(p)
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        for (int xl = 0; xl < nx; xl++) {
-            const bool more = xl + 1 < nx;
+        for (int xl = 0; xl < nx; xl += XO) {
+            const bool more = xl + XO < nx;
             if (more) {
-                FETCH(x_wg + xl + KX) /* in flight during the MMAs */
+                FETCH(x_wg + xl + KX + XO - 1) /* in flight during the MMAs */
             }
 
-            int acc[TYW][NT][ND][4];
-#if !defined(WGMMA) || defined(EMULATE_MMA) /* wgmma's first MMAs do not read them */
+            int acc[TYW][XO][NT][ND][4];
+#if !defined(WGMMA) /* wgmma's first MMAs do not read them */
 #pragma unroll
             for (int yy = 0; yy < TYW; yy++)
 #pragma unroll
@@ -304,51 +344,76 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #pragma unroll
                     for (int d = 0; d < ND; d++)
 #pragma unroll
-                        for (int i = 0; i < 4; i++) acc[yy][nt][d][i] = 0;
+                        for (int i = 0; i < 4; i++) acc[yy][0][nt][d][i] = 0;
 #endif
 
 #ifdef WGMMA
 #ifdef EMULATE_MMA
-#define WG_TILE(dx, j) (bfrag_local4 + ((dx) * NJ + (j)) * (BTILE / 16))
+#define WG_TILE(dx, j) (bfrag_local4 + TILE_INDEX(dx, j) * (BTILE / 16))
 #else
             const uint bsm = (uint)(ulong)bfrag_local4; /* shared window address */
-#define WG_TILE(dx, j) (WG_DESC(bsm) + (ulong)(((dx) * NJ + (j)) * (BTILE / 16)))
+#define WG_TILE(dx, j) (WG_DESC(bsm) + (ulong)(TILE_INDEX(dx, j) * (BTILE / 16)))
+#endif
+            /* The planes of a step, in the order their MMAs run: XO 1, planes 0..KX-1 (dx);
+             * XO 2, plane KX (output x + 1 alone, dx KX - 1), plane 0 (x alone, dx 0), then
+             * planes 1..KX-1 for both, so each output's first MMA is one that writes D alone. */
+#if XO == 1
+#define NSTEP KX
+#define PLANE_OF(s) (s)
+#else
+#define NSTEP (KX + 1)
+#define PLANE_OF(s) ((s) == 0 ? KX : (s) - 1)
 #endif
             uint R[2][NROWS][NQ];
-#define LOAD_R(buf, dx)                                                                   \
+#define LOAD_R(buf, p)                                                                    \
             {                                                                                \
-                __local const uint *a = ring + ((xl + (dx)) % RING) * PLANE + abase;         \
+                __local const uint *a = ring + ((xl + (p)) % RING) * PLANE + abase;          \
                 _Pragma("unroll") for (int r = 0; r < NROWS; r++)                            \
                 _Pragma("unroll") for (int q = 0; q < NQ; q++) R[buf][r][q] = a[r * PL + 8 * q]; \
             }
-            LOAD_R(0, 0)
+#define A_FRAGS(yy, j) R[cur][(yy) + PROW(2 * (j))][PCOL(2 * (j))],                      \
+                       R[cur][(yy) + PROW(2 * (j))][PCOL(2 * (j)) + 1],                      \
+                       R[cur][(yy) + PROW(2 * (j) + 1)][PCOL(2 * (j) + 1)],                  \
+                       R[cur][(yy) + PROW(2 * (j) + 1)][PCOL(2 * (j) + 1) + 1]
+            LOAD_R(0, PLANE_OF(0))
 #pragma unroll
-            for (int dx = 0; dx < KX; dx++) {
-                const int cur = dx & 1;
+            for (int s = 0; s < NSTEP; s++) {
+                const int cur = s & 1, p = PLANE_OF(s);
                 WG_FENCE();
 #pragma unroll
-                for (int j = 0; j < NJ; j++) {
-                    const int r0 = PROW(2 * j), q0 = PCOL(2 * j);
-                    const int r1 = PROW(2 * j + 1), q1 = PCOL(2 * j + 1);
+                for (int j = 0; j < NJ; j++)
 #pragma unroll
-                    for (int yy = 0; yy < TYW; yy++)
-                        WG_MMA(&acc[yy][0][0][0], R[cur][yy + r0][q0], R[cur][yy + r0][q0 + 1],
-                               R[cur][yy + r1][q1], R[cur][yy + r1][q1 + 1], WG_TILE(dx, j),
-                               dx + j > 0);
-                }
+                    for (int yy = 0; yy < TYW; yy++) {
+#if XO == 1
+                        WG_ONE(&acc[yy][0][0][0][0], A_FRAGS(yy, j), WG_TILE(p, j), p + j > 0);
+#else
+                        if (s == 0)
+                            WG_ONE(&acc[yy][1][0][0][0], A_FRAGS(yy, j), WG_TILE(KX - 1, j), j > 0);
+                        else if (s == 1)
+                            WG_ONE(&acc[yy][0][0][0][0], A_FRAGS(yy, j), WG_TILE(0, j), j > 0);
+                        else /* dx p for x, p - 1 for x + 1: adjacent tiles */
+                            WG_TWO(&acc[yy][0][0][0][0], A_FRAGS(yy, j), WG_TILE(p, j), 1);
+#endif
+                    }
                 WG_COMMIT();
-                if (dx + 1 < KX) {
+                if (s + 1 < NSTEP) {
 #if WGMMA == 2
-                    WG_WAIT1(); /* dx - 1's MMAs, which read the other buffer, are done */
+                    WG_WAIT1(); /* step s - 1's MMAs, which read the other buffer, are done */
 #else
                     WG_WAIT0();
 #endif
-                    LOAD_R(cur ^ 1, dx + 1)
+                    LOAD_R(cur ^ 1, PLANE_OF(s + 1))
                 }
+#if XO == 2
+                if (more && s == NSTEP / 2) { /* the first next plane stored, the second fetched */
+                    STORE((xl + KX + 1) % RING)
+                    FETCH(x_wg + xl + KX + 2)
+                }
+#endif
             }
             WG_WAIT0();
 #pragma unroll
-            for (int yy = 0; yy < TYW; yy++) WG_HOLD(&acc[yy][0][0][0]);
+            for (int yy = 0; yy < TYW; yy++) WG_HOLD(&acc[yy][0][0][0][0]);
 #else
 #ifdef DXU
 #pragma unroll DXU
@@ -374,7 +439,7 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                         for (int yy = 0; yy < TYW; yy++)
 #pragma unroll
                             for (int d = 0; d < ND; d++)
-                                MMA(acc[yy][nt][d], R[yy + r0][q0], R[yy + r0][q0 + 1],
+                                MMA(acc[yy][0][nt][d], R[yy + r0][q0], R[yy + r0][q0 + 1],
                                     R[yy + r1][q1], R[yy + r1][q1 + 1], b[d].x, b[d].y);
                     }
                 }
@@ -383,42 +448,51 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #endif
 
             /* C fragment: c[i] is output z0 + g (+8 for i >= 2) of filter 2t (+1 for odd i). */
-            const long xrow = (long)(x_wg + xl) * ny;
 #pragma unroll
-            for (int yy = 0; yy < TYW; yy++) {
-                const int y = y_wg + wy * TYW + yy;
+            for (int xo = 0; xo < XO; xo++) { /* all XO through the stage (no break: acc in
+                                               * registers), stored within the run */
+                const bool in_run = xo < nx - xl;
+                const long xrow = (long)(x_wg + xl + xo) * ny;
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    /* through the warp's stage: lane (f, c) then holds z0 + 4c..4c+3 of filter
-                     * f, one 16-byte store (a quarter of the store instructions) */
+                for (int yy = 0; yy < TYW; yy++) {
+                    const int y = y_wg + wy * TYW + yy;
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const long sum = (long)acc[yy][nt][2][i] * 65536 +
-                                         (long)acc[yy][nt][1][i] * 256 + acc[yy][nt][0][i];
-                        stage[(2 * t + (i & 1)) * SROW + g + 8 * (i >> 1)] =
-                            (float)sum * unscale[nt * 8 + 2 * t + (i & 1)];
-                    }
-                    WARP_SYNC();
-                    const float4 v = *(__local const float4 *)(stage + (lane >> 2) * SROW +
-                                                                4 * (lane & 3));
-                    WARP_SYNC();
-                    const int f = nt * 8 + (lane >> 2), z = z_wg + wz * 16 + 4 * (lane & 3);
-                    if (y < ny && f < nreal) {
-                        __global float *o = out + (long)(f0 + f) * plane + (xrow + y) * nz + z;
-                        if (z + 3 < nz && ((ulong)o & 15) == 0) {
-                            *(__global float4 *)o = v;
-                        } else {
-                            if (z < nz) o[0] = v.x;
-                            if (z + 1 < nz) o[1] = v.y;
-                            if (z + 2 < nz) o[2] = v.z;
-                            if (z + 3 < nz) o[3] = v.w;
+                    for (int nt = 0; nt < NT; nt++) {
+                        /* through the warp's stage: lane (f, c) then holds z0 + 4c..4c+3 of
+                         * filter f, one 16-byte store (a quarter of the store instructions) */
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const long sum = (long)acc[yy][xo][nt][2][i] * 65536 +
+                                             (long)acc[yy][xo][nt][1][i] * 256 +
+                                             acc[yy][xo][nt][0][i];
+                            stage[(2 * t + (i & 1)) * SROW + g + 8 * (i >> 1)] =
+                                (float)sum * unscale[nt * 8 + 2 * t + (i & 1)];
+                        }
+                        WARP_SYNC();
+                        const float4 v =
+                            *(__local const float4 *)(stage + (lane >> 2) * SROW + 4 * (lane & 3));
+                        WARP_SYNC();
+                        const int f = nt * 8 + (lane >> 2);
+                        const int z = z_wg + wz * 16 + 4 * (lane & 3);
+                        if (in_run && y < ny && f < nreal) {
+                            __global float *o =
+                                out + (long)(f0 + f) * plane + (xrow + y) * nz + z;
+                            if (z + 3 < nz && ((ulong)o & 15) == 0) {
+                                *(__global float4 *)o = v;
+                            } else {
+                                if (z < nz) o[0] = v.x;
+                                if (z + 1 < nz) o[1] = v.y;
+                                if (z + 2 < nz) o[2] = v.z;
+                                if (z + 3 < nz) o[3] = v.w;
+                            }
                         }
                     }
                 }
             }
 
-            if (more) {
-                STORE((xl + KX) % RING) /* plane xl - 1's slot: read by no output from here */
+            if (more) { /* the plane fetched last, into plane xl - 1's slot: read by no output
+                         * from here */
+                STORE((xl + KX + 2 * XO - 2) % RING)
             }
             barrier(CLK_LOCAL_MEM_FENCE);
         }

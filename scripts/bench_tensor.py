@@ -7,6 +7,7 @@ for banks of N random normal filters of k^3:
     every work split of ``--sweep`` for the tensor engine (the best is reported);
   - torch.nn.functional.conv3d on float32 (cuDNN, TF32 on and off), CUDA events;
   - cupyx.scipy.ndimage.convolve, one filter at a time, CUDA events;
+  - a bank of mixed extents (``--mixed``), each extent a direct group as volconv runs it;
   - TFLOP/s of useful work (2 x voxels x taps x N / seconds) and, for volconv's two engines,
     max |err| / (sum|w| x 255) against a float64 reference on the same data (torch float64
     on the GPU over the volume padded by scipy's 'reflect', checked against
@@ -27,7 +28,6 @@ import math
 import re
 import sys
 import time
-from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -45,26 +45,29 @@ from volconv.tensor import (
     build_sm90a,
     default_shape,
     kernel_file,
+    tensor_supported,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-FP16 = {"arith": "fp16"}
 WG1, WG2 = {"wgmma": 1}, {"wgmma": 2}
-SWEEP = {  # work splits tried for 7^3 banks, by N (others: the default, FP16 and its grid form)
-    8: [TensorShape(1, 8, 2, 2, persistent=2, blocal=True, dxu=2),
-        TensorShape(1, 8, 2, 2, persistent=2, **WG1),
-        TensorShape(1, 8, 2, 2, persistent=2, **WG2),
-        TensorShape(1, 8, 4, 2, persistent=1, **WG2),
-        TensorShape(1, 4, 2, 2, persistent=4, **WG2),
-        TensorShape(1, 6, 2, 2, persistent=3, **WG2),
-        TensorShape(1, 8, 2, 2, 32, **WG2)],
-    16: [TensorShape(2, 4, 2, 2, persistent=2, blocal=True, dxu=2),
-         TensorShape(2, 4, 2, 2, persistent=2, **WG1),
-         TensorShape(2, 4, 2, 2, persistent=2, **WG2),
-         TensorShape(1, 8, 2, 2, persistent=2, **WG2),
-         TensorShape(2, 4, 4, 2, persistent=1, **WG2)],
-    32: [TensorShape(2, 4, 2, 2, persistent=2, **WG2),
-         TensorShape(1, 8, 2, 2, persistent=2, **WG2)],
+X1, X2 = {"wgmma": 1, "xo": 2}, {"wgmma": 2, "xo": 2}  # two outputs along x per step
+SWEEP = {  # work splits tried beside the default, by N
+    8: [TensorShape(1, 4, 2, 2, persistent=3, **X2),
+        TensorShape(1, 4, 2, 2, persistent=3, **X1),
+        TensorShape(1, 3, 2, 2, persistent=3, **X2),
+        TensorShape(1, 4, 2, 2, persistent=2, **X2),
+        TensorShape(1, 2, 2, 2, persistent=4, **X2),
+        TensorShape(1, 4, 1, 4, persistent=3, **X2),
+        TensorShape(1, 8, 2, 2, persistent=2, **WG1)],
+    16: [TensorShape(2, 2, 2, 2, persistent=3, **X2),
+         TensorShape(2, 2, 2, 2, persistent=3, **X1),
+         TensorShape(2, 1, 2, 2, persistent=4, **X2),
+         TensorShape(2, 2, 1, 4, persistent=3, **X2),
+         TensorShape(2, 2, 2, 2, persistent=4, **X2),
+         TensorShape(2, 4, 2, 2, persistent=2, **WG2)],
+    32: [TensorShape(2, 2, 2, 2, persistent=3, **X2),
+         TensorShape(2, 2, 2, 2, persistent=3, **X1),
+         TensorShape(2, 4, 2, 2, persistent=2, **WG2)],
 }  # fmt: skip
 
 
@@ -197,6 +200,40 @@ def peers(vol: np.ndarray, bank: np.ndarray, repeats: int) -> dict:
     return rows
 
 
+def mixed_row(spec: str, vol: np.ndarray, reference, device, repeats: int) -> dict:
+    """A bank of mixed extents as volconv runs it (``spec`` 'k:N,k:N'): each extent's filters
+    one direct group (volconv.separable), on the tensor engine and on the FP32 kernel; the
+    seconds summed over the groups, the error the worst group's."""
+    row: dict = {"mixed": spec, "groups": []}
+    whole = {"slab_depth": vol.shape[0]}
+    for part in spec.split(","):
+        k, n = map(int, part.split(":"))
+        bank = np.random.default_rng(1000 + 100 * k + n).standard_normal((n, k, k, k))
+        ref = reference.responses(vol, bank) if reference is not None else None
+        group: dict = {"k": k, "n": n}
+        emulate = not tensor_supported(device)  # off NVIDIA: the script checked, not timed
+        for name, conv in (
+            ("fp32", BankConvolver(bank, vol.shape, np.uint8, device=device, **whole)),
+            (
+                "tensor",
+                TensorConvolver(bank, vol.shape, np.uint8, device=device, **whole, emulate=emulate),
+            ),
+        ):
+            group[f"{name}_seconds"], out = volconv_engine(conv, vol, repeats)
+            group[f"{name}_error"] = relative_error(out, ref, bank) if ref is not None else None
+            del conv, out
+        row["groups"].append(group)
+    voxels = vol.size
+    useful = sum(2.0 * voxels * g["n"] * g["k"] ** 3 for g in row["groups"])
+    for name in ("fp32", "tensor"):
+        row[f"{name}_seconds"] = sum(g[f"{name}_seconds"] for g in row["groups"])
+        row[f"{name}_tflops"] = useful / row[f"{name}_seconds"] / 1e12
+        errors = [g[f"{name}_error"] for g in row["groups"] if g[f"{name}_error"] is not None]
+        row[f"{name}_error"] = max(errors) if errors else None
+    row["speedup_vs_fp32"] = row["fp32_seconds"] / row["tensor_seconds"]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="nvidia")
@@ -205,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--mixed", default="3:8,5:8,7:8", help="a bank of mixed extents, k:N,k:N "
+                    "('' for none)")  # fmt: skip
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -244,11 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             # the engine as shipped (its default split) first, then the sweep's candidates
             splits = [default_shape(n)]
             if not args.no_sweep:
-                grid = replace(splits[0], persistent=0)
-                nt = min(2, splits[0].nt)  # the FP16 engine as it shipped
-                fp16 = replace(splits[0], arith="fp16", nt=nt, tyw=8 // nt, blocal=False)
-                more = SWEEP.get(n, []) if k == 7 else [fp16, grid]
-                splits += [s for s in more if s != splits[0]]
+                splits += [s for s in SWEEP.get(n, []) if s != splits[0]]
             row["tensor_sweep"] = []
             for split in splits:
                 try:
@@ -309,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:  # after every row: a run cut short keeps what it measured
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    if args.mixed:
+        row = mixed_row(args.mixed, vol, reference, device, args.repeats)
+        doc["results"].append(row)
+        log(json.dumps({key: v for key, v in row.items() if key != "groups"}))
+        if args.json:
+            args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 

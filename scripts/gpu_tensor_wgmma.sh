@@ -1,12 +1,14 @@
 # On the H100 node (after scripts/gpu_env.sh): the INT8 engine on wgmma against mma.sync: ptxas's
-# report and SASS counts of the 7^3 builds (N = 8 on mma.sync, wgmma 1 and 2; N = 16 on wgmma 2),
+# report and SASS counts of the 7^3 builds (N = 8 and 16, one or two outputs along x per step),
 # the wgmma tests on the GPU, then the benchmark (its sweep holds the wgmma splits); results
 # under $OUT. Usage: bash scripts/gpu_tensor_wgmma.sh TAG [bench args...]
 tag=$1; shift
 export PYTHONUNBUFFERED=1
 sass="$OUT/h100-tensor-$tag-sass.txt"
 : > "$sass"
-for build in "--n 8" "--n 8 --wgmma 1" "--n 8 --wgmma 2" "--n 16 --wgmma 2"; do
+builds=("--n 8 --wgmma 1" "--n 8 --wgmma 2 --xo 2 --tyw 4 --persistent 3" "--n 16 --wgmma 2"
+        "--n 16 --wgmma 2 --xo 2 --tyw 2 --persistent 3")
+for build in "${builds[@]}"; do
   echo "== $build" >> "$sass"
   # shellcheck disable=SC2086
   python3 scripts/tensor_ptx.py $build --out /tmp/k.ptx >> "$sass" 2>&1 || continue

@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--dtype", default="uint8")
     ap.add_argument("--wgmma", type=int, default=0, help="the split on wgmma (1 or 2)")
+    ap.add_argument("--xo", type=int, default=0, help="outputs along x per step (wgmma)")
+    ap.add_argument("--tyw", type=int, default=0, help="output rows per warp")
+    ap.add_argument("--persistent", type=int, default=0, help="work-groups per multiprocessor")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = select_device(args.device)
@@ -38,6 +41,9 @@ def main() -> None:
     src = np.dtype(args.dtype)
     split = default_shape(args.n)
     split = replace(split, wgmma=args.wgmma) if args.wgmma else split
+    split = replace(split, xo=args.xo) if args.xo else split
+    split = replace(split, tyw=args.tyw) if args.tyw else split
+    split = replace(split, persistent=args.persistent) if args.persistent else split
     split = fit_split(extents, src, split, device.local_mem_size)
     defines = tensor_defines(extents, src, split)
     ctx, _ = context_for(device)

@@ -38,6 +38,7 @@ from volconv.tensor import (
     int8_fragments,
     kernel_file,
     local_bytes,
+    sm90a_ptx,
     tensor_defines,
     tensor_pays,
     tensor_refusal,
@@ -294,6 +295,9 @@ def test_fit_split_drops_local_b_fragments_first():
     wide = fit_split((11, 11, 11), u8, split, 48 * 1024)  # 50 KB of B fragments
     assert not wide.blocal and wide.wz == 1 and wide.persistent == 4
     assert local_bytes(tensor_defines((11, 11, 11), u8, wide)) <= 48 * 1024
+    pair = TensorShape(1, 8, 2, 2, persistent=2, wgmma=1, xo=2)  # 40 KB of ring: xo 1 fits
+    assert fit_split((7, 7, 7), u8, pair, 48 * 1024) == replace(pair, xo=1)
+    assert fit_split((7, 7, 7), u8, replace(pair, tyw=4), 48 * 1024) == replace(pair, tyw=4)
 
 
 # -- the kernel with mma.sync emulated (any device) -----------------------------------------
@@ -336,6 +340,18 @@ def test_fit_split_drops_local_b_fragments_first():
             "mirror",
             np.uint8,
             TensorShape(2, 2, 2, 2, persistent=1, wgmma=2),
+        ),
+        # two outputs along x per step: runs of 3 (the last step's second output past it)
+        ((3, 5, 7), 3, (7, 9, 40), "reflect", np.uint8, TensorShape(1, 2, 2, 2, 3, wgmma=2, xo=2)),
+        ((2, 4, 11), 13, (9, 10, 45), "wrap", np.int8, TensorShape(2, 1, 1, 4, 4, wgmma=1, xo=2)),
+        ((1, 3, 4), 5, (5, 6, 20), "nearest", np.uint8, TensorShape(1, 1, 1, 4, 2, wgmma=2, xo=2)),
+        (
+            (4, 3, 5),
+            10,
+            (7, 9, 22),
+            "mirror",
+            np.uint8,
+            TensorShape(2, 2, 2, 2, persistent=1, wgmma=2, xo=2),
         ),
     ],
 )
@@ -447,7 +463,34 @@ def test_wgmma_defaults(device):
         assert not wgmma_supported(device)
 
 
-@pytest.mark.parametrize("wgmma", [1, 2])
+PTX = """.version 7.8
+.target sm_90
+.address_size 64
+.entry tensor_int8(
+\t.param .u64 tensor_int8_param_0,
+\t.param .u32 tensor_int8_param_1
+)%s
+{
+\t//@ wgmma.fence.sync.aligned;
+\tbar.warp.sync -1;
+}
+"""
+
+
+@pytest.mark.parametrize("bound", ["", "\n.reqntid 128, 1, 1"])
+def test_sm90a_ptx(bound):
+    """The wgmma kernel's PTX as built for sm_90a: its wgmma lines uncommented, target and ISA
+    raised, and a persistent split's groups per multiprocessor said to ptxas."""
+    text = sm90a_ptx(PTX % bound, 3, 128)
+    assert ".target sm_90a\n" in text and ".version 8.0\n" in text
+    assert "\twgmma.fence.sync.aligned;" in text and "//@" not in text
+    head = text[text.index(".entry") : text.index("{")]
+    assert head.count(".minnctapersm 3") == 1
+    assert head.count(".maxntid 128, 1, 1") == (0 if bound else 1)
+    assert ".minnctapersm" not in sm90a_ptx(PTX % bound)
+
+
+@pytest.mark.parametrize(("wgmma", "xo"), [(1, 1), (2, 1), (1, 2), (2, 2)])
 @pytest.mark.parametrize(
     ("extents", "n", "dtype", "split"),
     [
@@ -458,17 +501,18 @@ def test_wgmma_defaults(device):
         ((2, 1, 1), 1, np.uint8, TensorShape(1, 2, 1, 4, persistent=1)),
     ],
 )
-def test_tensor_wgmma(nvidia, extents, n, dtype, split, wgmma):
+def test_tensor_wgmma(nvidia, extents, n, dtype, split, wgmma, xo):
     """The INT8 kernel on wgmma.mma_async (sm_90a; cc 8.x builds refuse it) as exact as on
-    mma.sync."""
+    mma.sync, one or two outputs along x per step."""
     if not wgmma_supported(nvidia):
         pytest.skip("wgmma needs sm_90a")
     bank = np.random.default_rng(n).standard_normal((n, *extents))
     shape = (29, 38, 71)
     vol = volume_of(dtype, shape, n)
     conv = TensorConvolver(bank, shape, dtype, "reflect", device=nvidia, slab_depth=12,
-                           shape_split=replace(split, wgmma=wgmma))  # fmt: skip
-    assert "WGMMA" in conv.defines
+                           shape_split=replace(split, wgmma=wgmma, xo=xo,
+                                               tyw=max(1, split.tyw // xo)))  # fmt: skip
+    assert conv.defines["WGMMA"] == wgmma and conv.defines["XO"] == xo
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
 
 

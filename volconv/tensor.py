@@ -132,7 +132,8 @@ class TensorShape:
     in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``wgmma``: INT8 on
     ``wgmma.mma_async`` (sm_90a, warpgroups of 4 warps, B in local memory) instead of
     ``mma.sync``: 1 waits for each dx's MMAs, 2 loads the next dx's A meanwhile (0: off);
-    ``ieee_sum``: hi
+    ``xo``: outputs along x per step on wgmma (1 or 2: each plane's A feeds x and x + 1 in one
+    wgmma of twice the columns); ``ieee_sum``: hi
     products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
     (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
     (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own)."""
@@ -148,6 +149,7 @@ class TensorShape:
     wgmma: int = 0
     ieee_sum: bool | None = None
     arith: str = "int8"
+    xo: int = 1
 
     @property
     def threads(self) -> int:
@@ -173,20 +175,28 @@ def default_shape(n_filters: int) -> TensorShape:
     return DEFAULT_SHAPES[1 if n_filters <= 8 else 2]
 
 
+def without_wgmma(split: TensorShape) -> TensorShape:
+    """``split`` on ``mma.sync``: one output along x per step."""
+    return replace(split, wgmma=0, xo=1)
+
+
 def fit_split(
     extents: tuple[int, int, int], src: np.dtype, split: TensorShape, local_mem: int
 ) -> TensorShape:
-    """``split`` without B fragments in local memory, then narrowed (warps along z, then along
-    y, then rows per warp), until its ring of planes fits ``local_mem`` bytes: wide filters
-    need taller and wider plane tiles."""
+    """``split`` with one output along x per step, then without B fragments in local memory
+    (and so without wgmma), then narrowed (warps along z, then along y, then rows per warp),
+    until its ring of planes fits ``local_mem`` bytes: wide filters need taller and wider
+    plane tiles."""
     threads = split.threads
+    if split.xo > 1 and local_bytes(tensor_defines(extents, src, split)) > local_mem:
+        split = replace(split, xo=1)  # a ring of two planes fewer
     if local_bytes(tensor_defines(extents, src, split)) > local_mem:  # B fragments: L1 instead
-        split = replace(split, blocal=False, wgmma=0)
+        split = replace(without_wgmma(split), blocal=False)
     while local_bytes(tensor_defines(extents, src, split)) > local_mem:
         if split.wz > 1:
-            split = replace(split, wz=split.wz // 2, wgmma=0)
+            split = replace(without_wgmma(split), wz=split.wz // 2)
         elif split.wy > 1:
-            split = replace(split, wy=split.wy // 2, wgmma=0)
+            split = replace(without_wgmma(split), wy=split.wy // 2)
         elif split.tyw > 1:
             split = replace(split, tyw=split.tyw // 2)
         else:
@@ -248,19 +258,43 @@ def build_sm90a(
     and the PTX, those lines uncommented and its target sm_90a, built as the binary."""
     flags = [f"-D{k}={v}" for k, v in defines]
     source = kernel_source(name)
-    try:
-        return cl.Program(ctx, source).build(options=[*flags, "-cl-nv-arch", "sm_90a", *options])
-    except cl.Error:
-        pass
+    found = dict(defines)
+    groups, threads = int(found.get("PERSISTENT", 0)), 32 * int(found["WY"]) * int(found["WZ"])
+    if not groups:  # else the PTX route, where .minnctapersm can say it
+        try:
+            return cl.Program(ctx, source).build(
+                options=[*flags, "-cl-nv-arch", "sm_90a", *options]
+            )
+        except cl.Error:
+            pass
     ptx = cl.Program(ctx, source).build(options=[*flags, "-DWGMMA_COMMENT=1"])
     text = ptx.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0").decode()
+    text = sm90a_ptx(text, groups, threads)
+    return cl.Program(ctx, ctx.devices[:1], [text.encode()]).build(options=list(options))
+
+
+def sm90a_ptx(text: str, min_groups: int = 0, threads: int = 0) -> str:
+    """The PTX of a kernel compiled with WGMMA_COMMENT made sm_90a's: its wgmma lines
+    uncommented, its target sm_90a, its ISA at least 8.0; with ``min_groups``, each entry's
+    ``.minnctapersm`` (beside a ``.maxntid`` of ``threads`` where it has no bound of its own)
+    asks ptxas for as few registers as let that many work-groups of ``threads`` share a
+    multiprocessor (the persistent split's groups: the driver takes no register cap)."""
     text = re.sub(
         r"^\.target\s+sm_90\b", ".target sm_90a", text.replace(SM90A_LINE, ""), flags=re.M
     )
     version = re.search(r"^\.version\s+(\d+)\.(\d+)", text, flags=re.M)
     if version and (int(version[1]), int(version[2])) < (8, 0):  # wgmma: PTX ISA 8.0
         text = text.replace(version[0], ".version 8.0", 1)
-    return cl.Program(ctx, ctx.devices[:1], [text.encode()]).build(options=list(options))
+    if min_groups:  # between an entry's parameters (and bounds) and its body
+
+        def bound(m: re.Match) -> str:
+            head = m[1]
+            if threads and not re.search(r"\.(maxntid|reqntid)\b", head):
+                head += f"\n.maxntid {threads}, 1, 1"
+            return f"{head}\n.minnctapersm {min_groups}{m[2]}{{"
+
+        text = re.sub(r"(\.entry\s[^{]*?)(\s*)\{", bound, text, flags=re.S)
+    return text
 
 
 def kernel_file(shape: TensorShape) -> str:
@@ -290,16 +324,19 @@ def int8_defines(
     }  # fmt: skip
     if src == np.int8:
         defines["IN_SIGNED"] = 1
+    if shape.xo not in (1, 2) or (shape.xo == 2 and not shape.wgmma):
+        raise ValueError(f"xo is 1, or 2 on wgmma: {shape}")
     if shape.wgmma:
         if (shape.wy * shape.wz) % 4 or shape.nt > 2:
             raise ValueError(f"wgmma takes whole warpgroups and nt <= 2: {shape}")
         defines["WGMMA"] = shape.wgmma
+        defines["XO"] = shape.xo
     if shape.blocal or shape.wgmma:
         defines["BLOCAL"] = 1
     if shape.dxu:
         defines["DXU"] = shape.dxu
-    if shape.persistent:
-        defines["PERSISTENT"] = 1
+    if shape.persistent:  # groups per multiprocessor (`sm90a_ptx`)
+        defines["PERSISTENT"] = shape.persistent
     if emulate:
         defines["EMULATE_MMA"] = 1
     return defines
@@ -307,8 +344,8 @@ def int8_defines(
 
 def local_bytes(defines: dict[str, object]) -> int:
     """Local memory of the kernel: the ring of KX + 1 plane tiles (and the B fragments)."""
-    kx = int(defines["KX"])
-    ring = 4 * (kx + 1) * int(defines["LROWS"]) * int(defines["PL"])
+    kx, xo = int(defines["KX"]), int(defines.get("XO", 1))
+    ring = 4 * (kx + 2 * xo - 1) * int(defines["LROWS"]) * int(defines["PL"])
     if "SEG" not in defines:  # tensor_int8.cl: each warp's output stage
         ring += 640 * int(defines["WY"]) * int(defines["WZ"])
     digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits (as many
@@ -346,8 +383,9 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
     """The B operands of one pass of kernels/tensor_int8.cl: ``flipped`` (F <= 8 NT filters,
     kx, ky, kz) as digits, (KX, NJ, NT, digit, lane, 2) uint32 in mma.sync.m16n8k32's layout:
     lane (g, t) holds rows k = 4t..4t+3 (b0) and 16+4t..16+4t+3 (b1) of column n = g, the
-    lowest k in the lowest byte. With WGMMA: (KX, NJ, NT, digit) tiles of wgmma's K-major B
-    without swizzle, two core matrices of 8 filters x 16 k bytes (k < 16, then k >= 16)."""
+    lowest k in the lowest byte. With WGMMA: (NJ, KX descending, NT, digit) tiles of wgmma's
+    K-major B without swizzle, two core matrices of 8 filters x 16 k bytes (k < 16, then
+    k >= 16): tile dx - 1 follows tile dx, so one descriptor spans both (``XO`` 2)."""
     kx, ky, kz = flipped.shape[1:]
     nseg, nj, nt = (int(defines[k]) for k in ("NSEG", "NJ", "NT"))
     digits = int8_digits(flipped)  # (DIGITS, F, kx, ky, kz)
@@ -374,7 +412,9 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
                 k0 = 4 * t + 16 * reg  # (lane,) indices: each gives (lane, KX, NJ)
                 word = sum(b[f, :, :, k0 + i] << (8 * i) for i in range(4))
                 frags[:, :, tile, d, :, reg] = word.transpose(1, 2, 0)
-    return tiles.view(np.uint32) if "WGMMA" in defines else frags
+    if "WGMMA" in defines:
+        return np.ascontiguousarray(tiles[::-1].swapaxes(0, 1)).view(np.uint32)
+    return frags
 
 
 def b_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
@@ -453,7 +493,7 @@ class TensorConvolver(BankConvolver):
             raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
         local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
         if split.wgmma and not (self.emulate or wgmma_supported(self.device)):
-            split = replace(split, wgmma=0)
+            split = without_wgmma(split)
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
         int8 = split.arith == "int8"
@@ -464,7 +504,7 @@ class TensorConvolver(BankConvolver):
                 warnings.warn(f"wgmma did not build ({type(e).__name__}): mma.sync runs instead",
                               stacklevel=2)  # fmt: skip
                 self.split = split = fit_split(plan.extents, plan.pad_dtype,
-                                               replace(split, wgmma=0), local)  # fmt: skip
+                                               without_wgmma(split), local)  # fmt: skip
                 self.defines = tensor_defines(plan.extents, plan.pad_dtype, split)
         if "WGMMA" not in self.defines or self.emulate:
             self.program = build(ctx, kernel_file(split), tuple(self.defines.items()))
