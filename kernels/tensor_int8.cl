@@ -49,10 +49,10 @@
  *                fragments as mma.sync's), B from local memory through a matrix descriptor;
  *                1: the dx steps wait for each other's MMAs, 2: the next dx's A registers are
  *                loaded while the MMAs of this one run (wait_group 1)
- *   XO           optional, with WGMMA: outputs along x per step (1 or 2). With 2 each plane's A
- *                fragments feed both outputs x and x + 1 in one wgmma of twice the columns
- *                (filter dx = p for x, p - 1 for x + 1, adjacent tiles in local memory): half
- *                the A loads per MMA, and as many accumulators as NT = 2
+ *   XO           optional, with WGMMA: outputs along x per step (XO x NT <= 4). Each plane's A
+ *                fragments feed outputs x..x + XO - 1 in one wgmma of up to XO times the
+ *                columns (filter dx = p for x, p - 1 for x + 1, ...: adjacent tiles in local
+ *                memory): 1 / XO of the A loads per MMA, XO times the accumulators per row
  *   WGMMA_COMMENT  optional: the wgmma lines as PTX comments "//@ ..." (NVIDIA's OpenCL
  *                compiles for sm_90, which refuses them: volconv/tensor.py uncomments them
  *                in the PTX and builds that for sm_90a)
@@ -84,8 +84,8 @@
 #if defined(WGMMA) && (NWARPS % 4 != 0 || !defined(BLOCAL))
 #error "WGMMA needs whole warpgroups and the B tiles in local memory"
 #endif
-#if XO != 1 && (XO != 2 || !defined(WGMMA))
-#error "XO is 1, or 2 on WGMMA"
+#if XO != 1 && (XO * NT > 4 || !defined(WGMMA))
+#error "XO is 1, or XO x NT <= 4 on WGMMA"
 #endif
 #if PL % 4 != 0
 #error "PL must be a multiple of 4"
@@ -149,8 +149,9 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 /* B tile of one (dx, j): NC = 3 NT core-matrix columns of 8 n x 32 k bytes, K-major without
  * swizzle (core matrices of 8 rows x 16 bytes; LBO 128: the second 16 k, SBO 256: the next
  * 8 n); column n = 8 (3 nt + digit) + filter, so the accumulators are acc[yy][xo][nt][digit][4].
- * The tiles of one j lie dx descending, so tile (dx - 1, j) follows tile (dx, j): the columns
- * of outputs x (dx) and x + 1 (dx - 1) of one plane, one wgmma of 2 NC columns. */
+ * The tiles of one j lie dx descending, so tiles dx, dx - 1, ... follow each other: the
+ * columns of outputs x (dx), x + 1 (dx - 1), ... of one plane, one wgmma of u units of NC
+ * columns (u outputs along x). */
 #define NC (ND * NT)
 #define BTILE (NC * 256) /* bytes */
 #define TILE_INDEX(dx, j) ((j) * KX + KX - 1 - (dx))
@@ -172,8 +173,8 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
             mma_emulated((c) + 4 * ch, a0, a1, a2, a3, bt[0], bt[32], scratch, lane);        \
         }                                                                                    \
     } while (0)
-#define WG_ONE(c, a, tile, accumulate) WG_EMULATED(c, a, tile, accumulate, NC)
-#define WG_TWO(c, a, tile, accumulate) WG_EMULATED(c, a, tile, accumulate, 2 * NC)
+#define WG_UNITS(u, row, off, a, tile, accumulate) \
+    WG_EMULATED((row) + (off), a, tile, accumulate, (u) * NC)
 #else
 #ifdef WGMMA_COMMENT
 #define WG_LINE "//@ "
@@ -187,46 +188,69 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #define R4(c) "+r"((c)[0]), "+r"((c)[1]), "+r"((c)[2]), "+r"((c)[3])
 #define R12(c) R4(c), R4((c) + 4), R4((c) + 8)
 #define R24(c) R12(c), R12((c) + 12)
+#define R36(c) R24(c), R12((c) + 24)
 #define R48(c) R24(c), R24((c) + 24)
 #define WG_PTX(N, A) "wgmma.mma_async.sync.aligned.m64n" N "k32.s32." A ".s8 "
-#define WG_A(a0, a1, a2, a3, desc, accumulate) \
+#define WG_IN(a0, a1, a2, a3, desc, accumulate) \
     "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(accumulate)
-/* accumulate 0: D = A B (the accumulators' old values unread: no register writes before the
- * first MMA of an x step, which wgmma.fence would have to separate); WG_HOLD keeps their reads
+#define D12 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11"
+#define D24 D12 ", %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23"
+#define D36 D24 ", %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35"
+#define D48 D36 ", %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+/* m64nNk32, N = 24 u: 12 u accumulators, A's four registers, the B descriptor, the accumulate
+ * flag. accumulate 0: D = A B (the accumulators' old values unread: no register writes before
+ * an output's first MMA, which wgmma.fence would have to separate); WG_HOLD keeps their reads
  * after the waits */
-#define WG_N24(c, a0, a1, a2, a3, desc, accumulate)                                       \
-    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %17, 0; " WG_PTX("24", A_PTX)     \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "                     \
-                 "{%12, %13, %14, %15}, %16, p;}"                                             \
-                 : R12(c) : WG_A(a0, a1, a2, a3, desc, accumulate))
-#define WG_N48(c, a0, a1, a2, a3, desc, accumulate)                                       \
-    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %29, 0; " WG_PTX("48", A_PTX)     \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23}, "                                \
-                 "{%24, %25, %26, %27}, %28, p;}"                                             \
-                 : R24(c) : WG_A(a0, a1, a2, a3, desc, accumulate))
-#define WG_N96(c, a0, a1, a2, a3, desc, accumulate)                                       \
-    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %53, 0; " WG_PTX("96", A_PTX)     \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "   \
-                 "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
-                 "%44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p;}"                       \
-                 : R48(c) : WG_A(a0, a1, a2, a3, desc, accumulate))
-/* WG_ONE: the NC columns of one output along x; WG_TWO: 2 NC, outputs x and x + 1 (``a``:
- * the four A registers, expanded before the call below) */
-#if NT == 1
-#define WG_ONE(c, a, tile, accumulate) WG_N24(c, a, tile, accumulate)
-#define WG_TWO(c, a, tile, accumulate) WG_N48(c, a, tile, accumulate)
-#elif NT == 2
-#define WG_ONE(c, a, tile, accumulate) WG_N48(c, a, tile, accumulate)
-#define WG_TWO(c, a, tile, accumulate) WG_N96(c, a, tile, accumulate)
+#define WG_N24(c, a0, a1, a2, a3, desc, accumulate)                                          \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %17, 0; " WG_PTX("24", A_PTX)        \
+                 "{" D12 "}, {%12, %13, %14, %15}, %16, p;}"                                 \
+                 : R12(c) : WG_IN(a0, a1, a2, a3, desc, accumulate))
+#define WG_N48(c, a0, a1, a2, a3, desc, accumulate)                                          \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %29, 0; " WG_PTX("48", A_PTX)        \
+                 "{" D24 "}, {%24, %25, %26, %27}, %28, p;}"                                 \
+                 : R24(c) : WG_IN(a0, a1, a2, a3, desc, accumulate))
+#define WG_N72(c, a0, a1, a2, a3, desc, accumulate)                                          \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %41, 0; " WG_PTX("72", A_PTX)        \
+                 "{" D36 "}, {%36, %37, %38, %39}, %40, p;}"                                 \
+                 : R36(c) : WG_IN(a0, a1, a2, a3, desc, accumulate))
+#define WG_N96(c, a0, a1, a2, a3, desc, accumulate)                                          \
+    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %53, 0; " WG_PTX("96", A_PTX)        \
+                 "{" D48 "}, {%48, %49, %50, %51}, %52, p;}"                                 \
+                 : R48(c) : WG_IN(a0, a1, a2, a3, desc, accumulate))
+/* the wgmma of u units of NC columns (u outputs along x: u NT of 24 columns) on the
+ * accumulators row[off..]; every branch's registers within the row, also the ones unrolling
+ * leaves dead, so that the row stays in registers */
+#define WG_AT(row, off, k) ((row) + min((off), 12 * (XO * NT - (k))))
+#if XO * NT == 1
+#define WG_UNITS(u, row, off, a, tile, accumulate) WG_N24(row, a, tile, accumulate)
+#elif XO * NT == 2
+#define WG_UNITS(u, row, off, a, tile, accumulate)                                        \
+    do {                                                                                     \
+        if ((u) * NT == 1) WG_N24(WG_AT(row, off, 1), a, tile, accumulate);                  \
+        else WG_N48(row, a, tile, accumulate);                                               \
+    } while (0)
+#elif XO * NT == 3
+#define WG_UNITS(u, row, off, a, tile, accumulate)                                        \
+    do {                                                                                     \
+        if ((u) * NT == 1) WG_N24(WG_AT(row, off, 1), a, tile, accumulate);                  \
+        else if ((u) * NT == 2) WG_N48(WG_AT(row, off, 2), a, tile, accumulate);             \
+        else WG_N72(row, a, tile, accumulate);                                               \
+    } while (0)
 #else
-#error "WGMMA takes NT 1 or 2"
+#define WG_UNITS(u, row, off, a, tile, accumulate)                                        \
+    do {                                                                                     \
+        if ((u) * NT == 1) WG_N24(WG_AT(row, off, 1), a, tile, accumulate);                  \
+        else if ((u) * NT == 2) WG_N48(WG_AT(row, off, 2), a, tile, accumulate);             \
+        else if ((u) * NT == 3) WG_N72(WG_AT(row, off, 3), a, tile, accumulate);             \
+        else WG_N96(row, a, tile, accumulate);                                               \
+    } while (0)
 #endif
 #if XO * NT == 1
 #define WG_HOLD(c) asm volatile("" : R12(c) :: "memory")
 #elif XO * NT == 2
 #define WG_HOLD(c) asm volatile("" : R24(c) :: "memory")
+#elif XO * NT == 3
+#define WG_HOLD(c) asm volatile("" : R36(c) :: "memory")
 #else
 #define WG_HOLD(c) asm volatile("" : R48(c) :: "memory")
 #endif
@@ -354,16 +378,12 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
             const uint bsm = (uint)(ulong)bfrag_local4; /* shared window address */
 #define WG_TILE(dx, j) (WG_DESC(bsm) + (ulong)(TILE_INDEX(dx, j) * (BTILE / 16)))
 #endif
-            /* The planes of a step, in the order their MMAs run: XO 1, planes 0..KX-1 (dx);
-             * XO 2, plane KX (output x + 1 alone, dx KX - 1), plane 0 (x alone, dx 0), then
-             * planes 1..KX-1 for both, so each output's first MMA is one that writes D alone. */
-#if XO == 1
-#define NSTEP KX
-#define PLANE_OF(s) (s)
-#else
-#define NSTEP (KX + 1)
-#define PLANE_OF(s) ((s) == 0 ? KX : (s) - 1)
-#endif
+            /* The planes of a step, in the order their MMAs run: plane KX + XO - 2 (output
+             * x + XO - 1 alone, dx KX - 1), then planes 0, 1, ..., each output's first MMA one
+             * that writes it alone (accumulate 0 sets the whole instruction's D): output xo's
+             * at plane xo, after the first, but x + XO - 1's. */
+#define NSTEP (KX + XO - 1)
+#define PLANE_OF(s) ((s) == 0 ? KX + XO - 2 : (s) - 1)
             uint R[2][NROWS][NQ];
 #define LOAD_R(buf, p)                                                                    \
             {                                                                                \
@@ -380,20 +400,24 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
             for (int s = 0; s < NSTEP; s++) {
                 const int cur = s & 1, p = PLANE_OF(s);
                 WG_FENCE();
+                /* outputs lo..hi meet plane p (dx p - lo .. p - hi); the first touch of xo new */
+                const int lo = max(0, p - KX + 1), hi = min(XO - 1, p);
+                const int fresh = s == 0 ? XO - 1 : p <= XO - 2 ? p : -1;
 #pragma unroll
                 for (int j = 0; j < NJ; j++)
 #pragma unroll
                     for (int yy = 0; yy < TYW; yy++) {
-#if XO == 1
-                        WG_ONE(&acc[yy][0][0][0][0], A_FRAGS(yy, j), WG_TILE(p, j), p + j > 0);
-#else
-                        if (s == 0)
-                            WG_ONE(&acc[yy][1][0][0][0], A_FRAGS(yy, j), WG_TILE(KX - 1, j), j > 0);
-                        else if (s == 1)
-                            WG_ONE(&acc[yy][0][0][0][0], A_FRAGS(yy, j), WG_TILE(0, j), j > 0);
-                        else /* dx p for x, p - 1 for x + 1: adjacent tiles */
-                            WG_TWO(&acc[yy][0][0][0][0], A_FRAGS(yy, j), WG_TILE(p, j), 1);
-#endif
+                        int *row = &acc[yy][0][0][0][0];
+                        if (fresh < 0) {
+                            WG_UNITS(hi - lo + 1, row, lo * NC * 4, A_FRAGS(yy, j),
+                                     WG_TILE(p - lo, j), 1);
+                        } else { /* lo..fresh - 1 (if any), then fresh alone, D its MMAs' */
+                            if (fresh > lo)
+                                WG_UNITS(fresh - lo, row, lo * NC * 4, A_FRAGS(yy, j),
+                                         WG_TILE(p - lo, j), 1);
+                            WG_UNITS(1, row, fresh * NC * 4, A_FRAGS(yy, j),
+                                     WG_TILE(p - fresh, j), j > 0);
+                        }
                     }
                 WG_COMMIT();
                 if (s + 1 < NSTEP) {
@@ -404,12 +428,12 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #endif
                     LOAD_R(cur ^ 1, PLANE_OF(s + 1))
                 }
-#if XO == 2
-                if (more && s == NSTEP / 2) { /* the first next plane stored, the second fetched */
-                    STORE((xl + KX + 1) % RING)
-                    FETCH(x_wg + xl + KX + 2)
-                }
-#endif
+#pragma unroll
+                for (int i = 1; i < XO; i++) /* the next step's planes, one at a time */
+                    if (more && s == i * NSTEP / XO) {
+                        STORE((xl + KX + XO - 2 + i) % RING)
+                        FETCH(x_wg + xl + KX + XO - 1 + i)
+                    }
             }
             WG_WAIT0();
 #pragma unroll

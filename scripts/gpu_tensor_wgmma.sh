@@ -6,7 +6,7 @@ tag=$1; shift
 export PYTHONUNBUFFERED=1
 sass="$OUT/h100-tensor-$tag-sass.txt"
 : > "$sass"
-builds=("--n 8 --wgmma 1" "--n 8 --wgmma 2 --xo 2 --tyw 4 --persistent 3" "--n 16 --wgmma 2"
+builds=("--n 8 --wgmma 1" "--n 8 --wgmma 2 --xo 4 --tyw 2 --persistent 3"
         "--n 16 --wgmma 2 --xo 2 --tyw 2 --persistent 3")
 for build in "${builds[@]}"; do
   echo "== $build" >> "$sass"

@@ -345,6 +345,10 @@ def test_fit_split_drops_local_b_fragments_first():
         ((3, 5, 7), 3, (7, 9, 40), "reflect", np.uint8, TensorShape(1, 2, 2, 2, 3, wgmma=2, xo=2)),
         ((2, 4, 11), 13, (9, 10, 45), "wrap", np.int8, TensorShape(2, 1, 1, 4, 4, wgmma=1, xo=2)),
         ((1, 3, 4), 5, (5, 6, 20), "nearest", np.uint8, TensorShape(1, 1, 1, 4, 2, wgmma=2, xo=2)),
+        # three, four along x (slabs of 4 rows): runs of 3 and 1, of 2, of 4 then 0 past (KX < XO)
+        ((5, 3, 6), 6, (7, 8, 20), "reflect", np.uint8, TensorShape(1, 2, 1, 4, 3, wgmma=2, xo=4)),
+        ((2, 4, 3), 3, (9, 7, 18), "wrap", np.int8, TensorShape(1, 1, 1, 4, 2, wgmma=1, xo=4)),
+        ((3, 3, 9), 7, (8, 6, 21), "mirror", np.uint8, TensorShape(1, 1, 1, 4, 5, wgmma=2, xo=3)),
         (
             (4, 3, 5),
             10,
@@ -490,7 +494,7 @@ def test_sm90a_ptx(bound):
     assert ".minnctapersm" not in sm90a_ptx(PTX % bound)
 
 
-@pytest.mark.parametrize(("wgmma", "xo"), [(1, 1), (2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize(("wgmma", "xo"), [(1, 1), (2, 1), (1, 2), (2, 2), (2, 4)])
 @pytest.mark.parametrize(
     ("extents", "n", "dtype", "split"),
     [
@@ -510,9 +514,9 @@ def test_tensor_wgmma(nvidia, extents, n, dtype, split, wgmma, xo):
     shape = (29, 38, 71)
     vol = volume_of(dtype, shape, n)
     conv = TensorConvolver(bank, shape, dtype, "reflect", device=nvidia, slab_depth=12,
-                           shape_split=replace(split, wgmma=wgmma, xo=xo,
+                           shape_split=replace(split, wgmma=wgmma, xo=min(xo, 4 // split.nt),
                                                tyw=max(1, split.tyw // xo)))  # fmt: skip
-    assert conv.defines["WGMMA"] == wgmma and conv.defines["XO"] == xo
+    assert conv.defines["WGMMA"] == wgmma and conv.defines["XO"] == min(xo, 4 // split.nt)
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
 
 

@@ -132,8 +132,8 @@ class TensorShape:
     in local memory; ``dxu``: unroll of the dx loop (0: the compiler's); ``wgmma``: INT8 on
     ``wgmma.mma_async`` (sm_90a, warpgroups of 4 warps, B in local memory) instead of
     ``mma.sync``: 1 waits for each dx's MMAs, 2 loads the next dx's A meanwhile (0: off);
-    ``xo``: outputs along x per step on wgmma (1 or 2: each plane's A feeds x and x + 1 in one
-    wgmma of twice the columns); ``ieee_sum``: hi
+    ``xo``: outputs along x per step (on wgmma, xo x nt <= 4: each plane's A feeds x..x + xo - 1
+    in one wgmma of up to xo times the columns); ``ieee_sum``: hi
     products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
     (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
     (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own)."""
@@ -324,8 +324,8 @@ def int8_defines(
     }  # fmt: skip
     if src == np.int8:
         defines["IN_SIGNED"] = 1
-    if shape.xo not in (1, 2) or (shape.xo == 2 and not shape.wgmma):
-        raise ValueError(f"xo is 1, or 2 on wgmma: {shape}")
+    if shape.xo < 1 or (shape.xo > 1 and not (shape.wgmma and shape.xo * shape.nt <= 4)):
+        raise ValueError(f"xo is 1, or xo x nt <= 4 on wgmma: {shape}")
     if shape.wgmma:
         if (shape.wy * shape.wz) % 4 or shape.nt > 2:
             raise ValueError(f"wgmma takes whole warpgroups and nt <= 2: {shape}")
