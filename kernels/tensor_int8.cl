@@ -197,7 +197,7 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #define D24 D12 ", %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23"
 #define D36 D24 ", %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35"
 #define D48 D36 ", %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-/* m64nNk32, N = 24 u: 12 u accumulators, A's four registers, the B descriptor, the accumulate
+/* m64nNk32 (N = 24, 48, 96 of u8.s8's shapes): N / 2 accumulators, A's four registers, the B descriptor, the accumulate
  * flag. accumulate 0: D = A B (the accumulators' old values unread: no register writes before
  * an output's first MMA, which wgmma.fence would have to separate); WG_HOLD keeps their reads
  * after the waits */
@@ -209,10 +209,6 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
     asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %29, 0; " WG_PTX("48", A_PTX)        \
                  "{" D24 "}, {%24, %25, %26, %27}, %28, p;}"                                 \
                  : R24(c) : WG_IN(a0, a1, a2, a3, desc, accumulate))
-#define WG_N72(c, a0, a1, a2, a3, desc, accumulate)                                          \
-    asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %41, 0; " WG_PTX("72", A_PTX)        \
-                 "{" D36 "}, {%36, %37, %38, %39}, %40, p;}"                                 \
-                 : R36(c) : WG_IN(a0, a1, a2, a3, desc, accumulate))
 #define WG_N96(c, a0, a1, a2, a3, desc, accumulate)                                          \
     asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %53, 0; " WG_PTX("96", A_PTX)        \
                  "{" D48 "}, {%48, %49, %50, %51}, %52, p;}"                                 \
@@ -234,15 +230,20 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
     do {                                                                                     \
         if ((u) * NT == 1) WG_N24(WG_AT(row, off, 1), a, tile, accumulate);                  \
         else if ((u) * NT == 2) WG_N48(WG_AT(row, off, 2), a, tile, accumulate);             \
-        else WG_N72(row, a, tile, accumulate);                                               \
+        else { /* n72 is no u8.s8 shape: 48 + 24 */                                          \
+            WG_N48(row, a, tile, accumulate);                                                \
+            WG_N24(row + 24, a, (tile) + 2 * BTILE / 16, accumulate);                        \
+        }                                                                                    \
     } while (0)
 #else
 #define WG_UNITS(u, row, off, a, tile, accumulate)                                        \
     do {                                                                                     \
         if ((u) * NT == 1) WG_N24(WG_AT(row, off, 1), a, tile, accumulate);                  \
         else if ((u) * NT == 2) WG_N48(WG_AT(row, off, 2), a, tile, accumulate);             \
-        else if ((u) * NT == 3) WG_N72(WG_AT(row, off, 3), a, tile, accumulate);             \
-        else WG_N96(row, a, tile, accumulate);                                               \
+        else if ((u) * NT == 3) { /* n72 is no u8.s8 shape: 48 + 24 */                       \
+            WG_N48(WG_AT(row, off, 3), a, tile, accumulate);                                 \
+            WG_N24(WG_AT(row, off, 3) + 24, a, (tile) + 2 * BTILE / 16, accumulate);         \
+        } else WG_N96(row, a, tile, accumulate);                                             \
     } while (0)
 #endif
 #if XO * NT == 1
