@@ -197,8 +197,8 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #define D24 D12 ", %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23"
 #define D36 D24 ", %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35"
 #define D48 D36 ", %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-/* m64nNk32 (N = 24, 48, 96 of u8.s8's shapes): N / 2 accumulators, A's four registers, the B descriptor, the accumulate
- * flag. accumulate 0: D = A B (the accumulators' old values unread: no register writes before
+/* m64nNk32 (N = 24, 48, 96: u8.s8 has no 72): N / 2 accumulators, A's four registers, the B
+ * descriptor, the accumulate flag. accumulate 0: D = A B (the accumulators' old values unread: no register writes before
  * an output's first MMA, which wgmma.fence would have to separate); WG_HOLD keeps their reads
  * after the waits */
 #define WG_N24(c, a0, a1, a2, a3, desc, accumulate)                                          \
@@ -382,7 +382,7 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
             /* The planes of a step, in the order their MMAs run: plane KX + XO - 2 (output
              * x + XO - 1 alone, dx KX - 1), then planes 0, 1, ..., each output's first MMA one
              * that writes it alone (accumulate 0 sets the whole instruction's D): output xo's
-             * at plane xo, after the first, but x + XO - 1's. */
+             * at plane xo, but x + XO - 1's at the first. */
 #define NSTEP (KX + XO - 1)
 #define PLANE_OF(s) ((s) == 0 ? KX + XO - 2 : (s) - 1)
             uint R[2][NROWS][NQ];
@@ -396,46 +396,50 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                        R[cur][(yy) + PROW(2 * (j))][PCOL(2 * (j)) + 1],                      \
                        R[cur][(yy) + PROW(2 * (j) + 1)][PCOL(2 * (j) + 1)],                  \
                        R[cur][(yy) + PROW(2 * (j) + 1)][PCOL(2 * (j) + 1) + 1]
-            LOAD_R(0, PLANE_OF(0))
-#pragma unroll
-            for (int s = 0; s < NSTEP; s++) {
-                const int cur = s & 1, p = PLANE_OF(s);
-                WG_FENCE();
-                /* outputs lo..hi meet plane p (dx p - lo .. p - hi); the first touch of xo new */
-                const int lo = max(0, p - KX + 1), hi = min(XO - 1, p);
-                const int fresh = s == 0 ? XO - 1 : p <= XO - 2 ? p : -1;
-#pragma unroll
-                for (int j = 0; j < NJ; j++)
-#pragma unroll
-                    for (int yy = 0; yy < TYW; yy++) {
-                        int *row = &acc[yy][0][0][0][0];
-                        if (fresh < 0) {
-                            WG_UNITS(hi - lo + 1, row, lo * NC * 4, A_FRAGS(yy, j),
-                                     WG_TILE(p - lo, j), 1);
-                        } else { /* lo..fresh - 1 (if any), then fresh alone, D its MMAs' */
-                            if (fresh > lo)
-                                WG_UNITS(fresh - lo, row, lo * NC * 4, A_FRAGS(yy, j),
-                                         WG_TILE(p - lo, j), 1);
-                            WG_UNITS(1, row, fresh * NC * 4, A_FRAGS(yy, j),
-                                     WG_TILE(p - fresh, j), j > 0);
-                        }
-                    }
-                WG_COMMIT();
-                if (s + 1 < NSTEP) {
+/* Step s of the planes: its MMAs (__VA_ARGS__, per j and row yy; p its plane), then the next
+ * plane's A loaded and the next x step's planes fetched, one at a time through the step. */
 #if WGMMA == 2
-                    WG_WAIT1(); /* step s - 1's MMAs, which read the other buffer, are done */
+#define WG_WAIT_PREVIOUS() WG_WAIT1() /* step s - 1's MMAs, which read the other buffer */
 #else
-                    WG_WAIT0();
+#define WG_WAIT_PREVIOUS() WG_WAIT0()
 #endif
-                    LOAD_R(cur ^ 1, PLANE_OF(s + 1))
-                }
-#pragma unroll
-                for (int i = 1; i < XO; i++) /* the next step's planes, one at a time */
-                    if (more && s == i * NSTEP / XO) {
-                        STORE((xl + KX + XO - 2 + i) % RING)
-                        FETCH(x_wg + xl + KX + XO - 1 + i)
-                    }
+#define PLANE_STEP(s, ...)                                                                \
+            {                                                                                \
+                const int cur = (s) & 1, p = PLANE_OF(s);                                    \
+                WG_FENCE();                                                                  \
+                _Pragma("unroll") for (int j = 0; j < NJ; j++)                               \
+                _Pragma("unroll") for (int yy = 0; yy < TYW; yy++) {                         \
+                    int *row = &acc[yy][0][0][0][0];                                         \
+                    __VA_ARGS__                                                              \
+                }                                                                            \
+                WG_COMMIT();                                                                 \
+                if ((s) + 1 < NSTEP) {                                                       \
+                    WG_WAIT_PREVIOUS();                                                      \
+                    LOAD_R(cur ^ 1, PLANE_OF((s) + 1))                                       \
+                }                                                                            \
+                _Pragma("unroll") for (int i = 1; i < XO; i++)                               \
+                    if (more && (s) == i * NSTEP / XO) {                                     \
+                        STORE((xl + KX + XO - 2 + i) % RING)                                 \
+                        FETCH(x_wg + xl + KX + XO - 1 + i)                                   \
+                    }                                                                        \
             }
+            /* Three loops, so that each, unrolled, stays within the compiler's unroll budget
+             * (else acc would be indexed at run time: local memory). Output xo meets plane p
+             * at dx = p - xo, outputs lo..hi = XO - 1 at once where p >= XO - 1. */
+            LOAD_R(0, PLANE_OF(0))
+            PLANE_STEP(0, WG_UNITS(1, row, (XO - 1) * NC * 4, A_FRAGS(yy, j),
+                                   WG_TILE(KX - 1, j), j > 0);) /* x + XO - 1's first */
+#pragma unroll
+            for (int s = 1; s < XO; s++) /* planes 0..XO - 2: output p's first MMAs */
+                PLANE_STEP(s, const int lo = max(0, p - KX + 1);
+                           if (p > lo) WG_UNITS(p - lo, row, lo * NC * 4, A_FRAGS(yy, j),
+                                                WG_TILE(p - lo, j), 1);
+                           WG_UNITS(1, row, p * NC * 4, A_FRAGS(yy, j), WG_TILE(0, j), j > 0);)
+#pragma unroll
+            for (int s = XO; s < NSTEP; s++) /* planes XO - 1..KX + XO - 3 */
+                PLANE_STEP(s, const int lo = max(0, p - KX + 1);
+                           WG_UNITS(XO - lo, row, lo * NC * 4, A_FRAGS(yy, j),
+                                    WG_TILE(p - lo, j), 1);)
             WG_WAIT0();
 #pragma unroll
             for (int yy = 0; yy < TYW; yy++) WG_HOLD(&acc[yy][0][0][0][0]);
