@@ -2,10 +2,11 @@
 
 For each point on a 256^3 uint8 volume (the MNI152 scan in data/ where present and --random
 not given, else random bytes) and N random normal k^3 filters (--extent, default 7), reflect:
-a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll, filt] at
-each work-group of --locals (row_unroll -1: the compiler's choice; filt 0: the filters read from
-global memory, 1: staged in local memory; unroll null: the plan's block and work-group with the
-other knobs set); --options adds build options
+a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll, filt, roll,
+width] at each work-group of --locals (row_unroll -1: the compiler's choice; filt 0: the filters
+read from global memory, 1: staged in local memory; roll 1: the loop over filter rows with a
+window of input rows, 0: over input rows; width: the vector width of the passes; unroll null:
+the plan's block and work-group with the other knobs set); --options adds build options
 (e.g. -cl-nv-maxrregcount=168). Run from another checkout's root with its volconv on
 PYTHONPATH, it measures that checkout's kernel (knobs it lacks: leave them out). Kept:
   - the compiler's report of each build (``-cl-nv-verbose``: registers, spill bytes, stack
@@ -174,15 +175,15 @@ def main() -> None:
         for knobs, local, float_slab in variants:
             # [] the plan's defaults; [unroll, rows, row_unroll, filt] (None: the plan's;
             # row_unroll -1: the compiler's choice; filt 0 global, 1 local)
-            unroll, rows, row_unroll, filt = (*knobs, *[None] * 4)[:4]
+            unroll, rows, row_unroll, filt, roll, width = (*knobs, *[None] * 6)[:6]
             point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
-                     "row_unroll": row_unroll, "filt": filt,
+                     "row_unroll": row_unroll, "filt": filt, "roll": roll, "width": width,
                      "local_size": list(local) if knobs and unroll else None,
                      "float_slab": float_slab}  # fmt: skip
             t0 = time.perf_counter()
             try:
                 # no unroll given: the plan's block and work-group, with the other knobs set
-                given = {"unroll": unroll, "rows": rows,
+                given = {"unroll": unroll, "rows": rows, "vector_width": width,
                          "local_size": local if knobs and unroll else None,
                          "pad_float": float_slab}  # fmt: skip
                 given = {key: v for key, v in given.items() if v is not None}
@@ -190,6 +191,8 @@ def main() -> None:
                                  tuned=False, **given)  # fmt: skip
                 if filt is not None:
                     plan = replace(plan, filt_local=filt == 1)
+                if roll is not None:
+                    plan = replace(plan, roll=bool(roll))
                 if row_unroll is not None:
                     plan = replace(
                         plan, row_unroll=None if row_unroll < 0 else row_unroll
@@ -206,7 +209,8 @@ def main() -> None:
                 defines = tuple(plan.build_options(plan.passes[0].width).items())
                 point.update({
                     "plan": {key: getattr(plan, key, None) for key in
-                             ("unroll", "rows", "row_unroll", "local_size", "filt_local")},
+                             ("unroll", "rows", "row_unroll", "roll", "local_size",
+                              "filt_local")},
                     "defines": dict(defines),
                     "passes": [q.width for q in plan.passes], "slab_rows": b - a,
                     "ms_min": float(sec.min()) * 1e3, "ms_median": float(np.median(sec)) * 1e3,
@@ -265,7 +269,7 @@ def line(p: dict) -> str:
     if p["local_size"] is None:
         head = f"N={p['n']:<2} k={p['extent']} plan's {p.get('plan', '')}"
     else:
-        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt")
+        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt", "roll", "width")
                         if p.get(key) is not None)  # fmt: skip
         head = (
             f"N={p['n']:<2} k={p['extent']} U={p['unroll']:<2} R={p['rows']}{extra} "

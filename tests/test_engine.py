@@ -173,18 +173,21 @@ def test_plan_overrides_keep_the_result(device, knobs):
 
 @pytest.mark.parametrize("mode", ["reflect", "wrap", "constant"])
 @pytest.mark.parametrize(
-    ("n", "unroll", "rows", "row_unroll"),
-    [(1, 8, 4, None), (1, 4, 8, None), (2, 4, 3, None), (4, 4, 2, 1), (8, 8, 1, 2), (8, 8, 1, 0),
-     (3, 5, 2, None), (16, 2, 2, None)],
+    ("n", "unroll", "rows", "row_unroll", "roll"),
+    [(1, 8, 4, None, False), (1, 4, 8, None, False), (2, 4, 3, None, False), (4, 4, 2, 1, False),
+     (8, 8, 1, 2, False), (8, 8, 1, 0, False), (3, 5, 2, None, False), (16, 2, 2, None, False),
+     (1, 8, 4, 4, True), (4, 8, 2, 2, True), (8, 8, 1, 2, True), (3, 5, 3, None, True),
+     (16, 2, 2, 0, True)],
 )  # fmt: skip
-def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unroll):
+def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unroll, roll):
     """Outputs per work-item along z and y (rows that do not divide ny, slab seams in the
-    7-row kernel) and the row loop's unroll: the same result."""
+    7-row kernel), the row loop's unroll and its order (over input rows, or over filter rows
+    with a window of input rows): the same result."""
     volume = random_volume((11, 13, 37), "uint8")
     kernels = random_bank(n, (7, 5, 7))
     plan = make_plan(volume.shape, volume.dtype, kernels.shape[1:], n, mode, 3.0,
                      device, unroll=unroll, rows=rows, slab_depth=6)  # fmt: skip
-    plan = replace(plan, row_unroll=row_unroll)
+    plan = replace(plan, row_unroll=row_unroll, roll=roll)
     conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, 3.0, device=device,
                          plan=plan)  # fmt: skip
     out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])

@@ -165,6 +165,7 @@ class Plan:
     filt_local: bool
     rows: int = 1
     row_unroll: int | None = None
+    roll: bool = False
     engine: str = ENGINES[0].name
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
@@ -206,6 +207,7 @@ class Plan:
             "NV": width, "UNROLL": self.unroll, "IN_T": CL_TYPES[self.pad_dtype],
             "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows,
             **({} if self.row_unroll is None else {"ROW_UNROLL": self.row_unroll}),
+            **({"ROLL": 1} if self.roll else {}),
         }  # fmt: skip
 
 
