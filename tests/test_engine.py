@@ -12,7 +12,7 @@ from conftest import assert_spec_close, reference
 
 from volconv import BankConvolver, convolve_bank
 from volconv.checks import MODES
-from volconv.plan import make_plan
+from volconv.plan import Block, Pass, make_plan
 
 RNG = np.random.default_rng(20261122)
 
@@ -193,6 +193,27 @@ def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unro
     out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
                           for a, b in conv.slabs()], axis=1)  # fmt: skip
     assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 3.0))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "constant"])
+def test_each_pass_with_its_own_block_keeps_the_result(device, mode):
+    """Passes of 4, 2 and 1 filters, each with its own block and work-group (as a GPU plan
+    makes them), one rolled, over a padded slab as wide as the widest unroll needs."""
+    volume = random_volume((9, 13, 37), "uint8")
+    kernels = random_bank(7, (5, 7, 3))
+    plan = make_plan(volume.shape, volume.dtype, kernels.shape[1:], 7, mode, 2.0, device,
+                     vector_width=4, unroll=16, slab_depth=5, pad_float=False)  # fmt: skip
+    passes = (
+        Pass(0, 4, 4, Block(4, 2, None, False, (8, 4, 1))),
+        Pass(4, 2, 2, Block(8, 4, None, False, (4, 4, 1))),
+        Pass(6, 1, 1, Block(5, 3, 3, True, (4, 2, 1))),
+    )
+    plan = replace(plan, passes=passes)
+    conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, 2.0, device=device,
+                         plan=plan)  # fmt: skip
+    out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
+                          for a, b in conv.slabs()], axis=1)  # fmt: skip
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 2.0))
 
 
 @pytest.mark.parametrize("pad_float", [False, True])
