@@ -176,7 +176,8 @@ def test_plan_overrides_keep_the_result(device, knobs):
     ("n", "unroll", "rows", "row_unroll", "roll"),
     [(1, 8, 4, None, False), (1, 4, 8, None, False), (2, 4, 3, None, False), (4, 4, 2, 1, False),
      (8, 8, 1, 2, False), (8, 8, 1, 0, False), (3, 5, 2, None, False), (16, 2, 2, None, False),
-     (1, 8, 4, 4, True), (4, 8, 2, 2, True), (8, 8, 1, 2, True), (3, 5, 3, None, True),
+     (1, 8, 4, 4, True), (4, 8, 2, 2, True), (8, 8, 1, 2, True), (8, 8, 1, 1, True),
+     (3, 5, 3, None, True),
      (16, 2, 2, 0, True)],
 )  # fmt: skip
 def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unroll, roll):

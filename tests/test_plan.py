@@ -72,13 +72,12 @@ def test_unroll_and_work_group_by_device_kind():
 
 
 def test_gpus_block_narrow_vectors_in_two_axes_within_the_code_budget():
-    """Narrow vectors take several output rows per work-item on a GPU; past
-    `MAX_UNROLLED_FMAS` (the loop over input rows unrolled whole) the loop runs over filter
-    rows instead (``roll``), unrolled ``rows`` times, and the block stays. CPUs keep one row."""
+    """Narrow vectors take several output rows per work-item on a GPU while the loop over
+    input rows unrolled whole stays within `MAX_UNROLLED_FMAS`; past it width 1 keeps its
+    block with the loop over filter rows (``roll``, unrolled ``rows`` times), wider vectors
+    take fewer rows. CPUs keep one row."""
     one = plan(n=1)
     assert (one.unroll, one.rows, one.row_unroll, one.roll) == (8, 4, None, False)
-    assert (plan(n=8).rows, plan(n=8).row_unroll) == (1, 2)
-    assert plan(n=8, extents=(9, 9, 9)).row_unroll is None  # the compiler's unroll ran faster
     assert plan(n=1, device=fake_device(gpu=False)).rows == 1
     for k in (3, 5, 7, 9, 11, 31):
         for n in (1, 2, 4, 8):
@@ -86,14 +85,26 @@ def test_gpus_block_narrow_vectors_in_two_axes_within_the_code_budget():
             for q in p.passes:
                 b = p.block(q)
                 over = b.rows * b.unroll * k * k * q.width > MAX_UNROLLED_FMAS
-                assert b.roll == (b.rows > 1 and over)
-                assert not b.roll or b.row_unroll == b.rows
+                assert b.rows == 1 or b.roll == over
+                assert not (b.roll and b.rows > 1) or (q.width == 1 and b.row_unroll == b.rows)
     big = plan(extents=(11, 11, 11), n=1)
     assert (big.unroll, big.rows, big.row_unroll, big.roll) == (8, 4, 4, True)
+    wide = plan(extents=(11, 11, 11), n=4)
+    assert (wide.unroll, wide.rows, wide.roll) == (16, 1, False)  # one row at its best unroll
     assert plan(extents=(11, 11, 11), n=1, rows=3).rows == 3  # a given knob is kept
     assert plan(shape=(4, 2, 40), n=1).rows == 2  # no more rows than the volume has
     cpu = plan(extents=(11, 11, 11), n=1, device=fake_device(gpu=False), unroll=8, rows=4)
-    assert cpu.roll and cpu.rows == 4  # given rows past the budget: the rolled loop
+    assert cpu.roll and cpu.rows == 4  # rows given past the budget: the rolled loop
+
+
+@pytest.mark.parametrize(
+    ("k", "roll", "row_unroll"), [(3, True, 1), (5, False, 2), (7, False, 2), (9, False, None)]
+)
+def test_gpus_run_one_row_of_wide_vectors_by_the_filters_extent(k, roll, row_unroll):
+    """Width 8, one row: over filter rows at 3^3, over input rows unrolled twice at 5^3-7^3,
+    the compiler's unroll from 9^3 (as measured on the H100)."""
+    p = plan(extents=(k, k, k), n=8)
+    assert (p.rows, p.roll, p.row_unroll) == (1, roll, row_unroll)
 
 
 def test_each_pass_takes_its_own_widths_block_unless_knobs_are_given():

@@ -54,15 +54,23 @@ DEFAULT_ROWS = {1: 4, 2: 4, 4: 2, 8: 1, 16: 2}
 # With rows > 1 the kernel unrolls its loop over input rows whole: per filter plane
 # rows * unroll * ky * kz * width FMA instructions. At 1568 (7^3) they ran at 64-68 % of the
 # probe; at 3136-3872 (7^3 unrolled whole at width 8, 11^3 at these blocks) at 17-57 %: the
-# code outgrows the instruction cache. Past this budget the plan halves the rows, and at one
-# row takes the unroll that one row ran best at (DEFAULT_UNROLL_1D).
+# code outgrows the instruction cache. Past this budget width 1 keeps its block with the
+# loop over filter rows (bank_conv.cl's ROLL) unrolled `rows` times: 9^3 0.587 ms against
+# 0.657 at 8 x 2, 11^3 1.175 against 1.354 at 16 x 1; wider vectors halve the rows, and at
+# one row take the unroll that one row ran best at (DEFAULT_UNROLL_1D): rolled, width 2 ran
+# 1.083 / 2.142 ms at 9^3 / 11^3 against 1.112 / 2.022, width 4 2.145 / 3.925 against
+# 2.101 / 3.577, width 16 at 7^3 4.469 against 4.276 (h100-fp32-4-pass-k*.json).
 MAX_UNROLLED_FMAS = 1600
+ROLL_MAX_WIDTH = 1
 DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
-# GPUs, rows 1 at width 8 or more: the loop over input rows unrolled twice (NVIDIA's
-# compiler unrolled the bank_conv.cl of 69f87f1 so by itself; left to it, this source ran
-# 13 % slower at N = 8; narrower vectors ran as fast or faster left to it).
+# GPUs, rows 1 at width 8 or more: how the loop over rows runs, by kz (H100, 256^3 uint8,
+# N = 8, h100-fp32-4-*.json). 5^3, 7^3: over input rows unrolled twice (0.762, 1.844 ms;
+# left to NVIDIA's compiler 0.768, 2.01; over filter rows 0.843, 1.97). 9^3, 11^3: the
+# compiler's choice (3.859 ms against 4.112 unrolled twice; 11^3 within 1 %). 3^3: over
+# filter rows, not unrolled (0.314 ms against 0.374).
 GPU_ROW_UNROLL = 2
 GPU_ROW_UNROLL_MAX_KZ = 7
+GPU_ROLL_MAX_KZ = 3
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
@@ -398,16 +406,18 @@ def _block(
     rows = max(1, min(rows, MAX_ROWS, shape[1]))
     roll, row_unroll = False, None
     if rows > 1 and rows * unroll * ky * kz * width > MAX_UNROLLED_FMAS:
-        # the loop over input rows unrolled whole would outgrow the instruction cache: on
-        # GPUs (and for rows given) the loop over filter rows, unrolled `rows` times, keeps
-        # the block; CPUs take fewer rows
-        if cpu and not rows_given:
+        # the loop over input rows unrolled whole would outgrow the instruction cache: rows
+        # given, and width 1 on GPUs, keep the block with the loop over filter rows
+        if rows_given or (not cpu and width <= ROLL_MAX_WIDTH):
+            roll, row_unroll = True, rows
+        else:
             while rows > 1 and rows * unroll * ky * kz * width > MAX_UNROLLED_FMAS:
                 rows //= 2
             if rows == 1 and not unroll_given:
                 unroll = min(DEFAULT_UNROLL_1D[width], MAX_Z_POSITIONS + 1 - kz)
-        else:
-            roll, row_unroll = True, rows
+                unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
+    elif not cpu and rows == 1 and width >= 8 and kz <= GPU_ROLL_MAX_KZ:
+        roll, row_unroll = True, 1
     elif not cpu and rows == 1 and width >= 8 and kz <= GPU_ROW_UNROLL_MAX_KZ:
         row_unroll = GPU_ROW_UNROLL
     if local_size is None:
