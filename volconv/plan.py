@@ -33,12 +33,11 @@ MAX_UNROLL = 32
 MAX_ROWS = 8  # bank_conv.cl's ROWS: outputs per work-item along axis 1
 MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must fit
 
-# Fraction of peak one pass of each vector width reaches, and the unroll that reached it:
-# H100, 256^3 uint8, 7^3 filters (benchmarks/results/; width 2 interpolated). Choosing passes
-# by cost = width / efficiency keeps wide vectors for big banks and avoids zero filters.
-# Measured with one row per work-item; with DEFAULT_ROWS widths 1, 2, 4 reach 0.64, 0.68,
-# 0.68 at 7^3 (h100-fp32-defaults.json), not used here until mixed passes are measured (a
-# plan's unroll and rows are the widest pass's).
+# Fraction of the FMA probe one pass of each vector width reaches at its own block (each
+# pass of a plan runs its width's block, `Block`): H100, 256^3 uint8, 7^3 filters
+# (benchmarks/results/h100-fp32-4-pass-k7.json; width 16 from h100-fp32-sweep*). Choosing
+# passes by cost = width / efficiency keeps wide vectors for big banks and avoids zero
+# filters: 3 filters run as 2 + 1 in 0.777 ms against 1.006 as one pass of 4.
 PASS_EFFICIENCY = {1: 0.638, 2: 0.680, 4: 0.684, 8: 0.749, 16: 0.60}
 # CPUs (PoCL on the 2-core EPYC, AVX-512 on 256-bit units, 96^3 uint8, 7^3 filters, fraction
 # of the FMA probe: benchmarks/results/pocl-cpu-widths.json): a pass of width 4 costs what a
