@@ -192,6 +192,14 @@ def test_explicit_knobs_beat_the_cache(device, cache):
     assert untuned_plan(device, TINY, tuned=False).unroll != 5
 
 
+def test_an_entry_without_rows_leaves_the_rows_to_the_plan(device, cache):
+    """Entries written before the tuner searched rows hold none: the plan's own rows."""
+    write_entry(cache, device, TINY, {k: v for k, v in entry(unroll=5).items() if k != "rows"})
+    assert tuned_knobs(device, TINY.extent, TINY.n, np.dtype(TINY.dtype))["rows"] is None
+    p = untuned_plan(device, TINY)
+    assert p.unroll == 5 and p.rows == untuned_plan(device, TINY, unroll=5, tuned=False).rows
+
+
 def test_other_banks_take_the_defaults(device, cache):
     write_entry(cache, device, TINY, entry(unroll=5))
     other = Work(TINY.shape, TINY.n + 1, TINY.extent, dtype=TINY.dtype)

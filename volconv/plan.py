@@ -458,7 +458,7 @@ def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> i
 # An entry made for other kernels (any engine's), or of another format, is stale.
 
 TUNE_FILE = "tune.json"
-TUNE_FORMAT = 2  # 2: with rows
+TUNE_FORMAT = 1
 
 
 def kernel_hash() -> str:
@@ -488,9 +488,9 @@ def tuned_knobs(
     src_dtype: np.dtype,
     cache_dir: Path | None = None,
 ) -> dict[str, object] | None:
-    """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows``,
-    ``local_size``, ``vector_width`` (None: the plan splits the bank), ``engine``; None when
-    there are none.
+    """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows`` (None:
+    the plan's), ``local_size``, ``vector_width`` (None: the plan splits the bank),
+    ``engine``; None when there are none.
     An unreadable file, or an entry that is stale (another kernel source or format) or
     invalid, is ignored with a warning: the plan falls back to its defaults."""
     path = tune_path(cache_dir)
@@ -516,7 +516,7 @@ def tuned_knobs(
     try:
         knobs = {
             "unroll": int(entry["unroll"]),
-            "rows": int(entry["rows"]),
+            "rows": None if entry.get("rows") is None else int(entry["rows"]),
             "local_size": tuple(int(v) for v in entry["local_size"]),
             "vector_width": None if entry["vector_width"] is None else int(entry["vector_width"]),
             "engine": str(entry["engine"]),
@@ -525,7 +525,7 @@ def tuned_knobs(
         return _ignored(path, f"its entry for {bank_key} lacks a knob")
     if not (
         1 <= knobs["unroll"] <= MAX_UNROLL
-        and 1 <= knobs["rows"] <= MAX_ROWS
+        and knobs["rows"] in (None, *range(1, MAX_ROWS + 1))
         and len(knobs["local_size"]) == 2
         and min(knobs["local_size"]) >= 1
         and knobs["vector_width"] in (None, *VECTOR_WIDTHS)
