@@ -334,9 +334,9 @@ def make_plan(
     the tuning cache when it holds this device, driver and bank shape (`tuned_knobs`;
     ``tuned`` False skips it), else from the defaults per kind of device; then every pass
     takes the plan's block (`Block`), and untuned each pass narrower than the widest its own
-    width's. ``pad_float`` pads the slab
-    as float32 whatever the source type (default: on CPUs, whose kernel then broadcasts each
-    input straight from memory, with no conversion in the hot loop).
+    width's. ``pad_float`` pads the slab as float32 whatever the source type (default: on
+    CPUs, whose kernel then broadcasts each input straight from memory, with no conversion in
+    the hot loop).
 
     ``stream`` asks for slabs shallow enough that reading, computing and writing overlap
     (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows), as a pipeline run wants;
