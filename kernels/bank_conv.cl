@@ -19,7 +19,12 @@
  *   UNROLL       outputs per work-item along axis 2, 1..32, KZ + UNROLL - 1 <= 64
  *   ROWS         optional: outputs per work-item along axis 1, 1..8 (default 1)
  *   ROW_UNROLL   optional: unroll factor of the loop over input rows (0: whole, the default
- *                when ROWS > 1, which needs it; otherwise the compiler's choice)
+ *                when ROWS > 1 without ROLL, which needs it; otherwise the compiler's choice;
+ *                with ROLL, of the loop over filter rows)
+ *   ROLL         optional, 1: the loop runs over filter rows, each coefficient loaded once
+ *                and applied to all ROWS output rows, with a window of ROWS input rows kept
+ *                in registers as floats (one new row loaded and converted per filter row);
+ *                0 (default): the loop runs over input rows (below)
  *   IN_T         element type of the padded slab (uchar, char, ushort, short, float)
  *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
  *   BLOCK_TAPS   optional: sum blocked from this many taps on (default below)
@@ -52,7 +57,10 @@ typedef float16 vecf;
 #endif
 #define PRAGMA(x) _Pragma(#x)
 #define PRAGMA_UNROLL(n) PRAGMA(unroll n)
-#if !defined(ROW_UNROLL) && ROWS > 1
+#ifndef ROLL
+#define ROLL 0
+#endif
+#if !defined(ROW_UNROLL) && ROWS > 1 && !ROLL
 #define ROW_UNROLL 0
 #endif
 #ifndef ROW_UNROLL
@@ -175,10 +183,12 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
                         const int nreal)                   /* real filters in this pass */
 {
 #if FILT_LOCAL
+#define FILT_SPACE __local
     __local vecf filt[NTAPS];
     event_t ev = async_work_group_copy(filt, filt_g, NTAPS, 0);
     wait_group_events(1, &ev);
 #else
+#define FILT_SPACE __global
     __global const vecf *filt = filt_g;
 #endif
 
@@ -197,6 +207,40 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
         for (int v = 0; v < ROWS; v++)
             for (int u = 0; u < UNROLL; u++) part[v][u] = (vecf)(0.0f);
 #endif
+#if ROLL
+        /* win[v] holds input row dy + v: output row v meets filter row dy there. Each
+         * coefficient vector is loaded once per work-item and feeds ROWS * UNROLL outputs;
+         * each input value is loaded and converted once per plane. */
+        float win[ROWS][KZ + UNROLL - 1];
+        __global const IN_T *plane_in = in + (x + dx) * P1 * P2 + z0;
+#pragma unroll
+        for (int v = 1; v < ROWS; v++) {
+            __global const IN_T *row = plane_in + ROW_Y(v - 1) * P2;
+#pragma unroll
+            for (int p = 0; p < KZ + UNROLL - 1; p++) win[v][p] = (float)row[p];
+        }
+        ROW_LOOP
+        for (int dy = 0; dy < KY; dy++) {
+#pragma unroll
+            for (int v = 0; v + 1 < ROWS; v++) {
+#pragma unroll
+                for (int p = 0; p < KZ + UNROLL - 1; p++) win[v][p] = win[v + 1][p];
+            }
+            __global const IN_T *row = plane_in + ROW_Y(dy + ROWS - 1) * P2;
+#pragma unroll
+            for (int p = 0; p < KZ + UNROLL - 1; p++) win[ROWS - 1][p] = (float)row[p];
+            FILT_SPACE const vecf *frow = filt + (dx * KY + dy) * KZ;
+#pragma unroll
+            for (int dz = 0; dz < KZ; dz++) {
+                const vecf c = frow[dz];
+#pragma unroll
+                for (int v = 0; v < ROWS; v++) {
+#pragma unroll
+                    for (int u = 0; u < UNROLL; u++) SUM[v][u] += win[v][u + dz] * c;
+                }
+            }
+        }
+#else
         /* Input row r feeds output row v through filter row r - v; with ROWS > 1 the loop
          * is unrolled so that every (r, v) condition is a constant. */
         ROW_LOOP
@@ -205,6 +249,7 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
             const int foff = (dx * KY + r) * KZ;
             MADS8(0) MADS8(8) MADS8(16) MADS8(24) MADS8(32) MADS8(40) MADS8(48) MADS8(56)
         }
+#endif
 #if BLOCKED
         for (int v = 0; v < ROWS; v++)
             for (int u = 0; u < UNROLL; u++) acc[v][u] += part[v][u];

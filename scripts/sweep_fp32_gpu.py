@@ -2,10 +2,12 @@
 
 For each point on a 256^3 uint8 volume (the MNI152 scan in data/ where present and --random
 not given, else random bytes) and N random normal k^3 filters (--extent, default 7), reflect:
-a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll, filt] at
-each work-group of --locals (row_unroll -1: the compiler's choice; filt 0: the filters read from
-global memory, 1: staged in local memory; unroll null: the plan's block and work-group with the
-other knobs set); --options adds build options
+a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll, filt, roll,
+width] at each work-group of --locals (row_unroll -1: the compiler's choice; filt 0: the filters
+read from global memory, 1: staged in local memory; roll 1: the loop over filter rows with a
+window of input rows, 0: over input rows; width: the vector width of the passes; unroll null:
+the plan's block and work-group with the other knobs set); or a dict of those knobs by name
+and ``local`` [lz, ly] (absent: the plan's work-group); --options adds build options
 (e.g. -cl-nv-maxrregcount=168). Run from another checkout's root with its volconv on
 PYTHONPATH, it measures that checkout's kernel (knobs it lacks: leave them out). Kept:
   - the compiler's report of each build (``-cl-nv-verbose``: registers, spill bytes, stack
@@ -37,7 +39,7 @@ import json
 import re
 import tarfile
 import time
-from dataclasses import replace
+from dataclasses import astuple, replace
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +113,7 @@ def sample_error(vol, bank, out, samples, rng) -> float:
     return worst
 
 
+KNOBS = ("unroll", "rows", "row_unroll", "filt", "roll", "width")  # a point's, in order
 POINTS = {  # N: [(unroll, rows)], each at every work-group of LOCALS[N] (sweep 1)
     8: [(8, 1), (4, 2), (8, 2), (16, 1), (4, 3), (4, 4), (6, 2), (12, 1)],
     1: [(16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (8, 4), (24, 4)],
@@ -142,7 +145,8 @@ def main() -> None:
     ap.add_argument("--sass", action="store_true", help="ptxas + cuobjdump op counts per build")
     ap.add_argument("--arch", default="sm_90a")
     args = ap.parse_args()
-    points = {int(k): [tuple(p) for p in v] for k, v in json.loads(args.points).items()} \
+    points = {int(k): [p if isinstance(p, dict) else tuple(p) for p in v]
+              for k, v in json.loads(args.points).items()} \
         if args.points else POINTS  # fmt: skip
     locals_ = {int(k): [tuple(p) for p in v] for k, v in json.loads(args.locals).items()} \
         if args.locals else LOCALS  # fmt: skip
@@ -165,8 +169,13 @@ def main() -> None:
     k = args.extent
     for n in (int(v) for v in args.ns.split(",")):
         bank = rng.standard_normal((n, k, k, k))
-        variants = [
-            (tuple(p), loc, False) for p in points[n] for loc in locals_.get(n, [(32, 4)]) if p
+        variants = [(p, tuple(p["local"]) if "local" in p else None, False)
+                    for p in points[n] if isinstance(p, dict)]  # fmt: skip
+        variants += [
+            (tuple(p), loc, False)
+            for p in points[n]
+            if p and not isinstance(p, dict)
+            for loc in locals_.get(n, [(32, 4)])
         ]
         variants += [((), None, False) for p in points[n] if not p]  # the plan's defaults
         if args.float_slab and points[n][0]:
@@ -174,22 +183,26 @@ def main() -> None:
         for knobs, local, float_slab in variants:
             # [] the plan's defaults; [unroll, rows, row_unroll, filt] (None: the plan's;
             # row_unroll -1: the compiler's choice; filt 0 global, 1 local)
-            unroll, rows, row_unroll, filt = (*knobs, *[None] * 4)[:4]
+            if isinstance(knobs, dict):
+                knobs = tuple(knobs.get(key) for key in KNOBS)
+            unroll, rows, row_unroll, filt, roll, width = (*knobs, *[None] * 6)[:6]
             point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
-                     "row_unroll": row_unroll, "filt": filt,
-                     "local_size": list(local) if knobs and unroll else None,
+                     "row_unroll": row_unroll, "filt": filt, "roll": roll, "width": width,
+                     "local_size": list(local) if local else None,
                      "float_slab": float_slab}  # fmt: skip
             t0 = time.perf_counter()
             try:
                 # no unroll given: the plan's block and work-group, with the other knobs set
-                given = {"unroll": unroll, "rows": rows,
-                         "local_size": local if knobs and unroll else None,
+                given = {"unroll": unroll, "rows": rows, "vector_width": width,
+                         "local_size": local,
                          "pad_float": float_slab}  # fmt: skip
                 given = {key: v for key, v in given.items() if v is not None}
                 plan = make_plan(vol.shape, vol.dtype, (k, k, k), n, "reflect", 0.0, device,
                                  tuned=False, **given)  # fmt: skip
                 if filt is not None:
                     plan = replace(plan, filt_local=filt == 1)
+                if roll is not None:
+                    plan = replace(plan, roll=bool(roll))
                 if row_unroll is not None:
                     plan = replace(
                         plan, row_unroll=None if row_unroll < 0 else row_unroll
@@ -203,10 +216,12 @@ def main() -> None:
                 conv.time_kernel(a, b, 1)
                 sec = conv.time_kernel(a, b, args.repeats)
                 gflop = 2 * n * k**3 * (b - a) * vol.shape[1] * vol.shape[2] / 1e9
-                defines = tuple(plan.build_options(plan.passes[0].width).items())
+                defines = tuple(plan.build_options(plan.passes[0]).items())
                 point.update({
                     "plan": {key: getattr(plan, key, None) for key in
-                             ("unroll", "rows", "row_unroll", "local_size", "filt_local")},
+                             ("unroll", "rows", "row_unroll", "roll", "local_size",
+                              "filt_local")},
+                    "blocks": [[q.width, *astuple(plan.block(q))] for q in plan.passes],
                     "defines": dict(defines),
                     "passes": [q.width for q in plan.passes], "slab_rows": b - a,
                     "ms_min": float(sec.min()) * 1e3, "ms_median": float(np.median(sec)) * 1e3,
@@ -262,14 +277,14 @@ def build_log(defines: tuple) -> str:
 
 
 def line(p: dict) -> str:
-    if p["local_size"] is None:
-        head = f"N={p['n']:<2} k={p['extent']} plan's {p.get('plan', '')}"
+    if all(p.get(key) is None for key in KNOBS):
+        head = f"N={p['n']:<2} k={p['extent']} plan's {p.get('blocks', '')}"
     else:
-        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt")
+        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt", "roll", "width")
                         if p.get(key) is not None)  # fmt: skip
+        wg = "x".join(map(str, p["local_size"])) if p["local_size"] else "plan's"
         head = (
-            f"N={p['n']:<2} k={p['extent']} U={p['unroll']:<2} R={p['rows']}{extra} "
-            f"wg={p['local_size'][0]}x{p['local_size'][1]:<3}"
+            f"N={p['n']:<2} k={p['extent']} U={p['unroll']} R={p['rows']}{extra} wg={wg}"
             f"{' f32' if p['float_slab'] else ''}"
         )
     if "error" in p:

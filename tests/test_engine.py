@@ -12,7 +12,7 @@ from conftest import assert_spec_close, reference
 
 from volconv import BankConvolver, convolve_bank
 from volconv.checks import MODES
-from volconv.plan import make_plan
+from volconv.plan import Block, Pass, make_plan
 
 RNG = np.random.default_rng(20261122)
 
@@ -173,23 +173,48 @@ def test_plan_overrides_keep_the_result(device, knobs):
 
 @pytest.mark.parametrize("mode", ["reflect", "wrap", "constant"])
 @pytest.mark.parametrize(
-    ("n", "unroll", "rows", "row_unroll"),
-    [(1, 8, 4, None), (1, 4, 8, None), (2, 4, 3, None), (4, 4, 2, 1), (8, 8, 1, 2), (8, 8, 1, 0),
-     (3, 5, 2, None), (16, 2, 2, None)],
+    ("n", "unroll", "rows", "row_unroll", "roll"),
+    [(1, 8, 4, None, False), (1, 4, 8, None, False), (2, 4, 3, None, False), (4, 4, 2, 1, False),
+     (8, 8, 1, 2, False), (8, 8, 1, 0, False), (3, 5, 2, None, False), (16, 2, 2, None, False),
+     (1, 8, 4, 4, True), (4, 8, 2, 2, True), (8, 8, 1, 2, True), (8, 8, 1, 1, True),
+     (3, 5, 3, None, True),
+     (16, 2, 2, 0, True)],
 )  # fmt: skip
-def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unroll):
+def test_register_blocks_keep_the_result(device, mode, n, unroll, rows, row_unroll, roll):
     """Outputs per work-item along z and y (rows that do not divide ny, slab seams in the
-    7-row kernel) and the row loop's unroll: the same result."""
+    7-row kernel), the row loop's unroll and its order (over input rows, or over filter rows
+    with a window of input rows): the same result."""
     volume = random_volume((11, 13, 37), "uint8")
     kernels = random_bank(n, (7, 5, 7))
     plan = make_plan(volume.shape, volume.dtype, kernels.shape[1:], n, mode, 3.0,
                      device, unroll=unroll, rows=rows, slab_depth=6)  # fmt: skip
-    plan = replace(plan, row_unroll=row_unroll)
+    plan = replace(plan, row_unroll=row_unroll, roll=roll)
     conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, 3.0, device=device,
                          plan=plan)  # fmt: skip
     out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
                           for a, b in conv.slabs()], axis=1)  # fmt: skip
     assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 3.0))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "constant"])
+def test_each_pass_with_its_own_block_keeps_the_result(device, mode):
+    """Passes of 4, 2 and 1 filters, each with its own block and work-group (as a GPU plan
+    makes them), one rolled, over a padded slab as wide as the widest unroll needs."""
+    volume = random_volume((9, 13, 37), "uint8")
+    kernels = random_bank(7, (5, 7, 3))
+    plan = make_plan(volume.shape, volume.dtype, kernels.shape[1:], 7, mode, 2.0, device,
+                     vector_width=4, unroll=16, slab_depth=5, pad_float=False)  # fmt: skip
+    passes = (
+        Pass(0, 4, 4, Block(4, 2, None, False, (8, 4, 1))),
+        Pass(4, 2, 2, Block(8, 4, None, False, (4, 4, 1))),
+        Pass(6, 1, 1, Block(5, 3, 3, True, (4, 2, 1))),
+    )
+    plan = replace(plan, passes=passes)
+    conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, 2.0, device=device,
+                         plan=plan)  # fmt: skip
+    out = np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
+                          for a, b in conv.slabs()], axis=1)  # fmt: skip
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 2.0))
 
 
 @pytest.mark.parametrize("pad_float", [False, True])

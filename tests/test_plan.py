@@ -72,21 +72,53 @@ def test_unroll_and_work_group_by_device_kind():
 
 
 def test_gpus_block_narrow_vectors_in_two_axes_within_the_code_budget():
-    """Narrow vectors take several output rows per work-item on a GPU, but only while the
-    unrolled loop over input rows stays within `MAX_UNROLLED_FMAS`; CPUs keep one row."""
+    """Narrow vectors take several output rows per work-item on a GPU while the loop over
+    input rows unrolled whole stays within `MAX_UNROLLED_FMAS`; past it width 1 keeps its
+    block with the loop over filter rows (``roll``, unrolled ``rows`` times), wider vectors
+    take fewer rows. CPUs keep one row."""
     one = plan(n=1)
-    assert (one.unroll, one.rows, one.row_unroll) == (8, 4, None)
-    assert (plan(n=8).rows, plan(n=8).row_unroll) == (1, 2)
+    assert (one.unroll, one.rows, one.row_unroll, one.roll) == (8, 4, None, False)
     assert plan(n=1, device=fake_device(gpu=False)).rows == 1
     for k in (3, 5, 7, 9, 11, 31):
         for n in (1, 2, 4, 8):
             p = plan(extents=(k, k, k), n=n)
-            width = max(q.width for q in p.passes)
-            assert p.rows == 1 or p.rows * p.unroll * k * k * width <= MAX_UNROLLED_FMAS
+            for q in p.passes:
+                b = p.block(q)
+                over = b.rows * b.unroll * k * k * q.width > MAX_UNROLLED_FMAS
+                assert b.rows == 1 or b.roll == over
+                assert not (b.roll and b.rows > 1) or (q.width == 1 and b.row_unroll == b.rows)
     big = plan(extents=(11, 11, 11), n=1)
-    assert (big.unroll, big.rows) == (16, 1)  # one row: the unroll one row ran best at
+    assert (big.unroll, big.rows, big.row_unroll, big.roll) == (8, 4, 4, True)
+    wide = plan(extents=(11, 11, 11), n=4)
+    assert (wide.unroll, wide.rows, wide.roll) == (16, 1, False)  # one row at its best unroll
     assert plan(extents=(11, 11, 11), n=1, rows=3).rows == 3  # a given knob is kept
     assert plan(shape=(4, 2, 40), n=1).rows == 2  # no more rows than the volume has
+    cpu = plan(extents=(11, 11, 11), n=1, device=fake_device(gpu=False), unroll=8, rows=4)
+    assert cpu.roll and cpu.rows == 4  # rows given past the budget: the rolled loop
+
+
+@pytest.mark.parametrize(
+    ("k", "roll", "row_unroll"), [(3, True, 1), (5, False, 2), (7, False, 2), (9, False, None)]
+)
+def test_gpus_run_one_row_of_wide_vectors_by_the_filters_extent(k, roll, row_unroll):
+    """Width 8, one row: over filter rows at 3^3, over input rows unrolled twice at 5^3-7^3,
+    the compiler's unroll from 9^3 (as measured on the H100)."""
+    p = plan(extents=(k, k, k), n=8)
+    assert (p.rows, p.roll, p.row_unroll) == (1, roll, row_unroll)
+
+
+def test_each_pass_takes_its_own_widths_block_unless_knobs_are_given():
+    """Untuned, a pass narrower than the widest runs the block its width ran best at; given
+    knobs (or tuned ones) hold for every pass. P2 covers every pass's unrolled reads."""
+    p = plan(n=13)
+    blocks = [(q.width, p.block(q).unroll, p.block(q).rows) for q in p.passes]
+    assert blocks == [(8, 8, 1), (4, 4, 2), (1, 8, 4)]
+    assert p.passes[0].block is None and p.block(p.passes[0]) == p.block()
+    given = plan(n=13, unroll=8)
+    assert all(given.block(q) == given.block() for q in given.passes)
+    odd = plan(shape=(20, 30, 37), n=13)
+    reads = [math.ceil(37 / odd.block(q).unroll) * odd.block(q).unroll for q in odd.passes]
+    assert odd.padded_yz[1] == max(reads) + 6
 
 
 def test_cpus_pad_the_slab_as_float32():

@@ -28,7 +28,7 @@ from volconv.tensor import TENSOR_ENGINE, tensor_supported
 from volconv.tune import MARGIN, Candidates, tune_bank
 
 TINY = Work((12, 10, 14), 3, (3, 5, 3), dtype="int16")
-FEW = Candidates(vector_widths=(1, 4), unrolls=(2, 5), local_sizes=((4, 2), (2, 4)))
+FEW = Candidates(vector_widths=(1, 4), unrolls=(2, 5), rows=(1, 2), local_sizes=((4, 2), (2, 4)))
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def tuned(device, tmp_path_factory):
 def entry(**knobs) -> dict:
     """A valid cache entry for the current kernel, with ``knobs`` replaced."""
     e = {"format": TUNE_FORMAT, "kernel": kernel_hash(), "engine": ENGINES[0].name,
-         "vector_width": 4, "unroll": 5, "local_size": [2, 4]}  # fmt: skip
+         "vector_width": 4, "unroll": 5, "rows": 1, "local_size": [2, 4]}  # fmt: skip
     return {**e, **knobs}
 
 
@@ -70,11 +70,13 @@ def test_tuning_picks_one_of_the_candidates(tuned):
     _, record = tuned
     win = record["winner"]
     timed = [p for p in record["points"] if "error" not in p]
-    knobs = [(p["engine"], p["vector_width"], p["unroll"], p["local_size"]) for p in timed]
-    assert (win["engine"], win["vector_width"], win["unroll"], win["local_size"]) in knobs
+    names = ("engine", "vector_width", "unroll", "rows", "local_size")
+    knobs = [tuple(p[k] for k in names) for p in timed]
+    assert tuple(win[k] for k in names) in knobs
     assert win["engine"] in [e.name for e in ENGINES]
     assert win["vector_width"] in (None, *FEW.vector_widths)
     assert win["unroll"] in (*FEW.unrolls, untuned_unroll(record))
+    assert win["rows"] in (*FEW.rows, record["points"][0]["rows"])
     # the fastest finalist, unless the untuned plan (which ran beside them) is within MARGIN
     fastest = max(f["gflops"] for f in record["finalists"])
     assert win["untuned_gflops"] > 0
@@ -97,6 +99,15 @@ def untuned_unroll(record) -> int:
     return record["points"][0]["unroll"]
 
 
+def test_tuning_searches_the_rows_per_work_item(tuned):
+    """Every candidate of rows is timed at the best width and unroll, and each point records
+    the block it ran: the rows it asked for, clamped by the plan to the volume's."""
+    _, record = tuned
+    fp32 = [p for p in record["points"] if p["engine"] == "fp32" and "error" not in p]
+    assert {p["rows"] for p in fp32} >= set(FEW.rows)
+    assert all(1 <= p["rows"] <= TINY.shape[1] for p in fp32)
+
+
 def test_tuning_writes_the_cache_and_the_plan_reads_it(tuned, device):
     folder, record = tuned
     doc = json.loads((folder / TUNE_FILE).read_text())
@@ -105,8 +116,9 @@ def test_tuning_writes_the_cache_and_the_plan_reads_it(tuned, device):
     assert [p.name for p in folder.iterdir()] == [TUNE_FILE]  # no temporary file left
     knobs = tuned_knobs(device, TINY.extent, TINY.n, np.dtype(TINY.dtype), cache_dir=folder)
     win = record["winner"]
-    assert knobs == {"unroll": win["unroll"], "local_size": tuple(win["local_size"]),
-                     "vector_width": win["vector_width"], "engine": win["engine"]}  # fmt: skip
+    assert knobs == {"unroll": win["unroll"], "rows": win["rows"],
+                     "local_size": tuple(win["local_size"]), "vector_width": win["vector_width"],
+                     "engine": win["engine"]}  # fmt: skip
 
 
 def test_cache_round_trip_keeps_other_entries(device, cache):
@@ -160,12 +172,13 @@ def test_an_engine_not_on_the_device_is_refused(device):
 
 def test_tuned_choice_is_used_and_still_matches_scipy(device, cache):
     work = Work((11, 13, 17), 3, (3, 5, 4), mode="mirror", dtype="int16")
-    write_entry(cache, device, work, entry(unroll=5, local_size=[2, 4], vector_width=4))
+    write_entry(cache, device, work, entry(unroll=5, rows=2, local_size=[2, 4], vector_width=4))
     rng = np.random.default_rng(3)
     volume = rng.integers(-300, 300, work.shape).astype(np.int16)
     kernels = rng.standard_normal((work.n, *work.extent))
     conv = BankConvolver(kernels, work.shape, volume.dtype, work.mode, device=device)
     assert conv.plan.unroll == 5 and conv.plan.local_size[:2] in ((2, 4), (2, 2), (2, 1))
+    assert conv.plan.rows == 2
     assert [p.width for p in conv.plan.passes] == [4]
     assert untuned_plan(device, work, tuned=False).unroll != 5
     out = convolve_bank(volume, kernels, work.mode, device=device)
@@ -177,6 +190,14 @@ def test_explicit_knobs_beat_the_cache(device, cache):
     assert untuned_plan(device, TINY).unroll == 5
     assert untuned_plan(device, TINY, unroll=2).unroll == 2
     assert untuned_plan(device, TINY, tuned=False).unroll != 5
+
+
+def test_an_entry_without_rows_leaves_the_rows_to_the_plan(device, cache):
+    """Entries written before the tuner searched rows hold none: the plan's own rows."""
+    write_entry(cache, device, TINY, {k: v for k, v in entry(unroll=5).items() if k != "rows"})
+    assert tuned_knobs(device, TINY.extent, TINY.n, np.dtype(TINY.dtype))["rows"] is None
+    p = untuned_plan(device, TINY)
+    assert p.unroll == 5 and p.rows == untuned_plan(device, TINY, unroll=5, tuned=False).rows
 
 
 def test_other_banks_take_the_defaults(device, cache):
@@ -192,6 +213,7 @@ def test_other_banks_take_the_defaults(device, cache):
         (None, "stale"),  # an entry for another bank_conv.cl
         ("format", "stale"),
         ("unroll", "invalid knob"),
+        ("rows", "invalid knob"),
         ("engine", "names engine 'no-such-engine', which does not run on"),
         ("local_size", "lacks a knob"),
         ("entry", "not an object"),
@@ -205,6 +227,7 @@ def test_corrupt_or_stale_cache_is_ignored_with_a_warning(device, cache, text, w
             None: entry(kernel="0123456789ab"),
             "format": entry(format=TUNE_FORMAT + 1),
             "unroll": entry(unroll=99),
+            "rows": entry(rows=99),
             "engine": entry(engine="no-such-engine"),
             "local_size": entry(local_size="wide"),
             "entry": [1, 2],

@@ -474,7 +474,7 @@ class BankConvolver(SlabConvolver):
             coeffs = np.zeros((flipped.shape[1], p.width), np.float32)
             coeffs[:, : p.count] = flipped[p.first : p.first + p.count].T
             buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=coeffs)
-            defines = tuple(plan.build_options(p.width).items())
+            defines = tuple(plan.build_options(p).items())
             self._passes.append(
                 (p, cl.Kernel(build(ctx, "bank_conv.cl", defines), "bank_conv"), buf)
             )
@@ -564,12 +564,13 @@ class BankConvolver(SlabConvolver):
         plan = self.plan
         ny, nz = plan.shape[1:]
         p1, p2 = plan.padded_yz
-        lz, ly, _ = plan.local_size
-        gz = -(-nz // plan.unroll)
-        gy = -(-ny // plan.rows)
-        glob = (-(-gz // lz) * lz, -(-gy // ly) * ly, depth)
         events = []
         for p, knl, coeffs in self._passes:
+            block = plan.block(p)
+            lz, ly, _ = block.local_size
+            gz = -(-nz // block.unroll)
+            gy = -(-ny // block.rows)
+            glob = (-(-gz // lz) * lz, -(-gy // ly) * ly, depth)
             knl.set_args(
                 self._padded, self._out, coeffs, np.int32(depth), np.int32(ny), np.int32(nz),
                 np.int32(p1), np.int32(p2), np.int64(depth * ny * nz), np.int32(p.first),

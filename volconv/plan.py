@@ -33,13 +33,12 @@ MAX_UNROLL = 32
 MAX_ROWS = 8  # bank_conv.cl's ROWS: outputs per work-item along axis 1
 MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must fit
 
-# Fraction of peak one pass of each vector width reaches, and the unroll that reached it:
-# H100, 256^3 uint8, 7^3 filters (benchmarks/results/; width 2 interpolated). Choosing passes
-# by cost = width / efficiency keeps wide vectors for big banks and avoids zero filters.
-# Measured with one row per work-item; with DEFAULT_ROWS widths 1, 2, 4 reach 0.64, 0.68,
-# 0.68 at 7^3 (h100-fp32-defaults.json), not used here until mixed passes are measured (a
-# plan's unroll and rows are the widest pass's).
-PASS_EFFICIENCY = {1: 0.37, 2: 0.50, 4: 0.61, 8: 0.72, 16: 0.60}
+# Fraction of the FMA probe one pass of each vector width reaches at its own block (each
+# pass of a plan runs its width's block, `Block`): H100, 256^3 uint8, 7^3 filters
+# (benchmarks/results/h100-fp32-4-pass-k7.json; width 16 from h100-fp32-sweep*). Choosing
+# passes by cost = width / efficiency keeps wide vectors for big banks and avoids zero
+# filters: 3 filters run as 2 + 1 in 0.777 ms against 1.006 as one pass of 4.
+PASS_EFFICIENCY = {1: 0.638, 2: 0.680, 4: 0.684, 8: 0.749, 16: 0.60}
 # CPUs (PoCL on the 2-core EPYC, AVX-512 on 256-bit units, 96^3 uint8, 7^3 filters, fraction
 # of the FMA probe: benchmarks/results/pocl-cpu-widths.json): a pass of width 4 costs what a
 # pass of 8 costs (one FMA instruction per tap and output either way), so 13 filters run as
@@ -54,14 +53,23 @@ DEFAULT_ROWS = {1: 4, 2: 4, 4: 2, 8: 1, 16: 2}
 # With rows > 1 the kernel unrolls its loop over input rows whole: per filter plane
 # rows * unroll * ky * kz * width FMA instructions. At 1568 (7^3) they ran at 64-68 % of the
 # probe; at 3136-3872 (7^3 unrolled whole at width 8, 11^3 at these blocks) at 17-57 %: the
-# code outgrows the instruction cache. Past this budget the plan halves the rows, and at one
-# row takes the unroll that one row ran best at (DEFAULT_UNROLL_1D).
+# code outgrows the instruction cache. Past this budget width 1 keeps its block with the
+# loop over filter rows (bank_conv.cl's ROLL) unrolled `rows` times: 9^3 0.587 ms against
+# 0.657 at 8 x 2, 11^3 1.175 against 1.354 at 16 x 1; wider vectors halve the rows, and at
+# one row take the unroll that one row ran best at (DEFAULT_UNROLL_1D): rolled, width 2 ran
+# 1.083 / 2.142 ms at 9^3 / 11^3 against 1.112 / 2.022, width 4 2.145 / 3.925 against
+# 2.101 / 3.577, width 16 at 7^3 4.469 against 4.276 (h100-fp32-4-pass-k*.json).
 MAX_UNROLLED_FMAS = 1600
+ROLL_MAX_WIDTH = 1
 DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
-# GPUs, rows 1 at width 8 or more: the loop over input rows unrolled twice (NVIDIA's
-# compiler unrolled the bank_conv.cl of 69f87f1 so by itself; left to it, this source ran
-# 13 % slower at N = 8; narrower vectors ran as fast or faster left to it).
+# GPUs, rows 1 at width 8 or more: how the loop over rows runs, by kz (H100, 256^3 uint8,
+# N = 8, h100-fp32-4-*.json). 5^3, 7^3: over input rows unrolled twice (0.762, 1.844 ms;
+# left to NVIDIA's compiler 0.768, 2.01; over filter rows 0.843, 1.97). 9^3, 11^3: the
+# compiler's choice (3.859 ms against 4.112 unrolled twice; 11^3 within 1 %). 3^3: over
+# filter rows, not unrolled (0.314 ms against 0.374).
 GPU_ROW_UNROLL = 2
+GPU_ROW_UNROLL_MAX_KZ = 7
+GPU_ROLL_MAX_KZ = 3
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
@@ -139,12 +147,27 @@ def engine_candidates(device: cl.Device) -> tuple[Engine, ...]:
 
 
 @dataclass(frozen=True)
+class Block:
+    """One pass's register block and work-group: outputs per work-item along z (``unroll``)
+    and y (``rows``), the unroll of the loop over rows (None: the compiler's choice, 0: whole)
+    and its order (``roll``: over filter rows with a window of input rows in registers)."""
+
+    unroll: int
+    rows: int
+    row_unroll: int | None
+    roll: bool
+    local_size: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
 class Pass:
-    """One launch of bank_conv: filters ``first .. first + count`` in a vector of ``width``."""
+    """One launch of bank_conv: filters ``first .. first + count`` in a vector of ``width``;
+    ``block`` None: the plan's (`Plan.block`)."""
 
     first: int
     count: int
     width: int
+    block: Block | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +188,7 @@ class Plan:
     filt_local: bool
     rows: int = 1
     row_unroll: int | None = None
+    roll: bool = False
     engine: str = ENGINES[0].name
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
@@ -174,12 +198,21 @@ class Plan:
         object.__setattr__(self, "halo_lo", tuple(lo))
         object.__setattr__(self, "halo_hi", tuple(hi))
 
+    def block(self, p: Pass | None = None) -> Block:
+        """The register block and work-group of pass ``p`` (default: the plan's own, which
+        every pass without one of its own takes)."""
+        if p is not None and p.block is not None:
+            return p.block
+        return Block(self.unroll, self.rows, self.row_unroll, self.roll, self.local_size)
+
     @property
     def padded_yz(self) -> tuple[int, int]:
-        """(P1, P2) of the padded slab; P2 covers the last work-item's unrolled reads."""
+        """(P1, P2) of the padded slab; P2 covers every pass's last work-item's unrolled
+        reads."""
         ny, nz = self.shape[1:]
         ky, kz = self.extents[1:]
-        return ny + ky - 1, math.ceil(nz / self.unroll) * self.unroll + kz - 1
+        unrolls = {self.block(p).unroll for p in self.passes} | {self.unroll}
+        return ny + ky - 1, max(math.ceil(nz / u) * u for u in unrolls) + kz - 1
 
     @property
     def n_slabs(self) -> int:
@@ -200,12 +233,15 @@ class Plan:
     def device_bytes(self) -> int:
         return sum(self.slab_bytes(self.slab_depth).values())
 
-    def build_options(self, width: int) -> dict[str, object]:
+    def build_options(self, p: Pass) -> dict[str, object]:
+        """bank_conv.cl's defines for pass ``p``."""
+        b = self.block(p)
         return {
             "KX": self.extents[0], "KY": self.extents[1], "KZ": self.extents[2],
-            "NV": width, "UNROLL": self.unroll, "IN_T": CL_TYPES[self.pad_dtype],
-            "FILT_LOCAL": int(self.filt_local), "ROWS": self.rows,
-            **({} if self.row_unroll is None else {"ROW_UNROLL": self.row_unroll}),
+            "NV": p.width, "UNROLL": b.unroll, "IN_T": CL_TYPES[self.pad_dtype],
+            "FILT_LOCAL": int(self.filt_local), "ROWS": b.rows,
+            **({} if b.row_unroll is None else {"ROW_UNROLL": b.row_unroll}),
+            **({"ROLL": 1} if b.roll else {}),
         }  # fmt: skip
 
 
@@ -294,11 +330,13 @@ def make_plan(
 ) -> Plan:
     """Plan from the device's limits; keyword arguments override the choices (tests, bench).
 
-    ``unroll``, ``vector_width``, ``local_size`` and ``engine`` not given come from the
-    tuning cache when it holds this device, driver and bank shape (`tuned_knobs`; ``tuned``
-    False skips it), else from the defaults per kind of device. ``pad_float`` pads the slab
-    as float32 whatever the source type (default: on CPUs, whose kernel then broadcasts each
-    input straight from memory, with no conversion in the hot loop).
+    ``unroll``, ``rows``, ``vector_width``, ``local_size`` and ``engine`` not given come from
+    the tuning cache when it holds this device, driver and bank shape (`tuned_knobs`;
+    ``tuned`` False skips it), else from the defaults per kind of device; then every pass
+    takes the plan's block (`Block`), and untuned each pass narrower than the widest its own
+    width's. ``pad_float`` pads the slab as float32 whatever the source type (default: on
+    CPUs, whose kernel then broadcasts each input straight from memory, with no conversion in
+    the hot loop).
 
     ``stream`` asks for slabs shallow enough that reading, computing and writing overlap
     (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows), as a pipeline run wants;
@@ -306,53 +344,31 @@ def make_plan(
     """
     check_knobs(device, unroll, vector_width, local_size, rows)
     kz = extents[2]
-    nz = shape[2]
     cpu = bool(device.type & cl.device_type.CPU)
     knobs = {}
-    if tuned and isinstance(device, cl.Device) and None in (unroll, vector_width, local_size,
-                                                            engine):  # fmt: skip
+    if tuned and isinstance(device, cl.Device) and None in (unroll, rows, vector_width,
+                                                            local_size, engine):  # fmt: skip
         knobs = tuned_knobs(device, extents, n_filters, src_dtype) or {}
     vector_width = knobs.get("vector_width") if vector_width is None else vector_width
     local_size = knobs.get("local_size") if local_size is None else local_size
     engine = knobs.get("engine", ENGINES[0].name) if engine is None else engine
     passes = split_passes(n_filters, vector_width, PASS_EFFICIENCY_CPU if cpu else PASS_EFFICIENCY)
     widest = max(p.width for p in passes)
-    unroll_given = unroll is not None or bool(knobs.get("unroll"))
-    rows_given = rows is not None
-    unroll = (
-        unroll or knobs.get("unroll") or (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[widest]
-    )
-    rows = rows or (DEFAULT_ROWS_CPU if cpu else DEFAULT_ROWS)[widest]
-    while (
-        not rows_given
-        and rows > 1
-        and (rows * unroll * extents[1] * kz * widest > MAX_UNROLLED_FMAS)
-    ):  # the unrolled loop over input rows within the instruction cache
-        rows //= 2
-        if rows == 1 and not unroll_given:
-            unroll = DEFAULT_UNROLL_1D[widest]
-    if not unroll_given:
-        unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
-    unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
-    rows = max(1, min(rows, MAX_ROWS, shape[1]))
-    row_unroll = GPU_ROW_UNROLL if not cpu and rows == 1 and widest >= 8 else None
+    unroll = unroll or knobs.get("unroll")
+    rows = rows or knobs.get("rows")
+    block = _block(widest, shape, extents, device, unroll, rows, local_size)
+    if (unroll, rows, local_size) == (None, None, None):
+        # untuned: each narrower pass takes its own width's block
+        own = [_block(p.width, shape, extents, device) for p in passes]
+        passes = tuple(replace(p, block=None if b == block else b)
+                       for p, b in zip(passes, own, strict=True))  # fmt: skip
     taps = extents[0] * extents[1] * kz
     filt_local = taps * widest * 4 <= device.local_mem_size // 2
-    if local_size is None:
-        # 128 work-items, up to 32 along z: 32x4 at unroll 8 beat 16x8 on the H100 (74 % vs
-        # 72 % of peak, benchmarks/results/h100-bench.json).
-        lz = min(32, 1 << max(0, math.ceil(math.log2(math.ceil(nz / unroll)))))
-        gy = math.ceil(shape[1] / rows)
-        ly = max(1, min(128 // lz, 1 << max(0, math.ceil(math.log2(gy)))))
-        local_size = (lz, ly)
-    lz, ly = local_size
-    while lz * ly > device.max_work_group_size:
-        ly, lz = (ly // 2, lz) if ly > 1 else (ly, lz // 2)
 
     plan = Plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
-        src_dtype=src_dtype, passes=passes, unroll=unroll, local_size=(lz, ly, 1), rows=rows,
-        row_unroll=row_unroll,
+        src_dtype=src_dtype, passes=passes, unroll=block.unroll, local_size=block.local_size,
+        rows=block.rows, row_unroll=block.row_unroll, roll=block.roll,
         pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
                                 else pad_float),
         slab_depth=shape[0], filt_local=filt_local, engine=engine,
@@ -363,6 +379,57 @@ def make_plan(
             slab_depth = min(slab_depth, streaming_depth(shape[0]))
     slab_depth = max(1, min(int(slab_depth), shape[0]))
     return replace(plan, slab_depth=slab_depth)
+
+
+def _block(
+    width: int,
+    shape: tuple[int, int, int],
+    extents: tuple[int, int, int],
+    device: cl.Device,
+    unroll: int | None = None,
+    rows: int | None = None,
+    local_size: tuple[int, int] | None = None,
+) -> Block:
+    """The register block and work-group of a pass of ``width``: the knobs given, the rest
+    from the defaults per kind of device."""
+    cpu = bool(device.type & cl.device_type.CPU)
+    ky, kz = extents[1:]
+    nz = shape[2]
+    unroll_given = unroll is not None
+    unroll = unroll or (DEFAULT_UNROLL_CPU if cpu else DEFAULT_UNROLL)[width]
+    rows_given = rows is not None
+    rows = rows or (DEFAULT_ROWS_CPU if cpu else DEFAULT_ROWS)[width]
+    if not unroll_given:
+        unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
+    unroll = max(1, min(unroll, MAX_UNROLL, MAX_Z_POSITIONS + 1 - kz))
+    rows = max(1, min(rows, MAX_ROWS, shape[1]))
+    roll, row_unroll = False, None
+    if rows > 1 and rows * unroll * ky * kz * width > MAX_UNROLLED_FMAS:
+        # the loop over input rows unrolled whole would outgrow the instruction cache: rows
+        # given, and width 1 on GPUs, keep the block with the loop over filter rows
+        if rows_given or (not cpu and width <= ROLL_MAX_WIDTH):
+            roll, row_unroll = True, rows
+        else:
+            while rows > 1 and rows * unroll * ky * kz * width > MAX_UNROLLED_FMAS:
+                rows //= 2
+            if rows == 1 and not unroll_given:
+                unroll = min(DEFAULT_UNROLL_1D[width], MAX_Z_POSITIONS + 1 - kz)
+                unroll = min(unroll, 1 << max(0, math.ceil(math.log2(nz))))
+    elif not cpu and rows == 1 and width >= 8 and kz <= GPU_ROLL_MAX_KZ:
+        roll, row_unroll = True, 1
+    elif not cpu and rows == 1 and width >= 8 and kz <= GPU_ROW_UNROLL_MAX_KZ:
+        row_unroll = GPU_ROW_UNROLL
+    if local_size is None:
+        # 128 work-items, up to 32 along z: 32x4 at unroll 8 beat 16x8 on the H100 (74 % vs
+        # 72 % of peak, benchmarks/results/h100-bench.json).
+        lz = min(32, 1 << max(0, math.ceil(math.log2(math.ceil(nz / unroll)))))
+        gy = math.ceil(shape[1] / rows)
+        ly = max(1, min(128 // lz, 1 << max(0, math.ceil(math.log2(gy)))))
+        local_size = (lz, ly)
+    lz, ly = local_size
+    while lz * ly > device.max_work_group_size:
+        ly, lz = (ly // 2, lz) if ly > 1 else (ly, lz // 2)
+    return Block(unroll, rows, row_unroll, roll, (lz, ly, 1))
 
 
 def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> int:
@@ -421,8 +488,9 @@ def tuned_knobs(
     src_dtype: np.dtype,
     cache_dir: Path | None = None,
 ) -> dict[str, object] | None:
-    """The knobs cached for this device, driver and bank shape: ``unroll``, ``local_size``,
-    ``vector_width`` (None: the plan splits the bank), ``engine``; None when there are none.
+    """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows`` (None:
+    the plan's), ``local_size``, ``vector_width`` (None: the plan splits the bank),
+    ``engine``; None when there are none.
     An unreadable file, or an entry that is stale (another kernel source or format) or
     invalid, is ignored with a warning: the plan falls back to its defaults."""
     path = tune_path(cache_dir)
@@ -448,6 +516,7 @@ def tuned_knobs(
     try:
         knobs = {
             "unroll": int(entry["unroll"]),
+            "rows": None if entry.get("rows") is None else int(entry["rows"]),
             "local_size": tuple(int(v) for v in entry["local_size"]),
             "vector_width": None if entry["vector_width"] is None else int(entry["vector_width"]),
             "engine": str(entry["engine"]),
@@ -456,6 +525,7 @@ def tuned_knobs(
         return _ignored(path, f"its entry for {bank_key} lacks a knob")
     if not (
         1 <= knobs["unroll"] <= MAX_UNROLL
+        and knobs["rows"] in (None, *range(1, MAX_ROWS + 1))
         and len(knobs["local_size"]) == 2
         and min(knobs["local_size"]) >= 1
         and knobs["vector_width"] in (None, *VECTOR_WIDTHS)

@@ -2,16 +2,17 @@
 
 `tune_bank` times candidate knobs of the direct path for one bank shape on one device (the
 engine, from `volconv.plan.ENGINES`: the FP32 kernel, and the tensor cores where the device
-has them; for the FP32 kernel the vector width, CONV_UNROLL and the work-group shape),
+has them; for the FP32 kernel the vector width, the outputs per work-item along z (unroll)
+and y (rows) and the work-group shape),
 re-times the best few side by side with the untuned plan, which a winner
 must beat by `MARGIN`, and caches the winner in ``tune.json`` beside the FMA probe's
 ``peak.json`` (`volconv.plan.tuned_knobs` reads it: every later plan of that bank shape on
 that device and driver takes it).
 
-The search is by coordinate: the width at the plan's own unroll and work-group, then the
-unroll at the best width, then the work-group at both; a full product would take minutes per
-bank. Every timing is the fastest of ``repeats`` launches (`BankConvolver.time_kernel`): other
-work on a shared machine only ever slows a launch down.
+The search is by coordinate: the width at the plan's own block and work-group, then the
+unroll at the best width, then the rows at both, then the work-group at all three; a full
+product would take minutes per bank. Every timing is the fastest of ``repeats`` launches
+(`BankConvolver.time_kernel`): other work on a shared machine only ever slows a launch down.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from volconv.tensor import auto_engine
 # Candidates measured on PoCL (benchmarks/results/pocl-cpu-kernel.json) and the H100
 # (h100-bench.json): unroll beyond 24 and work-groups beyond 128 work-items never won there.
 TUNE_UNROLL = (4, 8, 12, 16, 24)
+# Rows per work-item: on the H100 narrow vectors ran best at 4 (width 1, 2) or 2 (width 4),
+# width 8 at 1 (benchmarks/results/h100-fp32-sweep*.json); CPUs at 1.
+TUNE_ROWS = (1, 2, 4)
 TUNE_LOCAL = ((1, 128), (2, 32), (4, 8), (8, 16), (16, 8), (32, 4))
 TUNE_WIDTHS = (4, 8, 16)
 FINALISTS = 3  # the best points re-timed side by side, in turns
@@ -62,12 +66,19 @@ class Candidates:
     engines: tuple[str, ...] | None = None
     vector_widths: tuple[int, ...] = TUNE_WIDTHS
     unrolls: tuple[int, ...] = TUNE_UNROLL
+    rows: tuple[int, ...] = TUNE_ROWS
     local_sizes: tuple[tuple[int, int], ...] = TUNE_LOCAL
 
 
 def _knobs(point: dict) -> tuple:
     """What ran, as the plan resolved it: equal knobs time once."""
-    return point["engine"], tuple(point["passes"]), point["unroll"], tuple(point["local_size"])
+    return (
+        point["engine"],
+        tuple(point["passes"]),
+        point["unroll"],
+        point["rows"],
+        tuple(point["local_size"]),
+    )
 
 
 class _Timer:
@@ -95,9 +106,10 @@ class _Timer:
             "path": conv.engine,  # what ran, as the record names it (e.g. tensor-int8x3)
             "vector_width": knobs.get("vector_width"),  # None: the plan's own passes
             "unroll": plan.unroll,
+            "rows": plan.rows,
             "local_size": list(plan.local_size[:2]),
             "passes": [p.width for p in plan.passes],
-            "rows": b - a,
+            "slab_rows": b - a,
         }
         return conv, (a, b), point
 
@@ -105,7 +117,7 @@ class _Timer:
         return float(np.min(conv.time_kernel(*rows, repeats)))
 
     def rate(self, point: dict, seconds: float) -> dict:
-        gflop = self.work.gflop(shape=(point["rows"], *self.work.shape[1:]))
+        gflop = self.work.gflop(shape=(point["slab_rows"], *self.work.shape[1:]))
         return {**point, "seconds": seconds, "gflops": gflop / seconds}
 
     def measure(self, engine: str, progress: Progress | None, **knobs: object) -> dict | None:
@@ -176,9 +188,13 @@ def tune_bank(
         unrolls = [timer.measure(engine, progress, vector_width=best["vector_width"], unroll=u)
                    for u in candidates.unrolls]  # fmt: skip
         best = _best([best, *unrolls])
+        rows = [timer.measure(engine, progress, vector_width=best["vector_width"],
+                              unroll=best["unroll"], rows=r) for r in candidates.rows]  # fmt: skip
+        best = _best([best, *rows])
         for local in candidates.local_sizes:
             timer.measure(engine, progress, vector_width=best["vector_width"],
-                          unroll=best["unroll"], local_size=tuple(local))  # fmt: skip
+                          unroll=best["unroll"], rows=best["rows"],
+                          local_size=tuple(local))  # fmt: skip
     timed = sorted((p for p in timer.points if "error" not in p), key=lambda p: p["seconds"])
     if not timed:
         raise RuntimeError(f"no candidate ran on {device.name.strip()}: {timer.points}")
@@ -195,7 +211,7 @@ def tune_bank(
     entry = {
         "format": TUNE_FORMAT,
         "kernel": kernel_hash(),
-        **{k: winner[k] for k in ("engine", "vector_width", "unroll", "local_size")},
+        **{k: winner[k] for k in ("engine", "vector_width", "unroll", "rows", "local_size")},
         "path": winner.get("path"),
         "gflops": winner["gflops"],
         "untuned_gflops": untuned and untuned["gflops"],
@@ -228,7 +244,7 @@ def _retime(timer: _Timer, points: list[dict], rounds: int) -> list[dict]:
     burst of other work on the machine then slows every finalist alike."""
     built = []
     for p in points:
-        knobs = {"vector_width": p["vector_width"], "unroll": p["unroll"],
+        knobs = {"vector_width": p["vector_width"], "unroll": p["unroll"], "rows": p["rows"],
                  "local_size": tuple(p["local_size"])}  # fmt: skip
         conv, rows, _ = timer.build(p["engine"], **knobs)
         built.append((p, conv, rows, []))
@@ -256,7 +272,7 @@ def _knob_text(p: dict) -> str:
     lz, ly = p.get("local_size") or ("?", "?")
     passes = f" passes={'+'.join(map(str, p['passes']))}" if p.get("passes") else ""
     return (f"{engine} width={p.get('vector_width') or 'auto'}{passes} unroll={p.get('unroll')} "
-            f"work-group={lz}x{ly}")  # fmt: skip
+            f"rows={p.get('rows')} work-group={lz}x{ly}")  # fmt: skip
 
 
 def point_line(p: dict) -> str:
