@@ -345,8 +345,15 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     depth = job.plan.slab_depth
     if cfg.slab_depth is None:  # an expert's slab_depth is taken as given, if it fits
         depth = min(depth, max(1, MAX_PINNED_BYTES // row))
-    while depth > 1 and host_bytes(job, cfg, depth, device) > cfg.host_memory:
-        depth = max(1, depth * cfg.host_memory // host_bytes(job, cfg, depth, device) - 1)
+    if host_bytes(job, cfg, depth, device) > cfg.host_memory:  # the deepest slab that fits
+        fits, over = 1, depth  # host_bytes grows with the depth
+        while over - fits > 1:
+            mid = (fits + over) // 2
+            if host_bytes(job, cfg, mid, device) <= cfg.host_memory:
+                fits = mid
+            else:
+                over = mid
+        depth = fits
     need = host_bytes(job, cfg, depth, device)
     if need > cfg.host_memory:
         raise PipelineError(
