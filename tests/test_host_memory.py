@@ -7,20 +7,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import h5py
 import numpy as np
+import pyopencl as cl
+import pytest
 from test_nonfinite import assert_nonfinite_as_scipy
 from test_pipeline import DEVICE, write_pipeline
 
 import volconv.pipeline as pipeline
 from volconv.config import load
+from volconv.engine import BankConvolver, Padder
+from volconv.tensor import DigitConvolver, DigitPlan, TensorShape
 
 # In a fresh process: a warm-up run (every program built), then the measured run with the
 # peak-RSS mark (VmHWM) reset: what the run held, above what the process held before.
 MEASURE = """
 import gc, json, sys
 from volconv.config import load
+from volconv.engine import BankConvolver, Padder
+from volconv.tensor import DigitConvolver, DigitPlan, TensorShape
 from volconv.pipeline import run
 
 def status(key):
@@ -101,3 +108,49 @@ def test_a_float_input_holding_nan_runs_within_host_memory(tmp_path):
     with h5py.File(tmp_path / "out" / "masked.h5") as f:
         out = f["responses"][()]
     assert_nonfinite_as_scipy(out, vol, job.kernels, "reflect")
+
+
+def held_buffers(obj: object, found: dict[int, int] | None = None) -> dict[int, int]:
+    """Every OpenCL buffer ``obj`` holds (in its attributes, their containers, its padder
+    and inner convolvers), by address: its size."""
+    found = {} if found is None else found
+    items = vars(obj).values() if hasattr(obj, "__dict__") else obj
+    for v in items:
+        if isinstance(v, cl.Buffer):
+            found[v.int_ptr] = v.size
+        elif isinstance(v, (Padder, BankConvolver)):
+            held_buffers(v, found)
+        elif isinstance(v, dict):
+            held_buffers(v.values(), found)
+        elif isinstance(v, (list, tuple)):
+            held_buffers(v, found)
+    return found
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int16])
+def test_digit_convolvers_count_the_buffers_they_hold(device, dtype):
+    """`DigitConvolver` (the emulated kernel, on any device): its plan's ``device_bytes``
+    grows with the slab as the buffers it really holds do (the digit slabs and the second
+    response buffer included), and a memory budget plans the deepest slab that fits it."""
+    bank = np.random.default_rng(3).standard_normal((3, 3, 3, 5))
+    shape = (40, 9, 20)
+
+    def digits(**kw) -> DigitConvolver:
+        return DigitConvolver(bank, shape, dtype, "reflect", device=device, emulate=True,
+                              shape_split=TensorShape(1, 2, 1, 2, 4), **kw)  # fmt: skip
+
+    held, plans = [], []
+    for depth in (4, 12):
+        conv = digits(slab_depth=depth)
+        assert isinstance(conv.plan, DigitPlan) and conv.plan.slab_depth == depth
+        held.append(sum(held_buffers(conv).values()))
+        plans.append(conv.plan.device_bytes)
+    # every buffer that grows with the slab is counted, but the padders' row maps (4 bytes a
+    # row each: outer, and one per digit type)
+    assert 0 <= (held[1] - held[0]) - (plans[1] - plans[0]) <= 3 * 4 * (12 - 4)
+    assert 0 <= held[0] - plans[0] < 16384  # the rest, fixed: coefficients and index maps
+    budget = (plans[0] + plans[1]) // 2
+    conv = digits(memory_budget=budget)
+    plan = conv.plan
+    assert 4 < plan.slab_depth < 12
+    assert plan.device_bytes <= budget < replace(plan, slab_depth=plan.slab_depth + 1).device_bytes
