@@ -18,6 +18,10 @@ same extents, slab geometry and boundary, cval 0 since cval is finite); integers
 are exact in float32. A response thus never depends on the other filters of its bank (their
 zero padding taps are left out) nor on the path that computed its finite part.
 
+The counts run over sub-slabs of the slab that hold at most `APPLY_BYTES` of host memory
+(`OverridePlan.host_bytes`, which `volconv.pipeline.host_bytes` counts), one kind of voxel and
+one counting convolver at a time, and only where the sub-slab's rows hold that kind.
+
 Any convolver with the slab interface (output rows ``[a, b)``, their source rows in order)
 uses it the same way, giving it a factory of counting convolvers for its slab geometry;
 finite slabs never reach it::
