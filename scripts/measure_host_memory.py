@@ -7,9 +7,10 @@ then, after resetting the kernel's peak-RSS mark (``/proc/self/clear_refs``), on
 input. ``grown`` = the peak RSS of that run (``VmHWM``) - the RSS before it: what the run
 held for data, which SPEC's "Memory" bounds by ``host_memory``; beside it the bytes the plan
 counted (`volconv.pipeline.host_bytes`) and its slab depth. The inputs:
-  - ``finite``: float32, every voxel finite;
+  - ``finite``: float32 (or ``--dtype``), every voxel finite;
   - ``nonfinite``: the same volume with a NaN background outside a ball (a masked map: every
-    slab holds NaN) and a few +-Inf voxels inside, so that the override runs on every slab.
+    slab holds NaN) and a few +-Inf voxels inside, so that the override runs on every slab
+    (float types only).
 Each is measured ``--repeats`` times, alternating; the least growth of each is kept.
 
     python scripts/measure_host_memory.py --size 192 --host-memory 96MiB \\
@@ -95,11 +96,15 @@ print(json.dumps({"status": status_of_run, "grown_bytes": status("VmHWM") - befo
 """
 
 
-def volumes(n: int) -> dict[str, np.ndarray]:
+def volumes(n: int, dtype: str = "float32") -> dict[str, np.ndarray]:
     """The warm-up volume (8 rows of the plane, holding NaN and Inf), the finite volume of
-    ``n``^3 voxels and its copy with NaN outside a ball and +-Inf voxels inside."""
+    ``n``^3 voxels and its copy with NaN outside a ball and +-Inf voxels inside; for an
+    integer ``dtype``, the finite volume and its warm-up only."""
     rng = np.random.default_rng(7)
     finite = (rng.standard_normal((n, n, n)) * 100).astype(np.float32)
+    if np.dtype(dtype).kind in "iu":
+        finite = np.clip(finite + 128, 0, np.iinfo(dtype).max).astype(dtype)
+        return {"warm": finite[n // 2 - 4 : n // 2 + 4].copy(), "finite": finite}
     x, y, z = np.indices((n, n, n), sparse=True)
     c = (n - 1) / 2
     outside = (x - c) ** 2 + (y - c) ** 2 + (z - c) ** 2 > (0.45 * n) ** 2
@@ -134,6 +139,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=192, help="edge of the cubic volume")
     parser.add_argument("--host-memory", default="96MiB")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="an integer type: finite only")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="write the inputs and pipelines here")
@@ -142,17 +148,17 @@ def main() -> None:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         paths = {}
-        for name, vol in volumes(args.size).items():
+        for name, vol in volumes(args.size, args.dtype).items():
             np.save(folder / f"{name}.npy", vol)
             paths[name] = pipeline(folder, name, args.host_memory, args.device)
-        runs: dict[str, list[dict]] = {"finite": [], "nonfinite": []}
+        runs: dict[str, list[dict]] = {name: [] for name in paths if name != "warm"}
         for _ in range(args.repeats):
             for name in runs:
                 runs[name].append(measure(paths["warm"], paths[name]))
     result = {
         "command": " ".join(["python", "scripts/measure_host_memory.py", *sys.argv[1:]]),
         "machine": f"{platform.node()} ({platform.machine()}), PoCL CPU device",
-        "shape": [args.size] * 3, "dtype": "float32", "n_filters": 8, "extent": 7,
+        "shape": [args.size] * 3, "dtype": args.dtype, "n_filters": 8, "extent": 7,
         "device": args.device, "runs": runs, "inputs": {},
     }  # fmt: skip
     for name, rs in runs.items():

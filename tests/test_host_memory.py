@@ -154,3 +154,18 @@ def test_digit_convolvers_count_the_buffers_they_hold(device, dtype):
     plan = conv.plan
     assert 4 < plan.slab_depth < 12
     assert plan.device_bytes <= budget < replace(plan, slab_depth=plan.slab_depth + 1).device_bytes
+
+
+def test_a_shorter_last_slab_counts_its_padded_chunks(tmp_path):
+    """The writer pads the last slab's chunks to whole ones (a slab of the stored type held
+    at once), so a depth that does not divide the volume counts one stored slab more."""
+    np.save(tmp_path / "a.npy", np.zeros((24, 16, 16), np.uint8))
+    cfg = load(write_pipeline(tmp_path, [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]))
+    device = pipeline.choose_device(cfg)
+    (job,) = pipeline.plan_jobs(cfg, device)
+
+    def need(depth: int) -> int:
+        return pipeline.host_bytes(job, cfg, depth, device)
+
+    slab = 2 * 7 * 16 * 16 * 4  # 2 float32 responses, 7 rows
+    assert need(7) == need(6) + (need(8) - need(6)) // 2 + slab  # 24 = 3 x 8 = 4 x 6

@@ -265,8 +265,9 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     pinned slab buffers (of the stored type where the device converts, else float32), a
     float32 slab converted on the host (every slab where the device does not convert; where
     it does, a slab whose source holds NaN or Inf) for each slab the writer has in flight, the
-    writer's compressed chunks (`volconv.writer.backlog_bytes`), two slabs of source rows (one read
-    ahead), the whole frame if it is read whole, the responses of a direct group whose
+    writer's compressed chunks (`volconv.writer.backlog_bytes`), the last slab padded to whole
+    chunks where it is shorter, two slabs of source rows (one read ahead), the whole frame if
+    it is read whole, the responses of a direct group whose
     filters are not neighbours in the bank (gathered into place), a float source's NaN and
     Inf override (`nonfinite_bytes`: the data may hold them), and on a CPU device its
     buffers, which are host memory too."""
@@ -280,6 +281,8 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     if stored != 4 and (not on_device or np.dtype(job.volume.dtype).kind == "f"):
         total += in_flight * slab * (4 if on_device else stored)
     total += backlog_bytes(slab * stored, cfg.compression)
+    if job.shape3[0] % depth:  # the writer pads the last slab's chunks to whole ones
+        total += slab * stored
     total += 2 * (depth + sum(job.plan.extents[:1]) - 1) * ny * nz * item
     if job.whole_frames:
         total += math.prod(job.shape3) * item
