@@ -89,8 +89,9 @@ gc.collect()
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak RSS mark (VmHWM) starts again from the RSS now
 before = status("VmRSS")
-status_of_run = run(cfg, overwrite=True).reports[0].status
-print(json.dumps({"status": status_of_run, "grown_bytes": status("VmHWM") - before,
+report = run(cfg, overwrite=True).reports[0]
+print(json.dumps({"status": report.status, "grown_bytes": status("VmHWM") - before,
+                  "wall_seconds": report.stages["wall"],
                   "rss_before_bytes": before, "slab_depth": job.plan.slab_depth,
                   "host_bytes": job.host_bytes, "host_memory": cfg.host_memory}))
 """
@@ -172,7 +173,7 @@ def main() -> None:
             f"{best['host_bytes'] / 2**20:6.1f} MiB of {best['host_memory'] / 2**20:.0f} MiB; "
             f"the run grew RSS by {best['grown_bytes'] / 2**20:6.1f} MiB = "
             f"{entry['grown_over_host_memory']:.2f} x host_memory "
-            f"(each: {each} MiB)"
+            f"(each: {each} MiB); wall {min(r['wall_seconds'] for r in rs):.2f} s"
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -119,13 +119,24 @@ class OverridePlan:
     def n_filters(self) -> int:
         return len(self.pos)
 
+    def _cut(self, supports: np.ndarray) -> list[np.ndarray]:
+        """``supports`` as 0/1 banks of at most `n_filters`, one per counting convolver."""
+        n = self.n_filters
+        return [supports[i : i + n] for i in range(0, len(supports), n)]
+
+    @property
+    def signed_banks(self) -> list[np.ndarray]:
+        return self._cut(self.signed)
+
+    @property
+    def union_banks(self) -> list[np.ndarray]:
+        """None where the unions are the signed supports."""
+        return [] if self.union is None else self._cut(self.union)
+
     @property
     def banks(self) -> list[np.ndarray]:
-        """The 0/1 banks of the counting convolvers: the signed supports, then the unions
-        (unless the same), each cut into banks of at most `n_filters`."""
-        n = self.n_filters
-        kinds = [self.signed] if self.union is None else [self.signed, self.union]
-        return [k[i : i + n] for k in kinds for i in range(0, len(k), n)]
+        """Every counting convolver's 0/1 bank."""
+        return self.signed_banks + self.union_banks
 
     def host_bytes(self, shape: tuple[int, int, int], depth: int, itemsize: int) -> int:
         """The most host memory `NonFiniteOverride.apply` holds at a time for sub-slabs of
@@ -196,13 +207,11 @@ class NonFiniteOverride:
         self.plan = plan = OverridePlan.of(kernels)
         self.budget = budget
         self.n_filters = plan.n_filters
-        banks = plan.banks
-        n_signed = -(-len(plan.signed) // max(self.n_filters, 1))
-        self._signed = _Reach(banks[:n_signed], make) if len(plan.signed) else None
+        self._signed = _Reach(plan.signed_banks, make) if len(plan.signed) else None
         if plan.union is None:
             self._union = self._signed
         else:
-            self._union = _Reach(banks[n_signed:], make) if len(plan.union) else None
+            self._union = _Reach(plan.union_banks, make) if len(plan.union) else None
 
     def apply(self, a: int, b: int, rows: np.ndarray, out: np.ndarray) -> dict[str, float]:
         """Override ``out`` (N, b - a, ny, nz), the finite part of output rows ``[a, b)``.
