@@ -421,13 +421,11 @@ def test_device_memory_counts_a_frame_kept_on_the_device(tmp_path, dtype):
     assert job.whole_frames  # a .npy maps
     kept = volume.nbytes if dtype == "uint8" else 0
     # a float source's NaN/Inf counting convolvers: the data may hold them
-    plan = (
-        job.plan.device_bytes + pipeline.nonfinite_bytes(job, cfg, job.plan.slab_depth, device)[1]
-    )
+    plan = job.plan.device_bytes + pipeline.nonfinite_bytes(job, job.plan.slab_depth, device)[1]
     assert (plan > job.plan.device_bytes) == (dtype == "float32")
-    assert pipeline.device_bytes(job, cfg, device, volume.nbytes) == plan + kept
-    assert pipeline.device_bytes(job, cfg, device, volume.nbytes - 1) == plan
-    assert job.device_bytes == pipeline.device_bytes(job, cfg, device, frame_bytes(device))
+    assert pipeline.device_bytes(job, device, volume.nbytes) == plan + kept
+    assert pipeline.device_bytes(job, device, volume.nbytes - 1) == plan
+    assert job.device_bytes == pipeline.device_bytes(job, device, frame_bytes(device))
 
 
 def subprocess_run(args: list) -> str:

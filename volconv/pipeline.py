@@ -267,10 +267,9 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     it does, a slab whose source holds NaN or Inf) for each slab the writer has in flight, the
     writer's compressed chunks (`volconv.writer.backlog_bytes`), the last slab padded to whole
     chunks where it is shorter, two slabs of source rows (one read ahead), the whole frame if
-    it is read whole, the responses of a direct group whose
-    filters are not neighbours in the bank (gathered into place), a float source's NaN and
-    Inf override (`nonfinite_bytes`: the data may hold them), and on a CPU device its
-    buffers, which are host memory too."""
+    it is read whole, the responses of a direct group whose filters are not neighbours in the
+    bank (gathered into place), a float source's NaN and Inf override (`nonfinite_bytes`:
+    the data may hold them), and on a CPU device its buffers, which are host memory too."""
     ny, nz = job.shape3[1:]
     slab = len(job.filters) * depth * ny * nz
     stored = np.dtype(cfg.dtype).itemsize
@@ -288,7 +287,7 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
         total += math.prod(job.shape3) * item
     scattered = [len(g) for g in job.plan.groups if list(g) != list(range(g[0], g[-1] + 1))]
     total += max(scattered, default=0) * depth * ny * nz * 4
-    on_host, on_cpu = nonfinite_bytes(job, cfg, depth, device)
+    on_host, on_cpu = nonfinite_bytes(job, depth, device)
     total += on_host
     if device.type & cl.device_type.CPU:
         total += replace(job.plan, slab_depth=depth).device_bytes + on_cpu
@@ -305,7 +304,7 @@ def override_banks(job: Job) -> list[np.ndarray]:
     return banks + [np.stack([kernels[f] for f in g]) for g in job.plan.groups]
 
 
-def nonfinite_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> tuple[int, int]:
+def nonfinite_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
     """The memory a slab of ``depth`` rows whose float source holds NaN or Inf takes beyond a
     finite slab's (``(0, 0)`` for integer sources, which never do), as ``(host, buffers)``.
 
@@ -366,10 +365,10 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     if cfg.slab_depth is None or depth < job.plan.slab_depth:
         job.plan = replace(job.plan, slab_depth=depth)
     job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, device)
-    job.device_bytes = device_bytes(job, cfg, device)
+    job.device_bytes = device_bytes(job, device)
 
 
-def device_bytes(job: Job, cfg: Config, device: cl.Device, frame_limit: int | None = None) -> int:
+def device_bytes(job: Job, device: cl.Device, frame_limit: int | None = None) -> int:
     """The device memory a run of ``job`` holds: its plan's buffers, a float source's
     counting convolvers (`nonfinite_bytes`: the data may hold NaN or Inf), and the whole
     frame where it is read whole and uploads as it is (an integer frame of at most
@@ -378,7 +377,7 @@ def device_bytes(job: Job, cfg: Config, device: cl.Device, frame_limit: int | No
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
     limit = frame_bytes(device) if frame_limit is None else frame_limit
     kept = job.whole_frames and np.dtype(job.volume.dtype).kind in "iu" and frame <= limit
-    counting = nonfinite_bytes(job, cfg, job.plan.slab_depth, device)[1]
+    counting = nonfinite_bytes(job, job.plan.slab_depth, device)[1]
     return job.plan.device_bytes + counting + (frame if kept else 0)
 
 
