@@ -559,6 +559,11 @@ def digit_types(dtype: np.dtype, mode: str = "reflect", cval: float = 0.0) -> tu
     return (i8, *[u8] * (FLOAT_DIGITS - 1))
 
 
+def _plan_fields(plan: Plan) -> dict[str, object]:
+    """What makes ``plan`` as a `Plan`: its fields given to the constructor."""
+    return {f.name: getattr(plan, f.name) for f in dataclass_fields(Plan) if f.init}
+
+
 @dataclass(frozen=True)
 class DigitPlan(Plan):
     """A `DigitConvolver`'s plan: `Plan`'s buffers and the digits' (`slab_bytes`), so that
@@ -568,14 +573,12 @@ class DigitPlan(Plan):
 
     @classmethod
     def of(cls, plan: Plan, digits: tuple[np.dtype, ...]) -> DigitPlan:
-        fields = {f.name: getattr(plan, f.name) for f in dataclass_fields(Plan) if f.init}
-        return cls(**fields, digits=tuple(digits))
+        return cls(**_plan_fields(plan), digits=tuple(digits))
 
     def digit_plan(self, dt: np.dtype) -> Plan:
         """The plan of digit type ``dt``'s `TensorConvolver`: its padded slab is the digit
         slab (cval 0: the split pads already)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclass_fields(Plan) if f.init}
-        return Plan(**{**fields, "src_dtype": dt, "pad_dtype": dt, "cval": 0.0})
+        return Plan(**{**_plan_fields(self), "src_dtype": dt, "pad_dtype": dt, "cval": 0.0})
 
     def slab_bytes(self, depth: int) -> dict[str, int]:
         """Device bytes of each buffer for a slab of ``depth`` output rows: the padded slab's
