@@ -7,13 +7,15 @@ bank's common extent, nor through zero taps inside its own extent.
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from conftest import reference
 
 from volconv import BankConvolver, convolve_bank
 from volconv.checks import MODES, spec_tolerance
-from volconv.nonfinite import TAP_EPS, kept_taps
+from volconv.nonfinite import TAP_EPS, NonFiniteOverride, OverridePlan, finite_part, kept_taps
 
 RNG = np.random.default_rng(13)
 # (mode, cval): every mode, and constant with a cval that is not 0
@@ -198,3 +200,60 @@ def test_slabs_into_pinned_views_as_the_pipeline_does(device):
         out[:, a:b] = conv.convolve_slab(a, b, vol[conv.source_rows(a, b)], pinned[:, : b - a])
     assert_nonfinite_as_scipy(out, vol, kernels, "wrap")
     assert all(conv.timings[s] > 0 for s in ("upload", "pad", "kernel", "download"))
+
+
+# -- what the override holds (SPEC "Memory") -------------------------------------------------
+def override_run(device, vol, kernels, mode, slab_depth, budget):
+    """Every slab of ``vol``: the finite part filtered, then `NonFiniteOverride.apply` with
+    ``budget``, as `BankConvolver` does. Returns the responses, the override and the most
+    memory numpy allocated in one apply (tracemalloc)."""
+    conv = BankConvolver(kernels, vol.shape, vol.dtype, mode, device=device, slab_depth=slab_depth)
+
+    def counting(supports):
+        return BankConvolver(supports, vol.shape, np.uint8, mode, 0.0, device=device,
+                             slab_depth=slab_depth)  # fmt: skip
+
+    override = NonFiniteOverride(conv.kernels, counting, budget=budget)
+    out = np.empty((len(kernels), *vol.shape), np.float32)
+    peak = 0
+    for a, b in conv.slabs():
+        rows = vol[conv.source_rows(a, b)]
+        out[:, a:b] = conv.convolve_slab(a, b, finite_part(rows))
+        tracemalloc.start()
+        override.apply(a, b, rows, out[:, a:b])
+        peak = max(peak, tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    return out, override, peak
+
+
+@pytest.mark.parametrize("mode", ["reflect", "wrap"])
+def test_the_override_counts_in_sub_slabs_within_its_budget(device, mode):
+    """A budget of two rows of counts: each slab is counted two rows at a time, exactly as
+    scipy; apply's numpy allocations stay within what `OverridePlan.host_bytes` counts, and a
+    slab six times as deep holds no more."""
+    vol, kernels = volume("nan background", (24, 40, 48)), mixed_bank()
+    vol[5:7, 10:12, 20:30] = np.inf
+    vol[15, 30:33, 5:9] = -np.inf
+    plan = OverridePlan.of(kernels)
+    budget = plan.host_bytes(vol.shape, 2, vol.itemsize)
+    assert plan.depth(vol.shape, 12, vol.itemsize, budget) == 2
+    peaks = []
+    for slab_depth in (4, 24):
+        out, override, peak = override_run(device, vol, kernels, mode, slab_depth, budget)
+        assert_nonfinite_as_scipy(out, vol, kernels, mode)
+        assert override.plan.banks and peak <= budget, (peak, budget)
+        peaks.append(peak)
+    assert peaks[1] <= 1.1 * peaks[0], peaks  # whatever the slab's depth
+
+
+def test_the_override_plan_is_the_overrides():
+    """Distinct supports only (a bank of Gaussians shares one), banks at most N wide: the
+    counting convolvers `volconv.pipeline` counts are those the override builds."""
+    gaussians = np.stack([gaussian(5, s) for s in (0.8, 1.0, 1.5, 2.0)])
+    plan = OverridePlan.of(gaussians)
+    assert len(plan.signed) == 1 and plan.union is None and [len(b) for b in plan.banks] == [1]
+    plan = OverridePlan.of(mixed_bank())  # signed supports and their unions differ
+    built = []
+    NonFiniteOverride(mixed_bank(), lambda k: built.append(len(k)) or object())
+    assert [len(b) for b in plan.banks] == built and max(built) <= len(mixed_bank())
+    assert plan.union is not None and len(plan.signed) > len(plan.union)

@@ -37,8 +37,9 @@ from volconv.device import DeviceError, device_name, select_device
 from volconv.engine import STAGES, frame_bytes
 from volconv.errors import OutputWriteError
 from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, open_volume, split_spec
+from volconv.nonfinite import APPLY_BYTES, OverridePlan
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
-from volconv.plan import MAX_FILTERS
+from volconv.plan import MAX_FILTERS, make_plan
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
 from volconv.resume import Progress, fingerprint
 from volconv.separable import (
@@ -85,7 +86,7 @@ class Job:
     complete: bool  # the output exists, is complete and was made from this input and bank
     whole_frames: bool = False  # read each frame whole, in the file's order, then slab it
     host_bytes: int = 0  # the most host memory the run holds for it
-    device_bytes: int = 0  # the most device memory it holds: the plan's buffers and the frame
+    device_bytes: int = 0  # the most device memory it holds (`device_bytes`)
     resumed: int = 0  # slabs an interrupted run's partial output held (volconv.resume)
 
     @property
@@ -264,9 +265,11 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     pinned slab buffers (of the stored type where the device converts, else float32), a
     float32 slab converted on the host (every slab where the device does not convert; where
     it does, a slab whose source holds NaN or Inf) for each slab the writer has in flight, the
-    writer's compressed chunks (`volconv.writer.backlog_bytes`), two slabs of source rows (one read
-    ahead), the whole frame if it is read whole, and on a CPU device its buffers, which are
-    host memory too."""
+    writer's compressed chunks (`volconv.writer.backlog_bytes`), the last slab padded to whole
+    chunks where it is shorter, two slabs of source rows (one read ahead), the whole frame if
+    it is read whole, the responses of a direct group whose filters are not neighbours in the
+    bank (gathered into place), a float source's NaN and Inf override (`nonfinite_bytes`:
+    the data may hold them), and on a CPU device its buffers, which are host memory too."""
     ny, nz = job.shape3[1:]
     slab = len(job.filters) * depth * ny * nz
     stored = np.dtype(cfg.dtype).itemsize
@@ -277,12 +280,57 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     if stored != 4 and (not on_device or np.dtype(job.volume.dtype).kind == "f"):
         total += in_flight * slab * (4 if on_device else stored)
     total += backlog_bytes(slab * stored, cfg.compression)
+    if job.shape3[0] % depth:  # the writer pads the last slab's chunks to whole ones
+        total += slab * stored
     total += 2 * (depth + sum(job.plan.extents[:1]) - 1) * ny * nz * item
     if job.whole_frames:
         total += math.prod(job.shape3) * item
+    scattered = [len(g) for g in job.plan.groups if list(g) != list(range(g[0], g[-1] + 1))]
+    total += max(scattered, default=0) * depth * ny * nz * 4
+    on_host, on_cpu = nonfinite_bytes(job, depth, device)
+    total += on_host
     if device.type & cl.device_type.CPU:
-        total += replace(job.plan, slab_depth=depth).device_bytes
+        total += replace(job.plan, slab_depth=depth).device_bytes + on_cpu
     return total
+
+
+def override_banks(job: Job) -> list[np.ndarray]:
+    """The banks a run of ``job`` builds a non-finite override for (`volconv.nonfinite`), as
+    `volconv.separable.SeparableConvolver` does: its separable filters' (stacked to their
+    common extent), then each direct group's."""
+    kernels = [f.kernel for f in job.filters]
+    slots = [f for f, c in enumerate(job.plan.choices) if c.path != "direct"]
+    banks = [stack_kernels([kernels[f] for f in slots])] if slots else []
+    return banks + [np.stack([kernels[f] for f in g]) for g in job.plan.groups]
+
+
+def nonfinite_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
+    """The memory a slab of ``depth`` rows whose float source holds NaN or Inf takes beyond a
+    finite slab's (``(0, 0)`` for integer sources, which never do), as ``(host, buffers)``.
+
+    ``host``: the source rows' finite part and a second copy of them (the override's rows, or
+    a direct group's), the separable responses gathered for the override, and the most an
+    override's `~volconv.nonfinite.NonFiniteOverride.apply` holds at a time (bounded, in
+    sub-slabs: `volconv.nonfinite.OverridePlan.host_bytes`). ``buffers``: the counting
+    convolvers' buffers (uint8 0/1 banks at the slab's depth), on the device; host memory
+    too on a CPU device."""
+    if np.dtype(job.volume.dtype).kind != "f":
+        return 0, 0
+    item = np.dtype(job.volume.dtype).itemsize
+    n0, ny, nz = job.shape3
+    rows = min(n0, depth + job.plan.extents[0] - 1)
+    host = rows * ny * nz * (2 * item + 1)
+    host += job.plan.n_separable * depth * ny * nz * 4
+    buffers, applies = 0, [0]
+    for kernels in override_banks(job):
+        plan = OverridePlan.of(kernels)
+        sub = plan.depth(job.shape3, depth, item, APPLY_BYTES)
+        applies.append(plan.host_bytes(job.shape3, sub, item))
+        for bank in plan.banks:
+            counting = make_plan(job.shape3, np.dtype(np.uint8), bank.shape[1:], len(bank),
+                                 job.plan.mode, 0.0, device, slab_depth=depth)  # fmt: skip
+            buffers += counting.device_bytes
+    return host + max(applies), buffers  # the overrides apply one after the other
 
 
 def pinned_itemsize(cfg: Config, device: cl.Device) -> int:
@@ -299,8 +347,15 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     depth = job.plan.slab_depth
     if cfg.slab_depth is None:  # an expert's slab_depth is taken as given, if it fits
         depth = min(depth, max(1, MAX_PINNED_BYTES // row))
-    while depth > 1 and host_bytes(job, cfg, depth, device) > cfg.host_memory:
-        depth = max(1, depth * cfg.host_memory // host_bytes(job, cfg, depth, device) - 1)
+    if host_bytes(job, cfg, depth, device) > cfg.host_memory:  # the deepest slab that fits
+        fits, over = 1, depth  # host_bytes grows with the depth
+        while over - fits > 1:
+            mid = (fits + over) // 2
+            if host_bytes(job, cfg, mid, device) <= cfg.host_memory:
+                fits = mid
+            else:
+                over = mid
+        depth = fits
     need = host_bytes(job, cfg, depth, device)
     if need > cfg.host_memory:
         raise PipelineError(
@@ -310,16 +365,20 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     if cfg.slab_depth is None or depth < job.plan.slab_depth:
         job.plan = replace(job.plan, slab_depth=depth)
     job.host_bytes = host_bytes(job, cfg, job.plan.slab_depth, device)
-    job.device_bytes = device_bytes(job, frame_bytes(device))
+    job.device_bytes = device_bytes(job, device)
 
 
-def device_bytes(job: Job, frame_limit: int) -> int:
-    """The device memory a run of ``job`` holds: its plan's buffers, and the whole frame
-    where it is read whole and uploads as it is (an integer frame of at most ``frame_limit``
-    bytes, `volconv.engine.frame_bytes`: the `Padder` keeps it on the device)."""
+def device_bytes(job: Job, device: cl.Device, frame_limit: int | None = None) -> int:
+    """The device memory a run of ``job`` holds: its plan's buffers, a float source's
+    counting convolvers (`nonfinite_bytes`: the data may hold NaN or Inf), and the whole
+    frame where it is read whole and uploads as it is (an integer frame of at most
+    ``frame_limit`` bytes, default `volconv.engine.frame_bytes`: the `Padder` keeps it on the
+    device)."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
-    kept = job.whole_frames and np.dtype(job.volume.dtype).kind in "iu" and frame <= frame_limit
-    return job.plan.device_bytes + (frame if kept else 0)
+    limit = frame_bytes(device) if frame_limit is None else frame_limit
+    kept = job.whole_frames and np.dtype(job.volume.dtype).kind in "iu" and frame <= limit
+    counting = nonfinite_bytes(job, job.plan.slab_depth, device)[1]
+    return job.plan.device_bytes + counting + (frame if kept else 0)
 
 
 def spatial_shape(volume: Volume) -> tuple[int, int, int]:

@@ -28,14 +28,24 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, replace
+from dataclasses import fields as dataclass_fields
 from functools import cache
 
 import numpy as np
 import pyopencl as cl
 
+from volconv.checks import check_cval, check_mode
 from volconv.device import select_device
 from volconv.engine import BankConvolver, as_kernel_bank, native_volume
-from volconv.plan import CL_TYPES, pad_dtype_for, tuned_knobs
+from volconv.plan import (
+    CL_TYPES,
+    Plan,
+    _deepest_slab,
+    make_plan,
+    pad_dtype_for,
+    streaming_depth,
+    tuned_knobs,
+)
 from volconv.programs import build, kernel_source
 from volconv.report import work_gflop
 
@@ -589,6 +599,39 @@ def digit_types(dtype: np.dtype, mode: str = "reflect", cval: float = 0.0) -> tu
     return (i8, *[u8] * (FLOAT_DIGITS - 1))
 
 
+def _plan_fields(plan: Plan) -> dict[str, object]:
+    """What makes ``plan`` as a `Plan`: its fields given to the constructor."""
+    return {f.name: getattr(plan, f.name) for f in dataclass_fields(Plan) if f.init}
+
+
+@dataclass(frozen=True)
+class DigitPlan(Plan):
+    """A `DigitConvolver`'s plan: `Plan`'s buffers and the digits' (`slab_bytes`), so that
+    ``device_bytes`` is what it holds and a memory budget plans its slab honestly."""
+
+    digits: tuple[np.dtype, ...] = ()
+
+    @classmethod
+    def of(cls, plan: Plan, digits: tuple[np.dtype, ...]) -> DigitPlan:
+        return cls(**_plan_fields(plan), digits=tuple(digits))
+
+    def digit_plan(self, dt: np.dtype) -> Plan:
+        """The plan of digit type ``dt``'s `TensorConvolver`: its padded slab is the digit
+        slab (cval 0: the split pads already)."""
+        return Plan(**{**_plan_fields(self), "src_dtype": dt, "pad_dtype": dt, "cval": 0.0})
+
+    def slab_bytes(self, depth: int) -> dict[str, int]:
+        """Device bytes of each buffer for a slab of ``depth`` output rows: the padded slab's
+        and the responses' (`Plan`), a second response buffer the digits' sums read, and
+        each digit type's slab (its padder's rows, never filled, and its padded slab)."""
+        sizes = super().slab_bytes(depth)
+        sizes["part"] = sizes["responses"]
+        for dt in dict.fromkeys(self.digits):
+            inner = self.digit_plan(dt).slab_bytes(depth)
+            sizes[f"{dt} source"], sizes[f"{dt} padded"] = inner["source"], inner["padded"]
+        return sizes
+
+
 class DigitConvolver(BankConvolver):
     """The tensor-core engine for volumes 8-bit integers do not hold exactly (`digit_types`):
     `BankConvolver`'s parameters, slabs and results.
@@ -607,8 +650,8 @@ class DigitConvolver(BankConvolver):
     shape_split, emulate
         As `TensorConvolver`'s, for each digit's.
     **kwargs
-        As `BankConvolver`'s. Without ``slab_depth`` the slab is planned in half the memory
-        budget: the digit slabs and a second response buffer take about as much again.
+        As `BankConvolver`'s. The plan is a `DigitPlan`: without ``slab_depth`` the slab is
+        the deepest whose buffers, the digits' included, fit the memory budget.
     """
 
     def __init__(
@@ -629,13 +672,26 @@ class DigitConvolver(BankConvolver):
         self.engine = f"{TENSOR_ENGINE}x{len(self.digits)}"  # the record's name: digits
         self.emulate = emulate
         self._inner_options = {"shape_split": shape_split, "emulate": emulate}
-        device = kwargs.get("device")
+        device = kwargs.pop("device", None)
         device = device if isinstance(device, cl.Device) else select_device(device)
-        if kwargs.get("slab_depth") is None and kwargs.get("plan") is None:
-            budget = kwargs.get("memory_budget") or min(device.global_mem_size // 4, 2 << 30)
-            kwargs["memory_budget"] = int(budget) // 2
-        kwargs.setdefault("pad_float", False)  # the slab in its own type: split exactly
-        super().__init__(kernels, shape, dtype, mode, cval, **{**kwargs, "device": device})
+        plan = kwargs.pop("plan", None)
+        if plan is None:
+            bank = as_kernel_bank(kernels)
+            depth, budget = kwargs.pop("slab_depth", None), kwargs.pop("memory_budget", None)
+            stream = kwargs.pop("stream", False)
+            kwargs.setdefault("pad_float", False)  # the slab in its own type: split exactly
+            src = native_volume(np.empty(0, dtype)).dtype
+            plan = DigitPlan.of(make_plan(
+                tuple(int(s) for s in shape), src, bank.shape[1:], len(bank), check_mode(mode),
+                check_cval(cval), device, slab_depth=depth or 1, **kwargs,
+            ), self.digits)  # fmt: skip
+            if depth is None:
+                depth = _deepest_slab(plan, device, budget)  # with the digits' buffers
+                depth = min(depth, streaming_depth(plan.shape[0])) if stream else depth
+                plan = replace(plan, slab_depth=depth)
+        elif not isinstance(plan, DigitPlan):
+            plan = DigitPlan.of(plan, self.digits)
+        super().__init__(kernels, shape, dtype, mode, cval, device=device, plan=plan)
 
     def _build_passes(self) -> None:
         plan, ctx = self.plan, self.ctx
@@ -655,14 +711,13 @@ class DigitConvolver(BankConvolver):
         # digit slab; its responses go where `_launch_passes` points them
         self._inner = {}
         for dt in dict.fromkeys(self.digits):
-            digit_plan = replace(plan, src_dtype=dt, pad_dtype=dt, cval=0.0)
             inner = TensorConvolver(self.kernels, plan.shape, dt, plan.mode, 0.0,
-                                    device=self.device, plan=digit_plan,
+                                    device=self.device, plan=plan.digit_plan(dt),
                                     **self._inner_options)  # fmt: skip
             inner._out = None  # its own response buffer is never used
             self._inner[dt] = inner
         mf = cl.mem_flags
-        self._part = cl.Buffer(ctx, mf.READ_WRITE, plan.slab_bytes(plan.slab_depth)["responses"])
+        self._part = cl.Buffer(ctx, mf.READ_WRITE, plan.slab_bytes(plan.slab_depth)["part"])
         self._max_bits = cl.Buffer(ctx, mf.READ_WRITE, 4)
 
     def _launch_passes(self, depth: int) -> list[cl.Event]:
