@@ -167,16 +167,17 @@ class TensorShape:
 
 
 # Measured on the H100 (scripts/bench_tensor.py, 256^3 uint8, 7^3): on mma.sync
-# (benchmarks/results/h100-tensor-int8-run3.json) N = 8 in 0.594 ms (155 TFLOP/s; FP16 hi/lo
-# 0.779) at (1, 8, 2, 2) with 2 persistent groups per SM and the B fragments in local memory
-# (0.684 without them); N = 16 in 1.088 ms and N = 32 in 2.194 ms at (2, 4, 2, 2) (168
-# TFLOP/s); 3^3, 5^3 N = 8 0.332, 0.476 ms (FP32 kernel 0.422, 0.759), 11^3 2.04 ms (FP32
-# 7.96). On wgmma (h100-tensor-wgmma-r2.json, the same splits): N = 8 0.501 ms (184 TFLOP/s;
-# wgmma 2 spills at 8 rows per warp: 0.767), N = 16 0.820 ms and N = 32 1.638 ms with wgmma 2
-# (225 TFLOP/s; wgmma 1 0.859 ms). Devices without wgmma (`wgmma_supported`) drop it.
+# (benchmarks/results/h100-tensor-int8-run3.json) N = 8 in 0.594 ms (155 TFLOP/s) at
+# (1, 8, 2, 2) with 2 persistent groups per SM and the B fragments in local memory, N = 16 in
+# 1.088 ms at (2, 4, 2, 2). On wgmma (h100-tensor-xo*.json): N = 8 0.476-0.488 ms (190-194
+# TFLOP/s) at (1, 8, 2, 2), wgmma 1; two or four outputs along x per step measured no better
+# for N = 8 (xo 2 at 3 rows x 3 groups 0.480-0.486, xo 4 at 2 rows 0.51: more, smaller
+# wgmmas; 4 rows of xo 2 need 204 registers, 2 groups); N = 16 and 32 with xo 2 at 2 rows per
+# warp and 3 groups per SM (164 registers) 0.760-0.769 and 1.520-1.525 ms (239-242 TFLOP/s;
+# 4 rows of xo 1, 2 groups: 0.80 and 1.60). Devices without wgmma (`wgmma_supported`) drop it.
 DEFAULT_SHAPES = {
     1: TensorShape(1, 8, 2, 2, persistent=2, blocal=True, wgmma=1),
-    2: TensorShape(2, 4, 2, 2, persistent=2, blocal=True, wgmma=2),
+    2: TensorShape(2, 2, 2, 2, persistent=3, blocal=True, wgmma=2, xo=2),
 }
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
