@@ -58,6 +58,18 @@ SWEEP = {  # work splits tried beside the default, by N (benchmarks/README.md ha
          TensorShape(2, 2, 2, 2, persistent=3, **X1)],
     32: [TensorShape(2, 4, 2, 2, persistent=2, **WG2)],
 }  # fmt: skip
+SWEEP_SHORT = {  # for extents of 3 along x, where the output stores weigh most
+    8: [TensorShape(1, 4, 2, 2, persistent=3, **WG1),
+        TensorShape(1, 4, 2, 2, persistent=4, **WG1),
+        TensorShape(1, 2, 2, 2, persistent=4, **WG1),
+        TensorShape(1, 8, 2, 2, persistent=2, **WG2),
+        TensorShape(1, 8, 1, 4, persistent=2, **WG1),
+        TensorShape(1, 8, 2, 2, persistent=2, blocal=True)],
+    16: [TensorShape(2, 4, 2, 2, persistent=2, **WG2),
+         TensorShape(2, 2, 2, 2, persistent=4, **WG1),
+         TensorShape(2, 2, 2, 2, persistent=3, **WG1),
+         TensorShape(2, 4, 2, 2, persistent=2, **WG1)],
+}  # fmt: skip
 
 
 def log(*args: object) -> None:
@@ -272,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             # the engine as shipped (its default split) first, then the sweep's candidates
             splits = [default_shape(n)]
             if not args.no_sweep:
-                splits += [s for s in SWEEP.get(n, []) if s != splits[0]]
+                sweep = (SWEEP_SHORT if k <= 3 else SWEEP).get(n, [])
+                splits += [s for s in sweep if s != splits[0]]
             row["tensor_sweep"] = []
             for split in splits:
                 try:
