@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 row["fp32_error"] = relative_error(out, ref, bank)
             del fp32, out
             # the engine as shipped (its default split) first, then the sweep's candidates
-            splits = [default_shape(n)]
+            splits = [default_shape(n, k)]
             if not args.no_sweep:
                 sweep = (SWEEP_SHORT if k <= 3 else SWEEP).get(n, [])
                 splits += [s for s in sweep if s != splits[0]]

@@ -39,7 +39,7 @@ def main() -> None:
     device = select_device(args.device)
     extents = tuple(int(k) for k in args.extents.split(","))
     src = np.dtype(args.dtype)
-    split = default_shape(args.n)
+    split = default_shape(args.n, extents[0])
     split = replace(split, wgmma=args.wgmma) if args.wgmma else split
     split = replace(split, xo=args.xo) if args.xo else split
     split = replace(split, tyw=args.tyw) if args.tyw else split

@@ -462,7 +462,7 @@ def test_tensor_splits(nvidia, extents, persistent):
 
 def test_wgmma_defaults(device):
     """The default splits ask for wgmma; only cc 9.0 (sm_90a) has it, and a CPU never."""
-    assert default_shape(8).wgmma and default_shape(32).wgmma
+    assert all(default_shape(n, kx).wgmma for n in (8, 32) for kx in (3, 7))
     if device.type & cl.device_type.CPU:
         assert not wgmma_supported(device)
 

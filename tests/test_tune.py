@@ -197,7 +197,8 @@ def test_an_entry_without_rows_leaves_the_rows_to_the_plan(device, cache):
     write_entry(cache, device, TINY, {k: v for k, v in entry(unroll=5).items() if k != "rows"})
     assert tuned_knobs(device, TINY.extent, TINY.n, np.dtype(TINY.dtype))["rows"] is None
     p = untuned_plan(device, TINY)
-    assert p.unroll == 5 and p.rows == untuned_plan(device, TINY, unroll=5, tuned=False).rows
+    given = untuned_plan(device, TINY, unroll=5, vector_width=4, local_size=(2, 4), tuned=False)
+    assert p.unroll == 5 and p.rows == given.rows  # the entry's other knobs, the plan's rows
 
 
 def test_other_banks_take_the_defaults(device, cache):

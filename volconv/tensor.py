@@ -175,15 +175,21 @@ class TensorShape:
 # wgmmas; 4 rows of xo 2 need 204 registers, 2 groups); N = 16 and 32 with xo 2 at 2 rows per
 # warp and 3 groups per SM (164 registers) 0.760-0.769 and 1.520-1.525 ms (239-242 TFLOP/s;
 # 4 rows of xo 1, 2 groups: 0.80 and 1.60). Devices without wgmma (`wgmma_supported`) drop it.
-DEFAULT_SHAPES = {
-    1: TensorShape(1, 8, 2, 2, persistent=2, blocal=True, wgmma=1),
-    2: TensorShape(2, 2, 2, 2, persistent=3, blocal=True, wgmma=2, xo=2),
+# At 3 planes along x the output stores weigh most (N = 8: 0.228 ms of 0.328 without them):
+# more warps along z or more groups per SM, one output per step (h100-tensor-short.json: N = 8
+# 0.283 ms at (1, 8, 1, 4), N = 16 0.536 at 2 rows x 4 groups; FP32 0.316, 0.630).
+DEFAULT_SHAPES = {  # (filters <= 8, extent along x > 3): split
+    (True, True): TensorShape(1, 8, 2, 2, persistent=2, blocal=True, wgmma=1),
+    (False, True): TensorShape(2, 2, 2, 2, persistent=3, blocal=True, wgmma=2, xo=2),
+    (True, False): TensorShape(1, 8, 1, 4, persistent=2, blocal=True, wgmma=1),
+    (False, False): TensorShape(2, 2, 2, 2, persistent=4, blocal=True, wgmma=1),
 }
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
 
-def default_shape(n_filters: int) -> TensorShape:
-    return DEFAULT_SHAPES[1 if n_filters <= 8 else 2]
+def default_shape(n_filters: int, kx: int = 7) -> TensorShape:
+    """The measured split for ``n_filters`` filters of extent ``kx`` along x."""
+    return DEFAULT_SHAPES[n_filters <= 8, kx > 3]
 
 
 def without_wgmma(split: TensorShape) -> TensorShape:
@@ -489,7 +495,7 @@ class TensorConvolver(BankConvolver):
         **kwargs: object,
     ) -> None:
         bank = as_kernel_bank(kernels)
-        self.split = shape_split or default_shape(len(bank))
+        self.split = shape_split or default_shape(len(bank), bank.shape[1])
         self.engine = f"tensor-{self.split.arith}"
         self.emulate = emulate
         # the slab in the input's own type: the A fragments are made from it in the kernel
