@@ -491,11 +491,18 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                          * filter f, one 16-byte store (a quarter of the store instructions) */
 #pragma unroll
                         for (int i = 0; i < 4; i++) {
+                            const float u = unscale[nt * 8 + 2 * t + (i & 1)];
+#ifdef FLOAT_COMBINE
+                            const float v = fma((float)acc[yy][xo][nt][2][i], 65536.0f * u,
+                                                fma((float)acc[yy][xo][nt][1][i], 256.0f * u,
+                                                    (float)acc[yy][xo][nt][0][i] * u));
+#else
                             const long sum = (long)acc[yy][xo][nt][2][i] * 65536 +
                                              (long)acc[yy][xo][nt][1][i] * 256 +
                                              acc[yy][xo][nt][0][i];
-                            stage[(2 * t + (i & 1)) * SROW + g + 8 * (i >> 1)] =
-                                (float)sum * unscale[nt * 8 + 2 * t + (i & 1)];
+                            const float v = (float)sum * u;
+#endif
+                            stage[(2 * t + (i & 1)) * SROW + g + 8 * (i >> 1)] = v;
                         }
                         WARP_SYNC();
                         const float4 v =

@@ -160,6 +160,7 @@ class TensorShape:
     ieee_sum: bool | None = None
     arith: str = "int8"
     xo: int = 1
+    fcombine: bool = False
 
     @property
     def threads(self) -> int:
@@ -352,6 +353,8 @@ def int8_defines(
         defines["BLOCAL"] = 1
     if shape.dxu:
         defines["DXU"] = shape.dxu
+    if shape.fcombine:
+        defines["FLOAT_COMBINE"] = 1
     if shape.persistent:  # groups per multiprocessor (`sm90a_ptx`)
         defines["PERSISTENT"] = shape.persistent
     if emulate:
