@@ -52,17 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 WG1, WG2 = {"wgmma": 1}, {"wgmma": 2}
 X1, X2 = {"wgmma": 1, "xo": 2}, {"wgmma": 2, "xo": 2}  # two outputs along x per step
 SWEEP = {  # work splits tried beside the default, by N (benchmarks/README.md has the rest)
-    8: [TensorShape(1, 8, 2, 2, persistent=2, fcombine=True, **WG1),
-        TensorShape(1, 4, 2, 2, persistent=4, **WG1),
-        TensorShape(1, 4, 2, 2, persistent=3, **WG1),
-        TensorShape(1, 8, 1, 4, persistent=2, **WG1),
-        TensorShape(1, 4, 1, 4, persistent=4, **WG1),
-        TensorShape(1, 6, 2, 2, persistent=3, **WG1),
-        TensorShape(1, 4, 2, 2, persistent=4, **WG2),
-        TensorShape(1, 4, 2, 2, persistent=4, fcombine=True, **WG1),
-        TensorShape(1, 3, 2, 2, persistent=3, fcombine=True, **X2)],
-    16: [TensorShape(2, 2, 2, 2, persistent=3, fcombine=True, **X2),
-         TensorShape(2, 4, 2, 2, persistent=2, **WG2)],
+    8: [TensorShape(1, 3, 2, 2, persistent=3, **X2),
+        TensorShape(1, 4, 2, 2, persistent=3, **WG1)],
+    16: [TensorShape(2, 4, 2, 2, persistent=2, **WG2)],
     32: [TensorShape(2, 4, 2, 2, persistent=2, **WG2)],
 }  # fmt: skip
 SWEEP_SHORT = {  # for extents of 3 along x, where the output stores weigh most

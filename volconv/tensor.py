@@ -6,9 +6,9 @@ responses, non-finite override); its kernel, kernels/tensor_int8.cl, computes th
 correlation as an implicit GEMM on ``mma.sync.m16n8k32`` (on cc 9.0 ``wgmma.mma_async``
 m64nNk32, `build_sm90a`) with uint8/int8 inputs: each
 filter's coefficients are scaled by a power of two into 24-bit integers and split into three
-signed 8-bit digits, the digits' int32 sums are exact and combined once in 64-bit integers,
-so the only errors are the coefficients' rounding (23 bits below each filter's largest) and
-the output's: below the FP32 kernel's at every extent measured. ``TensorShape(arith='fp16')``
+signed 8-bit digits, the digits' int32 sums are exact and combined in two float FMAs, so
+the only errors are the coefficients' rounding (23 bits below each filter's largest) and the
+output's (two roundings): below the FP32 kernel's at every extent measured. ``TensorShape(arith='fp16')``
 runs the earlier kernels/tensor_conv.cl instead (``mma.sync.m16n8k16``, FP16 hi + lo
 coefficient halves, FP32 accumulation; DESIGN.md, "Tensor cores"), for comparison.
 
@@ -160,7 +160,6 @@ class TensorShape:
     ieee_sum: bool | None = None
     arith: str = "int8"
     xo: int = 1
-    fcombine: bool = False
 
     @property
     def threads(self) -> int:
@@ -353,8 +352,6 @@ def int8_defines(
         defines["BLOCAL"] = 1
     if shape.dxu:
         defines["DXU"] = shape.dxu
-    if shape.fcombine:
-        defines["FLOAT_COMBINE"] = 1
     if shape.persistent:  # groups per multiprocessor (`sm90a_ptx`)
         defines["PERSISTENT"] = shape.persistent
     if emulate:
