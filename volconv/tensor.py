@@ -8,9 +8,10 @@ m64nNk32, `build_sm90a`) with uint8/int8 inputs: each
 filter's coefficients are scaled by a power of two into 24-bit integers and split into three
 signed 8-bit digits, the digits' int32 sums are exact and combined in two float FMAs, so
 the only errors are the coefficients' rounding (23 bits below each filter's largest) and the
-output's (two roundings): below the FP32 kernel's at every extent measured. ``TensorShape(arith='fp16')``
-runs the earlier kernels/tensor_conv.cl instead (``mma.sync.m16n8k16``, FP16 hi + lo
-coefficient halves, FP32 accumulation; DESIGN.md, "Tensor cores"), for comparison.
+output's (two roundings): below the FP32 kernel's at every extent measured.
+``TensorShape(arith='fp16')`` runs the earlier kernels/tensor_conv.cl instead
+(``mma.sync.m16n8k16``, FP16 hi + lo coefficient halves, FP32 accumulation; DESIGN.md,
+"Tensor cores"), for comparison.
 
 Inputs 8-bit integers do not hold exactly (16-bit integers, float32 and wider, a non-integer
 ``cval`` in constant mode) take `DigitConvolver`: the padded slab split on the device into
