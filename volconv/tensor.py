@@ -167,30 +167,29 @@ class TensorShape:
         return 32 * self.wy * self.wz
 
 
-# Measured on the H100 (scripts/bench_tensor.py, 256^3 uint8, 7^3): on mma.sync
-# (benchmarks/results/h100-tensor-int8-run3.json) N = 8 in 0.594 ms (155 TFLOP/s) at
-# (1, 8, 2, 2) with 2 persistent groups per SM and the B fragments in local memory, N = 16 in
-# 1.088 ms at (2, 4, 2, 2). On wgmma (h100-tensor-xo*.json): N = 8 0.476-0.488 ms (190-194
-# TFLOP/s) at (1, 8, 2, 2), wgmma 1; two or four outputs along x per step measured no better
-# for N = 8 (xo 2 at 3 rows x 3 groups 0.480-0.486, xo 4 at 2 rows 0.51: more, smaller
-# wgmmas; 4 rows of xo 2 need 204 registers, 2 groups); N = 16 and 32 with xo 2 at 2 rows per
-# warp and 3 groups per SM (164 registers) 0.760-0.769 and 1.520-1.525 ms (239-242 TFLOP/s;
-# 4 rows of xo 1, 2 groups: 0.80 and 1.60). Devices without wgmma (`wgmma_supported`) drop it.
-# At 3 planes along x the output stores weigh most (N = 8: 0.228 ms of 0.328 without them):
-# more warps along z or more groups per SM, one output per step (h100-tensor-short.json: N = 8
-# 0.283 ms at (1, 8, 1, 4), N = 16 0.536 at 2 rows x 4 groups; FP32 0.316, 0.630).
-DEFAULT_SHAPES = {  # (filters <= 8, extent along x > 3): split
+# Measured on the H100 (scripts/bench_tensor.py, 256^3 uint8): on mma.sync
+# (benchmarks/results/h100-tensor-int8-run3.json) 7^3 N = 8 in 0.594 ms at (1, 8, 2, 2) with 2
+# persistent groups per SM and the B fragments in local memory. On wgmma, the digits combined
+# in float (h100-tensor-final-fcombine.json): 7^3 N = 8 0.459 ms (200 TFLOP/s) at (1, 8, 2, 2),
+# wgmma 1 (two or four outputs along x per step no better: h100-tensor-xo-r*.json); N = 16 and
+# 32 0.719 and 1.414 ms (256, 260 TFLOP/s) with xo 2 at 2 rows per warp and 3 groups per SM
+# (4 rows of xo 1, 2 groups: 0.738, 1.460), which at 3^3 and 5^3 runs slower than 4 rows of xo
+# 1 (0.515 against 0.496 ms, 0.645 against 0.617). At 3 planes along x the output stores
+# weigh most (N = 8 without them 0.195 of 0.250 ms): more warps along z, 0.250 ms against
+# (1, 8, 2, 2)'s 0.278 (FP32 kernel 0.319). Devices without wgmma (`wgmma_supported`) drop it.
+DEFAULT_SHAPES = {  # (filters <= 8, long: extent along x past 3 for those, past 5 for more)
     (True, True): TensorShape(1, 8, 2, 2, persistent=2, blocal=True, wgmma=1),
-    (False, True): TensorShape(2, 2, 2, 2, persistent=3, blocal=True, wgmma=2, xo=2),
     (True, False): TensorShape(1, 8, 1, 4, persistent=2, blocal=True, wgmma=1),
-    (False, False): TensorShape(2, 2, 2, 2, persistent=4, blocal=True, wgmma=1),
+    (False, True): TensorShape(2, 2, 2, 2, persistent=3, blocal=True, wgmma=2, xo=2),
+    (False, False): TensorShape(2, 4, 2, 2, persistent=2, blocal=True, wgmma=2),
 }
 SM_LOCAL_BYTES = 228 * 1024  # shared memory per multiprocessor (cc 8.0 164 K, 9.0 228 K)
 
 
 def default_shape(n_filters: int, kx: int = 7) -> TensorShape:
     """The measured split for ``n_filters`` filters of extent ``kx`` along x."""
-    return DEFAULT_SHAPES[n_filters <= 8, kx > 3]
+    narrow = n_filters <= 8
+    return DEFAULT_SHAPES[narrow, kx > (3 if narrow else 5)]
 
 
 def without_wgmma(split: TensorShape) -> TensorShape:
