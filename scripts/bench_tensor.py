@@ -40,11 +40,11 @@ from volconv.engine import BankConvolver
 from volconv.peak import tensor_peak, theoretical_peak
 from volconv.programs import context_for, kernel_source
 from volconv.tensor import (
+    KERNEL_FILE,
     TensorConvolver,
     TensorShape,
     build_sm90a,
     default_shape,
-    kernel_file,
     tensor_supported,
 )
 
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                     row["tensor_sweep"].append({"split": split.__dict__, "error": str(e)[:300]})
                     continue
                 seconds, out = volconv_engine(conv, vol, args.repeats)
-                info = verbose_log(device, kernel_file(conv.split), conv.defines)
+                info = verbose_log(device, KERNEL_FILE, conv.defines)
                 entry = {
                     "split": conv.split.__dict__, "seconds": seconds,
                     "tflops": tflops(n, k, voxels, seconds),

@@ -16,10 +16,10 @@ import pyopencl as cl
 from volconv.device import select_device
 from volconv.programs import context_for, kernel_source
 from volconv.tensor import (
+    KERNEL_FILE,
     build_sm90a,
     default_shape,
     fit_split,
-    kernel_file,
     tensor_defines,
 )
 
@@ -48,10 +48,10 @@ def main() -> None:
     defines = tensor_defines(extents, src, split)
     ctx, _ = context_for(device)
     if "WGMMA" in defines:  # the PTX retargeted to sm_90a (`build_sm90a`)
-        prg = build_sm90a(ctx, kernel_file(split), tuple(defines.items()))
+        prg = build_sm90a(ctx, KERNEL_FILE, tuple(defines.items()))
     else:
         options = [f"-D{k}={v}" for k, v in defines.items()]
-        prg = cl.Program(ctx, kernel_source(kernel_file(split))).build(options=options)
+        prg = cl.Program(ctx, kernel_source(KERNEL_FILE)).build(options=options)
     args.out.write_bytes(prg.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0") + b"\n")
     print(split, defines)
 

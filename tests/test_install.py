@@ -32,10 +32,6 @@ defines = {
     "fma_probe.cl": (),
     "separable.cl": (("K", 5), ("V", 16), ("U", 4), ("UM", 2), ("IN_T", "uchar")),
     # mma.sync emulated: the inline PTX builds on NVIDIA only (tests/test_tensor.py runs it)
-    "tensor_conv.cl": (("KX", 3), ("KY", 3), ("KZ", 3), ("IN_T", "uchar"), ("SEG", 4),
-                       ("NSEG", 1), ("NJ", 1), ("ROWSPAN", 3), ("LROWS", 5), ("PL", 18),
-                       ("NT", 1), ("WY", 1), ("WZ", 1), ("TYW", 2), ("XC", 32),
-                       ("EMULATE_MMA", 1)),
     "tensor_int8.cl": (("KX", 3), ("KY", 3), ("KZ", 3), ("IN_T", "uchar"), ("NSEG", 1), ("NJ", 1),
                        ("NROWS", 4), ("NQ", 2), ("LROWS", 5), ("PL", 20), ("NT", 1), ("WY", 1),
                        ("WZ", 1), ("TYW", 2), ("XC", 32), ("EMULATE_MMA", 1)),

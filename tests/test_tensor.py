@@ -14,29 +14,28 @@ from conftest import assert_spec_close, reference
 from volconv.checks import spec_tolerance
 from volconv.engine import BankConvolver
 from volconv.plan import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
+from volconv.programs import kernel_folder
 from volconv.report import write_json
 from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
     DIGIT_MAX,
     DIGITS,
     FLOAT_DIGITS,
+    KERNEL_FILE,
     MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
     DigitConvolver,
     TensorConvolver,
     TensorShape,
     auto_engine,
-    b_fragments,
     choose_engine,
     default_shape,
     digit_exponents,
     digit_types,
     direct_convolver,
-    filter_exponents,
     fit_split,
     int8_digits,
     int8_fragments,
-    kernel_file,
     local_bytes,
     sm90a_ptx,
     tensor_defines,
@@ -157,16 +156,6 @@ def test_tensor_pays():
     assert tensor_pays(8, (11, 11, 11)) and tensor_pays(8, (31, 31, 1))
 
 
-def test_ieee_sum_above_7_cubed():
-    """Chained tensor-core sums up to 343 taps, IEEE FP32 adds of the hi products above."""
-    u8, fp16 = np.dtype(np.uint8), TensorShape(arith="fp16")
-    assert "IEEE_SUM" not in tensor_defines((7, 7, 7), u8, fp16)
-    assert tensor_defines((7, 7, 8), u8, fp16)["IEEE_SUM"] == 1
-    assert tensor_defines((3, 3, 3), u8, replace(fp16, ieee_sum=True))["IEEE_SUM"] == 1
-    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, replace(fp16, ieee_sum=False))
-    assert "IEEE_SUM" not in tensor_defines((9, 9, 9), u8, TensorShape())  # int8: exact sums
-
-
 def test_engine_knob(monkeypatch):
     monkeypatch.setenv("VOLCONV_ENGINE", "fp32")
     assert choose_engine() == "fp32"
@@ -177,7 +166,8 @@ def test_engine_knob(monkeypatch):
 
 
 def test_refusals_name_the_reason(device):
-    """Types FP16 does not hold exactly, a cval off the type and extreme scales stay on FP32."""
+    """Types 8-bit integers do not hold exactly, a cval off the type and extreme scales stay on
+    FP32."""
     if not tensor_supported(device):
         pytest.skip("the refusals past the device's are reached on NVIDIA cc >= 8.0 only")
     bank = np.ones((1, 3, 3, 3))
@@ -188,50 +178,11 @@ def test_refusals_name_the_reason(device):
     assert "cval" in tensor_refusal(device, bank, np.dtype(np.uint8), "constant", 0.5)
     assert tensor_refusal(device, bank, np.dtype(np.uint8), "constant", 7.0) is None
     assert "normal range" in tensor_refusal(device, bank * 1e-38, np.dtype(np.uint8), "wrap", 0)
-    # 2^-e of the INT8 digits, 8 binary orders below FP16's scale, would be subnormal
+    # 2^-e of the digits' 24-bit scale would be subnormal, though the filter is normal
     assert "normal range" in tensor_refusal(device, bank * 2.0**-110, np.dtype(np.uint8), "wrap", 0)
 
 
 # -- the coefficient split and fragments (pure) -------------------------------------------
-
-
-def test_filter_exponents_scale_into_fp16_top():
-    bank = np.array([3.0, 1e-20, 0.0, -7e30]).reshape(4, 1, 1, 1)
-    e = filter_exponents(bank)
-    scaled = np.abs(np.ldexp(bank.ravel(), e))
-    assert np.all((scaled[[0, 1, 3]] >= 2**14) & (scaled[[0, 1, 3]] < 2**15))
-    assert e[2] == 0
-
-
-@pytest.mark.parametrize("extents", [(7, 7, 7), (2, 5, 3), (3, 4, 2), (1, 3, 17)])
-def test_fragments_hold_every_tap_once(extents):
-    """hi + lo of the B fragments, read back by the PTX layout, rebuild every scaled tap to
-    about 22 bits, each exactly once, and nothing else."""
-    rng = np.random.default_rng(2)
-    bank = rng.standard_normal((5, *extents)) * 10.0 ** rng.integers(-5, 5, (5, 1, 1, 1))
-    d = tensor_defines(extents, np.dtype(np.uint8), TensorShape(nt=1, arith="fp16"))
-    frags = b_fragments(bank, d)
-    seg, nseg = d["SEG"], d["NSEG"]
-    halves = frags.view(np.uint16).reshape(*frags.shape[:-1], 2, 2).view(np.float16)
-    kx = extents[0]
-    rebuilt = np.zeros((8, *extents))
-    lane = np.arange(32)
-    g, t = lane // 4, lane % 4
-    for dx in range(kx):
-        for j in range(d["NJ"]):
-            for reg in range(2):
-                for half in range(2):
-                    k = 2 * t + 8 * reg + half
-                    item = j * 16 // seg + k // seg
-                    dy, dz = item // nseg, (item % nseg) * seg + k % seg
-                    value = halves[dx, j, 0, :, :, reg, half].astype(np.float64)
-                    value = value[0] + value[1]  # hi + lo
-                    inside = (dy < extents[1]) & (dz < extents[2])
-                    assert np.all(value[~inside] == 0)
-                    np.add.at(rebuilt, (g[inside], dx, dy[inside], dz[inside]), value[inside])
-    scaled = np.ldexp(bank, filter_exponents(bank)[:, None, None, None])
-    assert np.allclose(rebuilt[:5], scaled, rtol=2**-21, atol=2**-24)
-    assert np.all(rebuilt[5:] == 0)
 
 
 def test_digits_are_exact_24_bit_fixed_point():
@@ -319,15 +270,6 @@ def test_fit_split_drops_local_b_fragments_first():
             TensorShape(1, 2, 1, 2, persistent=1, blocal=True, dxu=2),
         ),
         ((5, 3, 17), 9, (8, 9, 19), "reflect", np.int8, TensorShape(2, 1, 1, 1, persistent=3)),
-        (
-            (3, 3, 3),
-            4,
-            (5, 6, 17),
-            "wrap",
-            np.uint8,
-            TensorShape(1, 2, 1, 1, 4, blocal=True, dxu=1, arith="fp16"),
-        ),
-        ((3, 5, 7), 3, (6, 9, 20), "reflect", np.uint8, TensorShape(1, 2, 1, 2, 4, arith="fp16")),
         ((2, 2, 31), 9, (5, 6, 40), "nearest", np.int8, TensorShape(2, 1, 1, 2, persistent=2)),
         ((3, 3, 5), 10, (6, 7, 22), "reflect", np.uint8, TensorShape(2, 2, 1, 2, 3, blocal=True)),
         # wgmma (warpgroups of 4 warps, B tiles in local memory), emulated per 8 columns
@@ -360,9 +302,9 @@ def test_fit_split_drops_local_b_fragments_first():
     ],
 )
 def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
-    """kernels/tensor_int8.cl (and tensor_conv.cl, arith 'fp16') with mma.sync emulated by
-    its PTX fragment layout: the items, rows, lanes, ring and persistent runs of the real
-    kernel, checked on any device (slabs of 4 rows)."""
+    """kernels/tensor_int8.cl with mma.sync (and wgmma) emulated by its PTX fragment layout:
+    the items, rows, lanes, ring and persistent runs of the real kernel, checked on any device
+    (slabs of 4 rows)."""
     bank = np.random.default_rng(3).standard_normal((n, *extents))
     vol = volume_of(dtype, shape)
     conv = TensorConvolver(bank, shape, dtype, mode, 3.0, device=device, emulate=True,
@@ -452,8 +394,6 @@ def test_tensor_splits(nvidia, extents, persistent):
     for split in (
         TensorShape(1, 8, 2, 2, 16, persistent, blocal=True),
         TensorShape(2, 4, 1, 4, 8, persistent, dxu=1),
-        TensorShape(1, 8, 2, 2, 16, persistent, blocal=True, ieee_sum=True, arith="fp16"),
-        TensorShape(2, 4, 1, 4, 8, persistent, dxu=1, ieee_sum=False, arith="fp16"),
     ):
         conv = TensorConvolver(bank, shape, np.uint8, "wrap", device=nvidia, shape_split=split,
                                slab_depth=20)  # fmt: skip
@@ -659,8 +599,11 @@ def test_record_holds_the_unit_peak():
 
 
 def test_the_tune_cache_holds_for_every_tensor_kernel_source():
-    """A change to any kernel the tensor engine builds invalidates what was tuned with it."""
+    """A change to any kernel the tensor engine builds invalidates what was tuned with it: its
+    MMA kernel (`TensorConvolver`), the digit split (`DigitConvolver`), and any tensor kernel
+    in kernels/; every source named exists (`kernel_hash` reads them)."""
     (tensor,) = [e for e in ENGINES if e.name == "tensor"]
-    for arith in ("int8", "fp16"):
-        assert kernel_file(replace(default_shape(8), arith=arith)) in tensor.sources
-    assert "digits.cl" in tensor.sources
+    assert KERNEL_FILE in tensor.sources and "digits.cl" in tensor.sources
+    shipped = {p.name for p in kernel_folder().iterdir() if p.name.startswith("tensor")}
+    assert KERNEL_FILE in shipped and shipped <= set(tensor.sources)
+    assert len(kernel_hash()) == 12

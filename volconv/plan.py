@@ -137,7 +137,7 @@ def _load(name: str) -> Callable:
 ENGINES: tuple[Engine, ...] = (
     Engine("fp32", "volconv.engine:BankConvolver", sources=("bank_conv.cl",)),
     Engine("tensor", "volconv.tensor:tensor_convolver", "volconv.tensor:tensor_supported",
-           knobs=False, sources=("tensor_int8.cl", "tensor_conv.cl", "digits.cl")),
+           knobs=False, sources=("tensor_int8.cl", "digits.cl")),
 )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from contextlib import suppress
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import pyopencl as cl
@@ -35,15 +36,19 @@ def default_cache_dir() -> Path:
     return Path(user_cache_dir("volconv"))
 
 
+def kernel_folder() -> Traversable:
+    """kernels/: installed as the data package volconv.kernels, or the checkout's when volconv
+    is imported from a source tree."""
+    try:
+        return resources.files("volconv.kernels")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "kernels"
+
+
 @cache
 def kernel_source(name: str) -> str:
-    """The text of kernels/``name``: installed as the data package volconv.kernels, or read
-    from the checkout's kernels/ when volconv is imported from a source tree."""
-    try:
-        folder = resources.files("volconv.kernels")
-    except ModuleNotFoundError:
-        folder = Path(__file__).resolve().parent.parent / "kernels"
-    return folder.joinpath(name).read_text()
+    """The text of kernels/``name`` (`kernel_folder`)."""
+    return kernel_folder().joinpath(name).read_text()
 
 
 # -- starting the driver ahead, in the background -----------------------------------------

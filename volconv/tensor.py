@@ -9,9 +9,6 @@ filter's coefficients are scaled by a power of two into 24-bit integers and spli
 signed 8-bit digits, the digits' int32 sums are exact and combined in two float FMAs, so
 the only errors are the coefficients' rounding (23 bits below each filter's largest) and the
 output's (two roundings): below the FP32 kernel's at every extent measured.
-``TensorShape(arith='fp16')`` runs the earlier kernels/tensor_conv.cl instead
-(``mma.sync.m16n8k16``, FP16 hi + lo coefficient halves, FP32 accumulation; DESIGN.md,
-"Tensor cores"), for comparison.
 
 Inputs 8-bit integers do not hold exactly (16-bit integers, float32 and wider, a non-integer
 ``cval`` in constant mode) take `DigitConvolver`: the padded slab split on the device into
@@ -53,27 +50,22 @@ from volconv.report import work_gflop
 # cl_nv_device_attribute_query
 CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV = 0x4000
 CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV = 0x4001
-MIN_CC = (8, 0)  # mma.sync.m16n8k16 with f16 inputs and f32 accumulators
+MIN_CC = (8, 0)  # mma.sync.m16n8k32 with s8/u8 inputs and s32 accumulators
 ENGINES = ("auto", "fp32", "tensor")
 ENGINE_ENV = "VOLCONV_ENGINE"
-TENSOR_ENGINE = "tensor-int8"  # the default split's arithmetic; `TensorShape.arith` 'fp16' runs
-# kernels/tensor_conv.cl and names itself 'tensor-fp16'
+TENSOR_ENGINE = "tensor-int8"  # the record's name of this engine
+KERNEL_FILE, KERNEL_NAME = "tensor_int8.cl", "tensor_int8"  # kernels/: its one kernel
 EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # the tensor kernels take these as they are
-SCALE_TOP = 14  # each filter's largest |coefficient| scaled into [2^14, 2^15): FP16's top
-DIGITS = 3  # signed 8-bit digits per coefficient (INT8 engine): 24-bit fixed point per filter
+DIGITS = 3  # signed 8-bit digits per coefficient: 24-bit fixed point per filter
 DIGIT_MAX = 127 * (1 + 2**8 + 2**16)  # the largest integer three such digits hold
 # Below this many filters in a group 'auto' keeps the FP32 kernel: a pass of the tensor engine
 # costs the same for 1..8 filters (H100, 256^3, 7^3: N = 1 took 0.79 ms against FP32's 0.46).
 MIN_TENSOR_FILTERS = 4
 # Accuracy (max |err| / (sum|w| x 255) against float64, H100, 256^3 MNI uint8, random normal
-# filters, N = 8; benchmarks/results/h100-tensor*.json). INT8 (the default): int32 sums are
-# exact, the error is the coefficients' 23-bit rounding and the output's: 7^3 1.8e-8, 11^3
-# 9.2e-9, against the FP32 kernel's 1.3e-7 and 3.8e-8 (which sums each dx plane apart from
-# 1000 taps), so 'auto' takes it at every extent. FP16 hi/lo (arith 'fp16'): the tensor cores'
-# own FP32 accumulation truncates; chained over the MMAs of a 7^3 filter it stays below the
-# FP32 kernel's error (7.6e-8), at 9^3 it passed it (2.0e-7 against 1.8e-7): above
-# IEEE_SUM_TAPS the hi products go through IEEE FP32 adds (6.7e-8 at 9^3; 13-18 % slower).
-IEEE_SUM_TAPS = 343
+# filters, N = 8; benchmarks/results/h100-tensor*.json): int32 sums are exact, the error is
+# the coefficients' 23-bit rounding and the output's: 7^3 1.8e-8, 11^3 9.2e-9, against the
+# FP32 kernel's 1.3e-7 and 3.8e-8 (which sums each dx plane apart from 1000 taps), so 'auto'
+# takes it at every extent.
 
 
 def compute_capability(device: cl.Device) -> tuple[int, int] | None:
@@ -101,14 +93,6 @@ def tensor_supported(device: cl.Device) -> bool:
     return bool(device.type & cl.device_type.GPU) and cc is not None and cc >= MIN_CC
 
 
-def filter_exponents(bank: np.ndarray) -> np.ndarray:
-    """Per filter, the power of two ``e`` that scales its largest |coefficient| into
-    [2^14, 2^15) (0 for a zero filter)."""
-    peak = np.abs(bank.reshape(len(bank), -1)).max(axis=1)
-    _, ex = np.frexp(np.where(peak > 0, peak, 1.0))
-    return np.where(peak > 0, SCALE_TOP + 1 - ex, 0).astype(np.int64)
-
-
 def tensor_refusal(
     device: cl.Device,
     bank: np.ndarray,
@@ -127,7 +111,7 @@ def tensor_refusal(
         return f"{src} inputs are not 8-bit integers (split them: DigitConvolver)"
     if not split and pad_dtype_for(src, mode, cval) != src:
         return f"cval {cval} is not a {src} value"
-    e = np.concatenate([filter_exponents(bank), digit_exponents(bank)])  # FP16's and INT8's
+    e = digit_exponents(bank)
     if np.any(e > 126) or np.any(e < -127):
         return "a filter's scale 2^-e leaves float32's normal range"
     return None
@@ -144,10 +128,7 @@ class TensorShape:
     ``wgmma.mma_async`` (sm_90a, warpgroups of 4 warps, B in local memory) instead of
     ``mma.sync``: 1 waits for each dx's MMAs, 2 loads the next dx's A meanwhile (0: off);
     ``xo``: outputs along x per step (on wgmma, xo x nt <= 4: each plane's A feeds x..x + xo - 1
-    in one wgmma of up to xo times the columns); ``ieee_sum``: hi
-    products summed by IEEE FP32 adds (None: above `IEEE_SUM_TAPS` taps); ``arith``: 'int8'
-    (kernels/tensor_int8.cl, three 8-bit coefficient digits, exact int32 sums) or 'fp16'
-    (kernels/tensor_conv.cl, hi + lo FP16 halves; ``ieee_sum`` is its own)."""
+    in one wgmma of up to xo times the columns)."""
 
     nt: int = 1
     tyw: int = 8
@@ -158,8 +139,6 @@ class TensorShape:
     blocal: bool = False
     dxu: int = 0
     wgmma: int = 0
-    ieee_sum: bool | None = None
-    arith: str = "int8"
     xo: int = 1
 
     @property
@@ -217,46 +196,12 @@ def fit_split(
         elif split.tyw > 1:
             split = replace(split, tyw=split.tyw // 2)
         else:
-            raise ValueError(f"no work split of {kernel_file(split)} fits {local_mem} bytes")
+            raise ValueError(f"no work split of {KERNEL_FILE} fits {local_mem} bytes")
     if split.persistent:  # the threads asked for, as far as shared memory holds the groups
         per_group = local_bytes(tensor_defines(extents, src, split)) + 1024
         want = split.persistent * threads // split.threads
         split = replace(split, persistent=max(1, min(want, SM_LOCAL_BYTES // per_group)))
     return split
-
-
-def tensor_defines(
-    extents: tuple[int, int, int], src: np.dtype, shape: TensorShape, emulate: bool = False
-) -> dict[str, object]:
-    """Every -D of the split's kernel (`kernel_file`) for filters of ``extents``."""
-    if shape.arith == "int8":
-        return int8_defines(extents, src, shape, emulate)
-    kx, ky, kz = extents
-    seg = 2 if kz <= 2 else 4 if kz <= 4 else 8
-    nseg = math.ceil(kz / seg)
-    iph = 8 // seg
-    nj = math.ceil(ky * nseg / (2 * iph))
-    rowspan = ((nj - 1) * 2 * iph + iph) // nseg + 1
-    lrow_max = 0 if seg == 8 else 6 // seg
-    lz_max = 7 + (6 if seg == 8 else 6 % seg)
-    defines = {
-        "KX": kx, "KY": ky, "KZ": kz, "IN_T": "uchar" if src == np.uint8 else "char",
-        "SEG": seg, "NSEG": nseg, "NJ": nj, "ROWSPAN": rowspan,
-        "LROWS": shape.wy * shape.tyw - 1 + rowspan + lrow_max,
-        "PL": 16 * (shape.wz - 1) + lz_max + 8 * nseg + 1,
-        "NT": shape.nt, "WY": shape.wy, "WZ": shape.wz, "TYW": shape.tyw, "XC": shape.xc,
-    }  # fmt: skip
-    if shape.persistent:
-        defines["PERSISTENT"] = 1
-    if shape.blocal:
-        defines["BLOCAL"] = 1
-    if shape.dxu:
-        defines["DXU"] = shape.dxu
-    if shape.ieee_sum or (shape.ieee_sum is None and kx * ky * kz > IEEE_SUM_TAPS):
-        defines["IEEE_SUM"] = 1
-    if emulate:
-        defines["EMULATE_MMA"] = 1
-    return defines
 
 
 SM90A_LINE = "//@ "  # kernels/tensor_int8.cl's wgmma lines under WGMMA_COMMENT
@@ -314,15 +259,12 @@ def sm90a_ptx(text: str, min_groups: int = 0, threads: int = 0) -> str:
     return text
 
 
-def kernel_file(shape: TensorShape) -> str:
-    return "tensor_int8.cl" if shape.arith == "int8" else "tensor_conv.cl"
-
-
-def int8_defines(
+def tensor_defines(
     extents: tuple[int, int, int], src: np.dtype, shape: TensorShape, emulate: bool = False
 ) -> dict[str, object]:
-    """Every -D of kernels/tensor_int8.cl: rows of KZ <= 8 taps take one item of K (an item
-    pair spans two rows), longer rows an even number (a pair is 16 taps of one row)."""
+    """Every -D of kernels/tensor_int8.cl for filters of ``extents``: rows of KZ <= 8 taps take
+    one item of K (an item pair spans two rows), longer rows an even number (a pair is 16 taps
+    of one row)."""
     kx, ky, kz = extents
     nseg = 1 if kz <= 8 else 2 * math.ceil(kz / 16)
     nj = math.ceil(math.ceil(ky * nseg / 2) / 2)  # MMAs of two item pairs
@@ -360,14 +302,12 @@ def int8_defines(
 
 
 def local_bytes(defines: dict[str, object]) -> int:
-    """Local memory of the kernel: the ring of KX + 1 plane tiles (and the B fragments)."""
+    """Local memory of the kernel: the ring of KX + 1 plane tiles, each warp's output stage
+    and the B fragments (as many bytes in wgmma's tiles)."""
     kx, xo = int(defines["KX"]), int(defines.get("XO", 1))
     ring = 4 * (kx + 2 * xo - 1) * int(defines["LROWS"]) * int(defines["PL"])
-    if "SEG" not in defines:  # tensor_int8.cl: each warp's output stage
-        ring += 640 * int(defines["WY"]) * int(defines["WZ"])
-    digits = 2 if "SEG" in defines else DIGITS  # hi/lo (tensor_conv.cl) or digits (as many
-    # bytes in wgmma's tiles)
-    frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * digits * 32
+    ring += 640 * int(defines["WY"]) * int(defines["WZ"])
+    frags = 8 * kx * int(defines["NJ"]) * int(defines["NT"]) * DIGITS * 32
     frags = frags if "BLOCAL" in defines else 0
     return ring + frags
 
@@ -434,38 +374,6 @@ def int8_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarra
     return frags
 
 
-def b_fragments(flipped: np.ndarray, defines: dict[str, object]) -> np.ndarray:
-    """The B operands of one pass: ``flipped`` (F <= 8 NT filters, kx, ky, kz), scaled and split,
-    as (KX, NJ, NT, hi/lo, lane, 2) uint32 in mma.sync's fragment layout: lane (g, t) holds
-    rows k = 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of column n = g, the lower k in the low
-    half."""
-    kx, ky, kz = flipped.shape[1:]
-    seg, nseg, nj, nt = (int(defines[k]) for k in ("SEG", "NSEG", "NJ", "NT"))
-    ipm = 16 // seg
-    scaled = np.ldexp(flipped, filter_exponents(flipped)[:, None, None, None])
-    hi = scaled.astype(np.float16)
-    lo = (scaled - hi.astype(np.float64)).astype(np.float16)
-    # B[dx, j, k, n]: the coefficient of item j * ipm + k // seg, tap k % seg of it
-    k = np.arange(16)
-    item = np.arange(nj)[:, None] * ipm + k // seg  # (NJ, 16)
-    dy, dz = item // nseg, (item % nseg) * seg + k % seg
-    valid = (dy < ky) & (dz < kz)
-    frags = np.zeros((kx, nj, nt, 2, 32, 2), np.uint32)
-    g, t = np.arange(32) // 4, np.arange(32) % 4
-    for h, part in enumerate((hi, lo)):
-        coef = np.where(valid, part[:, :, np.minimum(dy, ky - 1), np.minimum(dz, kz - 1)], 0)
-        full = np.zeros((8 * nt, kx, nj, 16), np.float16)  # (filter, dx, j, k)
-        full[: len(part)] = coef
-        bits = full.view(np.uint16).astype(np.uint32)
-        for tile in range(nt):
-            f = tile * 8 + g
-            for reg in range(2):
-                k0 = 2 * t + 8 * reg  # (lane,) indices: each gives (lane, KX, NJ)
-                pair = bits[f, :, :, k0] | bits[f, :, :, k0 + 1] << 16
-                frags[:, :, tile, h, :, reg] = pair.transpose(1, 2, 0)
-    return frags
-
-
 class TensorConvolver(BankConvolver):
     """`BankConvolver` on the tensor cores: same parameters, slabs and results.
 
@@ -496,7 +404,6 @@ class TensorConvolver(BankConvolver):
     ) -> None:
         bank = as_kernel_bank(kernels)
         self.split = shape_split or default_shape(len(bank), bank.shape[1])
-        self.engine = f"tensor-{self.split.arith}"
         self.emulate = emulate
         # the slab in the input's own type: the A fragments are made from it in the kernel
         # (a CPU's plan would pad float32, for the FP32 kernel's sake)
@@ -513,10 +420,9 @@ class TensorConvolver(BankConvolver):
             split = without_wgmma(split)
         self.split = split = fit_split(plan.extents, plan.pad_dtype, split, local)
         self.defines = tensor_defines(plan.extents, plan.pad_dtype, split, self.emulate)
-        int8 = split.arith == "int8"
         if "WGMMA" in self.defines and not self.emulate:
             try:
-                self.program = build_sm90a(ctx, kernel_file(split), tuple(self.defines.items()))
+                self.program = build_sm90a(ctx, KERNEL_FILE, tuple(self.defines.items()))
             except cl.Error as e:  # a driver whose PTX cannot be retargeted to sm_90a
                 warnings.warn(f"wgmma did not build ({type(e).__name__}): mma.sync runs instead",
                               stacklevel=2)  # fmt: skip
@@ -524,20 +430,18 @@ class TensorConvolver(BankConvolver):
                                                without_wgmma(split), local)  # fmt: skip
                 self.defines = tensor_defines(plan.extents, plan.pad_dtype, split)
         if "WGMMA" not in self.defines or self.emulate:
-            self.program = build(ctx, kernel_file(split), tuple(self.defines.items()))
+            self.program = build(ctx, KERNEL_FILE, tuple(self.defines.items()))
         flipped = self.kernels[:, ::-1, ::-1, ::-1]
         width = 8 * split.nt
         mf = cl.mem_flags
         self._passes = []
         for first in range(0, plan.n_filters, width):
             part = flipped[first : first + width]
-            frags = (int8_fragments if int8 else b_fragments)(part, self.defines)
+            frags = int8_fragments(part, self.defines)
             unscale = np.zeros(width, np.float32)
-            unscale[: len(part)] = np.ldexp(
-                1.0, -(digit_exponents if int8 else filter_exponents)(part)
-            )
+            unscale[: len(part)] = np.ldexp(1.0, -digit_exponents(part))
             self._passes.append((
-                first, len(part), cl.Kernel(self.program, kernel_file(split)[:-3]),
+                first, len(part), cl.Kernel(self.program, KERNEL_NAME),
                 cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=frags),
                 cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=unscale),
             ))  # fmt: skip
@@ -564,13 +468,12 @@ class TensorConvolver(BankConvolver):
     @property
     def tensor_gflop(self) -> float:
         """GFLOP the tensor cores execute for one volume: every MMA slot, zero taps, padding
-        filters and the lo half (or every digit) included (fractions of the tensor peak count
-        these). INT8 operations count half, as FP16-equivalent work: the dense INT8 peak is
-        twice the FP16 peak that the record holds (cc 8.0 to 9.0)."""
+        filters and every digit included (fractions of the tensor peak count these). INT8
+        operations count half, as FP16-equivalent work: the dense INT8 peak is twice the FP16
+        peak that the record holds (cc 8.0 to 9.0)."""
         d, s = self.defines, self.split
-        per_mma = 16 * 8 * 16 if s.arith == "fp16" else 16 * 8 * 32 // 2
-        halves = 2 if s.arith == "fp16" else DIGITS
-        mmas = int(d["KX"]) * int(d["NJ"]) * halves * len(self._passes) * s.nt
+        per_mma = 16 * 8 * 32 // 2
+        mmas = int(d["KX"]) * int(d["NJ"]) * DIGITS * len(self._passes) * s.nt
         tiles = math.prod(self.plan.shape) / 16
         return tiles * mmas * 2 * per_mma / 1e9
 
