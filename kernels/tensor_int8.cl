@@ -23,7 +23,7 @@
  * window over a row (Toeplitz), read from a plane tile in local memory stored as byte quads
  * Q[i] = row[i..i+3], so a lane's 4 bytes at any z are one aligned 32-bit load.
  *
- * Data flow (as tensor_conv.cl): a work-group of WY x WZ warps owns TY = WY * TYW output rows
+ * Data flow: a work-group of WY x WZ warps owns TY = WY * TYW output rows
  * by 16 * WZ outputs along z and walks its run of x; a ring of KX + 1 plane tiles, the next
  * fetched into registers before the MMAs of a step and stored after them, one barrier per x
  * step. Each warp holds TYW x NT x 3 int32 accumulator tiles and reads its rows once per dx;
