@@ -2,19 +2,22 @@
 # One call on a lent GPU node (DEVELOPERS.md, "The GPU"), under 10 minutes: the tensor engine
 # as shipped beside the FP32 kernel, torch conv3d (TF32 on and off) and cupyx at several
 # extents and a mixed-extent bank, then the engines' tests on the NVIDIA device (wgmma on cc
-# 9.0, digit slabs, the tuned choice, the FP32 kernel's plan). Needs .whl/ and
-# data/mni152_t1_256.nii carried. Results into $OUT.
+# 9.0, digit slabs, the tuned choice, the FP32 kernel's plan), then the separable path's and
+# the non-finite override's. Needs .whl/ and data/mni152_t1_256.nii carried. Results into $OUT.
 set -u
 source scripts/gpu_env.sh
 step() { echo "== $1 ($(date +%T))"; }
 python3 -m compileall -q volconv > /dev/null  # as an installed package has them
 python3 -m volconv devices --probe > /dev/null 2>&1  # the probe cached, as a user's node has it
-step tensor; timeout 300 python3 scripts/bench_tensor.py --device nvidia \
+step tensor; timeout 200 python3 scripts/bench_tensor.py --device nvidia --no-sweep \
   --extents "7:8,16,32;3:8,16;5:8,16;11:8" --mixed "3:8,5:8,7:8" --json "$OUT/tensor.json" 2>&1 \
   | grep -v -i warn | grep -v "^{\|lambda" | tee "$OUT/tensor.log"
-step tests
-VOLCONV_TEST_DEVICE=nvidia timeout 240 python3 -m pytest -q -p no:cacheprovider \
-  tests/test_tensor.py tests/test_tune.py tests/test_engine.py tests/test_plan.py \
-  > "$OUT/gpu-tests.log" 2>&1
-echo "tests exit $?"; tail -2 "$OUT/gpu-tests.log"
+for part in "tensor tune plan engine" "separable nonfinite host_memory convert"; do
+  step "tests: $part"
+  files=$(for t in $part; do echo "tests/test_$t.py"; done)
+  # shellcheck disable=SC2086
+  VOLCONV_TEST_DEVICE=nvidia timeout 190 python3 -m pytest -q -p no:cacheprovider $files \
+    > "$OUT/gpu-tests-${part%% *}.log" 2>&1
+  echo "tests exit $?"; tail -2 "$OUT/gpu-tests-${part%% *}.log"
+done
 exit 0
