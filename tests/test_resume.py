@@ -325,8 +325,8 @@ def test_a_partial_with_every_slab_only_needs_finishing(tmp_path, uninterrupted)
 
 def test_a_complete_mark_in_a_partial_is_removed_on_resuming(tmp_path, uninterrupted):
     """A run killed between writing ``complete = True`` and the rename leaves a partial that
-    says complete: the rerun that continues it takes the mark away first, so that it is
-    never seen on a file in progress, and puts it back last."""
+    says complete: the rerun that continues it copies its slabs into a new file, which says
+    complete only once whole."""
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
     out = tmp_path / "out"
@@ -337,8 +337,8 @@ def test_a_complete_mark_in_a_partial_is_removed_on_resuming(tmp_path, uninterru
         f.attrs["the killed run's"] = True
     stop_mid_volume(tmp_path, signal.SIGKILL, at=recorded + 40)  # resumed, then killed
     (partial,) = partials(out)
-    with h5py.File(partial / "b.h5", locking=False) as f:  # the same file, continued
-        assert f.attrs["the killed run's"] and "complete" not in f.attrs
+    with h5py.File(partial / "b.h5", locking=False) as f:  # a new file, the slabs copied
+        assert "the killed run's" not in f.attrs and "complete" not in f.attrs
     code, _, err = run(pipeline(tmp_path))
     assert code == 0, err
     with h5py.File(out / "b.h5") as f:

@@ -607,11 +607,10 @@ class ResponseWriter:
             pooled = self._filtered and self._direct is not None
             chunks = chunk_shape((n, *self.shape), slab_depth, self.dtype.itemsize,
                                  POOL_CHUNK_BYTES if pooled else MAX_CHUNK_BYTES)  # fmt: skip
+            self._responses = self._layout(names, kernels, extents, chunks, filters,
+                                           boundary, cval)  # fmt: skip
             if resumed:  # volconv.resume: a dead run's file, its complete slabs checked
-                self._resumed(chunks)
-            else:
-                self._responses = self._layout(names, kernels, extents, chunks, filters,
-                                               boundary, cval)  # fmt: skip
+                self._resumed()
         except BaseException:
             self._discard()
             raise
@@ -678,8 +677,10 @@ class ResponseWriter:
             remove_stale_temps(self.path)
             # Creation order tracked as netCDF-4 files have it, for netCDF tools. No file
             # lock: the folder is this process's alone, and locks fail on many NFS mounts.
-            mode = "r+" if resumed else "x"
-            self._file = h5py.File(self.temp, mode, track_order=True, locking=False)
+            if resumed:  # its slabs are copied into a new file: HDF5's own state in a file
+                # killed while writing may not hold (its end-of-allocation was seen stale)
+                os.rename(self.temp, self._killed)
+            self._file = h5py.File(self.temp, "x", track_order=True, locking=False)
         except OSError as e:
             self._remove_folder()
             error = OutputWriteError if _errno(e) in _WRITE_ERRNOS else OutputError
@@ -696,18 +697,32 @@ class ResponseWriter:
             raise OutputError(f"{self.path}: the temporary file {self.temp} was replaced")
         return resumed
 
-    def _resumed(self, chunks: tuple[int, ...]) -> None:
-        """Continue the file `progress` resumed: its layout as this writer would make it, its
-        complete slabs counted as written, and no ``complete`` mark (a run killed between
-        marking and renaming leaves one)."""
-        self._responses = self._file["responses"]
-        if self._responses.chunks != chunks:
-            raise OutputError(f"{self.path}: the partial file {self.temp} has other chunks")
-        if "complete" in self._file.attrs:
-            del self._file.attrs["complete"]
-            self._flush()  # at once: a partial file never says complete
+    @property
+    def _killed(self) -> Path:
+        """Where the partial file `progress` resumed waits while its slabs are copied."""
+        return self.temp.with_name(self.temp.name + ".resumed")
+
+    def _resumed(self) -> None:
+        """Copy the complete slabs of the file `progress` resumed into this new one, chunk
+        by chunk as stored (its layout is this one's: the run's fingerprint holds the slab
+        depth, and slabs fill whole chunks: `chunk_shape`), count them as written
+        and remove the old file: never a ``complete`` mark (a run killed between marking and
+        renaming leaves one), nor HDF5's state of a file killed while writing."""
+        new = self._responses
+        rows = np.zeros(self._written.shape, bool)  # (frame, row): complete in the old file
         for (frame, a), b in self.progress.done.items():
-            self._written[frame, a:b] = True
+            rows[frame, a:b] = True
+        with h5py.File(self._killed, "r", locking=False) as f:
+            old = f["responses"]
+            for chunk in old.iter_chunks():
+                frames = chunk[4] if new.ndim == 5 else slice(0, 1)
+                if rows[frames, chunk[1]].all():
+                    offset = tuple(c.start for c in chunk)
+                    mask, data = old.id.read_direct_chunk(offset)
+                    new.id.write_direct_chunk(offset, data, mask)
+        self._flush()
+        os.unlink(self._killed)
+        self._written |= rows
 
     def _remove_folder(self, later: bool = False) -> None:
         if self.progress is not None:
