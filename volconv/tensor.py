@@ -216,8 +216,9 @@ def build_sm90a(
 ) -> cl.Program:
     """Build kernels/``name`` with wgmma for sm_90a, which NVIDIA's OpenCL does not target (its
     PTX says sm_90, whose ptxas refuses wgmma): with ``-cl-nv-arch sm_90a`` where the driver
-    takes it; else the kernel compiled with its wgmma lines as PTX comments (WGMMA_COMMENT),
-    and the PTX, those lines uncommented and its target sm_90a, built as the binary."""
+    takes it and the split is not persistent; else the kernel compiled with its wgmma lines
+    as PTX comments (WGMMA_COMMENT), and the PTX made sm_90a's (`sm90a_ptx`, with the
+    persistent split's groups per multiprocessor) built as the binary."""
     flags = [f"-D{k}={v}" for k, v in defines]
     source = kernel_source(name)
     found = dict(defines)
