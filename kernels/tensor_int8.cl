@@ -23,10 +23,10 @@
  * window over a row (Toeplitz), read from a plane tile in local memory stored as byte quads
  * Q[i] = row[i..i+3], so a lane's 4 bytes at any z are one aligned 32-bit load.
  *
- * Data flow: a work-group of WY x WZ warps owns TY = WY * TYW output rows
- * by 16 * WZ outputs along z and walks its run of x; a ring of KX + 1 plane tiles, the next
- * fetched into registers before the MMAs of a step and stored after them, one barrier per x
- * step. Each warp holds TYW x NT x 3 int32 accumulator tiles and reads its rows once per dx;
+ * Data flow: a work-group of WY x WZ warps owns TY = WY * TYW output rows by 16 * WZ outputs
+ * along z and walks its run of x, XO outputs per step; a ring of KX + 2 XO - 1 plane tiles,
+ * the next step's fetched into registers during the MMAs of a step and stored after some of
+ * them, one barrier per x step. Each warp holds TYW x NT x 3 int32 accumulator tiles and reads its rows once per dx;
  * its outputs go through a small stage in local memory, to be written in 16-byte stores.
  *
  * Build options (-D), all compile-time invariants (volconv/tensor.py derives them):
@@ -199,9 +199,9 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #define D36 D24 ", %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35"
 #define D48 D36 ", %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 /* m64nNk32 (N = 24, 48, 96: u8.s8 has no 72): N / 2 accumulators, A's four registers, the B
- * descriptor, the accumulate flag. accumulate 0: D = A B (the accumulators' old values unread: no register writes before
- * an output's first MMA, which wgmma.fence would have to separate); WG_HOLD keeps their reads
- * after the waits */
+ * descriptor, the accumulate flag. accumulate 0: D = A B (the accumulators' old values
+ * unread: no register writes before an output's first MMA, which wgmma.fence would have to
+ * separate); WG_HOLD keeps their reads after the waits */
 #define WG_N24(c, a0, a1, a2, a3, desc, accumulate)                                          \
     asm volatile(WG_LINE "{.reg .pred p; setp.ne.b32 p, %17, 0; " WG_PTX("24", A_PTX)        \
                  "{" D12 "}, {%12, %13, %14, %15}, %16, p;}"                                 \
