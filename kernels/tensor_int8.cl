@@ -26,8 +26,9 @@
  * Data flow: a work-group of WY x WZ warps owns TY = WY * TYW output rows by 16 * WZ outputs
  * along z and walks its run of x, XO outputs per step; a ring of KX + 2 XO - 1 plane tiles,
  * the next step's fetched into registers during the MMAs of a step and stored after some of
- * them, one barrier per x step. Each warp holds TYW x NT x 3 int32 accumulator tiles and reads its rows once per dx;
- * its outputs go through a small stage in local memory, to be written in 16-byte stores.
+ * them, one barrier per x step. Each warp holds TYW x XO x NT x 3 int32 accumulator tiles
+ * and reads its rows once per plane; its outputs go through a small stage in local memory,
+ * to be written in 16-byte stores.
  *
  * Build options (-D), all compile-time invariants (volconv/tensor.py derives them):
  *   KX, KY, KZ   filter extents
