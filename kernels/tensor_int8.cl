@@ -465,7 +465,8 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
                     for (int nt = 0; nt < NT; nt++) {
                         uint2 b[ND];
 #pragma unroll
-                        for (int d = 0; d < ND; d++) b[d] = BFRAG[bf + ((j * NT + nt) * ND + d) * 32];
+                        for (int d = 0; d < ND; d++)
+                            b[d] = BFRAG[bf + ((j * NT + nt) * ND + d) * 32];
 #pragma unroll
                         for (int yy = 0; yy < TYW; yy++)
 #pragma unroll
