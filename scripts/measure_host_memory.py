@@ -127,11 +127,13 @@ def pipeline(folder: Path, name: str, host_memory: str, device: str) -> Path:
     return path
 
 
-def measure(warm: Path, measured: Path) -> dict:
+def measure(warm: Path, measured: Path, env: dict[str, str] | None = None) -> dict:
+    """Run pipeline ``warm``, then ``measured``, in a fresh process: how far the measured
+    run grew the peak RSS (``grown_bytes``) beside its plan (tests/test_host_memory.py too)."""
     done = subprocess.run([sys.executable, "-c", MEASURE, str(warm), str(measured)],
-                          capture_output=True, text=True)  # fmt: skip
+                          capture_output=True, text=True, env=env)  # fmt: skip
     if done.returncode != 0:
-        raise SystemExit(f"the run failed: {done.stderr.strip()}")
+        raise RuntimeError(f"the run failed: {done.stderr.strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -4,11 +4,10 @@ and a real run, measured by the kernel's peak-RSS mark, stays within the bound."
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
-import subprocess
-import sys
 from dataclasses import replace
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -22,29 +21,14 @@ from volconv.config import load
 from volconv.engine import BankConvolver, Padder
 from volconv.tensor import DigitConvolver, DigitPlan, TensorShape
 
-# In a fresh process: a warm-up run (every program built), then the measured run with the
-# peak-RSS mark (VmHWM) reset: what the run held, above what the process held before.
-MEASURE = """
-import gc, json, sys
-from volconv.config import load
-from volconv.engine import BankConvolver, Padder
-from volconv.tensor import DigitConvolver, DigitPlan, TensorShape
-from volconv.pipeline import run
-
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-
-warm, measured = sys.argv[1:3]
-run(load(warm), overwrite=True)
-gc.collect()
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-before = status("VmRSS")
-report = run(load(measured), overwrite=True).reports[0]
-print(json.dumps({"status": report.status, "grown": status("VmHWM") - before}))
-"""
+# The measuring script's fresh-process run: a warm-up run (every program built), then the
+# measured run with the peak-RSS mark (VmHWM) reset: what the run held, above what the
+# process held before.
+_spec = importlib.util.spec_from_file_location(
+    "measure_host_memory", Path(__file__).parents[1] / "scripts" / "measure_host_memory.py"
+)
+measure_host_memory = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(measure_host_memory)
 
 FILTERS = [
     {"type": "gaussian", "sigma": 1.0, "size": 5},
@@ -101,14 +85,9 @@ def test_a_float_input_holding_nan_runs_within_host_memory(tmp_path):
     # glibc's mmap threshold fixed: freed slabs go back to the system rather than staying in
     # a thread's heap, which made the peak vary by up to 8 MiB from run to run
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 2**10)}
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(paths["warm"]), str(paths["masked"])],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    measured = json.loads(done.stdout.splitlines()[-1])
+    measured = measure_host_memory.measure(paths["warm"], paths["masked"], env)
     assert measured["status"] == "done"
-    grown = measured["grown"]  # within what the plan counted, so within the bound
+    grown = measured["grown_bytes"]  # within what the plan counted, so within the bound
     assert grown <= job.host_bytes, f"the run grew by {grown / 2**20:.1f} MiB"
     with h5py.File(tmp_path / "out" / "masked.h5") as f:
         out = f["responses"][()]
