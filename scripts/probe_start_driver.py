@@ -45,42 +45,60 @@ import pyopencl as cl
 mark("import pyopencl")
 """
 
+# The driver's calls through ctypes on pyopencl's own ICD loader (ctypes releases the GIL).
+DRIVER = r"""
+def loader():
+    lib = ctypes.CDLL(next(l.split()[-1] for l in open("/proc/self/maps") if "libOpenCL" in l))
+    lib.clCreateContext.restype = ctypes.c_void_p
+    lib.clCreateBuffer.restype = ctypes.c_void_p
+    return lib
+def platforms(lib):
+    n = ctypes.c_uint32()
+    lib.clGetPlatformIDs(0, None, ctypes.byref(n))
+    plats = (ctypes.c_void_p * n.value)()
+    lib.clGetPlatformIDs(n.value, plats, None)
+    return plats
+def devices(lib, plats):
+    devs = []
+    for p in plats:
+        m = ctypes.c_uint32()
+        if lib.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), 0, None, ctypes.byref(m)) == 0:
+            arr = (ctypes.c_void_p * m.value)()
+            lib.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), m.value, arr, None)
+            devs.extend(arr)
+    return devs
+def chosen(lib, devs):
+    want, name, dev = os.environ["PROBE_DEVICE"].lower(), ctypes.create_string_buffer(256), None
+    for d in devs:
+        lib.clGetDeviceInfo(ctypes.c_void_p(d), ctypes.c_uint32(0x102B), ctypes.c_size_t(256), name, None)
+        if want in name.value.decode().lower() or dev is None:
+            dev = d
+    return dev
+def context(lib, dev):
+    err = ctypes.c_int32()
+    return lib.clCreateContext(None, 1, (ctypes.c_void_p * 1)(dev), None, None, ctypes.byref(err))
+def pinned(lib, ctx):  # READ_WRITE | ALLOC_HOST_PTR, 128 MiB
+    err = ctypes.c_int32()
+    return lib.clCreateBuffer(ctypes.c_void_p(ctx), ctypes.c_uint64(1 | 16), ctypes.c_size_t(128 << 20), None, ctypes.byref(err))
+"""
+
 CTYPES = (
     r"""
 import ctypes, glob, importlib.util, json, os, sys, threading, time
 """
     + PRELUDE
+    + DRIVER
     + r"""
-lib = ctypes.CDLL(next(l.split()[-1] for l in open("/proc/self/maps") if "libOpenCL" in l))
+lib = loader()
 mark("dlopen loader")
-u = ctypes.c_uint32
-n = u()
-lib.clGetPlatformIDs(0, None, ctypes.byref(n))
-plats = (ctypes.c_void_p * n.value)()
-lib.clGetPlatformIDs(n.value, plats, None)
+plats = platforms(lib)
 mark("clGetPlatformIDs")
-devs = []
-for p in plats:
-    m = u()
-    if lib.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), 0, None, ctypes.byref(m)) == 0:
-        arr = (ctypes.c_void_p * m.value)()
-        lib.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), m.value, arr, None)
-        devs.extend(arr)
+devs = devices(lib, plats)
 mark("clGetDeviceIDs")
-want = os.environ["PROBE_DEVICE"].lower()
-name = ctypes.create_string_buffer(256)
-dev = None
-for d in devs:
-    lib.clGetDeviceInfo(ctypes.c_void_p(d), u(0x102B), ctypes.c_size_t(256), name, None)
-    if want in name.value.decode().lower() or dev is None:
-        dev = d
-lib.clCreateContext.restype = ctypes.c_void_p
-lib.clCreateBuffer.restype = ctypes.c_void_p
-err = ctypes.c_int32()
-darr = (ctypes.c_void_p * 1)(dev)
-ctx = lib.clCreateContext(None, 1, darr, None, None, ctypes.byref(err))
+dev = chosen(lib, devs)
+ctx = context(lib, dev)
 mark("clCreateContext")
-buf = lib.clCreateBuffer(ctypes.c_void_p(ctx), ctypes.c_uint64(1 | 16), ctypes.c_size_t(128 << 20), None, ctypes.byref(err))
+buf = pinned(lib, ctx)
 mark("clCreateBuffer ALLOC_HOST_PTR 128 MiB")
 cl.get_platforms()
 mark("pyopencl get_platforms (after ctypes)")
@@ -126,8 +144,12 @@ print(json.dumps(out))
 """
 )
 
-OVERLAP = r"""
+OVERLAP = (
+    r"""
 import ctypes, glob, importlib.util, json, os, threading, time
+"""
+    + DRIVER
+    + r"""
 t00 = time.perf_counter()
 done = {}
 import numpy, pyopencl as cl
@@ -142,30 +164,14 @@ def driver():
         bs = [cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR, 128 << 20) for _ in range(3)]
         done["buffers"] = time.perf_counter() - t00
         return
-    lib = ctypes.CDLL(next(l.split()[-1] for l in open("/proc/self/maps") if "libOpenCL" in l))
-    u = ctypes.c_uint32; n = u()
-    lib.clGetPlatformIDs(0, None, ctypes.byref(n))
-    plats = (ctypes.c_void_p * n.value)(); lib.clGetPlatformIDs(n.value, plats, None)
-    devs = []
-    for p in plats:
-        m = u()
-        if lib.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), 0, None, ctypes.byref(m)) == 0:
-            arr = (ctypes.c_void_p * m.value)()
-            lib.clGetDeviceIDs(ctypes.c_void_p(p), ctypes.c_uint64(0xFFFFFFFF), m.value, arr, None)
-            devs.extend(arr)
+    lib = loader()
+    devs = devices(lib, platforms(lib))
     done["platforms"] = time.perf_counter() - t00
     if os.environ.get("PROBE_CONTEXT"):
-        want = os.environ["PROBE_DEVICE"].lower(); name = ctypes.create_string_buffer(256); dev = None
-        for d in devs:
-            lib.clGetDeviceInfo(ctypes.c_void_p(d), u(0x102B), ctypes.c_size_t(256), name, None)
-            if want in name.value.decode().lower() or dev is None:
-                dev = d
-        lib.clCreateContext.restype = ctypes.c_void_p; lib.clCreateBuffer.restype = ctypes.c_void_p
-        err = ctypes.c_int32()
-        ctx = lib.clCreateContext(None, 1, (ctypes.c_void_p * 1)(dev), None, None, ctypes.byref(err))
+        ctx = context(lib, chosen(lib, devs))
         done["context"] = time.perf_counter() - t00
         for i in range(3):
-            lib.clCreateBuffer(ctypes.c_void_p(ctx), ctypes.c_uint64(1 | 16), ctypes.c_size_t(128 << 20), None, ctypes.byref(err))
+            pinned(lib, ctx)
         done["buffers"] = time.perf_counter() - t00
 th = threading.Thread(target=driver); th.start()
 import h5py, nibabel, volconv.pipeline, volconv.console
@@ -174,6 +180,7 @@ th.join()
 done["joined"] = time.perf_counter() - t00
 print(json.dumps(done))
 """
+)
 
 BUILDS = r"""
 import json, sys, threading, time
