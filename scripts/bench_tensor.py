@@ -28,6 +28,7 @@ import math
 import re
 import sys
 import time
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import numpy as np
 import pyopencl as cl
 import scipy.ndimage as ndi
 
+import volconv.tensor
 from volconv.device import select_device
 from volconv.engine import BankConvolver
 from volconv.peak import tensor_peak, theoretical_peak
@@ -69,6 +71,12 @@ SWEEP_SHORT = {  # for extents of 3 along x, where the output stores weigh most
          TensorShape(2, 2, 2, 2, persistent=3, **WG1),
          TensorShape(2, 4, 2, 2, persistent=2, **WG1)],
 }  # fmt: skip
+
+
+def with_fields(split: TensorShape, text: str) -> TensorShape:
+    """``split`` with the fields of ``text`` ("xo=2,tyw=3") set."""
+    fields = dict(item.split("=") for item in text.split(",") if item)
+    return replace(split, **{key: int(value) for key, value in fields.items()})
 
 
 def log(*args: object) -> None:
@@ -244,8 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--mixed", default="3:8,5:8,7:8", help="a bank of mixed extents, k:N,k:N "
                     "('' for none)")  # fmt: skip
+    ap.add_argument("--splits", default="", help="more splits for the sweep, the default's "
+                    "with fields set: 'xo=2,tyw=3;wgmma=2'")  # fmt: skip
+    ap.add_argument("--define", action="append", default=[], help="an extra -D of every "
+                    "tensor build, NAME=VALUE: a kernel knob")  # fmt: skip
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.define:  # every TensorConvolver's build takes them
+        extra = dict(item.split("=") for item in args.define)
+        base = volconv.tensor.tensor_defines
+        volconv.tensor.tensor_defines = lambda *a, **k: {**base(*a, **k), **extra}
 
     device = select_device(args.device)
     vol, source = load_volume(args.size)
@@ -285,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_sweep:
                 sweep = (SWEEP_SHORT if k <= 3 else SWEEP).get(n, [])
                 splits += [s for s in sweep if s != splits[0]]
+            splits += [with_fields(splits[0], text) for text in args.splits.split(";") if text]
             row["tensor_sweep"] = []
             for split in splits:
                 try:
