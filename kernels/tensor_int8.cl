@@ -260,6 +260,17 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #endif
 #endif
 
+/* Word w of the slab (its bytes little-end first), the bytes past the slab's end zero: the
+ * last word may hold fewer than four. */
+static uint slab_word(__global const IN_T *in, long w, long bytes)
+{
+    if (4 * w + 4 <= bytes) return ((__global const uint *)in)[w];
+    uint v = 0;
+    for (int i = 0; i < 3; i++)
+        if (4 * w + i < bytes) v |= (uint)(uchar)in[4 * w + i] << (8 * i);
+    return v;
+}
+
 #define SROW 20 /* floats per filter row of a warp's output stage: stores and loads conflict-free */
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
@@ -328,20 +339,28 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
 #endif
         const int abase = (wy * TYW + lrow) * PL + wz * 16 + lz;
 
-        /* Plane xp of the padded slab into registers, the 7 bytes of four quads (one uint4)
-         * at a time, zero outside the slab; packed when stored, after the MMAs, which so need
-         * not wait for the loads. */
-        uint pre[STAGE][7];
+        /* Plane xp of the padded slab into registers: the 7 bytes of four quads (one uint4)
+         * as the three aligned words around them and their offset in the first, zero outside
+         * the slab's planes and rows; packed when stored, after the MMAs, which so need not
+         * wait for the loads. Bytes past a row's end (the next row's) only meet zero
+         * coefficients or outputs past nz: never stored. */
+        uint pre[STAGE][4];
+        const long bytes = (long)P0 * P1 * P2;
 #define FETCH(xp)                                                                        \
         for (int q = 0; q < STAGE; q++) {                                                    \
             const int idx = lid + q * NTHREADS;                                              \
             const int r = idx / (PL / 4), c = 4 * (idx - r * (PL / 4));                      \
-            const int yg = y_wg + r, zg = z_wg + c;                                          \
+            const int yg = y_wg + r;                                                         \
             const bool ok = idx < PLANE4 && (xp) < P0 && yg < P1;                            \
-            __global const IN_T *src = in + ((long)(xp) * P1 + yg) * P2 + zg;                \
-            for (int e = 0; e < 7; e++) pre[q][e] = (ok && zg + e < P2) ? (uchar)src[e] : 0u; \
+            const long at = ((long)(xp) * P1 + yg) * P2 + z_wg + c, w = at >> 2;             \
+            for (int e = 0; e < 3; e++)                                                      \
+                pre[q][e] = ok ? slab_word(in, w + e, bytes) : 0u;                          \
+            pre[q][3] = 8 * (uint)(at & 3);                                                  \
         }
-#define QUAD(b, i) (b[i] | b[i + 1] << 8 | b[i + 2] << 16 | b[i + 3] << 24)
+/* bytes i..i + 3 of the window (pre[q][0..2] from byte pre[q][3] / 8) */
+#define QUAD(b, i)                                                                       \
+        ((b)[3] + 8 * (i) < 32 ? (uint)(upsample((b)[1], (b)[0]) >> ((b)[3] + 8 * (i)))     \
+                               : (uint)(upsample((b)[2], (b)[1]) >> ((b)[3] + 8 * (i) - 32)))
 #define STORE(slot)                                                                      \
         for (int q = 0; q < STAGE; q++) {                                                    \
             const int idx = lid + q * NTHREADS;                                              \

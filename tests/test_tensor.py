@@ -312,6 +312,19 @@ def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, mode, 3.0))
 
 
+@pytest.mark.parametrize("split", [TensorShape(1, 2, 1, 2, 4), TensorShape(1, 2, 2, 2, 4, wgmma=1)])
+def test_emulated_slab_of_whole_and_partial_words(device, split):
+    """The kernel fetches its planes as aligned 32-bit words: a slab whose bytes end inside a
+    word (5 x 9 x 34 = 1530) keeps its last bytes, which the last outputs read."""
+    bank = np.random.default_rng(4).standard_normal((2, 3, 3, 3))
+    vol = volume_of(np.uint8, (5, 7, 32))
+    conv = TensorConvolver(bank, vol.shape, np.uint8, "reflect", device=device, emulate=True,
+                           shape_split=split, slab_depth=3)  # fmt: skip
+    p0, (p1, p2) = 3 + 2, conv.plan.padded_yz
+    assert (p0 * p1 * p2) % 4 != 0
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect", 0.0))
+
+
 @pytest.mark.parametrize(
     ("dtype", "mode", "cval", "n", "extents"),
     [
