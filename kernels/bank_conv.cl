@@ -33,7 +33,7 @@
  *                reads its input rows from there as float4s (below); 2: two tiles, the next
  *                plane staged while this one is read (one barrier per plane); 1: one tile
  *                (two barriers per plane). Needs LZ, LY (the work-group, which the launch
- *                must use) and UNROLL a multiple of 4; 0 (default): rows read from global
+ *                must use), UNROLL and P2 multiples of 4; 0 (default): rows read from global
  *   TILE_PREFETCH with INPUT_LOCAL 2: 1 (default) loads the next plane into registers
  *                before this plane's multiply-adds and stores it after them; 0: before
  */
@@ -134,9 +134,14 @@ typedef float16 vecf;
 #define WG (LZ * LY)
 #define STAGE_N ((TR * NQ + WG - 1) / WG)
 
-/* Load this work-item's share of plane `xp`'s tile: chunk i = t + k * WG, rows past the slab
- * and columns past P2 clamped (read only for outputs that are never stored). */
-inline void tile_load(IN_T pre[STAGE_N][4], __global const IN_T *restrict in, const int xp,
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define IN_T4 CAT(IN_T, 4)
+
+/* Load this work-item's share of plane `xp`'s tile, 4 values a load (P2 and zbase are
+ * multiples of 4): chunk i = t + k * WG, rows past the slab and chunks past P2 clamped (read
+ * only for outputs that are never stored). */
+inline void tile_load(IN_T4 pre[STAGE_N], __global const IN_T *restrict in, const int xp,
                       const int ybase, const int zbase, const int P1, const int P2,
                       const int t)
 {
@@ -145,22 +150,19 @@ inline void tile_load(IN_T pre[STAGE_N][4], __global const IN_T *restrict in, co
     for (int k = 0; k < STAGE_N; k++) {
         const int i = min(t + k * WG, TR * NQ - 1);
         const int row = min(ybase + i / NQ, P1 - 1);
-        const int col = zbase + 4 * (i % NQ);
-        __global const IN_T *src = plane_in + row * P2;
-#pragma unroll
-        for (int e = 0; e < 4; e++) pre[k][e] = src[min(col + e, P2 - 1)];
+        const int col = min(zbase + 4 * (i % NQ), P2 - 4);
+        pre[k] = *(__global const IN_T4 *)(plane_in + row * P2 + col);
     }
 }
 
-inline void tile_store(__local float4 *tile, IN_T pre[STAGE_N][4], const int t)
+inline void tile_store(__local float4 *tile, IN_T4 pre[STAGE_N], const int t)
 {
 #pragma unroll
     for (int k = 0; k < STAGE_N; k++) {
         const int i = t + k * WG;
         if (k + 1 < STAGE_N || i < TR * NQ) {
             const int q = i % NQ;
-            tile[(i / NQ) * RS + (q % SPLIT) * PART + q / SPLIT] =
-                (float4)((float)pre[k][0], (float)pre[k][1], (float)pre[k][2], (float)pre[k][3]);
+            tile[(i / NQ) * RS + (q % SPLIT) * PART + q / SPLIT] = convert_float4(pre[k]);
         }
     }
 }
@@ -296,7 +298,7 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
     const int zbase = (int)get_group_id(0) * LZ * UNROLL;
     const int ybase = (int)get_group_id(1) * LY * ROWS;
     __local float4 tiles[TILE_BUF][TILE];
-    IN_T pre[STAGE_N][4];
+    IN_T4 pre[STAGE_N];
 #if TILE_BUF == 2
     tile_load(pre, in, x, ybase, zbase, P1, P2, t);
     tile_store(tiles[0], pre, t);
