@@ -8,7 +8,8 @@ read from global memory, 1: staged in local memory; roll 1: the loop over filter
 window of input rows, 0: over input rows; width: the vector width of the passes; unroll null:
 the plan's block and work-group with the other knobs set); or a dict of those knobs by name,
 ``tile`` (bank_conv.cl's INPUT_LOCAL: 0 off, 1 or 2 tiles, true: the plan's count),
-``define`` (a dict of more -D defines for that point's builds, e.g. {"TILE_PREFETCH": 0}) and ``local`` [lz, ly] (absent: the
+``define`` (a dict of more -D defines for that point's builds, e.g. {"TILE_PREFETCH": 0}),
+``options`` (a list of more build options for them, e.g. ["-cl-nv-maxrregcount=128"]) and ``local`` [lz, ly] (absent: the
 plan's work-group); --options adds build options
 (e.g. -cl-nv-maxrregcount=168). Run from another checkout's root with its volconv on
 PYTHONPATH, it measures that checkout's kernel (knobs it lacks: leave them out). Kept:
@@ -68,7 +69,7 @@ def verbose_build(ctx, name, defines, options=()):
         extra = (*extra, *OPTIONS)
     program = build(ctx, name, defines, (*options, *extra))
     if name == "bank_conv.cl":
-        defines = (*defines, *((o, "") for o in OPTIONS if o.startswith("-D")))
+        defines = (*defines, *((o, "") for o in OPTIONS))
     if name == "bank_conv.cl" and defines not in BUILDS:
         dev = ctx.devices[0]
         text = program.get_build_info(dev, cl.program_build_info.LOG)
@@ -189,13 +190,14 @@ def main() -> None:
             # [] the plan's defaults; [unroll, rows, row_unroll, filt] (None: the plan's;
             # row_unroll -1: the compiler's choice; filt 0 global, 1 local)
             define = knobs.get("define", {}) if isinstance(knobs, dict) else {}
-            OPTIONS[:] = [*base_options, *(f"-D{key}={v}" for key, v in define.items())]
+            more = knobs.get("options", []) if isinstance(knobs, dict) else []
+            OPTIONS[:] = [*base_options, *(f"-D{key}={v}" for key, v in define.items()), *more]
             if isinstance(knobs, dict):
                 knobs = tuple(knobs.get(key) for key in KNOBS)
             unroll, rows, row_unroll, filt, roll, width, tile = (*knobs, *[None] * 7)[:7]
             point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
                      "row_unroll": row_unroll, "filt": filt, "roll": roll, "width": width,
-                     "tile": tile, "define": define,
+                     "tile": tile, "define": define, "options": more,
                      "local_size": list(local) if local else None,
                      "float_slab": float_slab}  # fmt: skip
             t0 = time.perf_counter()
@@ -227,7 +229,7 @@ def main() -> None:
                 sec = conv.time_kernel(a, b, args.repeats)
                 gflop = 2 * n * k**3 * (b - a) * vol.shape[1] * vol.shape[2] / 1e9
                 defines = tuple(plan.build_options(plan.passes[0]).items())
-                defines = (*defines, *((o, "") for o in OPTIONS if o.startswith("-D")))
+                defines = (*defines, *((o, "") for o in OPTIONS))
                 point.update({
                     "plan": {key: getattr(plan, key, None) for key in
                              ("unroll", "rows", "row_unroll", "roll", "local_size",
@@ -294,6 +296,7 @@ def line(p: dict) -> str:
         extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt", "roll", "width",
                                                        "tile") if p.get(key) is not None)
         extra += "".join(f" {key}={v}" for key, v in (p.get("define") or {}).items())
+        extra += "".join(f" {o}" for o in p.get("options") or [])
         wg = "x".join(map(str, p["local_size"])) if p["local_size"] else "plan's"
         head = (
             f"N={p['n']:<2} k={p['extent']} U={p['unroll']} R={p['rows']}{extra} wg={wg}"

@@ -71,8 +71,10 @@ GPU_ROW_UNROLL = 2
 GPU_ROW_UNROLL_MAX_KZ = 7
 GPU_ROLL_MAX_KZ = 3
 # GPUs: the work-group stages each input plane in local memory as floats (bank_conv.cl's
-# INPUT_LOCAL) for passes of these widths: measured in benchmarks/results/h100-fp32-tile-*.
-INPUT_LOCAL_WIDTHS: tuple[int, ...] = ()
+# INPUT_LOCAL) for passes of these widths from this kz on: measured in
+# benchmarks/results/h100-fp32-tile-*.
+INPUT_LOCAL_WIDTHS: tuple[int, ...] = (2, 4)
+INPUT_LOCAL_MIN_KZ = 7
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
@@ -366,7 +368,7 @@ def make_plan(
     widest its own width's. ``input_local`` True stages every pass's input planes in local
     memory, two tiles where they fit, else one (a ValueError where a pass's unroll is not a
     multiple of 4 or no tile fits the device's local memory); default: on GPUs for passes of
-    `INPUT_LOCAL_WIDTHS` where two tiles fit. ``pad_float`` pads the slab as float32 whatever the source type (default: on
+    `INPUT_LOCAL_WIDTHS` from `INPUT_LOCAL_MIN_KZ` on, where two tiles fit. ``pad_float`` pads the slab as float32 whatever the source type (default: on
     CPUs, whose kernel then broadcasts each input straight from memory, with no conversion in
     the hot loop).
 
@@ -471,7 +473,8 @@ def _block(
     need = tile_bytes(unroll, rows, (lz, ly), extents) if unroll % 4 == 0 else None
     tiles = 0 if need is None else min(2, room // need)
     if input_local is None:
-        input_local = not cpu and width in INPUT_LOCAL_WIDTHS and tiles == 2
+        input_local = (not cpu and width in INPUT_LOCAL_WIDTHS and kz >= INPUT_LOCAL_MIN_KZ
+                       and tiles == 2)  # fmt: skip
     elif input_local and need is None:
         raise ValueError(f"input_local: needs an unroll that is a multiple of 4; a pass of "
                          f"width {width} has unroll {unroll}")  # fmt: skip
