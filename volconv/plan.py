@@ -70,10 +70,16 @@ DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
 GPU_ROW_UNROLL = 2
 GPU_ROW_UNROLL_MAX_KZ = 7
 GPU_ROLL_MAX_KZ = 3
-# GPUs: the work-group stages each input plane in local memory as floats (bank_conv.cl's
-# INPUT_LOCAL) for passes of these widths from this kz on: measured in
-# benchmarks/results/h100-fp32-tile-*.
+# GPUs: the work-group stages its input planes in local memory as floats (bank_conv.cl's
+# INPUT_LOCAL) for passes of these widths whose block has this unroll, from this kz on, where
+# two tiles fit. H100, 256^3 uint8 (benchmarks/results/h100-fp32-tile-*.json): width 2 at
+# 4 x 4 and width 4 at 4 x 2 ran 2-3 % faster at 7^3 (0.495 / 0.986 ms against 0.508 /
+# 1.019), width 2 1.3 % at 9^3; slower at 5^3 (width 2 0.222 against 0.206 ms), at unroll
+# 16 (9^3-11^3 width 4 2.567 / 3.838 against 2.116 / 3.606) and for width 8 (7^3 2.0-2.2
+# ms against 1.855) and width 1 (7^3 0.276 against 0.271), where the tile's registers
+# (150-170 against 128 at width 8) cost a warp per scheduler.
 INPUT_LOCAL_WIDTHS: tuple[int, ...] = (2, 4)
+INPUT_LOCAL_UNROLL = 4
 INPUT_LOCAL_MIN_KZ = 7
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
@@ -368,7 +374,8 @@ def make_plan(
     widest its own width's. ``input_local`` True stages every pass's input planes in local
     memory, two tiles where they fit, else one (a ValueError where a pass's unroll is not a
     multiple of 4 or no tile fits the device's local memory); default: on GPUs for passes of
-    `INPUT_LOCAL_WIDTHS` from `INPUT_LOCAL_MIN_KZ` on, where two tiles fit. ``pad_float`` pads the slab as float32 whatever the source type (default: on
+    `INPUT_LOCAL_WIDTHS` at `INPUT_LOCAL_UNROLL` from `INPUT_LOCAL_MIN_KZ` on, where two
+    tiles fit. ``pad_float`` pads the slab as float32 whatever the source type (default: on
     CPUs, whose kernel then broadcasts each input straight from memory, with no conversion in
     the hot loop).
 
@@ -473,8 +480,8 @@ def _block(
     need = tile_bytes(unroll, rows, (lz, ly), extents) if unroll % 4 == 0 else None
     tiles = 0 if need is None else min(2, room // need)
     if input_local is None:
-        input_local = (not cpu and width in INPUT_LOCAL_WIDTHS and kz >= INPUT_LOCAL_MIN_KZ
-                       and tiles == 2)  # fmt: skip
+        input_local = (not cpu and width in INPUT_LOCAL_WIDTHS and unroll == INPUT_LOCAL_UNROLL
+                       and kz >= INPUT_LOCAL_MIN_KZ and tiles == 2)  # fmt: skip
     elif input_local and need is None:
         raise ValueError(f"input_local: needs an unroll that is a multiple of 4; a pass of "
                          f"width {width} has unroll {unroll}")  # fmt: skip
@@ -541,8 +548,8 @@ def tuned_knobs(
     src_dtype: np.dtype,
     cache_dir: Path | None = None,
 ) -> dict[str, object] | None:
-    """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows`` (None:
-    the plan's), ``local_size``, ``vector_width`` (None: the plan splits the bank),
+    """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows``,
+    ``input_local`` (None: the plan's), ``local_size``, ``vector_width`` (None: the plan splits the bank),
     ``engine``; None when there are none.
     An unreadable file, or an entry that is stale (another kernel source or format) or
     invalid, is ignored with a warning: the plan falls back to its defaults."""
@@ -570,6 +577,8 @@ def tuned_knobs(
         knobs = {
             "unroll": int(entry["unroll"]),
             "rows": None if entry.get("rows") is None else int(entry["rows"]),
+            "input_local": None if entry.get("input_local") is None
+            else bool(entry["input_local"]),
             "local_size": tuple(int(v) for v in entry["local_size"]),
             "vector_width": None if entry["vector_width"] is None else int(entry["vector_width"]),
             "engine": str(entry["engine"]),
