@@ -9,9 +9,10 @@ window of input rows, 0: over input rows; width: the vector width of the passes;
 the plan's block and work-group with the other knobs set); or a dict of those knobs by name,
 ``tile`` (bank_conv.cl's INPUT_LOCAL: 0 off, 1 or 2 tiles, true: the plan's count),
 ``define`` (a dict of more -D defines for that point's builds, e.g. {"TILE_PREFETCH": 0}),
-``options`` (a list of more build options for them, e.g. ["-cl-nv-maxrregcount=128"]) and ``local`` [lz, ly] (absent: the
-plan's work-group); --options adds build options
-(e.g. -cl-nv-maxrregcount=168). Run from another checkout's root with its volconv on
+``options`` (a list of more build options for them, e.g. ["-cl-nv-maxrregcount=128"]) and
+``local`` [lz, ly] (absent: the plan's work-group); --options adds build options to every
+point (e.g. -cl-nv-maxrregcount=168; ptxas ignores it for a kernel with a required
+work-group size, as INPUT_LOCAL's). Run from another checkout's root with its volconv on
 PYTHONPATH, it measures that checkout's kernel (knobs it lacks: leave them out). Kept:
   - the compiler's report of each build (``-cl-nv-verbose``: registers, spill bytes, stack
     frame, warnings) and its PTX (the binary pyopencl returns), kept in ``--ptx`` (a .tar.gz)
@@ -295,8 +296,11 @@ def line(p: dict) -> str:
     if all(p.get(key) is None for key in KNOBS):
         head = f"N={p['n']:<2} k={p['extent']} plan's {p.get('blocks', '')}"
     else:
-        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt", "roll", "width",
-                                                       "tile") if p.get(key) is not None)
+        extra = "".join(
+            f" {key}={p[key]}"
+            for key in ("row_unroll", "filt", "roll", "width", "tile")
+            if p.get(key) is not None
+        )
         extra += "".join(f" {key}={v}" for key, v in (p.get("define") or {}).items())
         extra += "".join(f" {o}" for o in p.get("options") or [])
         wg = "x".join(map(str, p["local_size"])) if p["local_size"] else "plan's"

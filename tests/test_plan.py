@@ -137,7 +137,8 @@ def test_gpus_stage_input_tiles_where_they_ran_faster(k, n, tiles):
     assert not plan(extents=(k, k, k), n=n, device=fake_device(gpu=False)).input_local
     if any(tiles):
         assert plan(extents=(k, k, k), n=n, input_local=False).passes == tuple(
-            replace(q, block=q.block and replace(q.block, input_local=0)) for q in p.passes)
+            replace(q, block=q.block and replace(q.block, input_local=0)) for q in p.passes
+        )
 
 
 def test_input_tiles_when_asked_and_where_they_fit():
@@ -151,7 +152,7 @@ def test_input_tiles_when_asked_and_where_they_fit():
         plan(n=8, input_local=True, unroll=6)
     device = fake_device()
     device.name = "GPU "
-    with pytest.raises(ValueError, match="input_local: the input tiles .* take .* GPU has"):
+    with pytest.raises(ValueError, match=r"input_local: the input tiles .* take .* GPU has"):
         plan(n=1, input_local=True, rows=8, local_size=(32, 8), device=device)
     assert "INPUT_LOCAL" not in plan(n=8).build_options(plan(n=8).passes[0])
 

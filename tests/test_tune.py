@@ -114,10 +114,10 @@ def test_tuning_searches_input_tiles(tuned):
     refused by the plan, for an unroll that is not a multiple of 4), recorded per point."""
     _, record = tuned
     fp32 = [p for p in record["points"] if p["engine"] == "fp32"]
-    asked = [p for p in fp32 if "error" in p and "input_local" in p]
-    assert {p["input_local"] for p in fp32 if "error" not in p} | {True for _ in asked} >= {
-        False, True}
-    assert all("multiple of 4" in p["error"] for p in asked)
+    ran = {p["input_local"] for p in fp32 if "error" not in p}
+    refused = [p for p in fp32 if "error" in p and p.get("input_local")]
+    assert ran == {False, True} or (ran == {False} and refused)
+    assert all("multiple of 4" in p["error"] for p in refused)
 
 
 def test_tuning_writes_the_cache_and_the_plan_reads_it(tuned, device):

@@ -412,7 +412,8 @@ def make_plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
         src_dtype=src_dtype, passes=passes, unroll=block.unroll, local_size=block.local_size,
         rows=block.rows, row_unroll=block.row_unroll, roll=block.roll,
-        input_local=block.input_local, pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
+        input_local=block.input_local,
+        pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
                                 else pad_float),
         slab_depth=shape[0], filt_local=filt_local, engine=engine,
     )  # fmt: skip
@@ -549,8 +550,8 @@ def tuned_knobs(
     cache_dir: Path | None = None,
 ) -> dict[str, object] | None:
     """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows``,
-    ``input_local`` (None: the plan's), ``local_size``, ``vector_width`` (None: the plan splits the bank),
-    ``engine``; None when there are none.
+    ``input_local`` (None: the plan's), ``local_size``, ``vector_width`` (None: the plan
+    splits the bank), ``engine``; None when there are none.
     An unreadable file, or an entry that is stale (another kernel source or format) or
     invalid, is ignored with a warning: the plan falls back to its defaults."""
     path = tune_path(cache_dir)
@@ -577,8 +578,7 @@ def tuned_knobs(
         knobs = {
             "unroll": int(entry["unroll"]),
             "rows": None if entry.get("rows") is None else int(entry["rows"]),
-            "input_local": None if entry.get("input_local") is None
-            else bool(entry["input_local"]),
+            "input_local": None if entry.get("input_local") is None else bool(entry["input_local"]),
             "local_size": tuple(int(v) for v in entry["local_size"]),
             "vector_width": None if entry["vector_width"] is None else int(entry["vector_width"]),
             "engine": str(entry["engine"]),

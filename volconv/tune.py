@@ -12,8 +12,9 @@ that device and driver takes it).
 
 The search is by coordinate: the width at the plan's own block and work-group, then the
 unroll at the best width, then the rows at both, then input_local at all three, then the
-work-group at all four; a full product would take minutes per bank. Every timing is the fastest of ``repeats`` launches
-(`BankConvolver.time_kernel`): other work on a shared machine only ever slows a launch down.
+work-group at all four; a full product would take minutes per bank. Every timing is the
+fastest of ``repeats`` launches (`BankConvolver.time_kernel`): other work on a shared machine
+only ever slows a launch down.
 """
 
 from __future__ import annotations
@@ -221,8 +222,10 @@ def tune_bank(
     entry = {
         "format": TUNE_FORMAT,
         "kernel": kernel_hash(),
-        **{k: winner.get(k) for k in ("engine", "vector_width", "unroll", "rows", "input_local",
-                                      "local_size")},
+        **{
+            k: winner.get(k)
+            for k in ("engine", "vector_width", "unroll", "rows", "input_local", "local_size")
+        },
         "path": winner.get("path"),
         "gflops": winner["gflops"],
         "untuned_gflops": untuned and untuned["gflops"],
@@ -255,8 +258,13 @@ def _retime(timer: _Timer, points: list[dict], rounds: int) -> list[dict]:
     burst of other work on the machine then slows every finalist alike."""
     built = []
     for p in points:
-        knobs = {"vector_width": p["vector_width"], "unroll": p["unroll"], "rows": p["rows"],
-                 "input_local": p.get("input_local"), "local_size": tuple(p["local_size"])}
+        knobs = {
+            "vector_width": p["vector_width"],
+            "unroll": p["unroll"],
+            "rows": p["rows"],
+            "input_local": p.get("input_local"),
+            "local_size": tuple(p["local_size"]),
+        }
         knobs = {k: v for k, v in knobs.items() if v is not None}
         conv, rows, _ = timer.build(p["engine"], **knobs)
         built.append((p, conv, rows, []))
