@@ -31,13 +31,10 @@
  *   INPUT_LOCAL  optional, 1 or 2: the work-group stages each input plane it reads (x + dx)
  *                in local memory as floats, converted once per work-group, and the hot loop
  *                reads its input rows from there as float4s (below); 2: two tiles, the next
- *                plane staged while this one is read (one barrier per plane); 1: one tile
- *                (two barriers per plane). Needs LZ, LY (the work-group, which the launch
- *                must use), UNROLL and P2 multiples of 4; 0 (default): rows read from global
- *   TILE_PREFETCH with INPUT_LOCAL 2: 1 (default) loads the next plane into registers
- *                before this plane's multiply-adds and stores it after them; 0: before
- *   TILE_RAW     with INPUT_LOCAL: 1 keeps the tile in the slab's type (IN_T), converted in
- *                the hot loop; 0 (default): floats, converted once when staged
+ *                plane loaded into registers before this plane's multiply-adds and stored
+ *                after them (one barrier per plane); 1: one tile (two barriers per plane).
+ *                Needs LZ, LY (the work-group, which the launch must use), UNROLL and P2
+ *                multiples of 4; 0 (default): rows read from global memory
  */
 #pragma OPENCL FP_CONTRACT ON
 
@@ -113,12 +110,8 @@ typedef float16 vecf;
 #if UNROLL % 4
 #error "INPUT_LOCAL needs UNROLL a multiple of 4"
 #endif
-#define TILE_BUF INPUT_LOCAL
-#if TILE_BUF != 1 && TILE_BUF != 2
+#if INPUT_LOCAL != 1 && INPUT_LOCAL != 2
 #error "INPUT_LOCAL must be 0, 1 or 2"
-#endif
-#ifndef TILE_PREFETCH
-#define TILE_PREFETCH 1
 #endif
 #define WIN (KZ + UNROLL - 1)
 #define NW ((WIN + 3) / 4)
@@ -139,16 +132,6 @@ typedef float16 vecf;
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define IN_T4 CAT(IN_T, 4)
-#ifndef TILE_RAW
-#define TILE_RAW 0
-#endif
-#if TILE_RAW
-typedef IN_T4 tile_t;
-#define TO_TILE(v) (v)
-#else
-typedef float4 tile_t;
-#define TO_TILE(v) convert_float4(v)
-#endif
 
 /* Load this work-item's share of plane `xp`'s tile, 4 values a load (P2 and zbase are
  * multiples of 4): chunk i = t + k * WG, rows past the slab and chunks past P2 clamped (read
@@ -167,14 +150,14 @@ inline void tile_load(IN_T4 pre[STAGE_N], __global const IN_T *restrict in, cons
     }
 }
 
-inline void tile_store(__local tile_t *tile, IN_T4 pre[STAGE_N], const int t)
+inline void tile_store(__local float4 *tile, IN_T4 pre[STAGE_N], const int t)
 {
 #pragma unroll
     for (int k = 0; k < STAGE_N; k++) {
         const int i = t + k * WG;
         if (k + 1 < STAGE_N || i < TR * NQ) {
             const int q = i % NQ;
-            tile[(i / NQ) * RS + (q % SPLIT) * PART + q / SPLIT] = TO_TILE(pre[k]);
+            tile[(i / NQ) * RS + (q % SPLIT) * PART + q / SPLIT] = convert_float4(pre[k]);
         }
     }
 }
@@ -182,13 +165,13 @@ inline void tile_store(__local tile_t *tile, IN_T4 pre[STAGE_N], const int t)
 /* Input row `r` of the tile (relative to the work-group's first) as WIN floats. */
 #define TILE_ROW(dst, tile, r)                                                         \
     {                                                                                  \
-        __local const tile_t *t_ = (tile) + (l1 * ROWS + (r)) * RS + l0;               \
+        __local const float4 *t_ = (tile) + (l1 * ROWS + (r)) * RS + l0;               \
         _Pragma("unroll") for (int k_ = 0; k_ < NW; k_++) {                            \
-            const tile_t q_ = t_[(k_ % SPLIT) * PART + k_ / SPLIT];                    \
-            dst[4 * k_] = (float)q_.s0;                                                \
-            if (4 * k_ + 1 < WIN) dst[4 * k_ + 1] = (float)q_.s1;                      \
-            if (4 * k_ + 2 < WIN) dst[4 * k_ + 2] = (float)q_.s2;                      \
-            if (4 * k_ + 3 < WIN) dst[4 * k_ + 3] = (float)q_.s3;                      \
+            const float4 q_ = t_[(k_ % SPLIT) * PART + k_ / SPLIT];                    \
+            dst[4 * k_] = q_.s0;                                                       \
+            if (4 * k_ + 1 < WIN) dst[4 * k_ + 1] = q_.s1;                             \
+            if (4 * k_ + 2 < WIN) dst[4 * k_ + 2] = q_.s2;                             \
+            if (4 * k_ + 3 < WIN) dst[4 * k_ + 3] = q_.s3;                             \
         }                                                                              \
     }
 #endif
@@ -309,9 +292,9 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
     const int l0 = (int)get_local_id(0), l1 = (int)get_local_id(1), t = l0 + LZ * l1;
     const int zbase = (int)get_group_id(0) * LZ * UNROLL;
     const int ybase = (int)get_group_id(1) * LY * ROWS;
-    __local tile_t tiles[TILE_BUF][TILE];
+    __local float4 tiles[INPUT_LOCAL][TILE];
     IN_T4 pre[STAGE_N];
-#if TILE_BUF == 2
+#if INPUT_LOCAL == 2
     tile_load(pre, in, x, ybase, zbase, P1, P2, t);
     tile_store(tiles[0], pre, t);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -330,24 +313,18 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
         for (int v = 0; v < ROWS; v++)
             for (int u = 0; u < UNROLL; u++) part[v][u] = (vecf)(0.0f);
 #endif
-#if INPUT_LOCAL && TILE_BUF == 1
+#if INPUT_LOCAL == 1
         if (dx > 0) barrier(CLK_LOCAL_MEM_FENCE); /* the last plane read by all */
         tile_load(pre, in, x + dx, ybase, zbase, P1, P2, t);
         tile_store(tiles[0], pre, t);
         barrier(CLK_LOCAL_MEM_FENCE);
-        __local const tile_t *tile = tiles[0];
+        __local const float4 *tile = tiles[0];
 #elif INPUT_LOCAL
-        /* plane dx + 1 into the other buffer, which plane dx - 1's reads are done with */
+        /* plane dx + 1 into registers now, into the other tile (which plane dx - 1's reads
+         * are done with) after this plane's multiply-adds */
         const bool next = dx + 1 < KX;
-#if TILE_PREFETCH
         if (next) tile_load(pre, in, x + dx + 1, ybase, zbase, P1, P2, t);
-#else
-        if (next) {
-            tile_load(pre, in, x + dx + 1, ybase, zbase, P1, P2, t);
-            tile_store(tiles[(dx + 1) & 1], pre, t);
-        }
-#endif
-        __local const tile_t *tile = tiles[dx & 1];
+        __local const float4 *tile = tiles[dx & 1];
 #endif
 #if ROLL
         /* win[v] holds input row dy + v: output row v meets filter row dy there. Each
@@ -410,10 +387,8 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
         for (int v = 0; v < ROWS; v++)
             for (int u = 0; u < UNROLL; u++) acc[v][u] += part[v][u];
 #endif
-#if INPUT_LOCAL && TILE_BUF == 2
-#if TILE_PREFETCH
+#if INPUT_LOCAL == 2
         if (next) tile_store(tiles[(dx + 1) & 1], pre, t);
-#endif
         barrier(CLK_LOCAL_MEM_FENCE); /* plane dx + 1 stored, plane dx read by all */
 #endif
     }

@@ -1,20 +1,18 @@
 #!/bin/bash
 # The FP32 kernel with its input planes staged in local memory (bank_conv.cl's INPUT_LOCAL)
 # on the H100, one device call (scripts/sweep_fp32_gpu.py --sass, every point exact): the
-# plan's defaults against the tile forced off (or on) at 7^3 N = 1, 2, 4, 8, 13 and 3^3,
-# 5^3, 9^3, 11^3; the tile kept in the slab's type (TILE_RAW) at N = 8 and 4; then (with
-# "tests") the GPU tests. Every sweep's JSON goes into one file (the device tool brings back
-# at most 8). The first two calls ran this script as of commits 1b700c7 and 2679b75.
+# plan's defaults against the tile forced off (or on: one tile, two) at 7^3 N = 1, 2, 4, 8, 13
+# and 3^3, 5^3, 9^3, 11^3; then (with "tests") the GPU tests. Every sweep's JSON goes into one
+# file (the device tool brings back at most 8). The three calls of benchmarks/README.md ran
+# this script as of commits 1b700c7, 2679b75 and ec7469a (the kernel's variants TILE_PREFETCH
+# and TILE_RAW, measured slower there, have since been removed).
 # Usage: scripts/gpu_fp32_tile.sh OUTDIR TAG [tests]
 set -u
 out=$1; tag=$2; tmp=/tmp/tile-json; mkdir -p $tmp
 sweep() { PYOPENCL_NO_CACHE=1 timeout 150 python3 scripts/sweep_fp32_gpu.py --device nvidia --sass "$@"; }
-R='"define":{"TILE_RAW":1}'
-P7="{\"8\":[[],{\"tile\":true},{\"tile\":1,$R},{\"tile\":true,$R},
-          {\"tile\":2,\"define\":{\"TILE_RAW\":1,\"TILE_PREFETCH\":0}},
-          {\"tile\":1,\"roll\":1,\"row_unroll\":1,$R}],
-     \"1\":[[]], \"2\":[[],{\"tile\":0}], \"4\":[[],{\"tile\":0},{\"tile\":true,$R}],
-     \"13\":[[],{\"tile\":0}]}"
+P7='{"8":[[],{"tile":2},{"tile":1},{"tile":1,"roll":1,"row_unroll":1}],
+     "1":[[]], "2":[[],{"tile":0},{"tile":1}], "4":[[],{"tile":0},{"tile":1}],
+     "13":[[],{"tile":0}]}'
 sweep --ns 8,1,2,4,13 --extent 7 --points "$P7" --json $tmp/k7.json --ptx $out/$tag-ptx.tar.gz
 sweep --ns 8,1 --extent 3 --points '{"8":[[]],"1":[[]]}' --json $tmp/k3.json
 sweep --ns 8,1,2,4 --extent 5 --points '{"8":[[]],"1":[[]],"2":[[]],"4":[[]]}' --json $tmp/k5.json

@@ -8,7 +8,7 @@ read from global memory, 1: staged in local memory; roll 1: the loop over filter
 window of input rows, 0: over input rows; width: the vector width of the passes; unroll null:
 the plan's block and work-group with the other knobs set); or a dict of those knobs by name,
 ``tile`` (bank_conv.cl's INPUT_LOCAL: 0 off, 1 or 2 tiles, true: the plan's count),
-``define`` (a dict of more -D defines for that point's builds, e.g. {"TILE_PREFETCH": 0}),
+``define`` (a dict of more -D defines for that point's builds, e.g. {"BLOCK_TAPS": 100}),
 ``options`` (a list of more build options for them, e.g. ["-cl-nv-maxrregcount=128"]) and
 ``local`` [lz, ly] (absent: the plan's work-group); --options adds build options to every
 point (e.g. -cl-nv-maxrregcount=168; ptxas ignores it for a kernel with a required
