@@ -28,6 +28,13 @@
  *   IN_T         element type of the padded slab (uchar, char, ushort, short, float)
  *   FILT_LOCAL   1: stage the filters in local memory (seed 003); 0: read them from global
  *   BLOCK_TAPS   optional: sum blocked from this many taps on (default below)
+ *   INPUT_LOCAL  optional, 1 or 2: the work-group stages each input plane it reads (x + dx)
+ *                in local memory as floats, converted once per work-group, and the hot loop
+ *                reads its input rows from there as float4s (below); 2: two tiles, the next
+ *                plane loaded into registers before this plane's multiply-adds and stored
+ *                after them (one barrier per plane); 1: one tile (two barriers per plane).
+ *                Needs LZ, LY (the work-group, which the launch must use), UNROLL and P2
+ *                multiples of 4; 0 (default): rows read from global memory
  */
 #pragma OPENCL FP_CONTRACT ON
 
@@ -87,6 +94,86 @@ typedef float16 vecf;
 #define SUM part
 #else
 #define SUM acc
+#endif
+
+#ifndef INPUT_LOCAL
+#define INPUT_LOCAL 0
+#endif
+#if INPUT_LOCAL
+/* The input tile of one plane: TR rows of NQ float4 chunks covering the work-group's
+ * LZ * UNROLL + KZ - 1 input columns. A work-item's window of WIN values starts at chunk
+ * l0 * SPLIT; chunk q of a row is stored at (q % SPLIT) * PART + q / SPLIT, so that window
+ * chunk k of the 8 work-items of a quarter-warp lies in 8 consecutive float4s (one LDS.128
+ * without bank conflicts; in plain order they lie 32 * SPLIT bytes apart, two or more to a
+ * bank) and each work-item reads chunk k at a constant offset from its own l0. PART is
+ * skewed so that the staging stores of 8 consecutive chunks miss each other too. */
+#if UNROLL % 4
+#error "INPUT_LOCAL needs UNROLL a multiple of 4"
+#endif
+#if INPUT_LOCAL != 1 && INPUT_LOCAL != 2
+#error "INPUT_LOCAL must be 0, 1 or 2"
+#endif
+#define WIN (KZ + UNROLL - 1)
+#define NW ((WIN + 3) / 4)
+#define SPLIT (UNROLL / 4)
+#define NQ ((LZ * UNROLL + KZ - 1 + 3) / 4)
+#define TR (LY * ROWS + KY - 1)
+#define PART0 ((NQ + SPLIT - 1) / SPLIT)
+#if SPLIT > 1 && 8 % SPLIT == 0
+#define PART (PART0 + ((8 / SPLIT) - PART0 % 8 + 8) % 8)
+#else
+#define PART PART0
+#endif
+#define RS (SPLIT * PART)
+#define TILE (TR * RS)
+#define WG (LZ * LY)
+#define STAGE_N ((TR * NQ + WG - 1) / WG)
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define IN_T4 CAT(IN_T, 4)
+
+/* Load this work-item's share of plane `xp`'s tile, 4 values a load (P2 and zbase are
+ * multiples of 4): chunk i = t + k * WG, rows past the slab and chunks past P2 clamped (read
+ * only for outputs that are never stored). */
+inline void tile_load(IN_T4 pre[STAGE_N], __global const IN_T *restrict in, const int xp,
+                      const int ybase, const int zbase, const int P1, const int P2,
+                      const int t)
+{
+    __global const IN_T *plane_in = in + (long)xp * P1 * P2;
+#pragma unroll
+    for (int k = 0; k < STAGE_N; k++) {
+        const int i = min(t + k * WG, TR * NQ - 1);
+        const int row = min(ybase + i / NQ, P1 - 1);
+        const int col = min(zbase + 4 * (i % NQ), P2 - 4);
+        pre[k] = *(__global const IN_T4 *)(plane_in + row * P2 + col);
+    }
+}
+
+inline void tile_store(__local float4 *tile, IN_T4 pre[STAGE_N], const int t)
+{
+#pragma unroll
+    for (int k = 0; k < STAGE_N; k++) {
+        const int i = t + k * WG;
+        if (k + 1 < STAGE_N || i < TR * NQ) {
+            const int q = i % NQ;
+            tile[(i / NQ) * RS + (q % SPLIT) * PART + q / SPLIT] = convert_float4(pre[k]);
+        }
+    }
+}
+
+/* Input row `r` of the tile (relative to the work-group's first) as WIN floats. */
+#define TILE_ROW(dst, tile, r)                                                         \
+    {                                                                                  \
+        __local const float4 *t_ = (tile) + (l1 * ROWS + (r)) * RS + l0;               \
+        _Pragma("unroll") for (int k_ = 0; k_ < NW; k_++) {                            \
+            const float4 q_ = t_[(k_ % SPLIT) * PART + k_ / SPLIT];                    \
+            dst[4 * k_] = q_.s0;                                                       \
+            if (4 * k_ + 1 < WIN) dst[4 * k_ + 1] = q_.s1;                             \
+            if (4 * k_ + 2 < WIN) dst[4 * k_ + 2] = q_.s2;                             \
+            if (4 * k_ + 3 < WIN) dst[4 * k_ + 3] = q_.s3;                             \
+        }                                                                              \
+    }
 #endif
 
 /* One multiply-add of the input value at z-offset `pos` of input row `r` into output `u` of
@@ -173,6 +260,9 @@ typedef float16 vecf;
 #define L15(v) (v).sf
 #endif
 
+#if INPUT_LOCAL
+__attribute__((reqd_work_group_size(LZ, LY, 1)))
+#endif
 __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P1, P2) */
                         __global float *restrict out,      /* responses (N, D, NY, NZ) */
                         __global const vecf *restrict filt_g, /* NTAPS flipped filters */
@@ -195,7 +285,23 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
     const int z0 = (int)get_global_id(0) * UNROLL;
     const int y = (int)get_global_id(1) * ROWS;
     const int x = (int)get_global_id(2);
+#if INPUT_LOCAL
+    /* Every work-item of the group stages the tile and meets the barriers: those past the
+     * edges compute from the tile too and store nothing. */
+    if (x >= D) return; /* the whole group: x is the group's */
+    const int l0 = (int)get_local_id(0), l1 = (int)get_local_id(1), t = l0 + LZ * l1;
+    const int zbase = (int)get_group_id(0) * LZ * UNROLL;
+    const int ybase = (int)get_group_id(1) * LY * ROWS;
+    __local float4 tiles[INPUT_LOCAL][TILE];
+    IN_T4 pre[STAGE_N];
+#if INPUT_LOCAL == 2
+    tile_load(pre, in, x, ybase, zbase, P1, P2, t);
+    tile_store(tiles[0], pre, t);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+#else
     if (z0 >= nz || y >= ny || x >= D) return;
+#endif
 
     vecf acc[ROWS][UNROLL];
     for (int v = 0; v < ROWS; v++)
@@ -207,11 +313,28 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
         for (int v = 0; v < ROWS; v++)
             for (int u = 0; u < UNROLL; u++) part[v][u] = (vecf)(0.0f);
 #endif
+#if INPUT_LOCAL == 1
+        if (dx > 0) barrier(CLK_LOCAL_MEM_FENCE); /* the last plane read by all */
+        tile_load(pre, in, x + dx, ybase, zbase, P1, P2, t);
+        tile_store(tiles[0], pre, t);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        __local const float4 *tile = tiles[0];
+#elif INPUT_LOCAL
+        /* plane dx + 1 into registers now, into the other tile (which plane dx - 1's reads
+         * are done with) after this plane's multiply-adds */
+        const bool next = dx + 1 < KX;
+        if (next) tile_load(pre, in, x + dx + 1, ybase, zbase, P1, P2, t);
+        __local const float4 *tile = tiles[dx & 1];
+#endif
 #if ROLL
         /* win[v] holds input row dy + v: output row v meets filter row dy there. Each
          * coefficient vector is loaded once per work-item and feeds ROWS * UNROLL outputs;
          * each input value is loaded and converted once per plane. */
         float win[ROWS][KZ + UNROLL - 1];
+#if INPUT_LOCAL
+#pragma unroll
+        for (int v = 1; v < ROWS; v++) TILE_ROW(win[v], tile, v - 1)
+#else
         __global const IN_T *plane_in = in + (x + dx) * P1 * P2 + z0;
 #pragma unroll
         for (int v = 1; v < ROWS; v++) {
@@ -219,6 +342,7 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
 #pragma unroll
             for (int p = 0; p < KZ + UNROLL - 1; p++) win[v][p] = (float)row[p];
         }
+#endif
         ROW_LOOP
         for (int dy = 0; dy < KY; dy++) {
 #pragma unroll
@@ -226,9 +350,13 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
 #pragma unroll
                 for (int p = 0; p < KZ + UNROLL - 1; p++) win[v][p] = win[v + 1][p];
             }
+#if INPUT_LOCAL
+            TILE_ROW(win[ROWS - 1], tile, dy + ROWS - 1)
+#else
             __global const IN_T *row = plane_in + ROW_Y(dy + ROWS - 1) * P2;
 #pragma unroll
             for (int p = 0; p < KZ + UNROLL - 1; p++) win[ROWS - 1][p] = (float)row[p];
+#endif
             FILT_SPACE const vecf *frow = filt + (dx * KY + dy) * KZ;
 #pragma unroll
             for (int dz = 0; dz < KZ; dz++) {
@@ -245,7 +373,12 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
          * is unrolled so that every (r, v) condition is a constant. */
         ROW_LOOP
         for (int r = 0; r < KY + ROWS - 1; r++) {
+#if INPUT_LOCAL
+            float row[WIN];
+            TILE_ROW(row, tile, r)
+#else
             __global const IN_T *row = in + ((x + dx) * P1 + ROW_Y(r)) * P2 + z0;
+#endif
             const int foff = (dx * KY + r) * KZ;
             MADS8(0) MADS8(8) MADS8(16) MADS8(24) MADS8(32) MADS8(40) MADS8(48) MADS8(56)
         }
@@ -254,7 +387,14 @@ __kernel void bank_conv(__global const IN_T *restrict in,  /* padded slab (P0, P
         for (int v = 0; v < ROWS; v++)
             for (int u = 0; u < UNROLL; u++) acc[v][u] += part[v][u];
 #endif
+#if INPUT_LOCAL == 2
+        if (next) tile_store(tiles[(dx + 1) & 1], pre, t);
+        barrier(CLK_LOCAL_MEM_FENCE); /* plane dx + 1 stored, plane dx read by all */
+#endif
     }
+#if INPUT_LOCAL
+    if (z0 >= nz || y >= ny) return;
+#endif
 
     const long base = ((long)x * ny + y) * nz + z0;
     STORE_LANE(0, L0)

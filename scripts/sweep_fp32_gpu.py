@@ -6,9 +6,13 @@ a point is the plan's defaults (``[]`` in --points) or [unroll, rows, row_unroll
 width] at each work-group of --locals (row_unroll -1: the compiler's choice; filt 0: the filters
 read from global memory, 1: staged in local memory; roll 1: the loop over filter rows with a
 window of input rows, 0: over input rows; width: the vector width of the passes; unroll null:
-the plan's block and work-group with the other knobs set); or a dict of those knobs by name
-and ``local`` [lz, ly] (absent: the plan's work-group); --options adds build options
-(e.g. -cl-nv-maxrregcount=168). Run from another checkout's root with its volconv on
+the plan's block and work-group with the other knobs set); or a dict of those knobs by name,
+``tile`` (bank_conv.cl's INPUT_LOCAL: 0 off, 1 or 2 tiles, true: the plan's count),
+``define`` (a dict of more -D defines for that point's builds, e.g. {"BLOCK_TAPS": 100}),
+``options`` (a list of more build options for them, e.g. ["-cl-nv-maxrregcount=128"]) and
+``local`` [lz, ly] (absent: the plan's work-group); --options adds build options to every
+point (e.g. -cl-nv-maxrregcount=168; ptxas ignores it for a kernel with a required
+work-group size, as INPUT_LOCAL's). Run from another checkout's root with its volconv on
 PYTHONPATH, it measures that checkout's kernel (knobs it lacks: leave them out). Kept:
   - the compiler's report of each build (``-cl-nv-verbose``: registers, spill bytes, stack
     frame, warnings) and its PTX (the binary pyopencl returns), kept in ``--ptx`` (a .tar.gz)
@@ -65,6 +69,8 @@ def verbose_build(ctx, name, defines, options=()):
     if name == "bank_conv.cl":
         extra = (*extra, *OPTIONS)
     program = build(ctx, name, defines, (*options, *extra))
+    if name == "bank_conv.cl":
+        defines = (*defines, *((o, "") for o in OPTIONS))
     if name == "bank_conv.cl" and defines not in BUILDS:
         dev = ctx.devices[0]
         text = program.get_build_info(dev, cl.program_build_info.LOG)
@@ -113,7 +119,7 @@ def sample_error(vol, bank, out, samples, rng) -> float:
     return worst
 
 
-KNOBS = ("unroll", "rows", "row_unroll", "filt", "roll", "width")  # a point's, in order
+KNOBS = ("unroll", "rows", "row_unroll", "filt", "roll", "width", "tile")  # a point's, in order
 POINTS = {  # N: [(unroll, rows)], each at every work-group of LOCALS[N] (sweep 1)
     8: [(8, 1), (4, 2), (8, 2), (16, 1), (4, 3), (4, 4), (6, 2), (12, 1)],
     1: [(16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (8, 4), (24, 4)],
@@ -151,7 +157,8 @@ def main() -> None:
     locals_ = {int(k): [tuple(p) for p in v] for k, v in json.loads(args.locals).items()} \
         if args.locals else LOCALS  # fmt: skip
 
-    OPTIONS[:] = args.options.split()
+    base_options = args.options.split()
+    OPTIONS[:] = base_options
     device = select_device(args.device)
     vol = load_volume(args.size, args.random)
     probe = probe_fma(device)
@@ -183,18 +190,22 @@ def main() -> None:
         for knobs, local, float_slab in variants:
             # [] the plan's defaults; [unroll, rows, row_unroll, filt] (None: the plan's;
             # row_unroll -1: the compiler's choice; filt 0 global, 1 local)
+            define = knobs.get("define", {}) if isinstance(knobs, dict) else {}
+            more = knobs.get("options", []) if isinstance(knobs, dict) else []
+            OPTIONS[:] = [*base_options, *(f"-D{key}={v}" for key, v in define.items()), *more]
             if isinstance(knobs, dict):
                 knobs = tuple(knobs.get(key) for key in KNOBS)
-            unroll, rows, row_unroll, filt, roll, width = (*knobs, *[None] * 6)[:6]
+            unroll, rows, row_unroll, filt, roll, width, tile = (*knobs, *[None] * 7)[:7]
             point = {"n": n, "extent": k, "unroll": unroll, "rows": rows,
                      "row_unroll": row_unroll, "filt": filt, "roll": roll, "width": width,
+                     "tile": tile, "define": define, "options": more,
                      "local_size": list(local) if local else None,
                      "float_slab": float_slab}  # fmt: skip
             t0 = time.perf_counter()
             try:
                 # no unroll given: the plan's block and work-group, with the other knobs set
                 given = {"unroll": unroll, "rows": rows, "vector_width": width,
-                         "local_size": local,
+                         "local_size": local, "input_local": None if tile is None else bool(tile),
                          "pad_float": float_slab}  # fmt: skip
                 given = {key: v for key, v in given.items() if v is not None}
                 plan = make_plan(vol.shape, vol.dtype, (k, k, k), n, "reflect", 0.0, device,
@@ -203,6 +214,8 @@ def main() -> None:
                     plan = replace(plan, filt_local=filt == 1)
                 if roll is not None:
                     plan = replace(plan, roll=bool(roll))
+                if tile is not True and tile in (1, 2):  # the plan's block: this many tiles
+                    plan = replace(plan, input_local=tile)
                 if row_unroll is not None:
                     plan = replace(
                         plan, row_unroll=None if row_unroll < 0 else row_unroll
@@ -217,10 +230,11 @@ def main() -> None:
                 sec = conv.time_kernel(a, b, args.repeats)
                 gflop = 2 * n * k**3 * (b - a) * vol.shape[1] * vol.shape[2] / 1e9
                 defines = tuple(plan.build_options(plan.passes[0]).items())
+                defines = (*defines, *((o, "") for o in OPTIONS))
                 point.update({
                     "plan": {key: getattr(plan, key, None) for key in
                              ("unroll", "rows", "row_unroll", "roll", "local_size",
-                              "filt_local")},
+                              "filt_local", "input_local")},
                     "blocks": [[q.width, *astuple(plan.block(q))] for q in plan.passes],
                     "defines": dict(defines),
                     "passes": [q.width for q in plan.passes], "slab_rows": b - a,
@@ -272,6 +286,8 @@ def build_name(defines: tuple) -> str:
 
 def build_log(defines: tuple) -> str:
     """The compiler's report of the last build with these plan defines."""
+    if defines in BUILDS:
+        return BUILDS[defines]["log"]
     logs = [b["log"] for d, b in BUILDS.items() if d[: len(defines)] == defines]
     return logs[-1] if logs else ""
 
@@ -280,8 +296,13 @@ def line(p: dict) -> str:
     if all(p.get(key) is None for key in KNOBS):
         head = f"N={p['n']:<2} k={p['extent']} plan's {p.get('blocks', '')}"
     else:
-        extra = "".join(f" {key}={p[key]}" for key in ("row_unroll", "filt", "roll", "width")
-                        if p.get(key) is not None)  # fmt: skip
+        extra = "".join(
+            f" {key}={p[key]}"
+            for key in ("row_unroll", "filt", "roll", "width", "tile")
+            if p.get(key) is not None
+        )
+        extra += "".join(f" {key}={v}" for key, v in (p.get("define") or {}).items())
+        extra += "".join(f" {o}" for o in p.get("options") or [])
         wg = "x".join(map(str, p["local_size"])) if p["local_size"] else "plan's"
         head = (
             f"N={p['n']:<2} k={p['extent']} U={p['unroll']} R={p['rows']}{extra} wg={wg}"

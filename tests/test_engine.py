@@ -217,6 +217,64 @@ def test_each_pass_with_its_own_block_keeps_the_result(device, mode):
     assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 2.0))
 
 
+def tiled_convolve(volume, kernels, mode, cval, device, tiles=2, roll=False, **knobs):
+    """The bank through `BankConvolver` with every pass staging its input planes in ``tiles``
+    tiles of local memory (bank_conv.cl's INPUT_LOCAL), over input rows or, ``roll``, over
+    filter rows; slab by slab (seams inside the kernel). ``knobs`` hold for every pass."""
+    plan = make_plan(volume.shape, volume.dtype, kernels.shape[1:], len(kernels), mode, cval,
+                     device, input_local=True, slab_depth=4, pad_float=False,
+                     **knobs)  # fmt: skip
+    plan = replace(plan, input_local=tiles, **({"roll": True, "row_unroll": 2} if roll else {}))
+    assert all(p.block is None for p in plan.passes)
+    assert plan.build_options(plan.passes[0])["INPUT_LOCAL"] == tiles
+    conv = BankConvolver(kernels, volume.shape, volume.dtype, mode, cval, device=device,
+                         plan=plan)  # fmt: skip
+    return np.concatenate([conv.convolve_slab(a, b, volume[conv.source_rows(a, b)])
+                           for a, b in conv.slabs()], axis=1)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [1, 8, 13])
+def test_input_tiles_keep_the_result_in_every_mode(device, mode, n):
+    """Input planes staged in local memory: every mode, banks of one pass and of several,
+    even extents, ny and nz that the work-group's block does not divide (work-items past
+    the edges meet the barriers and store nothing)."""
+    volume = random_volume((9, 13, 37), "uint8")
+    kernels = random_bank(n, (3, 4, 6))
+    out = tiled_convolve(volume, kernels, mode, 5.0, device, unroll=8, local_size=(4, 2))
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, mode, 5.0))
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32"])
+@pytest.mark.parametrize(
+    ("extents", "unroll", "rows", "roll", "local"),
+    [((7, 7, 7), 8, 1, False, (32, 4)), ((7, 5, 7), 4, 2, True, (8, 4)),
+     ((2, 6, 5), 16, 3, False, (2, 8)), ((5, 3, 4), 12, 2, True, (4, 2))],
+)  # fmt: skip
+def test_input_tiles_keep_the_result_for_blocks_and_types(
+    device, tiles, dtype, extents, unroll, rows, roll, local
+):
+    """One or two tiles (the next plane staged while this one is read), integer and float
+    slabs, blocks over input rows or over filter rows, unrolls 4-16 (the tile's column
+    order differs by unroll), work-groups wider or narrower than the volume."""
+    volume = random_volume((7, 11, 29), dtype)
+    kernels = random_bank(3, extents)
+    out = tiled_convolve(volume, kernels, "reflect", 0.0, device, tiles, roll, vector_width=4,
+                         unroll=unroll, rows=rows, local_size=local)  # fmt: skip
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, "reflect"))
+
+
+def test_input_tiles_in_4d(device):
+    volume = random_volume((6, 9, 21, 2), "uint8")
+    kernels = random_bank(8, (3, 3, 7))
+    out = convolve_bank(volume, kernels, "mirror", device=device, input_local=True,
+                        unroll=8, local_size=(2, 4), slab_depth=3)  # fmt: skip
+    for t in range(2):
+        frame = volume[..., t]
+        assert_spec_close(out[..., t], frame, kernels, reference(frame, kernels, "mirror"))
+
+
 @pytest.mark.parametrize("pad_float", [False, True])
 @pytest.mark.parametrize("dtype", ["uint8", "int16"])
 def test_integer_slab_or_float_slab_keep_the_result(device, dtype, pad_float):

@@ -4,6 +4,7 @@ as pure functions of a device's limits (a stand-in device: no OpenCL needed)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -118,7 +119,42 @@ def test_each_pass_takes_its_own_widths_block_unless_knobs_are_given():
     assert all(given.block(q) == given.block() for q in given.passes)
     odd = plan(shape=(20, 30, 37), n=13)
     reads = [math.ceil(37 / odd.block(q).unroll) * odd.block(q).unroll for q in odd.passes]
-    assert odd.padded_yz[1] == max(reads) + 6
+    assert odd.padded_yz[1] == math.ceil((max(reads) + 6) / 4) * 4  # a pass stages tiles
+    assert plan(shape=(20, 30, 37), n=13, extents=(5, 5, 5)).padded_yz[1] == max(reads) + 4
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "tiles"),
+    [(7, 2, [2]), (7, 4, [2]), (7, 8, [0]), (7, 1, [0]), (7, 13, [0, 2, 0]), (9, 2, [2]),
+     (9, 4, [0]), (5, 4, [0]), (11, 2, [0])],
+)  # fmt: skip
+def test_gpus_stage_input_tiles_where_they_ran_faster(k, n, tiles):
+    """Two input tiles in local memory for passes of width 2 and 4 at unroll 4 from kz 7 on
+    (as measured on the H100); never on a CPU; P2 then a multiple of 4 (4 values a load)."""
+    p = plan(extents=(k, k, k), n=n)
+    assert [p.block(q).input_local for q in p.passes] == tiles
+    assert p.padded_yz[1] % 4 == 0 or not any(tiles)
+    assert not plan(extents=(k, k, k), n=n, device=fake_device(gpu=False)).input_local
+    if any(tiles):
+        assert plan(extents=(k, k, k), n=n, input_local=False).passes == tuple(
+            replace(q, block=q.block and replace(q.block, input_local=0)) for q in p.passes
+        )
+
+
+def test_input_tiles_when_asked_and_where_they_fit():
+    """input_local=True: two tiles where they fit beside the coefficients, else one; a
+    ValueError naming the knob where none fits or the unroll is not a multiple of 4."""
+    wide = plan(n=8, input_local=True)
+    assert wide.input_local == 2 and wide.build_options(wide.passes[0])["INPUT_LOCAL"] == 2
+    assert wide.build_options(wide.passes[0])["LZ"] == 32
+    assert plan(n=1, input_local=True).input_local == 1  # 8 x 4 rows: 26 KB a tile
+    with pytest.raises(ValueError, match="input_local: needs an unroll that is a multiple of 4"):
+        plan(n=8, input_local=True, unroll=6)
+    device = fake_device()
+    device.name = "GPU "
+    with pytest.raises(ValueError, match=r"input_local: the input tiles .* take .* GPU has"):
+        plan(n=1, input_local=True, rows=8, local_size=(32, 8), device=device)
+    assert "INPUT_LOCAL" not in plan(n=8).build_options(plan(n=8).passes[0])
 
 
 def test_cpus_pad_the_slab_as_float32():

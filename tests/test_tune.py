@@ -28,7 +28,8 @@ from volconv.tensor import TENSOR_ENGINE, tensor_supported
 from volconv.tune import MARGIN, Candidates, tune_bank
 
 TINY = Work((12, 10, 14), 3, (3, 5, 3), dtype="int16")
-FEW = Candidates(vector_widths=(1, 4), unrolls=(2, 5), rows=(1, 2), local_sizes=((4, 2), (2, 4)))
+FEW = Candidates(vector_widths=(1, 4), unrolls=(2, 4), rows=(1, 2), input_local=(False, True),
+                 local_sizes=((4, 2), (2, 4)))  # fmt: skip
 
 
 @pytest.fixture
@@ -108,6 +109,17 @@ def test_tuning_searches_the_rows_per_work_item(tuned):
     assert all(1 <= p["rows"] <= TINY.shape[1] for p in fp32)
 
 
+def test_tuning_searches_input_tiles(tuned):
+    """Input planes in local memory or not, timed at the best width, unroll and rows (or
+    refused by the plan, for an unroll that is not a multiple of 4), recorded per point."""
+    _, record = tuned
+    fp32 = [p for p in record["points"] if p["engine"] == "fp32"]
+    ran = {p["input_local"] for p in fp32 if "error" not in p}
+    refused = [p for p in fp32 if "error" in p and p.get("input_local")]
+    assert ran == {False, True} or (ran == {False} and refused)
+    assert all("multiple of 4" in p["error"] for p in refused)
+
+
 def test_tuning_writes_the_cache_and_the_plan_reads_it(tuned, device):
     folder, record = tuned
     doc = json.loads((folder / TUNE_FILE).read_text())
@@ -117,8 +129,8 @@ def test_tuning_writes_the_cache_and_the_plan_reads_it(tuned, device):
     knobs = tuned_knobs(device, TINY.extent, TINY.n, np.dtype(TINY.dtype), cache_dir=folder)
     win = record["winner"]
     assert knobs == {"unroll": win["unroll"], "rows": win["rows"],
-                     "local_size": tuple(win["local_size"]), "vector_width": win["vector_width"],
-                     "engine": win["engine"]}  # fmt: skip
+                     "input_local": win["input_local"], "local_size": tuple(win["local_size"]),
+                     "vector_width": win["vector_width"], "engine": win["engine"]}  # fmt: skip
 
 
 def test_cache_round_trip_keeps_other_entries(device, cache):
@@ -181,6 +193,18 @@ def test_tuned_choice_is_used_and_still_matches_scipy(device, cache):
     assert conv.plan.rows == 2
     assert [p.width for p in conv.plan.passes] == [4]
     assert untuned_plan(device, work, tuned=False).unroll != 5
+    out = convolve_bank(volume, kernels, work.mode, device=device)
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, work.mode))
+
+
+def test_a_tuned_input_tile_is_used_and_still_matches_scipy(device, cache):
+    work = Work((9, 11, 30), 3, (3, 4, 5), mode="wrap", dtype="uint8")
+    write_entry(cache, device, work, entry(unroll=8, input_local=True, local_size=[2, 4]))
+    assert untuned_plan(device, work).input_local == 2
+    assert untuned_plan(device, work, input_local=False).input_local == 0
+    rng = np.random.default_rng(4)
+    volume = rng.integers(0, 256, work.shape).astype(np.uint8)
+    kernels = rng.standard_normal((work.n, *work.extent))
     out = convolve_bank(volume, kernels, work.mode, device=device)
     assert_spec_close(out, volume, kernels, reference(volume, kernels, work.mode))
 

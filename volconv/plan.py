@@ -70,6 +70,17 @@ DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
 GPU_ROW_UNROLL = 2
 GPU_ROW_UNROLL_MAX_KZ = 7
 GPU_ROLL_MAX_KZ = 3
+# GPUs: the work-group stages its input planes in local memory as floats (bank_conv.cl's
+# INPUT_LOCAL) for passes of these widths whose block has this unroll, from this kz on, where
+# two tiles fit. H100, 256^3 uint8 (benchmarks/results/h100-fp32-tile-*.json): width 2 at
+# 4 x 4 and width 4 at 4 x 2 ran 2-3 % faster at 7^3 (0.495 / 0.986 ms against 0.508 /
+# 1.019), width 2 1.3 % at 9^3; slower at 5^3 (width 2 0.222 against 0.206 ms), at unroll
+# 16 (9^3-11^3 width 4 2.567 / 3.838 against 2.116 / 3.606) and for width 8 (7^3 2.0-2.2
+# ms against 1.855) and width 1 (7^3 0.276 against 0.271), where the tile's registers
+# (150-170 against 128 at width 8) cost a warp per scheduler.
+INPUT_LOCAL_WIDTHS: tuple[int, ...] = (2, 4)
+INPUT_LOCAL_UNROLL = 4
+INPUT_LOCAL_MIN_KZ = 7
 # CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
 # against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
 # 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
@@ -150,13 +161,16 @@ def engine_candidates(device: cl.Device) -> tuple[Engine, ...]:
 class Block:
     """One pass's register block and work-group: outputs per work-item along z (``unroll``)
     and y (``rows``), the unroll of the loop over rows (None: the compiler's choice, 0: whole)
-    and its order (``roll``: over filter rows with a window of input rows in registers)."""
+    and its order (``roll``: over filter rows with a window of input rows in registers);
+    ``input_local``: how many tiles of its input planes the work-group stages in local memory
+    as floats (bank_conv.cl's INPUT_LOCAL; 0: none, rows read from global memory)."""
 
     unroll: int
     rows: int
     row_unroll: int | None
     roll: bool
     local_size: tuple[int, int, int]
+    input_local: int = 0
 
 
 @dataclass(frozen=True)
@@ -189,6 +203,7 @@ class Plan:
     rows: int = 1
     row_unroll: int | None = None
     roll: bool = False
+    input_local: int = 0
     engine: str = ENGINES[0].name
     halo_lo: tuple[int, int, int] = field(init=False)
     halo_hi: tuple[int, int, int] = field(init=False)
@@ -203,16 +218,20 @@ class Plan:
         every pass without one of its own takes)."""
         if p is not None and p.block is not None:
             return p.block
-        return Block(self.unroll, self.rows, self.row_unroll, self.roll, self.local_size)
+        return Block(self.unroll, self.rows, self.row_unroll, self.roll, self.local_size,
+                     self.input_local)  # fmt: skip
 
     @property
     def padded_yz(self) -> tuple[int, int]:
         """(P1, P2) of the padded slab; P2 covers every pass's last work-item's unrolled
-        reads."""
+        reads, a multiple of 4 where a pass stages input tiles (read 4 values a load)."""
         ny, nz = self.shape[1:]
         ky, kz = self.extents[1:]
-        unrolls = {self.block(p).unroll for p in self.passes} | {self.unroll}
-        return ny + ky - 1, max(math.ceil(nz / u) * u for u in unrolls) + kz - 1
+        blocks = [self.block(p) for p in self.passes] + [self.block()]
+        p2 = max(math.ceil(nz / b.unroll) * b.unroll for b in blocks) + kz - 1
+        if any(b.input_local for b in blocks):
+            p2 = -(-p2 // 4) * 4
+        return ny + ky - 1, p2
 
     @property
     def n_slabs(self) -> int:
@@ -242,7 +261,24 @@ class Plan:
             "FILT_LOCAL": int(self.filt_local), "ROWS": b.rows,
             **({} if b.row_unroll is None else {"ROW_UNROLL": b.row_unroll}),
             **({"ROLL": 1} if b.roll else {}),
+            **({"INPUT_LOCAL": b.input_local, "LZ": b.local_size[0], "LY": b.local_size[1]}
+               if b.input_local else {}),
         }  # fmt: skip
+
+
+def tile_bytes(
+    unroll: int, rows: int, local_size: tuple[int, ...], extents: tuple[int, int, int]
+) -> int:
+    """Local memory of one of bank_conv.cl's input tiles (INPUT_LOCAL; its TR, NQ, PART,
+    RS)."""
+    lz, ly = local_size[:2]
+    ky, kz = extents[1:]
+    split = unroll // 4
+    chunks = -(-(lz * unroll + kz - 1) // 4)
+    part = -(-chunks // split)
+    if split > 1 and 8 % split == 0:
+        part += (8 // split - part % 8) % 8
+    return (ly * rows + ky - 1) * split * part * 16
 
 
 def split_passes(
@@ -323,6 +359,7 @@ def make_plan(
     vector_width: int | None = None,
     local_size: tuple[int, int] | None = None,
     rows: int | None = None,
+    input_local: bool | None = None,
     engine: str | None = None,
     pad_float: bool | None = None,
     tuned: bool = True,
@@ -330,11 +367,15 @@ def make_plan(
 ) -> Plan:
     """Plan from the device's limits; keyword arguments override the choices (tests, bench).
 
-    ``unroll``, ``rows``, ``vector_width``, ``local_size`` and ``engine`` not given come from
-    the tuning cache when it holds this device, driver and bank shape (`tuned_knobs`;
-    ``tuned`` False skips it), else from the defaults per kind of device; then every pass
-    takes the plan's block (`Block`), and untuned each pass narrower than the widest its own
-    width's. ``pad_float`` pads the slab as float32 whatever the source type (default: on
+    ``unroll``, ``rows``, ``vector_width``, ``local_size``, ``input_local`` and ``engine`` not
+    given come from the tuning cache when it holds this device, driver and bank shape
+    (`tuned_knobs`; ``tuned`` False skips it), else from the defaults per kind of device; then
+    every pass takes the plan's block (`Block`), and untuned each pass narrower than the
+    widest its own width's. ``input_local`` True stages every pass's input planes in local
+    memory, two tiles where they fit, else one (a ValueError where a pass's unroll is not a
+    multiple of 4 or no tile fits the device's local memory); default: on GPUs for passes of
+    `INPUT_LOCAL_WIDTHS` at `INPUT_LOCAL_UNROLL` from `INPUT_LOCAL_MIN_KZ` on, where two
+    tiles fit. ``pad_float`` pads the slab as float32 whatever the source type (default: on
     CPUs, whose kernel then broadcasts each input straight from memory, with no conversion in
     the hot loop).
 
@@ -352,14 +393,16 @@ def make_plan(
     vector_width = knobs.get("vector_width") if vector_width is None else vector_width
     local_size = knobs.get("local_size") if local_size is None else local_size
     engine = knobs.get("engine", ENGINES[0].name) if engine is None else engine
+    input_local = knobs.get("input_local") if input_local is None else input_local
     passes = split_passes(n_filters, vector_width, PASS_EFFICIENCY_CPU if cpu else PASS_EFFICIENCY)
     widest = max(p.width for p in passes)
     unroll = unroll or knobs.get("unroll")
     rows = rows or knobs.get("rows")
-    block = _block(widest, shape, extents, device, unroll, rows, local_size)
+    block = _block(widest, shape, extents, device, unroll, rows, local_size, input_local)
     if (unroll, rows, local_size) == (None, None, None):
         # untuned: each narrower pass takes its own width's block
-        own = [_block(p.width, shape, extents, device) for p in passes]
+        own = [_block(p.width, shape, extents, device, input_local=input_local)
+               for p in passes]  # fmt: skip
         passes = tuple(replace(p, block=None if b == block else b)
                        for p, b in zip(passes, own, strict=True))  # fmt: skip
     taps = extents[0] * extents[1] * kz
@@ -369,6 +412,7 @@ def make_plan(
         shape=shape, extents=extents, n_filters=n_filters, mode=mode, cval=float(cval),
         src_dtype=src_dtype, passes=passes, unroll=block.unroll, local_size=block.local_size,
         rows=block.rows, row_unroll=block.row_unroll, roll=block.roll,
+        input_local=block.input_local,
         pad_dtype=pad_dtype_for(src_dtype, mode, cval, pad_float=cpu if pad_float is None
                                 else pad_float),
         slab_depth=shape[0], filt_local=filt_local, engine=engine,
@@ -389,6 +433,7 @@ def _block(
     unroll: int | None = None,
     rows: int | None = None,
     local_size: tuple[int, int] | None = None,
+    input_local: bool | None = None,
 ) -> Block:
     """The register block and work-group of a pass of ``width``: the knobs given, the rest
     from the defaults per kind of device."""
@@ -429,7 +474,23 @@ def _block(
     lz, ly = local_size
     while lz * ly > device.max_work_group_size:
         ly, lz = (ly // 2, lz) if ly > 1 else (ly, lz // 2)
-    return Block(unroll, rows, row_unroll, roll, (lz, ly, 1))
+    # the input tiles beside the coefficients (staged in local memory where they take at
+    # most half of it, `make_plan`)
+    taps = math.prod(extents) * width * 4
+    room = device.local_mem_size - (taps if taps <= device.local_mem_size // 2 else 0)
+    need = tile_bytes(unroll, rows, (lz, ly), extents) if unroll % 4 == 0 else None
+    tiles = 0 if need is None else min(2, room // need)
+    if input_local is None:
+        input_local = (not cpu and width in INPUT_LOCAL_WIDTHS and unroll == INPUT_LOCAL_UNROLL
+                       and kz >= INPUT_LOCAL_MIN_KZ and tiles == 2)  # fmt: skip
+    elif input_local and need is None:
+        raise ValueError(f"input_local: needs an unroll that is a multiple of 4; a pass of "
+                         f"width {width} has unroll {unroll}")  # fmt: skip
+    elif input_local and not tiles:
+        raise ValueError(f"input_local: the input tiles of a pass of width {width} at {unroll} "
+                         f"x {rows}, work-group {lz}x{ly}, take {need} bytes of local memory; "
+                         f"{device.name.strip()} has {room} beside the coefficients")  # fmt: skip
+    return Block(unroll, rows, row_unroll, roll, (lz, ly, 1), tiles if input_local else 0)
 
 
 def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> int:
@@ -488,9 +549,9 @@ def tuned_knobs(
     src_dtype: np.dtype,
     cache_dir: Path | None = None,
 ) -> dict[str, object] | None:
-    """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows`` (None:
-    the plan's), ``local_size``, ``vector_width`` (None: the plan splits the bank),
-    ``engine``; None when there are none.
+    """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows``,
+    ``input_local`` (None: the plan's), ``local_size``, ``vector_width`` (None: the plan
+    splits the bank), ``engine``; None when there are none.
     An unreadable file, or an entry that is stale (another kernel source or format) or
     invalid, is ignored with a warning: the plan falls back to its defaults."""
     path = tune_path(cache_dir)
@@ -517,6 +578,7 @@ def tuned_knobs(
         knobs = {
             "unroll": int(entry["unroll"]),
             "rows": None if entry.get("rows") is None else int(entry["rows"]),
+            "input_local": None if entry.get("input_local") is None else bool(entry["input_local"]),
             "local_size": tuple(int(v) for v in entry["local_size"]),
             "vector_width": None if entry["vector_width"] is None else int(entry["vector_width"]),
             "engine": str(entry["engine"]),

@@ -409,6 +409,7 @@ class TensorConvolver(BankConvolver):
         # the slab in the input's own type: the A fragments are made from it in the kernel
         # (a CPU's plan would pad float32, for the FP32 kernel's sake)
         kwargs.setdefault("pad_float", False)
+        kwargs.setdefault("input_local", False)  # the FP32 kernel's input tiles: not this one's
         super().__init__(bank, shape, dtype, mode, cval, **kwargs)
 
     def _build_passes(self) -> None:
@@ -591,6 +592,7 @@ class DigitConvolver(BankConvolver):
             depth, budget = kwargs.pop("slab_depth", None), kwargs.pop("memory_budget", None)
             stream = kwargs.pop("stream", False)
             kwargs.setdefault("pad_float", False)  # the slab in its own type: split exactly
+            kwargs.setdefault("input_local", False)  # the FP32 kernel's input tiles
             src = native_volume(np.empty(0, dtype)).dtype
             plan = DigitPlan.of(make_plan(
                 tuple(int(s) for s in shape), src, bank.shape[1:], len(bank), check_mode(mode),

@@ -3,16 +3,18 @@
 `tune_bank` times candidate knobs of the direct path for one bank shape on one device (the
 engine, from `volconv.plan.ENGINES`: the FP32 kernel, and the tensor cores where the device
 has them; for the FP32 kernel the vector width, the outputs per work-item along z (unroll)
-and y (rows) and the work-group shape),
+and y (rows), whether the input planes are staged in local memory (input_local) and the
+work-group shape),
 re-times the best few side by side with the untuned plan, which a winner
 must beat by `MARGIN`, and caches the winner in ``tune.json`` beside the FMA probe's
 ``peak.json`` (`volconv.plan.tuned_knobs` reads it: every later plan of that bank shape on
 that device and driver takes it).
 
 The search is by coordinate: the width at the plan's own block and work-group, then the
-unroll at the best width, then the rows at both, then the work-group at all three; a full
-product would take minutes per bank. Every timing is the fastest of ``repeats`` launches
-(`BankConvolver.time_kernel`): other work on a shared machine only ever slows a launch down.
+unroll at the best width, then the rows at both, then input_local at all three, then the
+work-group at all four; a full product would take minutes per bank. Every timing is the
+fastest of ``repeats`` launches (`BankConvolver.time_kernel`): other work on a shared machine
+only ever slows a launch down.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ TUNE_UNROLL = (4, 8, 12, 16, 24)
 # width 8 at 1 (benchmarks/results/h100-fp32-sweep*.json); CPUs at 1.
 TUNE_ROWS = (1, 2, 4)
 TUNE_LOCAL = ((1, 128), (2, 32), (4, 8), (8, 16), (16, 8), (32, 4))
+# Input planes staged in local memory (bank_conv.cl's INPUT_LOCAL) or read from global.
+TUNE_INPUT_LOCAL = (False, True)
 TUNE_WIDTHS = (4, 8, 16)
 FINALISTS = 3  # the best points re-timed side by side, in turns
 # How much faster than the untuned plan a winner must run side by side to replace it: on a
@@ -67,6 +71,7 @@ class Candidates:
     vector_widths: tuple[int, ...] = TUNE_WIDTHS
     unrolls: tuple[int, ...] = TUNE_UNROLL
     rows: tuple[int, ...] = TUNE_ROWS
+    input_local: tuple[bool, ...] = TUNE_INPUT_LOCAL
     local_sizes: tuple[tuple[int, int], ...] = TUNE_LOCAL
 
 
@@ -77,6 +82,7 @@ def _knobs(point: dict) -> tuple:
         tuple(point["passes"]),
         point["unroll"],
         point["rows"],
+        point.get("input_local"),
         tuple(point["local_size"]),
     )
 
@@ -107,6 +113,7 @@ class _Timer:
             "vector_width": knobs.get("vector_width"),  # None: the plan's own passes
             "unroll": plan.unroll,
             "rows": plan.rows,
+            "input_local": bool(getattr(plan, "input_local", False)),
             "local_size": list(plan.local_size[:2]),
             "passes": [p.width for p in plan.passes],
             "slab_rows": b - a,
@@ -191,10 +198,14 @@ def tune_bank(
         rows = [timer.measure(engine, progress, vector_width=best["vector_width"],
                               unroll=best["unroll"], rows=r) for r in candidates.rows]  # fmt: skip
         best = _best([best, *rows])
+        tiles = [timer.measure(engine, progress, vector_width=best["vector_width"],
+                               unroll=best["unroll"], rows=best["rows"], input_local=t)
+                 for t in candidates.input_local]  # fmt: skip
+        best = _best([best, *tiles])
         for local in candidates.local_sizes:
             timer.measure(engine, progress, vector_width=best["vector_width"],
                           unroll=best["unroll"], rows=best["rows"],
-                          local_size=tuple(local))  # fmt: skip
+                          input_local=best["input_local"], local_size=tuple(local))  # fmt: skip
     timed = sorted((p for p in timer.points if "error" not in p), key=lambda p: p["seconds"])
     if not timed:
         raise RuntimeError(f"no candidate ran on {device.name.strip()}: {timer.points}")
@@ -211,7 +222,10 @@ def tune_bank(
     entry = {
         "format": TUNE_FORMAT,
         "kernel": kernel_hash(),
-        **{k: winner[k] for k in ("engine", "vector_width", "unroll", "rows", "local_size")},
+        **{
+            k: winner.get(k)
+            for k in ("engine", "vector_width", "unroll", "rows", "input_local", "local_size")
+        },
         "path": winner.get("path"),
         "gflops": winner["gflops"],
         "untuned_gflops": untuned and untuned["gflops"],
@@ -244,8 +258,14 @@ def _retime(timer: _Timer, points: list[dict], rounds: int) -> list[dict]:
     burst of other work on the machine then slows every finalist alike."""
     built = []
     for p in points:
-        knobs = {"vector_width": p["vector_width"], "unroll": p["unroll"], "rows": p["rows"],
-                 "local_size": tuple(p["local_size"])}  # fmt: skip
+        knobs = {
+            "vector_width": p["vector_width"],
+            "unroll": p["unroll"],
+            "rows": p["rows"],
+            "input_local": p.get("input_local"),
+            "local_size": tuple(p["local_size"]),
+        }
+        knobs = {k: v for k, v in knobs.items() if v is not None}
         conv, rows, _ = timer.build(p["engine"], **knobs)
         built.append((p, conv, rows, []))
     for _ in range(rounds):
@@ -271,8 +291,9 @@ def _knob_text(p: dict) -> str:
         return engine
     lz, ly = p.get("local_size") or ("?", "?")
     passes = f" passes={'+'.join(map(str, p['passes']))}" if p.get("passes") else ""
+    tiles = " input_local" if p.get("input_local") else ""
     return (f"{engine} width={p.get('vector_width') or 'auto'}{passes} unroll={p.get('unroll')} "
-            f"rows={p.get('rows')} work-group={lz}x{ly}")  # fmt: skip
+            f"rows={p.get('rows')}{tiles} work-group={lz}x{ly}")  # fmt: skip
 
 
 def point_line(p: dict) -> str:
