@@ -4,7 +4,8 @@
  *
  * Same input and output as bank_conv.cl: a padded slab (P0, P1, P2) already extended by the
  * boundary mode (pad.cl), filters flipped by the host, responses (N, D, NY, NZ) of a "valid"
- * correlation, exactly scipy.ndimage.convolve of the unpadded data.
+ * correlation, exactly scipy.ndimage.convolve of the unpadded data. P2 is a multiple of 4 (the
+ * plan's for this engine): rows are read as aligned 32-bit words.
  *
  * Exactness: the host scales each filter by a power of two 2^e into 24-bit integers and
  * splits them into three signed 8-bit digits (C = d0 + 2^8 d1 + 2^16 d2). The digits are extra
@@ -260,17 +261,6 @@ static void mma_emulated(int *c, uint a0, uint a1, uint a2, uint a3, uint b0, ui
 #endif
 #endif
 
-/* Word w of the slab (its bytes little-end first), the bytes past the slab's end zero: the
- * last word may hold fewer than four. */
-static uint slab_word(__global const IN_T *in, long w, long bytes)
-{
-    if (4 * w + 4 <= bytes) return ((__global const uint *)in)[w];
-    uint v = 0;
-    for (int i = 0; i < 3; i++)
-        if (4 * w + i < bytes) v |= (uint)(uchar)in[4 * w + i] << (8 * i);
-    return v;
-}
-
 #define SROW 20 /* floats per filter row of a warp's output stage: stores and loads conflict-free */
 
 __kernel __attribute__((reqd_work_group_size(NTHREADS, 1, 1)))
@@ -340,27 +330,24 @@ void tensor_int8(__global const IN_T *restrict in,     /* padded slab (P0, P1, P
         const int abase = (wy * TYW + lrow) * PL + wz * 16 + lz;
 
         /* Plane xp of the padded slab into registers: the 7 bytes of four quads (one uint4)
-         * as the three aligned words around them and their offset in the first, zero outside
-         * the slab's planes and rows; packed when stored, after the MMAs, which so need not
-         * wait for the loads. Bytes past a row's end (the next row's) only meet zero
-         * coefficients or outputs past nz: never stored. */
-        uint pre[STAGE][4];
-        const long bytes = (long)P0 * P1 * P2;
+         * as the two aligned words that hold them (rows start at multiples of 4 bytes: P2 is
+         * one), zero outside the slab's planes and rows; packed when stored, after the MMAs,
+         * which so need not wait for the loads. The last quads' bytes past a row's end (the
+         * next row's) only meet zero coefficients or outputs past nz: never stored. */
+        uint pre[STAGE][2];
+        const long words = (long)P0 * P1 * P2 / 4;
 #define FETCH(xp)                                                                        \
         for (int q = 0; q < STAGE; q++) {                                                    \
             const int idx = lid + q * NTHREADS;                                              \
             const int r = idx / (PL / 4), c = 4 * (idx - r * (PL / 4));                      \
             const int yg = y_wg + r;                                                         \
             const bool ok = idx < PLANE4 && (xp) < P0 && yg < P1;                            \
-            const long at = ((long)(xp) * P1 + yg) * P2 + z_wg + c, w = at >> 2;             \
-            for (int e = 0; e < 3; e++)                                                      \
-                pre[q][e] = ok ? slab_word(in, w + e, bytes) : 0u;                          \
-            pre[q][3] = 8 * (uint)(at & 3);                                                  \
+            const long w = (((long)(xp) * P1 + yg) * P2 + z_wg + c) / 4;                     \
+            for (int e = 0; e < 2; e++)                                                      \
+                pre[q][e] = (ok && w + e < words) ? ((__global const uint *)in)[w + e] : 0u; \
         }
-/* bytes i..i + 3 of the window (pre[q][0..2] from byte pre[q][3] / 8) */
-#define QUAD(b, i)                                                                       \
-        ((b)[3] + 8 * (i) < 32 ? (uint)(upsample((b)[1], (b)[0]) >> ((b)[3] + 8 * (i)))     \
-                               : (uint)(upsample((b)[2], (b)[1]) >> ((b)[3] + 8 * (i) - 32)))
+/* bytes i..i + 3 of the two words */
+#define QUAD(b, i) ((i) ? (b)[0] >> (8 * (i)) | (b)[1] << (32 - 8 * (i)) : (b)[0])
 #define STORE(slot)                                                                      \
         for (int q = 0; q < STAGE; q++) {                                                    \
             const int idx = lid + q * NTHREADS;                                              \

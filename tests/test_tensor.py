@@ -13,7 +13,7 @@ from conftest import assert_spec_close, reference
 
 from volconv.checks import spec_tolerance
 from volconv.engine import BankConvolver
-from volconv.plan import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
+from volconv.plan import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, make_plan, tune_keys
 from volconv.programs import kernel_folder
 from volconv.report import write_json
 from volconv.separable import SeparableConvolver, plan_bank
@@ -313,16 +313,20 @@ def test_emulated_layout(device, extents, n, shape, mode, dtype, split):
 
 
 @pytest.mark.parametrize("split", [TensorShape(1, 2, 1, 2, 4), TensorShape(1, 2, 2, 2, 4, wgmma=1)])
-def test_emulated_slab_of_whole_and_partial_words(device, split):
-    """The kernel fetches its planes as aligned 32-bit words: a slab whose bytes end inside a
-    word (5 x 9 x 34 = 1530) keeps its last bytes, which the last outputs read."""
+def test_emulated_rows_of_whole_words(device, split):
+    """The kernel reads the slab's rows as aligned 32-bit words: its plan rounds P2 up to a
+    multiple of 4 (here from 34), the last bytes of the slab read; a plan made for the FP32
+    kernel is refused."""
     bank = np.random.default_rng(4).standard_normal((2, 3, 3, 3))
     vol = volume_of(np.uint8, (5, 7, 32))
     conv = TensorConvolver(bank, vol.shape, np.uint8, "reflect", device=device, emulate=True,
                            shape_split=split, slab_depth=3)  # fmt: skip
-    p0, (p1, p2) = 3 + 2, conv.plan.padded_yz
-    assert (p0 * p1 * p2) % 4 != 0
+    fp32 = make_plan(vol.shape, np.dtype(np.uint8), (3, 3, 3), 2, "reflect", 0.0, device,
+                     unroll=16)  # fmt: skip
+    assert (fp32.padded_yz[1], conv.plan.padded_yz[1]) == (34, 36)
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect", 0.0))
+    with pytest.raises(ValueError, match="whole 32-bit words"):
+        TensorConvolver(bank, vol.shape, np.uint8, device=device, emulate=True, plan=fp32)
 
 
 @pytest.mark.parametrize(

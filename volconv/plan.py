@@ -224,12 +224,13 @@ class Plan:
     @property
     def padded_yz(self) -> tuple[int, int]:
         """(P1, P2) of the padded slab; P2 covers every pass's last work-item's unrolled
-        reads, a multiple of 4 where a pass stages input tiles (read 4 values a load)."""
+        reads, a multiple of 4 where a pass stages input tiles (read 4 values a load) and for
+        the tensor engine (its rows read as aligned 32-bit words)."""
         ny, nz = self.shape[1:]
         ky, kz = self.extents[1:]
         blocks = [self.block(p) for p in self.passes] + [self.block()]
         p2 = max(math.ceil(nz / b.unroll) * b.unroll for b in blocks) + kz - 1
-        if any(b.input_local for b in blocks):
+        if self.engine == "tensor" or any(b.input_local for b in blocks):
             p2 = -(-p2 // 4) * 4
         return ny + ky - 1, p2
 

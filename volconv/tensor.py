@@ -410,6 +410,7 @@ class TensorConvolver(BankConvolver):
         # (a CPU's plan would pad float32, for the FP32 kernel's sake)
         kwargs.setdefault("pad_float", False)
         kwargs.setdefault("input_local", False)  # the FP32 kernel's input tiles: not this one's
+        kwargs.setdefault("engine", "tensor")  # a plan whose rows start at whole words
         super().__init__(bank, shape, dtype, mode, cval, **kwargs)
 
     def _build_passes(self) -> None:
@@ -417,6 +418,9 @@ class TensorConvolver(BankConvolver):
         reason = tensor_refusal(self.device, self.kernels, plan.src_dtype, plan.mode, plan.cval)
         if reason and not (self.emulate and "mma.sync" in reason):
             raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
+        if plan.padded_yz[1] % 4:  # a plan made for another engine
+            raise ValueError("the tensor-core engine reads rows of whole 32-bit words: its plan "
+                             "is made with engine='tensor'")  # fmt: skip
         local = self.device.local_mem_size - (6144 if self.emulate else 0)  # emulation scratch
         if split.wgmma and not (self.emulate or wgmma_supported(self.device)):
             split = without_wgmma(split)
@@ -593,6 +597,7 @@ class DigitConvolver(BankConvolver):
             stream = kwargs.pop("stream", False)
             kwargs.setdefault("pad_float", False)  # the slab in its own type: split exactly
             kwargs.setdefault("input_local", False)  # the FP32 kernel's input tiles
+            kwargs.setdefault("engine", "tensor")  # rows at whole words (`TensorConvolver`)
             src = native_volume(np.empty(0, dtype)).dtype
             plan = DigitPlan.of(make_plan(
                 tuple(int(s) for s in shape), src, bank.shape[1:], len(bank), check_mode(mode),
