@@ -155,7 +155,9 @@ class TensorShape:
 # (4 rows of xo 1, 2 groups: 0.738, 1.460), which at 3^3 and 5^3 runs slower than 4 rows of xo
 # 1 (0.515 against 0.496 ms, 0.645 against 0.617). At 3 planes along x the output stores
 # weigh most (N = 8 without them 0.195 of 0.250 ms): more warps along z, 0.250 ms against
-# (1, 8, 2, 2)'s 0.278 (FP32 kernel 0.319). Devices without wgmma (`wgmma_supported`) drop it.
+# (1, 8, 2, 2)'s 0.278 (FP32 kernel 0.319). With rows read as whole words
+# (h100-tensor-words-final.json) these splits stay the sweep's fastest: 7^3 N = 8 0.430 ms
+# (214 TFLOP/s), N = 16 0.688, N = 32 1.378. Devices without wgmma (`wgmma_supported`) drop it.
 DEFAULT_SHAPES = {  # (filters <= 8, long: extent along x past 3 for those, past 5 for more)
     (True, True): TensorShape(1, 8, 2, 2, persistent=2, blocal=True, wgmma=1),
     (True, False): TensorShape(1, 8, 1, 4, persistent=2, blocal=True, wgmma=1),
