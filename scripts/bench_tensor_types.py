@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=7)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--float-digits", default="4", help="other fixed-point widths to try")
+    p.add_argument("--only", default="", help="the volumes whose names hold this, e.g. int16")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     import torch
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"device": dev.name.strip(), "driver": dev.driver_version, "n": args.n,
               "k": args.k, "size": args.size, "repeats": args.repeats, "rows": []}  # fmt: skip
     for name, vol in volumes(args.size).items():
+        if args.only not in name:
+            continue
         ref = Reference(vol, torch).responses(vol, bank)
         digits = [tensor.FLOAT_DIGITS]
         if vol.dtype.kind == "f":

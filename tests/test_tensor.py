@@ -113,6 +113,19 @@ def test_engine_choice_and_fallback(device):
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
 
 
+def test_int16_choice(device):
+    """Untuned, 16-bit integer banks take the tensor cores as two digit slabs from 7^3 taps
+    where the device has them (faster there), the FP32 kernel below and elsewhere."""
+    rng = np.random.default_rng(5)
+    shape = (9, 10, 11)
+    vol = volume_of(np.int16, shape)
+    for k, tensor in ((7, tensor_supported(device)), (5, False)):
+        bank = rng.standard_normal((MIN_TENSOR_FILTERS, k, k, k))
+        conv = direct_convolver(bank, shape, np.int16, device=device, tuned=False)
+        assert conv.engine == (f"{TENSOR_ENGINE}x2" if tensor else "fp32"), k
+        assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
+
+
 def test_tuned_engine_choice_and_fallback(device, tmp_path, monkeypatch):
     """'auto' takes the engine ``volconv bench --tune`` cached for the bank shape where it
     runs; a cached tensor engine on a device without tensor cores is ignored with a warning,
@@ -150,10 +163,16 @@ def test_digit_types():
 
 
 def test_tensor_pays():
-    """'auto' takes the tensor cores from 4 filters, at every extent (exact INT8 sums)."""
+    """'auto' takes the tensor cores from 4 filters, at every extent for 8-bit slabs (exact INT8
+    sums), from 7^3 taps for two digits (16-bit integers), never for three (floats)."""
     assert tensor_pays(MIN_TENSOR_FILTERS, (7, 7, 7)) and tensor_pays(32, (9, 9, 9))
     assert not tensor_pays(MIN_TENSOR_FILTERS - 1, (7, 7, 7))
     assert tensor_pays(8, (11, 11, 11)) and tensor_pays(8, (31, 31, 1))
+    assert tensor_pays(8, (3, 3, 3), digits=1)
+    assert tensor_pays(8, (7, 7, 7), digits=2) and tensor_pays(8, (1, 19, 19), digits=2)
+    assert not tensor_pays(8, (5, 5, 5), digits=2) and not tensor_pays(8, (9, 9, 1), digits=2)
+    assert not tensor_pays(MIN_TENSOR_FILTERS - 1, (11, 11, 11), digits=2)
+    assert not tensor_pays(32, (11, 11, 11), digits=3)
 
 
 def test_engine_knob(monkeypatch):

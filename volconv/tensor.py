@@ -66,6 +66,14 @@ MIN_TENSOR_FILTERS = 4
 # the coefficients' 23-bit rounding and the output's: 7^3 1.8e-8, 11^3 9.2e-9, against the
 # FP32 kernel's 1.3e-7 and 3.8e-8 (which sums each dx plane apart from 1000 taps), so 'auto'
 # takes it at every extent.
+# Slabs split into two digits (int16, uint16) pay twice the tensor passes plus the split and
+# the digits' sums (0.7 ms at 256^3, N = 8): 'auto' takes them from this many taps, where they
+# measured faster than the FP32 kernel (H100, int16, ms, tensor / FP32: N = 8 at 7^3 1.58 /
+# 1.92, 9^3 3.44 / 4.12, 11^3 4.74 / 8.65; 192^3 N = 16 and 32 at 7^3 1.16 / 2.13, 2.23 /
+# 4.26), and not below (N = 8 at 3^3 1.19 / 0.35, 5^3 1.38 / 0.82; N = 16 at 5^3 1.06 /
+# 0.88; benchmarks/results/h100-int16-*.json). Three digits (floats) stay on the FP32 kernel
+# (7^3 N = 8: 2.76 against 2.20 ms, h100-tensor-types-words.json).
+MIN_SPLIT_TAPS = 7**3
 
 
 def compute_capability(device: cl.Device) -> tuple[int, int] | None:
@@ -679,11 +687,14 @@ class DigitConvolver(BankConvolver):
         return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
 
 
-def tensor_pays(n_filters: int, extents: tuple[int, ...]) -> bool:
-    """Whether 'auto' takes the tensor cores for a group (where they exist): faster from
-    `MIN_TENSOR_FILTERS` filters, and more accurate than the FP32 kernel at every extent
-    (INT8 sums are exact)."""
-    return n_filters >= MIN_TENSOR_FILTERS
+def tensor_pays(n_filters: int, extents: tuple[int, ...], digits: int = 1) -> bool:
+    """Whether 'auto' takes the tensor cores for a group (where they exist) whose slab is
+    ``digits`` 8-bit digits: faster from `MIN_TENSOR_FILTERS` filters, and more accurate than
+    the FP32 kernel at every extent (INT8 sums are exact); two digits from `MIN_SPLIT_TAPS`
+    taps, more never."""
+    if n_filters < MIN_TENSOR_FILTERS:
+        return False
+    return digits == 1 or (digits == 2 and math.prod(extents) >= MIN_SPLIT_TAPS)
 
 
 def choose_engine(engine: str | None = None) -> str:
@@ -739,20 +750,18 @@ def auto_engine(
 ) -> str:
     """'auto''s engine for a bank: the one ``volconv bench --tune`` cached for this device,
     driver and bank shape (`volconv.plan.tuned_knobs`; ``tuned`` False skips it), else the
-    rule: 'tensor' where the device and bank allow it, the slab is 8-bit (`digit_types`) and
-    `tensor_pays`, else 'fp32'. Digits stay on FP32 untuned: a pass per digit and the sums
-    cost as much as the FP32 kernel or more (H100, 256^3, N = 8, 7^3: int16 1.93 ms against
-    1.91, float32 3.25 against 2.22; benchmarks/results/h100-tensor-types-int8.json); the
-    tuner takes them where they measure faster."""
+    rule: 'tensor' where the device and bank allow it and `tensor_pays` for the slab's
+    digits (`digit_types`: 8-bit slabs, and 16-bit integers from `MIN_SPLIT_TAPS` taps),
+    else 'fp32'; the tuner takes any of them where they measure faster."""
     src = native_volume(np.empty(0, dtype)).dtype
     extents = tuple(bank.shape[1:])
     knobs = tuned_knobs(device, extents, len(bank), src) if tuned else None
     if knobs:
         return str(knobs["engine"])
+    digits = len(digit_types(src, mode, cval))
     if (
-        len(digit_types(src, mode, cval)) == 1
-        and tensor_pays(len(bank), extents)
-        and tensor_refusal(device, bank, src, mode, cval) is None
+        tensor_pays(len(bank), extents, digits)
+        and tensor_refusal(device, bank, src, mode, cval, split=digits > 1) is None
     ):
         return "tensor"
     return "fp32"
