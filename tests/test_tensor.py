@@ -199,6 +199,17 @@ def test_refusals_name_the_reason(device):
     assert "normal range" in tensor_refusal(device, bank * 1e-38, np.dtype(np.uint8), "wrap", 0)
     # 2^-e of the digits' 24-bit scale would be subnormal, though the filter is normal
     assert "normal range" in tensor_refusal(device, bank * 2.0**-110, np.dtype(np.uint8), "wrap", 0)
+    # filters too wide for any work split's plane tiles: the FP32 kernel takes them
+    wide = np.ones((8, 31, 31, 31))
+    assert "no work split" in tensor_refusal(device, wide, np.dtype(np.uint8), "reflect", 0.0)
+
+
+def test_wide_filters_fit_no_split():
+    """31^3 filters need plane tiles past 48 KiB of local memory (NVIDIA's OpenCL limit) for
+    every work split: `tensor_refusal` says so, and 'auto' keeps them on the FP32 kernel."""
+    with pytest.raises(ValueError, match="no work split"):
+        fit_split((31, 31, 31), np.dtype(np.uint8), default_shape(8, 31), 48 * 1024)
+    assert fit_split((7, 7, 7), np.dtype(np.uint8), default_shape(8, 7), 48 * 1024).wgmma
 
 
 # -- the coefficient split and fragments (pure) -------------------------------------------

@@ -122,6 +122,12 @@ def tensor_refusal(
     e = digit_exponents(bank)
     if np.any(e > 126) or np.any(e < -127):
         return "a filter's scale 2^-e leaves float32's normal range"
+    extents = tuple(int(k) for k in bank.shape[1:])
+    try:  # wide filters need plane tiles past the device's local memory
+        fit_split(extents, np.dtype(np.uint8), default_shape(len(bank), extents[0]),
+                  device.local_mem_size)  # fmt: skip
+    except ValueError as err:
+        return str(err)
     return None
 
 
