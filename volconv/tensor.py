@@ -44,35 +44,26 @@ from volconv.plan import (
     streaming_depth,
     tuned_knobs,
 )
+from volconv.plan import ENGINES as DIRECT_ENGINES
 from volconv.programs import build, kernel_source
-from volconv.report import work_gflop
 
 # cl_nv_device_attribute_query
 CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV = 0x4000
 CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV = 0x4001
 MIN_CC = (8, 0)  # mma.sync.m16n8k32 with s8/u8 inputs and s32 accumulators
-ENGINES = ("auto", "fp32", "tensor")
+ENGINES = ("auto", *(e.name for e in DIRECT_ENGINES))  # what $VOLCONV_ENGINE may name
 ENGINE_ENV = "VOLCONV_ENGINE"
 TENSOR_ENGINE = "tensor-int8"  # the record's name of this engine
 KERNEL_FILE, KERNEL_NAME = "tensor_int8.cl", "tensor_int8"  # kernels/: its one kernel
 EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # the tensor kernels take these as they are
 DIGITS = 3  # signed 8-bit digits per coefficient: 24-bit fixed point per filter
 DIGIT_MAX = 127 * (1 + 2**8 + 2**16)  # the largest integer three such digits hold
-# Below this many filters in a group 'auto' keeps the FP32 kernel: a pass of the tensor engine
-# costs the same for 1..8 filters (H100, 256^3, 7^3: N = 1 took 0.79 ms against FP32's 0.46).
+# Below this many filters in a group 'auto' keeps the FP32 kernel (a tensor pass costs the same
+# for 1..8 filters; measured: benchmarks/README.md, "The tensor-core engine").
 MIN_TENSOR_FILTERS = 4
-# Accuracy (max |err| / (sum|w| x 255) against float64, H100, 256^3 MNI uint8, random normal
-# filters, N = 8; benchmarks/results/h100-tensor*.json): int32 sums are exact, the error is
-# the coefficients' 23-bit rounding and the output's: 7^3 1.8e-8, 11^3 9.2e-9, against the
-# FP32 kernel's 1.3e-7 and 3.8e-8 (which sums each dx plane apart from 1000 taps), so 'auto'
-# takes it at every extent.
-# Slabs split into two digits (int16, uint16) pay twice the tensor passes plus the split and
-# the digits' sums (0.7 ms at 256^3, N = 8): 'auto' takes them from this many taps, where they
-# measured faster than the FP32 kernel (H100, int16, ms, tensor / FP32: N = 8 at 7^3 1.58 /
-# 1.92, 9^3 3.44 / 4.12, 11^3 4.74 / 8.65; 192^3 N = 16 and 32 at 7^3 1.16 / 2.13, 2.23 /
-# 4.26), and not below (N = 8 at 3^3 1.19 / 0.35, 5^3 1.38 / 0.82; N = 16 at 5^3 1.06 /
-# 0.88; benchmarks/results/h100-int16-*.json). Three digits (floats) stay on the FP32 kernel
-# (7^3 N = 8: 2.76 against 2.20 ms, h100-tensor-types-words.json).
+# int32 sums are exact: the error is the coefficients' 23-bit rounding, below the FP32 kernel's
+# at every extent, so 'auto' takes the tensor cores at every extent; two digits (16-bit
+# integers) only from MIN_SPLIT_TAPS taps, three (floats) never (benchmarks/README.md).
 MIN_SPLIT_TAPS = 7**3
 
 
@@ -160,18 +151,8 @@ class TensorShape:
         return 32 * self.wy * self.wz
 
 
-# Measured on the H100 (scripts/bench_tensor.py, 256^3 uint8): on mma.sync
-# (benchmarks/results/h100-tensor-int8-run3.json) 7^3 N = 8 in 0.594 ms at (1, 8, 2, 2) with 2
-# persistent groups per SM and the B fragments in local memory. On wgmma, the digits combined
-# in float (h100-tensor-final-fcombine.json): 7^3 N = 8 0.459 ms (200 TFLOP/s) at (1, 8, 2, 2),
-# wgmma 1 (two or four outputs along x per step no better: h100-tensor-xo-r*.json); N = 16 and
-# 32 0.719 and 1.414 ms (256, 260 TFLOP/s) with xo 2 at 2 rows per warp and 3 groups per SM
-# (4 rows of xo 1, 2 groups: 0.738, 1.460), which at 3^3 and 5^3 runs slower than 4 rows of xo
-# 1 (0.515 against 0.496 ms, 0.645 against 0.617). At 3 planes along x the output stores
-# weigh most (N = 8 without them 0.195 of 0.250 ms): more warps along z, 0.250 ms against
-# (1, 8, 2, 2)'s 0.278 (FP32 kernel 0.319). With rows read as whole words
-# (h100-tensor-words-final.json) these splits stay the sweep's fastest: 7^3 N = 8 0.430 ms
-# (214 TFLOP/s), N = 16 0.688, N = 32 1.378. Devices without wgmma (`wgmma_supported`) drop it.
+# The splits below are the sweep's fastest on the H100 (benchmarks/README.md, "The tensor-core
+# engine"). Devices without wgmma (`wgmma_supported`) drop it.
 DEFAULT_SHAPES = {  # (filters <= 8, long: extent along x past 3 for those, past 5 for more)
     (True, True): TensorShape(1, 8, 2, 2, persistent=2, blocal=True, wgmma=1),
     (True, False): TensorShape(1, 8, 1, 4, persistent=2, blocal=True, wgmma=1),
@@ -499,11 +480,6 @@ class TensorConvolver(BankConvolver):
         tiles = math.prod(self.plan.shape) / 16
         return tiles * mmas * 2 * per_mma / 1e9
 
-    @property
-    def useful_gflop(self) -> float:
-        plan = self.plan
-        return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
-
 
 # -- inputs 8-bit integers do not hold: digits ---------------------------------------------
 # The digits of a float slab's fixed point (8 bits each): with 3, q = rint(x / 2^s) is a 24-bit
@@ -686,11 +662,6 @@ class DigitConvolver(BankConvolver):
     def tensor_gflop(self) -> float:
         """GFLOP the tensor cores execute for one volume: every digit's (`TensorConvolver`)."""
         return sum(self._inner[dt].tensor_gflop for dt in self.digits)
-
-    @property
-    def useful_gflop(self) -> float:
-        plan = self.plan
-        return work_gflop([plan.extents] * plan.n_filters, math.prod(plan.shape))
 
 
 def tensor_pays(n_filters: int, extents: tuple[int, ...], digits: int = 1) -> bool:
