@@ -10,14 +10,15 @@ On a synthetic n^3 uint8 volume (reflect mode), on one OpenCL device:
   2. Gaussian-derivative banks (smoothing, gradient, Hessian, LoG at one sigma; and the whole
      ilastik bank) against scipy.ndimage's own separable filters (gaussian_filter with orders,
      gaussian_laplace, DoG as two gaussian_filter calls) on the same data, float32 output,
-     each response checked against scipy's at SPEC.md's tolerance.
+     each response checked against scipy's at the contract's tolerance.
   3. The cost model's terms: seconds per output of one pass by taps (fitted a + b * taps) and
      of the direct kernel per tap; where the device fuses (GPUs), the fused kernel's per term.
 Times are the best of ``--repeats`` after a warm-up run (PoCL compiles each kernel at its
 first launch). Kernel seconds come from OpenCL profiling events; wall seconds are the time to
 all responses in host memory, slab by slab into one pinned buffer, as `volconv run` gets them.
+``--banks demo --kernel-only``: the demo bank's kernel alone (the GPU session's figure).
 
-    .venv/bin/python scripts/bench_separable.py --json benchmarks/results/pocl-separable.json
+    .venv/bin/python scripts/bench/run.py separable --json benchmarks/results/pocl-separable.json
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from volconv.peak import measured_peak, theoretical_peak
 from volconv.programs import context_for
 from volconv.separable import SeparableConvolver, describe_plan, plan_bank
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pipeline_specs(name: str) -> list[dict]:
@@ -155,7 +156,7 @@ def apply_spec(nd, xp, vol, spec: dict, out, tmp) -> None:
 
 def scipy_record(specs, filters, vol, buf, last) -> dict:
     """scipy.ndimage's separable filters for each spec (uint8 in, float32 out), timed, and the
-    largest error of our last slab against them in units of SPEC's tolerance."""
+    largest error of our last slab against them in units of the contract's tolerance."""
     out = np.empty(vol.shape, np.float32)
     tmp = np.empty(vol.shape, np.float32)
     a, b = last
@@ -274,8 +275,19 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--direct-rows", type=int, default=8, help="rows the direct path is timed on")
+    p.add_argument(
+        "--banks",
+        default="ilastik_features,demo,derivatives,cost_model",
+        help="what to measure, of ilastik_features, demo, derivatives, cost_model",
+    )
+    p.add_argument(
+        "--kernel-only",
+        action="store_true",
+        help="the separable path alone: no scipy, direct path or cupyx beside it",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    banks = args.banks.split(",")
 
     device = select_device(args.device)
     peak = theoretical_peak(device).gflops
@@ -293,12 +305,15 @@ def main() -> None:
     }
     print(f"device {result['device']['name']}, peak {peak} GFLOP/s", flush=True)
 
-    for name in ("ilastik_features", "demo"):
+    for name in [b for b in ("ilastik_features", "demo") if b in banks]:
         specs = pipeline_specs(name)
         filters = build_bank(specs)
         sep, buf, last = separable_record(filters, vol, device, args.repeats, peak)
         print(f"{name} separable: kernel {sep['kernel_seconds']:.4f} s, "
               f"wall {sep['wall_seconds']:.3f} s", flush=True)  # fmt: skip
+        if args.kernel_only:
+            result["banks"][name] = {"n_filters": len(filters), "separable": sep}
+            continue
         ref = scipy_record(specs, filters, vol, buf, last)
         del buf
         print(f"{name} scipy: {ref['seconds']:.2f} s", flush=True)
@@ -316,7 +331,8 @@ def main() -> None:
             "speedup_kernel_vs_scipy": ref["seconds"] / sep["kernel_seconds"],
         }  # fmt: skip
 
-    for sigma, size in ((1.0, 7), (1.6, 11), (3.5, 23)):
+    derivatives = ((1.0, 7), (1.6, 11), (3.5, 23)) if "derivatives" in banks else ()
+    for sigma, size in derivatives:
         specs = derivative_specs(sigma, size)
         filters = build_bank(specs)
         sep, buf, last = separable_record(filters, vol, device, args.repeats, peak)
@@ -331,9 +347,10 @@ def main() -> None:
         print(f"{name}: volconv wall {sep['wall_seconds']:.3f} s (kernel "
               f"{sep['kernel_seconds']:.3f} s), scipy {ref['seconds']:.2f} s")  # fmt: skip
 
-    result["cost_model"] = cost_terms(device, 3)
-    for key in ("model_in_direct_taps", "fused_model_in_direct_taps"):
-        print(key, json.dumps(result["cost_model"].get(key)), flush=True)
+    if "cost_model" in banks:
+        result["cost_model"] = cost_terms(device, 3)
+        for key in ("model_in_direct_taps", "fused_model_in_direct_taps"):
+            print(key, json.dumps(result["cost_model"].get(key)), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")

@@ -5,15 +5,15 @@ volume of the same plane and 8 rows holding NaN and Inf (imports, the OpenCL con
 every program the measured run builds, the non-finite override's counting kernels included),
 then, after resetting the kernel's peak-RSS mark (``/proc/self/clear_refs``), on the measured
 input. ``grown`` = the peak RSS of that run (``VmHWM``) - the RSS before it: what the run
-held for data, which SPEC's "Memory" bounds by ``host_memory``; beside it the bytes the plan
-counted (`volconv.pipeline.host_bytes`) and its slab depth. The inputs:
+held for data, which docs/contract.md, "Memory", bounds by ``host_memory``; beside it the
+bytes the plan counted (`volconv.pipeline.host_bytes`) and its slab depth. The inputs:
   - ``finite``: float32 (or ``--dtype``), every voxel finite;
   - ``nonfinite``: the same volume with a NaN background outside a ball (a masked map: every
     slab holds NaN) and a few +-Inf voxels inside, so that the override runs on every slab
     (float types only).
 Each is measured ``--repeats`` times, alternating; the least growth of each is kept.
 
-    python scripts/measure_host_memory.py --size 192 --host-memory 96MiB \\
+    python scripts/bench/run.py host_memory --size 192 --host-memory 96MiB \\
         --json benchmarks/results/vm2core-host-memory-after.json
 """
 
@@ -159,7 +159,7 @@ def main() -> None:
             for name in runs:
                 runs[name].append(measure(paths["warm"], paths[name]))
     result = {
-        "command": " ".join(["python", "scripts/measure_host_memory.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "scripts/bench/host_memory.py", *sys.argv[1:]]),
         "machine": f"{platform.node()} ({platform.machine()}), PoCL CPU device",
         "shape": [args.size] * 3, "dtype": args.dtype, "n_filters": 8, "extent": 7,
         "device": args.device, "runs": runs, "inputs": {},

@@ -1,7 +1,8 @@
 """Where a run's time goes, thread by thread: `volconv run` in this process while a sampler
 thread looks at every other thread's stack each millisecond (py-spy's idea, without py-spy).
 
-    python scripts/profile_run.py pipelines/demo.toml --device nvidia --set output.dtype=float16
+    python scripts/bench/run.py profile_run pipelines/demo.toml --device nvidia \\
+        --set output.dtype=float16
 
 It runs the pipeline once to warm up (imports, context, programs), then once sampled, and
 prints for each thread (the run, its inputs, the reader, the writer, the encoders) the share

@@ -3,7 +3,7 @@
 # the FMA probe, the full `volconv bench` sweep with peers; JSON, PNGs and logs into $OUT.
 #
 # Run from the repository root with volconv importable (PYTHONPATH) and $OUT a folder:
-#   OUT=/tmp/out bash scripts/h100_bench.sh
+#   OUT=/tmp/out bash scripts/bench/gpu/throughput.sh
 # Takes about 3-5 minutes on an H100; the bench is cut at BENCH_TIMEOUT seconds (default 300),
 # keeping every point measured until then (the JSON is rewritten after each point).
 # DEVICE (default nvidia), NAME (file prefix, default h100) and BENCH_ARGS (extra bench
@@ -15,7 +15,7 @@ py="${PYTHON:-python3}"
 device="${DEVICE:-nvidia}"
 name="${NAME:-h100}"
 
-# Containers often ship the NVIDIA OpenCL driver without registering it (DESIGN.md).
+# Containers often ship the NVIDIA OpenCL driver without registering it (scripts/gpu_env.sh does the same).
 if command -v nvidia-smi > /dev/null && [ ! -e /etc/OpenCL/vendors/nvidia.icd ]; then
   mkdir -p /etc/OpenCL/vendors
   echo libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
@@ -38,10 +38,10 @@ timeout "${BENCH_TIMEOUT:-300}" "$py" -m volconv bench --device "$device" --peer
 [ "$rc" = 0 ] || echo "bench ended with status $rc; the JSON holds the points measured so far"
 
 # Plots of a bench cut short are drawn from what it saved.
-[ -s "$OUT/$name-unroll.png" ] || "$py" scripts/bench_summary.py --plot "$OUT/$name" \
+[ -s "$OUT/$name-unroll.png" ] || "$py" scripts/bench/summary.py --plot "$OUT/$name" \
   "$OUT/$name-bench.json" > /dev/null || true
 
 echo "== summary"
-"$py" scripts/bench_summary.py "$OUT/$name-bench.json" || true
+"$py" scripts/bench/summary.py "$OUT/$name-bench.json" || true
 ls -l "$OUT"
 exit "$rc"

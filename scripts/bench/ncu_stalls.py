@@ -2,7 +2,7 @@
 warp stall samples by reason, with the opcodes that gather most of each, and the executed
 instructions and shared-memory wavefronts by opcode.
 
-    python3 scripts/ncu_stalls.py prof0-sass.csv [more.csv ...]
+    python3 scripts/bench/run.py ncu_stalls prof0-sass.csv [more.csv ...]
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ On 256^3 volumes made from the MNI152 scan in data/ (else random bytes) and rand
 bank of N random normal k^3 filters: device seconds of the filtering (OpenCL profiling, best
 of ``--repeats``; the digits' split and sums included, and the tensor passes alone beside
 them) and max |err| / (sum|w| x max|v|) against float64 (torch on the GPU, checked against
-scipy on a crop: `bench_tensor.Reference`). The 8-bit engine on the uint8 scan is the floor.
+scipy on a crop: `tensor.Reference`). The 8-bit engine on the uint8 scan is the floor.
 Floats run at `FLOAT_DIGITS` and at each of ``--float-digits``.
 
-    python3 scripts/bench_tensor_types.py --device nvidia \
+    python3 scripts/bench/run.py tensor_types --device nvidia \
         --json benchmarks/results/h100-tensor-types.json
 """
 
@@ -18,7 +18,7 @@ import argparse
 import sys
 
 import numpy as np
-from bench_tensor import Reference, load_volume, tflops
+from tensor import Reference, load_volume, tflops
 
 from volconv import tensor
 from volconv.device import select_device

@@ -1,7 +1,7 @@
-# On a lent GPU node: where a `volconv run` process spends its time (scripts/profile_start.py)
+# On a lent GPU node: where a `volconv run` process spends its time (scripts/bench/start.py)
 # for the demo and for a 16^3 input, each import's share (-X importtime), and with PROBE=1 the
 # driver's start-up calls apart (scripts/probe_start_driver.py); JSON saved under $OUT.
-#   bash scripts/gpu_profile_start.sh TAG [BEFORE]
+#   bash scripts/bench/gpu/start.sh TAG [BEFORE]
 # BEFORE: a folder holding another volconv/ and kernels/ (e.g. `git archive main`), profiled
 # alternately with this checkout's in the same call (TAG-before-*, TAG-after-*).
 tag="${1:-start}"
@@ -15,7 +15,7 @@ python3 -c "import numpy as np; np.save('/tmp/st16/v16.npy', np.arange(4096, dty
 sed -e 's#../data/mni152_t1_256.nii#/tmp/st16/v16.npy#' -e 's#../out/demo/{stem}.h5#/tmp/st16/out/{stem}.h5#' \
   pipelines/demo.toml > /tmp/st16/p16.toml
 profile() {  # NAME PYTHONPATH PIPELINE
-  PYTHONPATH="$2" python3 scripts/profile_start.py "$3" --device nvidia --repeats 5 \
+  PYTHONPATH="$2" python3 scripts/bench/run.py start "$3" --device nvidia --repeats 5 \
     --json "$OUT/$1.json" | tail -7 | sed "s/^/$1 /"
 }
 for round in 1 2; do

@@ -4,7 +4,7 @@ same bytes, in one process, alternating, best of ``--repeats``: no device, so it
 out. ``--compare OLD_WRITER.py`` loads another version of volconv/writer.py beside (e.g.
 ``git show REV:volconv/writer.py > /tmp/old_writer.py``), fed float32 as it was.
 
-    python scripts/bench_writer.py --out /dev/shm/vw --json benchmarks/results/writer.json
+    python scripts/bench/run.py writer --out /dev/shm/vw --json benchmarks/results/writer.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 recorded (a flush and the CRCs of every slab) and without (``--overwrite`` records none),
 alternated and repeated, minima; and the read-back a rerun does to check the slabs it keeps.
 
-    python scripts/bench_resume.py --size 256 --slab-depth 32 --slab-depth 4 --json out.json
+    python scripts/bench/run.py resume --size 256 --slab-depth 32 --slab-depth 4 --json out.json
 """
 
 from __future__ import annotations

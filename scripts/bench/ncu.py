@@ -5,8 +5,8 @@ uint8 slab of random bytes and random normal filters, and checked at random voxe
 float64 (a valid correlation of the padded slab with the flipped filters).
 
     ncu --section SpeedOfLight -k regex:tensor_int8 -c 1 \
-        python3 scripts/profile_ncu.py --engine tensor --n 8 --ptx /tmp/k.ptx
-    python3 scripts/profile_ncu.py --engine fp32 --n 8 --ptx /tmp/k.ptx   # bank_conv
+        python3 scripts/bench/run.py ncu --engine tensor --n 8 --ptx /tmp/k.ptx
+    python3 scripts/bench/run.py ncu --engine fp32 --n 8 --ptx /tmp/k.ptx   # bank_conv
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 import pyopencl as cl
-from bench_tensor import with_fields  # scripts/ (this script's folder)
+from tensor import with_fields  # scripts/bench/ (this script's folder)
 
 from volconv.device import select_device
 from volconv.engine import BankConvolver

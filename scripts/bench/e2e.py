@@ -16,7 +16,7 @@ one run (inputs overlap: one read while another is on the device and a third wri
 K raw writes; its wall is the report's ``run_seconds``. ``--out`` on a tmpfs (/dev/shm) takes
 the disk out and leaves the host's own work: how the path compares with h5py there.
 
-    python scripts/bench_e2e.py --input data/mni152_t1_256.nii --pipeline pipelines/demo.toml \\
+    python scripts/bench/run.py e2e --input data/mni152_t1_256.nii --pipeline pipelines/demo.toml \\
         --dtypes float32,float16 --device nvidia --json benchmarks/results/h100-e2e.json
 
 ``--size N`` makes a synthetic N^3 uint8 NIfTI input instead (e.g. 1024 for the 16 GiB case).

@@ -6,7 +6,7 @@ of 3, OpenCL profiling counters), the bank forced separable.
 beside the pass tree on the same bank, the boundary extension (pad) and two floors measured in
 the same run: writing the demo's 8 float32 responses (a buffer fill) and a device copy.
 
-    python scripts/sweep_separable_gpu.py --device nvidia --fused --json out.json
+    python scripts/bench/run.py separable_sweep --device nvidia --fused --json out.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
-from bench_separable import derivative_specs
+from separable import derivative_specs
 
 from volconv import separable
 from volconv.bank import build_bank
@@ -27,7 +27,7 @@ from volconv.device import select_device
 from volconv.programs import context_for, device_seconds
 from volconv.separable import SeparableConvolver, plan_bank
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TILES = [(4, 16), (8, 8), (2, 32), (4, 32), (8, 16), (16, 16), (2, 64), (8, 32)]
 ROWS = [16, 32, 64]
 

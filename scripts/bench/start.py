@@ -1,6 +1,6 @@
 """Where a `volconv run` process spends its time before and after the in-run wall.
 
-    python scripts/profile_start.py PIPELINE [--device D] [--repeats R] [--json OUT.json]
+    python scripts/bench/run.py start PIPELINE [--device D] [--repeats R] [--json OUT.json]
 
 Runs, in one go: `python -c pass`, `volconv --help`, the whole `volconv run --overwrite`
 process (once to fill caches, then R times replacing its output, R times with the output

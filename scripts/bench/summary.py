@@ -1,6 +1,6 @@
 """Print the summary and every point of `volconv bench` JSON files; optionally plot them.
 
-python scripts/bench_summary.py [--plot PREFIX] RESULT.json...
+python scripts/bench/run.py summary [--plot PREFIX] RESULT.json...
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Chains of SIGKILLs at random moments of `volconv run`, then a last run: is the output bit for
 bit the uninterrupted run's, with nothing left beside it? One JSON line per chain.
 
-    python scripts/stress_resume.py --chains 4 --seed 1 > results.jsonl
+    python scripts/bench/run.py stress_resume --chains 4 --seed 1 > results.jsonl
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from volconv.config import dump_toml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CASES = (("none", "float32"), ("gzip", "float16"), ("lzf", "uint8"))
 
 

@@ -2,8 +2,8 @@
 the same responses per codec and stored type, with the process on all its cores and pinned
 to one, beside h5py writing the same data with HDF5's own filters (which run on one thread).
 
-    python scripts/bench_codecs.py --json benchmarks/results/codecs-$(hostname).json
-    python scripts/bench_codecs.py --size 128 --codecs gzip,lzf  # quick
+    python scripts/bench/run.py compression --json benchmarks/results/codecs-$(hostname).json
+    python scripts/bench/run.py compression --size 128 --codecs gzip,lzf  # quick
 
 The responses are those of a bank over a smoothed-noise volume (so they compress as real
 ones do): ``--filters`` Gaussian derivatives of a ``--size``^3 volume, made once. Each

@@ -17,7 +17,7 @@ the sweep's candidates, each with its time and error. The compiler's report (-cl
 registers, spills, local memory) of each tensor build is kept. torch and cupy are optional:
 absent, their rows say so.
 
-    python3 scripts/bench_tensor.py --device nvidia --json benchmarks/results/h100-tensor.json
+    python3 scripts/bench/run.py tensor --device nvidia --json benchmarks/results/h100-tensor.json
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from volconv.tensor import (
     tensor_supported,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WG1, WG2 = {"wgmma": 1}, {"wgmma": 2}
 X1, X2 = {"wgmma": 1, "xo": 2}, {"wgmma": 2, "xo": 2}  # two outputs along x per step
 SWEEP = {  # work splits tried beside the default, by N (benchmarks/README.md has the rest)

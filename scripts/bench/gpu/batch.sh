@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The batch figures on a two-GPU node (DEVELOPERS.md, "The GPU"): 16 inputs of 256^3 uint8
+# The batch figures on a two-GPU node (benchmarks/README.md, "On a GPU node"): 16 inputs of 256^3 uint8
 # through pipelines/demo.toml with --devices all against one device, float32 and float16, onto
 # the node's local disk, beside two raw h5py writers. Results into $OUT.
 set -u

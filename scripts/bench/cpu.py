@@ -2,7 +2,7 @@
 
 The issue-12 measure: a bank of N random filters (default 8 of 7^3) over an n^3 uint8 volume
 (default 96^3, reflect), the direct kernel's rate (OpenCL profiling events over the whole
-volume, GFLOP as SPEC.md counts them) over scipy.ndimage.convolve's (float32 input, one
+volume, GFLOP as docs/contract.md counts them) over scipy.ndimage.convolve's (float32 input, one
 filter at a time, one thread), both on this machine and in the same run. Beside them, in turns:
   - the FMA probe (`volconv.peak.probe_fma`, uncached): the kernel's rate as its fraction;
   - the plan's own knobs (what a user gets), the slab padded as uint8 (the CPU default
@@ -17,7 +17,7 @@ The machine is shared: every round times everything once, in turns, each part af
 records the load average and how busy they were; figures are the fastest of the rounds (other
 work only ever slows a run down), and each round's own ratio is kept too.
 
-    .venv/bin/python scripts/bench_cpu.py --json benchmarks/results/pocl-cpu-kernel.json
+    .venv/bin/python scripts/bench/run.py cpu --json benchmarks/results/pocl-cpu-kernel.json
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def width_sweep(args: argparse.Namespace, device) -> dict:
         p.update(seconds_min=best, gflops=p["gflop"] / best)
         print(f"N={p['n']:<3} width={p['vector_width'] or 'plan':<5} passes={p['passes']}: "
               f"{best * 1e3:7.2f} ms {p['gflops']:6.1f} GFLOP/s", flush=True)  # fmt: skip
-    return {"what": "the cost of a pass by vector width on this CPU (scripts/bench_cpu.py "
+    return {"what": "the cost of a pass by vector width on this CPU (scripts/bench/cpu.py "
                     "--widths)", "command": " ".join(sys.argv),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "device": device_record(device), "shape": [args.size] * 3,
@@ -207,7 +207,7 @@ def main() -> None:
             ref = [ndi.convolve(volume.astype(np.float64), k, mode=work.mode) for k in kernels]
             err = max(float(np.max(np.abs(out[f] - ref[f]))) / spec_tolerance(k, 255.0)
                       for f, k in enumerate(kernels))  # fmt: skip
-    print(f"plan's error: {err:.3g} of SPEC's tolerance", flush=True)
+    print(f"plan's error: {err:.3g} of the contract's tolerance", flush=True)
 
     rounds = []
     for r in range(args.rounds):
@@ -271,7 +271,7 @@ def main() -> None:
         peak = theoretical_peak(device)
         write_json({
             "what": "issue 12 item 3: the direct kernel on PoCL against scipy.ndimage.convolve "
-                    "and the FMA probe, in one run (scripts/bench_cpu.py)",
+                    "and the FMA probe, in one run (scripts/bench/cpu.py)",
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "device": device_record(device),

@@ -3,15 +3,17 @@
 `sass_counts` assembles PTX (the binary NVIDIA's OpenCL returns, or clang's) with ptxas and
 disassembles it with cuobjdump (``$CUOBJDUMP``, else on PATH; pip's nvidia-cuda-cuobjdump has
 one): registers and spills, the hot loop's instructions by opcode, its load kinds, and how
-many FFMAs take a constant-bank (c[..]) or uniform-register (UR) operand. scripts/
-sweep_fp32_gpu.py --sass counts every build it makes on the GPU node.
+many FFMAs take a constant-bank (c[..]) or uniform-register (UR) operand. (The FP32
+kernel's sweep that counted every build on the GPU node, sweep_fp32_gpu.py, is in git's
+history: benchmarks/README.md, "History".)
 
 Run alone, it compiles kernels/bank_conv.cl offline with clang's OpenCL front end for NVPTX
 (kernels/offline_nvptx.h stands in for the driver's built-ins) and counts that: another
 front end than the driver's, the same ptxas; for a first look at a variant, not a measure
 (FILT_LOCAL=1 does not link offline: async_work_group_copy is the driver's).
 
-    python3 scripts/sass_counts.py KX=7 KY=7 KZ=7 NV=8 UNROLL=8 IN_T=uchar FILT_LOCAL=0 ROWS=1
+    python3 scripts/bench/run.py sass_counts KX=7 KY=7 KZ=7 NV=8 UNROLL=8 IN_T=uchar \\
+        FILT_LOCAL=0 ROWS=1
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sass_counts(ptx: bytes, arch: str) -> dict[str, object]:
