@@ -1,6 +1,6 @@
 # On a lent GPU node: where a `volconv run` process spends its time (scripts/bench/start.py)
-# for the demo and for a 16^3 input, each import's share (-X importtime), and with PROBE=1 the
-# driver's start-up calls apart (scripts/probe_start_driver.py); JSON saved under $OUT.
+# for the demo and for a 16^3 input, and each import's share (-X importtime); JSON saved under
+# $OUT. (The driver's start-up calls apart, probe_start_driver.py, are in 507cc93's tree.)
 #   bash scripts/bench/gpu/start.sh TAG [BEFORE]
 # BEFORE: a folder holding another volconv/ and kernels/ (e.g. `git archive main`), profiled
 # alternately with this checkout's in the same call (TAG-before-*, TAG-after-*).
@@ -29,6 +29,3 @@ profile "$tag-after-16" "$PYTHONPATH" /tmp/st16/p16.toml
 python3 -X importtime -m volconv run pipelines/demo.toml --device nvidia --overwrite \
   2> "$OUT/$tag-importtime.txt" > /dev/null
 sort -t'|' -k2 -n "$OUT/$tag-importtime.txt" | tail -6
-if [ -n "${PROBE:-}" ]; then
-  python3 scripts/probe_start_driver.py pipelines/demo.toml --device nvidia --json "$OUT/$tag-probe.json"
-fi
