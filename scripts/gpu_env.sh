@@ -1,5 +1,6 @@
-# Sourced by scripts/gpu_*.sh on a lent GPU node: register NVIDIA's OpenCL driver, install the
-# carried wheels (.whl/: pyopencl and what the node's Python lacks) and make volconv importable.
+# Sourced by scripts/gpu_session.sh and scripts/bench/gpu/*.sh on a lent GPU node: register
+# NVIDIA's OpenCL driver, install the carried wheels (.whl/: pyopencl and what the node's Python
+# lacks) and make volconv importable.
 : "${OUT:?set OUT}"
 mkdir -p /etc/OpenCL/vendors
 echo libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd

@@ -1,27 +1,40 @@
 #!/usr/bin/env bash
-# One call on a lent GPU node (DEVELOPERS.md, "The GPU"), under 10 minutes: the tensor engine
-# as shipped beside the FP32 kernel, torch conv3d (TF32 on and off) and cupyx at several
-# extents and a mixed-extent bank, then the engines' tests on the NVIDIA device (wgmma on cc
-# 9.0, digit slabs, the tuned choice, the FP32 kernel's plan), then the separable path's and
-# the non-finite override's. Needs .whl/ and data/mni152_t1_256.nii carried. Results into $OUT.
+# One call on a lent GPU node, a few minutes: the three figures that show a change is no slower
+# (scripts/bench/session.py: tensor N = 8 at 7^3, the demo bank's separable kernel, the demo end
+# to end in float32) into $OUT/session-after-R.json for R = 1..ROUNDS (default 2), with their
+# benchmarks' own JSON beside. Needs .whl/ and data/mni152_t1_256.nii carried.
+#   OUT=/tmp/out bash scripts/gpu_session.sh [BEFORE]
+# BEFORE: another checkout holding scripts/bench/ (e.g. `git worktree add before REV`, carried
+# as untracked files), run alternately with this one in the same call: session-before-R.json.
+# TESTS="tensor engine separable pipeline cli" then runs tests/test_NAME.py on the NVIDIA device
+# (gpu-tests.log). DEVICE (default nvidia) names the device.
 set -u
 source scripts/gpu_env.sh
+before="${1:-}"
 step() { echo "== $1 ($(date +%T))"; }
+nvidia-smi -L 2>/dev/null
 python3 -m compileall -q volconv > /dev/null  # as an installed package has them
 python3 -m volconv devices --probe > /dev/null 2>&1  # the probe cached, as a user's node has it
-step tensor; timeout 200 python3 scripts/bench_tensor.py --device nvidia --no-sweep \
-  --extents "7:8,16,32;3:8,16;5:8,16;11:8" --mixed "3:8,5:8,7:8" --json "$OUT/tensor.json" 2>&1 \
-  | grep -v -i warn | grep -v "^{\|lambda" | tee "$OUT/tensor.log"
-run_tests() {  # LIMIT NAME...: tests/test_NAME.py on the NVIDIA device, log gpu-tests-NAME1.log
-  local limit=$1 log="$OUT/gpu-tests-$2.log" files=() name
-  shift
-  for name in "$@"; do files+=("tests/test_$name.py"); done
-  step "tests: $*"
-  VOLCONV_TEST_DEVICE=nvidia timeout "$limit" python3 -m pytest -q -p no:cacheprovider \
-    "${files[@]}" > "$log" 2>&1
-  echo "tests exit $?"; tail -2 "$log"
+if [ -n "$before" ]; then
+  [ -e "$before/data" ] || ln -s "$PWD/data" "$before/data"
+  (cd "$before" && python3 -m compileall -q volconv > /dev/null)
+fi
+session() {  # TREE TAG R: the session of the checkout in TREE, its own volconv on the path
+  step "session $2, round $3"
+  (cd "$1" && PYTHONPATH="/tmp/site:$PWD" timeout 420 python3 scripts/bench/run.py session \
+    --device "${DEVICE:-nvidia}" --json "$OUT/session-$2-$3.json" 2>&1 \
+    | grep -v -i "warn\|lambda: self" | tee "$OUT/session-$2-$3.log" | tail -12)
 }
-# a fresh node compiles every test's kernels: the first part took over 190 s cold, 60 s warm
-run_tests 300 tensor tune plan engine
-run_tests 120 separable nonfinite host_memory convert
+for r in $(seq 1 "${ROUNDS:-2}"); do  # turns: neither tree always goes first
+  if [ -n "$before" ] && [ $((r % 2)) = 1 ]; then session "$before" before "$r"; fi
+  session "$PWD" after "$r"
+  if [ -n "$before" ] && [ $((r % 2)) = 0 ]; then session "$before" before "$r"; fi
+done
+if [ -n "${TESTS:-}" ]; then
+  files=(); for name in $TESTS; do files+=("tests/test_$name.py"); done
+  step "tests: $TESTS"
+  VOLCONV_TEST_DEVICE="${DEVICE:-nvidia}" timeout 400 python3 -m pytest -q -p no:cacheprovider \
+    "${files[@]}" > "$OUT/gpu-tests.log" 2>&1
+  echo "tests exit $?"; tail -3 "$OUT/gpu-tests.log"
+fi
 exit 0

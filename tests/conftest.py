@@ -1,4 +1,4 @@
-"""Shared fixtures: the OpenCL devices under test and SPEC.md's tolerance.
+"""Shared fixtures: the OpenCL devices under test and the contract's tolerance.
 
 Tests that take the ``device`` fixture run once on every OpenCL device present, as pyopencl's
 own tests do; ``VOLCONV_TEST_DEVICE`` (a spec as ``--device`` takes it: ``cpu``, ``nvidia``,
@@ -35,13 +35,13 @@ def device(request):
 
 
 def reference(volume: np.ndarray, kernels: np.ndarray, mode: str, cval: float = 0.0):
-    """scipy.ndimage.convolve in float64 of each kernel, stacked: the oracle of SPEC.md."""
+    """scipy.ndimage.convolve in float64 of each kernel, stacked: the oracle of docs/contract.md."""
     v = np.asarray(volume, np.float64)
     return np.stack([ndi.convolve(v, np.asarray(k), mode=mode, cval=cval) for k in kernels])
 
 
 def assert_spec_close(out: np.ndarray, volume: np.ndarray, kernels: np.ndarray, ref: np.ndarray):
-    """Every response within SPEC.md's float32 tolerance of the float64 reference."""
+    """Every response within the contract's float32 tolerance of the float64 reference."""
     assert out.shape == ref.shape, (out.shape, ref.shape)
     assert np.all(np.isfinite(out))
     vmax = float(np.max(np.abs(volume))) if np.size(volume) else 0.0

@@ -1,4 +1,4 @@
-"""Batches on Dask distributed (SPEC.md "Batch: several devices, several machines"), on real
+"""Batches on Dask distributed (docs/contract.md, "Batches"), on real
 components: worker processes spawned by ``--devices cpu,cpu``, a `distributed.LocalCluster`,
 and a ``dask scheduler`` with two ``dask worker`` processes on 127.0.0.1, one of them killed
 with SIGKILL mid-task. Every output is compared with the one-device run's, bit for bit.

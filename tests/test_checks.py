@@ -1,4 +1,4 @@
-"""volconv.checks: the shared checks, hints and SPEC.md's tolerance."""
+"""volconv.checks: the shared checks, hints and the contract's tolerance."""
 
 from __future__ import annotations
 

@@ -309,7 +309,7 @@ def test_interrupted_run_leaves_nothing_complete_and_resumes(tmp_path, capsys, h
         kernels = f["kernels"][()]
         whole = convolve_bank(np.load(tmp_path / "b.npy"), kernels, device=DEVICE)
         for k, (stored, direct) in enumerate(zip(f["responses"][()], whole, strict=True)):
-            # both within SPEC's tolerance of scipy, so within twice it of each other
+            # both within the contract's tolerance of scipy, so within twice it of each other
             assert np.max(np.abs(stored - direct)) <= 2 * spec_tolerance(kernels[k], 255), k
     assert list(out.glob(".*partial*")) == []  # the killed run's leftover is gone too
     assert sorted(p.name for p in out.iterdir()) == ["a.h5", "b.h5"]
@@ -331,7 +331,7 @@ def test_python_m_volconv(tmp_path, scan):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bank.size" in bad.stderr
 
 
-# -- reruns: what counts as done (SPEC "CLI": same input, bank, boundary, cval, dtype) -----
+# -- reruns: what counts as done (contract, "Commands": same input, bank, boundary, cval, dtype) ---
 def test_a_changed_pipeline_over_a_complete_output_is_exit_2(tmp_path, scan, capsys):
     pipeline = write_pipeline(tmp_path, BOX)
     assert volconv("run", pipeline, capsys=capsys)[0] == 0

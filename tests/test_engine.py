@@ -1,4 +1,4 @@
-"""convolve_bank against scipy.ndimage.convolve (float64) at SPEC.md's tolerance."""
+"""convolve_bank against scipy.ndimage.convolve (float64) at the contract's tolerance."""
 
 from __future__ import annotations
 
@@ -109,8 +109,8 @@ def gaussian(size: int, sigma: float) -> np.ndarray:
 @pytest.mark.parametrize("mode", ["reflect", "constant"])
 @pytest.mark.parametrize("volume", ["constant 255", "random uint8"])
 def test_31_cube_kernels_on_bright_data(device, mode, volume):
-    """SPEC holds up to 31^3: one FP32 running sum over 29,791 taps did not (1.5x the tolerance
-    for a sigma 5 Gaussian over 255s); the kernel sums such filters plane by plane."""
+    """The contract holds up to 31^3: one FP32 running sum over 29,791 taps did not (1.5x the
+    tolerance for a sigma 5 Gaussian over 255s); the kernel sums such filters plane by plane."""
     shape = (40, 40, 40)
     vol = np.full(shape, 255, np.uint8)
     if volume == "random uint8":

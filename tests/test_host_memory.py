@@ -1,5 +1,5 @@
 """A run's host memory within ``[run] host_memory`` whether or not a float input holds NaN or
-Inf (SPEC "Memory"): the plan counts the non-finite override (`pipeline.nonfinite_bytes`),
+Inf (contract, "Memory"): the plan counts the non-finite override (`pipeline.nonfinite_bytes`),
 and a real run, measured by the kernel's peak-RSS mark, stays within the bound."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from volconv.tensor import DigitConvolver, DigitPlan, TensorShape
 # measured run with the peak-RSS mark (VmHWM) reset: what the run held, above what the
 # process held before.
 _spec = importlib.util.spec_from_file_location(
-    "measure_host_memory", Path(__file__).parents[1] / "scripts" / "measure_host_memory.py"
+    "measure_host_memory", Path(__file__).parents[1] / "scripts" / "bench" / "host_memory.py"
 )
 measure_host_memory = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(measure_host_memory)

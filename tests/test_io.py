@@ -69,7 +69,7 @@ FORMATS = {
 
 
 def oracle(file: Path, spec: str) -> np.ndarray:
-    """The voxels SPEC.md filters: nibabel's get_fdata, numpy.load, or the HDF5 dataset."""
+    """The voxels docs/contract.md filters: nibabel's get_fdata, numpy.load, or the HDF5 dataset."""
     if spec.endswith(".npy"):
         return np.load(file)
     if ":" in spec:

@@ -1,4 +1,4 @@
-"""NaN, +Inf and -Inf voxels against scipy.ndimage.convolve (float64), SPEC "Semantics".
+"""NaN, +Inf and -Inf voxels against scipy.ndimage.convolve (float64): docs/contract.md.
 
 scipy leaves out taps of weight |w| <= DBL_EPSILON, so a non-finite voxel reaches an output only
 through the taps a filter really has: never through the zero taps that pad a small filter to its
@@ -83,8 +83,8 @@ def volume(kind: str, shape: tuple[int, int, int] = (12, 13, 14)) -> np.ndarray:
 
 
 def assert_nonfinite_as_scipy(out, vol, kernels, mode, cval=0.0):
-    """NaN, +inf and -inf exactly where scipy has them; finite values at SPEC's tolerance with
-    m = max |v| over the finite voxels (and |cval| in constant mode)."""
+    """NaN, +inf and -inf exactly where scipy has them; finite values at the contract's tolerance
+    with m = max |v| over the finite voxels (and |cval| in constant mode)."""
     ref = reference(vol, kernels, mode, cval)
     assert out.shape == ref.shape, (out.shape, ref.shape)
     m = float(np.max(np.abs(vol[np.isfinite(vol)]), initial=0.0))
@@ -202,7 +202,7 @@ def test_slabs_into_pinned_views_as_the_pipeline_does(device):
     assert all(conv.timings[s] > 0 for s in ("upload", "pad", "kernel", "download"))
 
 
-# -- what the override holds (SPEC "Memory") -------------------------------------------------
+# -- what the override holds (docs/contract.md, "Memory") ------------------------------------------
 def override_run(device, vol, kernels, mode, slab_depth, budget):
     """Every slab of ``vol``: the finite part filtered, then `NonFiniteOverride.apply` with
     ``budget``, as `BankConvolver` does. Returns the responses, the override and the most

@@ -1,7 +1,7 @@
-"""`volconv run`: pipeline files to HDF5 outputs equal to scipy.ndimage.convolve (SPEC.md).
+"""`volconv run`: pipeline files to HDF5 outputs equal to scipy.ndimage.convolve (docs/contract.md).
 
 Every stored response is checked against scipy.ndimage.convolve (float64) of the input with
-the kernel stored beside it, at SPEC.md's tolerance, through the CLI as users run it: every
+the kernel stored beside it, at the contract's tolerance, through the CLI as users run it: every
 example pipeline, 3D and 4D inputs, integer and float types, big-endian NIfTI, HDF5 and .npy
 inputs, forced slab depths, float16 and uint8 outputs.
 """
@@ -79,7 +79,7 @@ def write_pipeline(folder: Path, filters: list[dict], **sections: dict) -> Path:
 
 
 def load_input(path: Path) -> np.ndarray:
-    """The input as SPEC.md's oracle reads it."""
+    """The input as the contract's oracle reads it."""
     if path.suffix == ".npy":
         return np.load(path).astype(np.float64)
     return nib.load(path).get_fdata()
@@ -103,7 +103,7 @@ def check_output(
 
 
 def check_stored(stored, ref, volume, kernels, attrs) -> None:
-    """SPEC tolerance for float32; for float16 and uint8 also their own rounding."""
+    """the contract's tolerance for float32; for float16 and uint8 also their own rounding."""
     if stored.dtype == np.float32:
         assert_spec_close(stored, volume, kernels, ref)
         return
@@ -151,8 +151,8 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
             f.attrs["source_sha256"]
             == hashlib.sha256((tmp_path / "scan.npy").read_bytes()).hexdigest()
         )
-        # SPEC "Throughput": useful work from each filter's own extent; the fractions of
-        # peak from what the kernels executed (no more than the bank padded to one extent)
+        # docs/contract.md, "The throughput record": useful work from each filter's own extent;
+        # the fractions of peak from what the kernels executed (at most the bank padded to one size)
         own = [
             f.kernel.shape
             for f in build_bank(
@@ -258,7 +258,7 @@ def test_big_endian_scaled_nifti_and_hdf5_inputs(tmp_path, capsys):
 
 
 def test_generated_gaussian_derivatives_equal_gaussian_filter(tmp_path, capsys):
-    """SPEC: gaussian with order equals gaussian_filter(..., order, truncate) in constant mode."""
+    """The contract: gaussian with order equals gaussian_filter(..., order, truncate), constant."""
     volume = random_volume((12, 11, 10), "float32")
     np.save(tmp_path / "v.npy", volume)
     filters = [{"type": "gaussian", "sigma": [1.0, 1.5, 0.8], "order": [0, 1, 2]}]
@@ -342,7 +342,7 @@ def test_slabs_stream_unless_the_depth_is_forced(tmp_path, capsys):
 BOX_FILTERS = [{"type": "box"}]
 
 
-# -- host memory (SPEC "Memory") ------------------------------------------------------------
+# -- host memory (docs/contract.md, "Memory") ------------------------------------------------------
 RSS_SCRIPT = """
 import resource, sys
 from volconv.config import load

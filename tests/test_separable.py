@@ -1,4 +1,4 @@
-"""The separable path against scipy.ndimage (float64) at SPEC.md's tolerance."""
+"""The separable path against scipy.ndimage (float64) at the contract's tolerance."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_every_generated_type_in_every_mode_with_seams(device, mode):
 @pytest.mark.parametrize("mode", ["reflect", "mirror", "nearest", "wrap", "constant"])
 def test_gaussians_equal_scipys_own_filters(device, mode):
     sigma, size = [1.5, 0.9, 1.2], [9, 7, 7]
-    radius = [k // 2 for k in size]  # SPEC's truncate = (size // 2) / sigma, per axis
+    radius = [k // 2 for k in size]  # the contract's truncate = (size // 2) / sigma, per axis
     orders = [(0, 0, 0), (1, 0, 0), (0, 2, 0), (1, 1, 0), (0, 1, 2)]
     specs = [{"type": "gaussian", "sigma": sigma, "order": list(o), "size": size} for o in orders]
     specs.append({"type": "log", "sigma": 1.3, "size": 11})

@@ -1,7 +1,7 @@
 """A fast start that keeps every safety property: the driver and the context started ahead in
 the background, pinned slab buffers made as the run needs them, and a replaced output freed
 in the background while the old file stays whole until the new one is complete
-(scripts/profile_start.py measures the start)."""
+(scripts/bench/start.py measures the start)."""
 
 from __future__ import annotations
 

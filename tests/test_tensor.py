@@ -1,6 +1,6 @@
 """The tensor-core engine: its choice and fallback (every device), its fragment layout (the
 kernel with mma.sync emulated, on any device) and its results on NVIDIA cc >= 8.0 against
-scipy.ndimage.convolve in float64 at SPEC's tolerance."""
+scipy.ndimage.convolve in float64 at the contract's tolerance."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def direct(bank: np.ndarray) -> list:
 def assert_nonfinite_as_scipy(
     out: np.ndarray, vol: np.ndarray, bank: np.ndarray, ref: np.ndarray
 ) -> None:
-    """NaN and Inf where scipy has them; the finite outputs within SPEC's tolerance of the
+    """NaN and Inf where scipy has them; the finite outputs within the contract's tolerance of the
     volume's finite part."""
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     np.testing.assert_array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])

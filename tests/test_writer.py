@@ -1,4 +1,4 @@
-"""The write stage: the output file of SPEC.md, written under a temporary name, complete last."""
+"""The write stage: docs/contract.md's output file, under a temporary name, complete last."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ KERNELS = np.random.default_rng(1).random((3, 3, 5, 1))
 
 
 def attrs() -> dict:
-    """Every root attribute SPEC.md lists, as the pipeline passes them."""
+    """Every root attribute docs/contract.md lists, as the pipeline passes them."""
     return {
         "affine": np.diag([1.5, 2.0, 3.0, 1.0]),
         "voxel_size": (1.5, 2.0, 3.0),
@@ -141,7 +141,7 @@ def test_uint8_quantises_with_scale_and_offset(tmp_path: Path) -> None:
     ok = np.isfinite(data)
     assert np.all(np.abs(value - clipped)[ok] <= scale * (0.5 + 1e-4))
     assert np.any((stored > 0) & (stored < 255))  # not all saturated
-    # CF's scale_factor/add_offset: xarray decodes the stored values to SPEC's value.
+    # CF's scale_factor/add_offset: xarray decodes the stored values to the contract's value.
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         np.testing.assert_allclose(ds.responses.values, value, rtol=1e-6)
 
