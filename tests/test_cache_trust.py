@@ -179,11 +179,11 @@ def bad_folder(tmp_path: Path, how: str, uid: int) -> tuple[Path, Path, str]:
     if how == "programs link":
         ours(tmp_path / "elsewhere")
         (folder / "programs").symlink_to(tmp_path / "elsewhere")
-        return folder, folder, "programs/ is a symbolic link"
+        return folder, folder / "programs", "a symbolic link"
     if how == "programs other owner":
         (folder / "programs").mkdir()
         os.chown(folder / "programs", uid, uid)
-        return folder, folder, "programs/ is owned by uid"
+        return folder, folder / "programs", "owned by uid"
     raise AssertionError(how)
 
 
@@ -301,7 +301,7 @@ def test_a_planted_binary_in_an_untrusted_folder_is_never_loaded(device, forged,
         out = run(device)
     assert_spec_close(out, VOLUME, KERNELS, ref)
     (said,) = trust_warnings(seen)
-    assert said.startswith(f"{folder}:")
+    assert said.startswith(str(folder))
     # built into the user's own cache folder instead; the shared one is left as it was
     assert list((Path(os.environ["XDG_CACHE_HOME"]) / "volconv" / "programs").iterdir())
     assert all(p.read_bytes().startswith(PROGRAM_MAGIC) for p in planted if p.exists())

@@ -105,11 +105,17 @@ def _open_problem(e: OSError) -> str:
 
 
 def warn_once(path: Path | str, why: str, then: str) -> None:
-    """One warning per path and process."""
-    if str(path) in _WARNED:
+    """The trust rule's warning: once a path and process."""
+    say_once(str(path), f"{path}: {why}; not trusted, ignored ({then})", stacklevel=4)
+
+
+def say_once(key: str, message: str, stacklevel: int = 3) -> None:
+    """A RuntimeWarning, once per ``key`` and process: a cache entry is named once a run, not
+    once for every plan or program that meets it."""
+    if key in _WARNED:
         return
-    _WARNED.add(str(path))
-    warnings.warn(f"{path}: {why}; not trusted, ignored ({then})", RuntimeWarning, stacklevel=3)
+    _WARNED.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -171,13 +177,14 @@ def _open_chain(folder: Path, parts: tuple[str, ...], make: bool) -> int | None:
     return fd
 
 
-def check_folder(folder: Path, make: bool = True) -> str | None:
-    """Why the cache folder ``folder`` (with its `SUBFOLDERS`, where present) fails the
-    rule, or None; made (private) when missing and ``make``."""
+def check_folder(folder: Path, make: bool = True) -> tuple[Path, str] | None:
+    """The path in the cache folder ``folder`` (itself, or one of its `SUBFOLDERS` where
+    present) that fails the rule and why, or None; ``folder`` is made (private) when missing
+    and ``make``."""
     try:
         fd = _open_folder(folder, make=make)
     except Untrusted as e:
-        return e.why
+        return e.path, e.why
     except OSError:  # cannot be made (a read-only place): nothing in it to trust
         return None
     if fd is None:
@@ -187,7 +194,7 @@ def check_folder(folder: Path, make: bool = True) -> str | None:
             try:
                 inner = _open_folder(folder / sub, fd)
             except Untrusted as e:
-                return f"its {sub}/ is {e.why}"
+                return e.path, e.why
             if inner is not None:
                 os.close(inner)
     finally:
@@ -200,15 +207,15 @@ def cache_folder(cache_dir: Path | None = None) -> Path:
     the trust rule (made, private, when missing); else, with one warning, the per-user cache
     folder, or where that fails too a private temporary folder for this process."""
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    why = check_folder(folder)
-    if why is None:
+    problem = check_folder(folder)
+    if problem is None:
         return folder
     user = user_cache_dir()
     if user.absolute() != folder.absolute() and check_folder(user) is None:
         fallback = user
     else:
         fallback = _private_folder()
-    warn_once(folder, why, f"the cache is {fallback} instead")
+    warn_once(problem[0], problem[1], f"the cache is {fallback} instead")
     return fallback
 
 

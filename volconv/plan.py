@@ -14,7 +14,6 @@ import hashlib
 import importlib
 import json
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.boundary import halo
-from volconv.cache import cache_folder, device_key, read_cached
+from volconv.cache import cache_folder, device_key, read_cached, say_once
 from volconv.checks import check_positive_int
 from volconv.programs import kernel_source
 
@@ -619,10 +618,7 @@ def tuned_knobs(
 
 
 def _ignored(path: Path, why: str) -> None:
-    warnings.warn(
-        f"{path}: {why}; ignored, the plan takes its defaults (volconv bench --tune "
-        "measures again)",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    message = (f"{path}: {why}; ignored, the plan takes its defaults (volconv bench --tune "
+               "measures again)")  # fmt: skip
+    say_once(message, message, stacklevel=4)  # once a run, not once a plan
     return None
