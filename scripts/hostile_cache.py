@@ -271,7 +271,7 @@ def main() -> int:
                 why = (
                     f"exit {code}, responses {wrong or 'right'}, "
                     f"{len(warned)} warning(s) naming {named.name}: "
-                    f"{warned[0].split(': ', 1)[-1][:120] if warned else err.strip()[-200:]}"
+                    f"{warned[0].split('Warning: ', 1)[-1][:160] if warned else err.strip()[-200:]}"
                 )
             failed += not ok
             print(f"{'PASS' if ok else 'FAIL'} {name}: {why}", flush=True)

@@ -32,7 +32,7 @@ from volconv.cache import (
     device_key,
     is_private,
     read_cached,
-    warn_once,
+    say_once,
     write_cached,
 )
 
@@ -294,7 +294,8 @@ def binary_build(
             found = unpack_program(data, digest)
             if isinstance(found, str):
                 if found != "not a volconv program binary":  # an older volconv's: replaced
-                    warn_once(folder / name, found, "built again")
+                    say_once(str(folder / name), f"{folder / name}: {found}; refused, built "
+                                                 "again", stacklevel=3)  # fmt: skip
             else:
                 binary, load = found
                 with suppress(cl.Error):  # refused (another driver): built again
