@@ -5,6 +5,9 @@ built again and replaced."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -164,3 +167,26 @@ def test_an_unwritable_cache_still_builds(device):
         warnings.simplefilter("error")
         program = fma(device, Path("/proc/self/volconv-cache"))
     assert np.all(np.isfinite(probe(program, device)))
+
+
+def test_a_first_run_says_it_builds_once_and_a_second_loads(tmp_path):
+    """`volconv run` on a cold cache: one line on stderr naming the device and the cache, no
+    compiler output; the same run again loads every program and says nothing."""
+    from test_pipeline import ROOT, check_output, random_volume, write_pipeline
+
+    volume = random_volume((9, 8, 7), "uint8")
+    np.save(tmp_path / "scan.npy", volume)
+    pipeline = write_pipeline(tmp_path, [{"type": "box"}])
+    env = {**os.environ, "VOLCONV_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "volconv", "run", str(pipeline), "--overwrite"]
+    said = []
+    for _ in range(2):
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        check_output(tmp_path / "out" / "scan.h5", volume).close()
+        said.append(done.stderr)
+    (line,) = said[0].splitlines()
+    assert line.startswith("volconv: building kernels for ") and ", once; " in line
+    assert line.endswith(f"later runs load them from {tmp_path / 'cache' / 'programs'}")
+    assert said[1] == ""
