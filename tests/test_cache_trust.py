@@ -84,22 +84,14 @@ class Record:
 def plant(folder: Path, name: str, how: str, uid: int | None) -> str:
     """Put something at ``folder``/``name`` as ``how`` says; the expected reason."""
     path = folder / name
-    if how == "ours":
+    modes = {"ours": 0o600, "other owner": 0o600, "group writable": 0o620, "other writable": 0o602}
+    if how in modes:
         path.write_bytes(b"{}")
-        path.chmod(0o600)
-        return ""
-    if how == "other owner":
-        path.write_bytes(b"{}")
-        os.chown(path, uid, uid)
-        return "owned by uid"
-    if how == "group writable":
-        path.write_bytes(b"{}")
-        path.chmod(0o620)
-        return "writable by others"
-    if how == "other writable":
-        path.write_bytes(b"{}")
-        path.chmod(0o602)
-        return "writable by others"
+        path.chmod(modes[how])
+        if how == "other owner":
+            os.chown(path, uid, uid)
+            return "owned by uid"
+        return "" if how == "ours" else "writable by others"
     if how == "link":
         (folder / "target").write_bytes(b"{}")
         path.symlink_to(folder / "target")
