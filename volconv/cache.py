@@ -85,14 +85,15 @@ def folder_problem(st: os.stat_result) -> str | None:
     return _writers(st)
 
 
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))  # fmt: skip
+
+
 def file_problem(st: os.stat_result) -> str | None:
     """Why a cached file with this ``fstat`` fails the trust rule, or None."""
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device"
-                if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a socket"
-                if stat.S_ISSOCK(st.st_mode) else "a folder"
-                if stat.S_ISDIR(st.st_mode) else "not a regular file")  # fmt: skip
-        return kind if kind == "not a regular file" else f"{kind}, not a regular file"
+        kind = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), "something")
+        return f"{kind}, not a regular file"
     return _writers(st)
 
 
