@@ -26,6 +26,7 @@ from volconv.cli import UserError
 from volconv.config import dump_toml
 
 BOX = [{"type": "box"}]
+BUILDING = "volconv: building kernels"  # a first run's one line on a cold cache
 
 
 def assert_one_line_error(code: int, out: str, err: str, *words: str) -> str:
@@ -438,7 +439,7 @@ def test_a_closed_stdout_does_not_stop_the_run(tmp_path):
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert err == ""
+    assert all(ln.startswith(BUILDING) for ln in err.splitlines()), err  # nothing else
     for i in range(3):
         assert says_complete(tmp_path / "out" / f"v{i}.h5")
 
@@ -501,8 +502,9 @@ def test_disk_full_is_exit_1_in_one_line_and_a_rerun_finishes(tmp_path, tmpfs):
     run = subprocess.run([sys.executable, "-m", "volconv", "run", str(pipeline)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 1, run.stderr
-    assert run.stderr.count("\n") == 1, run.stderr
-    assert "b.h5" in run.stderr and "No space left on device" in run.stderr
+    err = "".join(ln for ln in run.stderr.splitlines(True) if not ln.startswith(BUILDING))
+    assert err.count("\n") == 1, run.stderr
+    assert "b.h5" in err and "No space left on device" in err
     assert sorted(p.name for p in (disk / "out").iterdir()) == ["a.h5"]  # kept; no temporary
     assert says_complete(disk / "out" / "a.h5")
     (disk / "filler").unlink()

@@ -7,7 +7,7 @@ import json
 import pyopencl as cl
 import pytest
 
-from volconv import peak
+from volconv import cache, peak
 from volconv.peak import CpuInfo, amd_gpu_peak, cpu_peak, intel_gpu_peak, nvidia_peak
 
 AVX512 = frozenset({"sse2", "avx", "avx2", "fma", "avx512f"})
@@ -158,4 +158,5 @@ def test_failed_probe_is_none(device, tmp_path, monkeypatch):
 
 def test_cache_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
-    assert peak.default_cache_dir() == tmp_path
+    assert cache.default_cache_dir() == tmp_path
+    assert cache.cache_folder() == tmp_path

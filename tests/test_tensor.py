@@ -14,7 +14,7 @@ from conftest import assert_spec_close, reference
 from volconv.checks import spec_tolerance
 from volconv.engine import BankConvolver
 from volconv.plan import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, make_plan, tune_keys
-from volconv.programs import kernel_folder
+from volconv.programs import kernel_folder, sm90a_ptx
 from volconv.report import write_json
 from volconv.separable import SeparableConvolver, plan_bank
 from volconv.tensor import (
@@ -37,7 +37,6 @@ from volconv.tensor import (
     int8_digits,
     int8_fragments,
     local_bytes,
-    sm90a_ptx,
     tensor_defines,
     tensor_pays,
     tensor_refusal,

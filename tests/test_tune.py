@@ -4,13 +4,14 @@ the cache (`volconv.plan.tuned_knobs`): round trip, use, stale and corrupt files
 from __future__ import annotations
 
 import json
-import os
+import warnings
 
 import numpy as np
 import pytest
 from conftest import assert_spec_close, reference
 from typer.testing import CliRunner
 
+import volconv.cache
 from volconv import report
 from volconv.bench import Work
 from volconv.cli import app
@@ -144,28 +145,27 @@ def test_cache_round_trip_keeps_other_entries(device, cache):
 
 
 def test_cache_is_written_atomically(device, cache, monkeypatch):
-    """The cache goes through a temporary file renamed over it; a failed write leaves the old
-    file whole and no temporary file behind."""
+    """The cache goes through a private temporary file renamed over it; a failed write leaves
+    the old file whole and no temporary file behind, and the tuning says it failed."""
     old = {"another device | driver 1": {}}
     report.write_json(old, cache / TUNE_FILE)
     renames = []
-    real = os.replace
 
-    def failing(src, dst):
-        renames.append((os.path.dirname(src), os.path.basename(src), dst))
+    def failing(src, dst, **kw):
+        renames.append((src, dst))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report.os, "replace", failing)
+    monkeypatch.setattr(volconv.cache.os, "replace", failing)
     with pytest.raises(OSError, match="No space"):
         tune_bank(TINY, device=device, candidates=FEW, repeats=1, rounds=1)
     # programs built on the way cache their binaries under cache/programs the same way (and
     # go on without them): only the tune file's rename is this test's
-    (folder, name, _), = [r for r in renames if r[2] == cache / TUNE_FILE]  # fmt: skip
-    assert folder == str(cache) and name.startswith(f".{TUNE_FILE}.")
+    ((name, _),) = [r for r in renames if r[1] == TUNE_FILE]
+    assert name.startswith(f".{TUNE_FILE}.")
+    monkeypatch.undo()
     assert json.loads((cache / TUNE_FILE).read_text()) == old
     assert sorted(p.name for p in cache.iterdir() if p.name != "programs") == [TUNE_FILE]
     assert not [p for p in cache.rglob(".*") if p.is_file()]  # no temporary file left
-    monkeypatch.setattr(report.os, "replace", real)
 
 
 def test_write_false_caches_nothing(device, cache):
@@ -261,6 +261,47 @@ def test_corrupt_or_stale_cache_is_ignored_with_a_warning(device, cache, text, w
     with pytest.warns(RuntimeWarning, match=why):
         plan = untuned_plan(device, TINY)
     assert plan == untuned_plan(device, TINY, tuned=False)
+
+
+def tiles_past_local_memory(device) -> tuple[tuple[int, int], int] | None:
+    """A work-group the device takes whose input tiles at unroll 24, 4 rows need more local
+    memory than it has, with those bytes; None where none does."""
+    from volconv.plan import tile_bytes
+
+    most = device.max_work_group_size
+    for lz in (64, 32, 16, 8):
+        local = (lz, most // lz)
+        if (need := tile_bytes(24, 4, local, (3, 5, 3))) > device.local_mem_size:
+            return local, need
+    return None
+
+
+@pytest.mark.parametrize("misfit", ["work-group", "input tiles"])
+def test_an_entry_that_does_not_fit_the_device_is_blamed_on_tune_json(device, cache, misfit):
+    """A work-group of 1048576 x 1048576, or input tiles needing more local memory than the
+    device has: ignored with a warning naming tune.json, the defaults taken, the run right
+    (never an error naming the input)."""
+    work = Work((16, 18, 20), 3, (3, 5, 3), dtype="int16")
+    if misfit == "work-group":
+        bad = entry(local_size=[1048576, 1048576], vector_width=4)
+    else:
+        found = tiles_past_local_memory(device)
+        if found is None:
+            pytest.skip(f"{device.name.strip()} has room for every input tile")
+        bad = entry(unroll=24, rows=4, input_local=True, local_size=list(found[0]))
+    write_entry(cache, device, work, bad)
+    with pytest.warns(RuntimeWarning, match=TUNE_FILE) as seen:
+        plan = untuned_plan(device, work)
+    assert plan == untuned_plan(device, work, tuned=False)
+    said = " ".join(str(w.message) for w in seen)
+    assert str(cache / TUNE_FILE) in said and "N=3 int16" in said
+    rng = np.random.default_rng(25)
+    volume = rng.integers(-300, 300, work.shape).astype(np.int16)
+    kernels = rng.standard_normal((work.n, *work.extent))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # named once a run: not again
+        out = convolve_bank(volume, kernels, work.mode, device=device)
+    assert_spec_close(out, volume, kernels, reference(volume, kernels, work.mode))
 
 
 # -- the command line -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ per (platform, device, driver, probe source): `measured_peak`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -26,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
-from volconv.programs import build, context_for, default_cache_dir, kernel_source
-from volconv.report import format_gflops, write_json
+from volconv.cache import cache_folder, device_key, read_cached, write_cached
+from volconv.programs import build, context_for, kernel_source
+from volconv.report import format_gflops
 
 log = logging.getLogger(__name__)
 
@@ -305,11 +307,14 @@ def theoretical_peak(device: cl.Device) -> Peak:
 # -- the FMA probe ---------------------------------------------------------------------------
 
 
+PEAK_FILE = "peak.json"
+
+
 def _cache_key(device: cl.Device) -> str:
-    """Platform, device, driver and probe source: a new driver or probe measures again."""
+    """The device key (platform, device, driver) and the probe's source: a new driver or
+    probe measures again."""
     probe = hashlib.sha256(kernel_source("fma_probe.cl").encode()).hexdigest()[:12]
-    parts = (device.platform.name, device.name, device.driver_version, f"probe {probe}")
-    return " | ".join(p.strip() for p in parts)
+    return f"{device_key(device)} | probe {probe}"
 
 
 def _probe_variant(device: cl.Device, vw: int, chains: int) -> float:
@@ -355,10 +360,13 @@ def probe_fma(device: cl.Device) -> dict[str, object]:
     return best
 
 
-def _read_cache(path: Path) -> dict[str, dict]:
+def _read_cache(folder: Path) -> dict[str, dict]:
+    """peak.json in the cache ``folder``, where it passes the trust rule (`volconv.cache`);
+    else empty: measured again."""
+    text = read_cached(folder, PEAK_FILE, "measured again")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: measure again
+        data = json.loads(text) if text is not None else {}
+    except ValueError:  # unreadable: measured again, and replaced
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -372,8 +380,9 @@ def measured_peak(
 ) -> float | None:
     """The FMA probe's FP32 rate of ``device`` in GFLOP/s, or None when the probe fails.
 
-    Cached in ``peak.json`` under ``cache_dir`` (`default_cache_dir`) per platform, device,
-    driver and probe source; ``refresh`` measures again and replaces the entry. With
+    Cached in ``peak.json`` in the cache folder (``cache_dir``, default
+    `volconv.cache.default_cache_dir`, under its trust rule) per device key and probe source;
+    ``refresh`` measures again and replaces the entry. With
     ``probe=False`` only the cache is read (None when it has no entry): `volconv run` records
     the probe's rate when known and never spends seconds measuring it.
     """
@@ -402,10 +411,11 @@ def _measured(
     probe: bool,
     cache_dir: Path | None,
 ) -> float | None:
-    path = (cache_dir or default_cache_dir()) / "peak.json"
+    folder = cache_folder(cache_dir)
     key = _cache_key(device) + suffix
-    if not refresh and (hit := _read_cache(path).get(key)):
-        return float(hit[field])
+    if not refresh and (hit := _read_cache(folder).get(key)):
+        with contextlib.suppress(KeyError, TypeError, ValueError):  # damaged: measured again
+            return float(hit[field])
     if not probe:
         return None
     try:
@@ -414,9 +424,10 @@ def _measured(
         log.warning("probe %s failed on %s: %s", measure.__name__, device.name.strip(), e)
         return None
     entry["measured"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    cache = _read_cache(path)  # re-read: another process may have added a device
+    cache = _read_cache(folder)  # re-read: another process may have added a device
     cache[key] = entry
-    write_json(cache, path)  # atomic: a reader never sees half a file
+    # atomic, through a private file: a reader never sees half a file
+    write_cached(folder, PEAK_FILE, (json.dumps(cache, indent=1) + "\n").encode())
     return float(entry[field])
 
 

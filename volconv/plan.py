@@ -14,7 +14,6 @@ import hashlib
 import importlib
 import json
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,8 +22,9 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.boundary import halo
+from volconv.cache import cache_folder, device_key, read_cached, say_once
 from volconv.checks import check_positive_int
-from volconv.programs import default_cache_dir, kernel_source
+from volconv.programs import kernel_source
 
 MAX_FILTERS = 64
 MAX_EXTENT = 31
@@ -385,6 +385,8 @@ def make_plan(
     the whole-array API takes the deepest slab that fits.
     """
     check_knobs(device, unroll, vector_width, local_size, rows)
+    given = {"unroll": unroll, "vector_width": vector_width, "local_size": local_size,
+             "rows": rows, "input_local": input_local, "engine": engine}  # fmt: skip
     kz = extents[2]
     cpu = bool(device.type & cl.device_type.CPU)
     knobs = {}
@@ -399,7 +401,18 @@ def make_plan(
     widest = max(p.width for p in passes)
     unroll = unroll or knobs.get("unroll")
     rows = rows or knobs.get("rows")
-    block = _block(widest, shape, extents, device, unroll, rows, local_size, input_local)
+    try:
+        block = _block(widest, shape, extents, device, unroll, rows, local_size, input_local)
+    except ValueError as e:
+        if not knobs:
+            raise
+        # the tuning's entry does not fit this device: the cache's fault, not the input's
+        bank_key = tune_keys(device, extents, n_filters, src_dtype)[1]
+        _ignored(tune_path(), f"its entry for {bank_key} does not fit {device.name.strip()} "
+                              f"({e})")  # fmt: skip
+        return make_plan(shape, src_dtype, extents, n_filters, mode, cval, device,
+                         slab_depth=slab_depth, memory_budget=memory_budget, pad_float=pad_float,
+                         tuned=False, stream=stream, **given)  # fmt: skip
     if (unroll, rows, local_size) == (None, None, None):
         # untuned: each narrower pass takes its own width's block
         own = [_block(p.width, shape, extents, device, input_local=input_local)
@@ -533,14 +546,15 @@ def kernel_hash() -> str:
 def tune_keys(
     device: cl.Device, extents: tuple[int, int, int], n_filters: int, src_dtype: np.dtype
 ) -> tuple[str, str]:
-    """The cache's keys: the platform, device and driver; the bank's extents, N and type."""
-    parts = (device.platform.name, device.name, device.driver_version)
+    """The cache's keys: the device key (platform, device, driver); the bank's extents, N and
+    type."""
     bank = f"{'x'.join(map(str, extents))} N={n_filters} {np.dtype(src_dtype).name}"
-    return " | ".join(p.strip() for p in parts), bank
+    return device_key(device), bank
 
 
 def tune_path(cache_dir: Path | None = None) -> Path:
-    return (cache_dir or default_cache_dir()) / TUNE_FILE
+    """tune.json in the cache folder (`volconv.cache.cache_folder`: under its trust rule)."""
+    return cache_folder(cache_dir) / TUNE_FILE
 
 
 def tuned_knobs(
@@ -556,12 +570,9 @@ def tuned_knobs(
     An unreadable file, or an entry that is stale (another kernel source or format) or
     invalid, is ignored with a warning: the plan falls back to its defaults."""
     path = tune_path(cache_dir)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    text = read_cached(path.parent, TUNE_FILE, "the plan takes its defaults")
+    if text is None:  # none, or one that fails the cache's trust rule (warned)
         return None
-    except OSError as e:
-        return _ignored(path, f"unreadable ({e.strerror})")
     try:
         doc = json.loads(text)
     except ValueError:
@@ -598,14 +609,16 @@ def tuned_knobs(
         engine = knobs["engine"]
         return _ignored(path, f"its entry for {bank_key} names engine {engine!r}, which does "
                               f"not run on {device.name.strip()}")  # fmt: skip
+    lz, ly = knobs["local_size"]
+    if lz * ly > device.max_work_group_size:
+        return _ignored(path, f"its entry for {bank_key} has a work-group of {lz}x{ly}; "
+                              f"{device.name.strip()} takes at most "
+                              f"{device.max_work_group_size} work-items")  # fmt: skip
     return knobs
 
 
 def _ignored(path: Path, why: str) -> None:
-    warnings.warn(
-        f"{path}: {why}; ignored, the plan takes its defaults (volconv bench --tune "
-        "measures again)",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    message = (f"{path}: {why}; ignored, the plan takes its defaults (volconv bench --tune "
+               "measures again)")  # fmt: skip
+    say_once(message, message, stacklevel=4)  # once a run, not once a plan
     return None

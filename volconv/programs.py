@@ -4,16 +4,19 @@ per device and process. The engine, the FMA probe and every other kernel user bu
 Nothing touches OpenCL at import time, so importing volconv before a fork is safe; contexts
 are made on first use, in the process that uses them, or started ahead (`start_driver`,
 `start_context`) by a `volconv run` that knows it will need them. volconv's cache folder
-(the FMA probe, the tuning, CPU program binaries) is `default_cache_dir`.
+(program binaries for every kind of device, the FMA probe, the tuning) is `volconv.cache`'s.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
-import tempfile
+import re
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import suppress
@@ -24,16 +27,14 @@ from pathlib import Path
 
 import pyopencl as cl
 
-
-def default_cache_dir() -> Path:
-    """``$VOLCONV_CACHE_DIR``, else the user cache dir (platformdirs), else ~/.cache/volconv."""
-    if env := os.environ.get("VOLCONV_CACHE_DIR"):
-        return Path(env)
-    try:
-        from platformdirs import user_cache_dir  # a pyopencl dependency
-    except ImportError:
-        return Path.home() / ".cache" / "volconv"
-    return Path(user_cache_dir("volconv"))
+from volconv.cache import (
+    cache_folder,
+    device_key,
+    is_private,
+    read_cached,
+    say_once,
+    write_cached,
+)
 
 
 def kernel_folder() -> Traversable:
@@ -145,54 +146,179 @@ def build(
     options: tuple[str, ...] = (),
 ) -> cl.Program:
     """Build kernels/``name`` with ``-D`` defines and other compiler ``options``, once per
-    process. On a GPU pyopencl (or the driver) caches the binary on disk; on a CPU,
-    `cpu_binary_build`."""
+    process, from the binary cache when it holds it (`binary_build`)."""
     flags = [f"-D{k}={v}" for k, v in defines] + list(options)
-    device = ctx.devices[0]
-    if device.type & cl.device_type.CPU:
-        return cpu_binary_build(ctx, device, kernel_source(name), flags)
-    return cl.Program(ctx, kernel_source(name)).build(options=flags)
+    source = kernel_source(name)
+
+    def make() -> tuple[cl.Program, list[str]]:
+        return cl.Program(ctx, source).build(options=flags), flags
+
+    return binary_build(ctx, source, flags, make)
 
 
-def cpu_binary_build(
+SM90A_LINE = "//@ "  # kernels/tensor_int8.cl's wgmma lines under WGMMA_COMMENT
+
+
+@cache
+def build_sm90a(
     ctx: cl.Context,
-    device: cl.Device,
+    name: str,
+    defines: tuple[tuple[str, object], ...],
+    options: tuple[str, ...] = (),
+) -> cl.Program:
+    """Build kernels/``name`` with wgmma for sm_90a, which NVIDIA's OpenCL does not target (its
+    PTX says sm_90, whose ptxas refuses wgmma): with ``-cl-nv-arch sm_90a`` where the driver
+    takes it and the split is not persistent; else the kernel compiled with its wgmma lines
+    as PTX comments (WGMMA_COMMENT), and the PTX made sm_90a's (`sm90a_ptx`, with the
+    persistent split's groups per multiprocessor) built as the binary. Cached as `build`."""
+    flags = [f"-D{k}={v}" for k, v in defines]
+    source = kernel_source(name)
+    found = dict(defines)
+    groups, threads = int(found.get("PERSISTENT", 0)), 32 * int(found["WY"]) * int(found["WZ"])
+
+    def make() -> tuple[cl.Program, list[str]]:
+        if not groups:  # else the PTX route, where .minnctapersm can say it
+            arch = [*flags, "-cl-nv-arch", "sm_90a", *options]
+            try:
+                return cl.Program(ctx, source).build(options=arch), arch
+            except cl.Error:
+                pass
+        ptx = cl.Program(ctx, source).build(options=[*flags, "-DWGMMA_COMMENT=1"])
+        text = ptx.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0").decode()
+        text = sm90a_ptx(text, groups, threads)
+        program = cl.Program(ctx, ctx.devices[:1], [text.encode()]).build(options=list(options))
+        return program, list(options)
+
+    return binary_build(ctx, source, [*flags, *options, "sm_90a"], make)
+
+
+def sm90a_ptx(text: str, min_groups: int = 0, threads: int = 0) -> str:
+    """The PTX of a kernel compiled with WGMMA_COMMENT made sm_90a's: its wgmma lines
+    uncommented, its target sm_90a, its ISA at least 8.0; with ``min_groups``, each entry's
+    ``.minnctapersm`` (beside a ``.maxntid`` of ``threads`` where it has no bound of its own)
+    asks ptxas for as few registers as let that many work-groups of ``threads`` share a
+    multiprocessor (the persistent split's groups: the driver takes no register cap)."""
+    text = re.sub(
+        r"^\.target\s+sm_90\b", ".target sm_90a", text.replace(SM90A_LINE, ""), flags=re.M
+    )
+    version = re.search(r"^\.version\s+(\d+)\.(\d+)", text, flags=re.M)
+    if version and (int(version[1]), int(version[2])) < (8, 0):  # wgmma: PTX ISA 8.0
+        text = text.replace(version[0], ".version 8.0", 1)
+    if min_groups:  # between an entry's parameters (and bounds) and its body
+
+        def bound(m: re.Match) -> str:
+            head = m[1]
+            if threads and not re.search(r"\.(maxntid|reqntid)\b", head):
+                head += f"\n.maxntid {threads}, 1, 1"
+            return f"{head}\n.minnctapersm {min_groups}{m[2]}{{"
+
+        text = re.sub(r"(\.entry\s[^{]*?)(\s*)\{", bound, text, flags=re.S)
+    return text
+
+
+# -- the binary cache ----------------------------------------------------------------------
+# programs/<key>.bin in the cache folder (volconv.cache, which applies the trust rule): a
+# header line naming the format, then a JSON line with the digest of what the binary was
+# built from (format, device key, source, options), the payload's SHA-256 and the options
+# it is built with, then the driver's binary (a CPU's object code, NVIDIA's PTX).
+PROGRAM_MAGIC = b"volconv program 1\n"
+VERBOSE = ("-cl-nv-verbose",)  # builds whose compiler report is wanted: never cached
+_BUILT: list[str] = []  # the device whose build was announced (once a process)
+
+
+def program_digest(device: cl.Device, source: str, options: list[str] | tuple[str, ...]) -> str:
+    """The SHA-256 (hex) of what a program binary is built from: the format, the device key
+    (platform, device, driver), the source and the options."""
+    parts = (PROGRAM_MAGIC.decode().strip(), device_key(device), source, *options)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def pack_program(digest: str, binary: bytes, options: list[str]) -> bytes:
+    """A cache entry: `PROGRAM_MAGIC`, the header line, the binary."""
+    header = {"digest": digest, "sha256": hashlib.sha256(binary).hexdigest(), "options": options}
+    return PROGRAM_MAGIC + json.dumps(header).encode() + b"\n" + binary
+
+
+def unpack_program(data: bytes, digest: str) -> tuple[bytes, list[str]] | str:
+    """The binary and its build options, or why the entry is refused."""
+    if not data.startswith(PROGRAM_MAGIC):
+        return "not a volconv program binary"
+    head, _, binary = data[len(PROGRAM_MAGIC) :].partition(b"\n")
+    try:
+        header = json.loads(head)
+        options = [str(o) for o in header["options"]]
+        stale = header["digest"] != digest
+        damaged = header["sha256"] != hashlib.sha256(binary).hexdigest()
+    except (ValueError, KeyError, TypeError):
+        return "a damaged header"
+    if stale:
+        return "built from another source, options or device (stale)"
+    if damaged:
+        return "a damaged binary (its SHA-256 differs)"
+    return binary, options
+
+
+def binary_build(
+    ctx: cl.Context,
     source: str,
     options: list[str],
+    make: Callable[[], tuple[cl.Program, list[str]]] | None = None,
     cache_dir: Path | None = None,
 ) -> cl.Program:
-    """Build ``source`` from the binary cached under ``cache_dir``/programs, keyed by
-    platform, device, driver, source and options; else from source, caching its binary.
+    """The program of ``source`` and ``options`` for ``ctx``'s first device: loaded from the
+    binary cached under the cache folder's programs/ (`volconv.cache.cache_folder`; entries
+    keyed and checked by `program_digest`), on every kind of device; else built by ``make``
+    (default: from source with ``options``), which returns the program and the options its
+    binary is built with, and its binary cached.
 
-    PoCL keeps its own cache, but a build from source still hashes and reloads it: 40-80 ms
-    a program on the 2-core EPYC VM, against 3 ms from the binary. A binary the driver
-    refuses (truncated, another driver) is built again from source and replaced.
+    A cache hit skips the compiler's front end: on PoCL 40-80 ms a program against 3 ms, on
+    NVIDIA the whole OpenCL C compile. An entry that fails the trust rule is ignored with a
+    warning; one that is stale or damaged, or that the driver refuses, is built again and
+    replaced. pyopencl's CompilerWarning about a non-empty build log is kept from the user.
     """
-    parts = (device.platform.name, device.name, device.driver_version, source, *options)
-    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
-    path = (cache_dir or default_cache_dir()) / "programs" / f"{key}.bin"
-    try:
-        return cl.Program(ctx, [device], [path.read_bytes()]).build(options=options)
-    except (OSError, cl.Error):  # none yet, or refused: from source
-        pass
-    program = cl.Program(ctx, source).build(options=options)
-    with suppress(OSError):  # a read-only cache folder: the next process builds from source
-        _write_atomic(path, program.get_info(cl.program_info.BINARIES)[0])
-    return program
+    device = ctx.devices[0]
+    if make is None:
+
+        def make() -> tuple[cl.Program, list[str]]:
+            return cl.Program(ctx, source).build(options=options), options
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        if any(o in VERBOSE for o in options):
+            return make()[0]
+        folder = cache_folder(cache_dir)
+        digest = program_digest(device, source, options)
+        name = f"programs/{digest[:32]}.bin"
+        data = read_cached(folder, name, "built again")
+        if data is not None:
+            found = unpack_program(data, digest)
+            if isinstance(found, str):
+                if found != "not a volconv program binary":  # an older volconv's: replaced
+                    say_once(str(folder / name), f"{folder / name}: {found}; refused, built "
+                                                 "again", stacklevel=3)  # fmt: skip
+            else:
+                binary, load = found
+                with suppress(cl.Error):  # refused (another driver): built again
+                    return cl.Program(ctx, [device], [binary]).build(options=load)
+        _announce(device, folder)
+        program, load = make()
+        binary = program.get_info(cl.program_info.BINARIES)[0]
+        with suppress(OSError):  # a read-only cache folder: the next process builds again
+            write_cached(folder, name, pack_program(digest, binary, load))
+        return program
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file renamed over it: another process
-    never reads half a binary."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _announce(device: cl.Device, folder: Path) -> None:
+    """Say once a process that kernels are compiled, and where later runs find them."""
+    if _BUILT:
+        return
+    _BUILT.append(device_key(device))
+    name = f"{device.name.strip()} ({device.platform.name.strip()})"
+    if is_private(folder):
+        later = "the cache folder is not trusted, so later runs build them again"
+    else:
+        later = f"later runs load them from {folder / 'programs'}"
+    print(f"volconv: building kernels for {name}, once; {later}", file=sys.stderr, flush=True)
 
 
 def device_seconds(events: list[cl.Event]) -> float:

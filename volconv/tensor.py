@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import warnings
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
-from functools import cache
 
 import numpy as np
 import pyopencl as cl
@@ -45,7 +43,7 @@ from volconv.plan import (
     tuned_knobs,
 )
 from volconv.plan import ENGINES as DIRECT_ENGINES
-from volconv.programs import build, kernel_source
+from volconv.programs import build, build_sm90a
 
 # cl_nv_device_attribute_query
 CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV = 0x4000
@@ -199,62 +197,6 @@ def fit_split(
         want = split.persistent * threads // split.threads
         split = replace(split, persistent=max(1, min(want, SM_LOCAL_BYTES // per_group)))
     return split
-
-
-SM90A_LINE = "//@ "  # kernels/tensor_int8.cl's wgmma lines under WGMMA_COMMENT
-
-
-@cache
-def build_sm90a(
-    ctx: cl.Context,
-    name: str,
-    defines: tuple[tuple[str, object], ...],
-    options: tuple[str, ...] = (),
-) -> cl.Program:
-    """Build kernels/``name`` with wgmma for sm_90a, which NVIDIA's OpenCL does not target (its
-    PTX says sm_90, whose ptxas refuses wgmma): with ``-cl-nv-arch sm_90a`` where the driver
-    takes it and the split is not persistent; else the kernel compiled with its wgmma lines
-    as PTX comments (WGMMA_COMMENT), and the PTX made sm_90a's (`sm90a_ptx`, with the
-    persistent split's groups per multiprocessor) built as the binary."""
-    flags = [f"-D{k}={v}" for k, v in defines]
-    source = kernel_source(name)
-    found = dict(defines)
-    groups, threads = int(found.get("PERSISTENT", 0)), 32 * int(found["WY"]) * int(found["WZ"])
-    if not groups:  # else the PTX route, where .minnctapersm can say it
-        try:
-            return cl.Program(ctx, source).build(
-                options=[*flags, "-cl-nv-arch", "sm_90a", *options]
-            )
-        except cl.Error:
-            pass
-    ptx = cl.Program(ctx, source).build(options=[*flags, "-DWGMMA_COMMENT=1"])
-    text = ptx.get_info(cl.program_info.BINARIES)[0].rstrip(b"\0").decode()
-    text = sm90a_ptx(text, groups, threads)
-    return cl.Program(ctx, ctx.devices[:1], [text.encode()]).build(options=list(options))
-
-
-def sm90a_ptx(text: str, min_groups: int = 0, threads: int = 0) -> str:
-    """The PTX of a kernel compiled with WGMMA_COMMENT made sm_90a's: its wgmma lines
-    uncommented, its target sm_90a, its ISA at least 8.0; with ``min_groups``, each entry's
-    ``.minnctapersm`` (beside a ``.maxntid`` of ``threads`` where it has no bound of its own)
-    asks ptxas for as few registers as let that many work-groups of ``threads`` share a
-    multiprocessor (the persistent split's groups: the driver takes no register cap)."""
-    text = re.sub(
-        r"^\.target\s+sm_90\b", ".target sm_90a", text.replace(SM90A_LINE, ""), flags=re.M
-    )
-    version = re.search(r"^\.version\s+(\d+)\.(\d+)", text, flags=re.M)
-    if version and (int(version[1]), int(version[2])) < (8, 0):  # wgmma: PTX ISA 8.0
-        text = text.replace(version[0], ".version 8.0", 1)
-    if min_groups:  # between an entry's parameters (and bounds) and its body
-
-        def bound(m: re.Match) -> str:
-            head = m[1]
-            if threads and not re.search(r"\.(maxntid|reqntid)\b", head):
-                head += f"\n.maxntid {threads}, 1, 1"
-            return f"{head}\n.minnctapersm {min_groups}{m[2]}{{"
-
-        text = re.sub(r"(\.entry\s[^{]*?)(\s*)\{", bound, text, flags=re.S)
-    return text
 
 
 def tensor_defines(

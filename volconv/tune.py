@@ -30,6 +30,7 @@ import pyopencl as cl
 
 from volconv import __version__
 from volconv.bench import Work, device_record
+from volconv.cache import read_cached, write_cached
 from volconv.device import select_device
 from volconv.peak import measured_peak
 from volconv.plan import (
@@ -40,7 +41,6 @@ from volconv.plan import (
     tune_keys,
     tune_path,
 )
-from volconv.report import write_json
 from volconv.tensor import auto_engine
 
 # Candidates measured on PoCL (benchmarks/results/pocl-cpu-kernel.json) and the H100
@@ -237,11 +237,14 @@ def tune_bank(
         "volconv_version": __version__,
         "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    path = tune_path(cache_dir)
+    path = tune_path(cache_dir)  # in the cache folder that passes the trust rule
     if write:
         doc = _read(path)  # re-read: another process may have tuned another bank
-        doc.setdefault(dev_key, {})[bank_key] = entry
-        write_json(doc, path)  # atomic: a plan never reads half a file
+        if not isinstance(doc.get(dev_key), dict):
+            doc[dev_key] = {}
+        doc[dev_key][bank_key] = entry
+        # atomic, through a private file renamed over it: a plan never reads half a file
+        write_cached(path.parent, path.name, (json.dumps(doc, indent=1) + "\n").encode())
     return {
         "device": device_record(device),
         "work": {**asdict(work), "shape": list(work.shape), "extent": list(work.extent)},
@@ -276,10 +279,12 @@ def _retime(timer: _Timer, points: list[dict], rounds: int) -> list[dict]:
 
 
 def _read(path: Path) -> dict:
-    """The cache's contents, or an empty one when it is missing or unreadable (replaced)."""
+    """The cache's contents, or an empty one when it is missing, unreadable or fails the
+    cache's trust rule (`volconv.cache`): then replaced."""
+    text = read_cached(path.parent, path.name, "replaced")
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = json.loads(text) if text is not None else {}
+    except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}
 
