@@ -190,6 +190,8 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
     names = [f"{f.name} ({f.type})" for f in first.filters]
     say(describe_plan(first.plan.choices, names, first.plan.fused))
     scaled = f", value = stored * {cfg.scale:g} + {cfg.offset:g}" if cfg.dtype == "uint8" else ""
+    if cfg.scale_auto:  # each input's own, from its type's range and the bank
+        scaled = ", scale auto (each input's below)"
     say(f"output   {cfg.dtype}, compression {cfg.compression}{scaled}")
     say(f"inputs   {len(jobs)}")
     for job in jobs:
@@ -211,5 +213,6 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
             f"{job.device_bytes / 2**20:.1f} MiB, host memory "
             f"{job.host_bytes / 2**20:.1f} MiB of {cfg.host_memory / 2**20:.0f} MiB"
             f"{', frames read whole' if job.whole_frames else ''}"
+            + (f", value = stored * {job.scale:g} + {job.offset:g}" if cfg.scale_auto else "")
         )
     return jobs
