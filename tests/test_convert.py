@@ -182,3 +182,45 @@ def test_slabs_stored_on_the_device_take_less_host_memory(tmp_path, device):
         depth[dtype] = job.plan.slab_depth
     if device_encodes(device, "uint8"):
         assert depth["float32"] < depth["float16"] < depth["uint8"]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32"])
+def test_scale_auto_stores_every_response_unsaturated(tmp_path, device, dtype):
+    """``scale = "auto"``: one scale and offset per file from the bank's bound over the
+    input's range (its type's for integers, its values' for floats; cval with constant),
+    so that no voxel saturates, and the stored values decode to scipy's within half a step;
+    the file lands under ``{pipeline}``, the pipeline file's name."""
+    from scipy import ndimage
+
+    from volconv.checks import spec_tolerance
+
+    if dtype == "float32":
+        volume = (RNG.standard_normal((20, 18, 16)) * 50).astype(dtype)
+    else:  # the type's whole range, extremes included
+        info = np.iinfo(dtype)
+        volume = RNG.integers(info.min, info.max, (20, 18, 16), endpoint=True).astype(dtype)
+    np.save(tmp_path / "v.npy", volume)
+    filters = [{"type": "gaussian", "sigma": 1.0, "order": [1, 0, 0]}, {"type": "box"},
+               {"type": "log", "sigma": 1.0}]  # fmt: skip
+    spec = f"{device.platform.name.strip()}:{device.name.strip()}"
+    pipeline = write_pipeline(tmp_path, filters, bank={"size": 5, "boundary": "constant",
+                                                       "cval": -7.0},
+                              output={"dtype": "uint8", "scale": "auto",
+                                      "path": "out/{pipeline}/{stem}.h5"},
+                              run={"device": spec})  # fmt: skip
+    cfg = load(pipeline)
+    result = run(cfg)
+    (report,) = result.reports
+    assert report.status == "done" and report.clipped == 0
+    with h5py.File(tmp_path / "out" / "pipeline" / "v.h5") as f:
+        stored, kernels = f["responses"][()], f["kernels"][()]
+        scale, offset = f["responses"].attrs["scale"], f["responses"].attrs["offset"]
+    assert scale > 0 and stored.max() <= 255  # one pair: the widest response sets it
+    decoded = stored * scale + offset
+    for k, kernel in enumerate(kernels):
+        ref = ndimage.convolve(volume.astype(np.float64), kernel, mode="constant", cval=-7.0)
+        tol = spec_tolerance(kernel, float(np.abs(volume).max()))
+        np.testing.assert_array_less(np.abs(decoded[k] - ref), scale / 2 + tol + 1e-6)
+    if dtype == "uint8":  # nothing read: the type's range, whatever the values
+        kept = np.abs(kernels).sum(axis=(1, 2, 3)).max() * 255
+        assert scale * 255 >= kept - 1e-3

@@ -361,7 +361,7 @@ class _Spec:
         key = self.key("units") if "units" in self.table else "bank.units"
         if self.ctx.voxel_unknown:
             raise BankError(
-                f'{key} = "mm" needs the input\'s voxel size, and {self.ctx.voxel_unknown}; '
+                f'{key}: "mm" needs the input\'s voxel size, and {self.ctx.voxel_unknown}; '
                 'give sigma in voxels (units = "voxels") or an input that records its voxel size'
             )
         try:
@@ -370,7 +370,7 @@ class _Spec:
             vs = np.full(1, np.nan)
         if vs.shape != (3,) or not np.all(vs > 0) or not np.all(np.isfinite(vs)):
             raise BankError(
-                f'{key} = "mm" needs the voxel size of the input, three numbers > 0; got '
+                f'{key}: "mm" needs the voxel size of the input, three numbers > 0; got '
                 f"{self.ctx.voxel_size!r}"
             )
         return vs

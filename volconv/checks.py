@@ -131,8 +131,7 @@ def parse_bytes(value: object, name: str) -> int:
         size = math.nan
     if not (math.isfinite(size) and size >= 1) or isinstance(value, bool):
         raise ValueError(
-            f'{name} must be a size such as "2GiB" or "512MiB" (B, kB..EB, KiB..EiB); '
-            f"got {value!r}"
+            f'{name} must be a size such as "2GiB" or "512MiB" (B, kB..EB, KiB..EiB); got {value!r}'
         )
     return int(size)
 

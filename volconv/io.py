@@ -615,6 +615,9 @@ def _reads_other_files(path: str, file: Path, obj: h5py.Dataset, external: bool)
               for i in range(dcpl.get_external_count())]  # fmt: skip
     if stored and not external:
         raise InputError(_refusal(path, "keeps its data in the external files", stored))
+    for name in stored:  # HDF5 opens them from the working folder, as named
+        if not Path(name).is_file():
+            raise InputError(f"{path}: the external file {name} of its data is missing")
     if not obj.is_virtual:
         return bool(stored)
     sources = obj.virtual_sources()
