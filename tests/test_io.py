@@ -446,6 +446,13 @@ def test_a_virtual_dataset_with_a_missing_source_fails_even_when_allowed(tmp_pat
     save_h5(source, "other_name", volume(dtype="uint8"))  # the file, not the dataset
     with pytest.raises(InputError, match=f"{source}:data is missing"):
         open_volume(spec, external=True)
+    outer = tmp_path / "outer.h5"  # a VDS over that VDS: its sources are checked too
+    with h5py.File(outer, "w") as f:
+        layout = h5py.VirtualLayout(shape=SHAPE, dtype="uint8")
+        layout[:] = h5py.VirtualSource(spec.rpartition(":")[0], "data", shape=SHAPE)
+        f.create_virtual_dataset("data", layout, fillvalue=0)
+    with pytest.raises(InputError, match=f"{source}:data is missing"):
+        open_volume(f"{outer}:/data", external=True)
 
 
 def test_hdf5_files_volconv_cannot_read_are_named(tmp_path):

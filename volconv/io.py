@@ -606,10 +606,15 @@ def _links_out(f: h5py.File, dataset: str) -> list[str]:
     return found
 
 
-def _reads_other_files(path: str, file: Path, obj: h5py.Dataset, external: bool) -> bool:
+def _reads_other_files(
+    path: str, file: Path, obj: h5py.Dataset, external: bool, depth: int = 0
+) -> bool:
     """Refuse a dataset whose data lies in other files (a VDS, external storage) unless
     ``external``; where allowed, refuse a VDS whose source file or dataset is missing (HDF5
-    reads one as fill values). Whether the dataset reads other files."""
+    reads one as fill values), its sources' own sources too. Whether the dataset reads
+    other files."""
+    if depth > 8:
+        raise InputError(f"{path}: virtual datasets map one another more than 8 deep")
     dcpl = obj.id.get_create_plist()
     stored = [dcpl.get_external(i)[0].decode(errors="replace")
               for i in range(dcpl.get_external_count())]  # fmt: skip
@@ -634,7 +639,10 @@ def _reads_other_files(path: str, file: Path, obj: h5py.Dataset, external: bool)
             )
         try:
             with h5py.File(found, "r") as src:
-                ok = isinstance(src.get(source.dset_name), h5py.Dataset)
+                held = src.get(source.dset_name)
+                ok = isinstance(held, h5py.Dataset)
+                if ok:  # a source may itself be virtual, or stored elsewhere
+                    _reads_other_files(path, found, held, external, depth + 1)
         except OSError as e:
             raise InputError(
                 f"{path}: the virtual dataset's source file {source.file_name} cannot be "
