@@ -27,6 +27,7 @@ import numpy as np
 import tomli_w
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # volconv from this checkout, as its subprocesses take it
 RNG = np.random.default_rng(21)
 DEVICE = "cpu"
 

@@ -224,3 +224,29 @@ def test_scale_auto_stores_every_response_unsaturated(tmp_path, device, dtype):
     if dtype == "uint8":  # nothing read: the type's range, whatever the values
         kept = np.abs(kernels).sum(axis=(1, 2, 3)).max() * 255
         assert scale * 255 >= kept - 1e-3
+
+
+def test_scale_auto_gives_each_float_input_its_own_pair(tmp_path, device):
+    """Two float inputs of one shape and bank but ranges 100x apart: each file gets its own
+    scale (the convolver they share encodes each input with its own), neither saturates."""
+    from scipy import ndimage
+
+    volumes = {"small": RNG.standard_normal((16, 12, 10)).astype(np.float32)}
+    volumes["large"] = volumes["small"] * 100 + 5
+    for name, v in volumes.items():
+        np.save(tmp_path / f"{name}.npy", v)
+    spec = f"{device.platform.name.strip()}:{device.name.strip()}"
+    filters = [{"type": "gaussian", "sigma": 1.0, "order": [0, 1, 0]}]
+    pipeline = write_pipeline(tmp_path, filters, output={"dtype": "uint8", "scale": "auto"},
+                              run={"device": spec})  # fmt: skip
+    result = run(load(pipeline))
+    assert [r.clipped for r in result.reports] == [0, 0]
+    scales = {}
+    for name, v in volumes.items():
+        with h5py.File(tmp_path / "out" / f"{name}.h5") as f:
+            stored, kernel = f["responses"][0], f["kernels"][0]
+            scale, offset = f["responses"].attrs["scale"], f["responses"].attrs["offset"]
+        ref = ndimage.convolve(v.astype(np.float64), kernel, mode="reflect")
+        np.testing.assert_array_less(np.abs(stored * scale + offset - ref), scale * 0.5 + 1e-3)
+        scales[name] = scale
+    assert scales["large"] == pytest.approx(100 * scales["small"], rel=1e-3)

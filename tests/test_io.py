@@ -479,7 +479,10 @@ def test_inputs_without_a_voxel_size_say_so(tmp_path):
     nifti = save_nifti(nib.Nifti1Image, tmp_path / "a.nii", volume())
     assert open_volume(nifti).voxel_unknown == ""
     raw = bytearray(nifti.read_bytes())
-    raw[80:92] = np.zeros(3, "<f4").tobytes()  # pixdim[1:4]
+    raw[80:92] = np.array([-1.5, 2, 3], "<f4").tobytes()  # pixdim[1:4]: a sign nibabel drops
+    nifti.write_bytes(bytes(raw))
+    assert open_volume(nifti).voxel_unknown == ""
+    raw[80:92] = np.zeros(3, "<f4").tobytes()
     raw[252:256] = bytes(4)  # qform_code, sform_code: no affine either
     nifti.write_bytes(bytes(raw))
     assert "0 x 0 x 0" in open_volume(nifti).voxel_unknown

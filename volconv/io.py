@@ -498,8 +498,8 @@ def _unknown_zooms(img: Any, zooms: tuple[float, ...]) -> str:
             raw = tuple(float(v) for v in unchecked["pixdim"][1:4])
         except (OSError, ValueError, KeyError, EOFError):
             pass
-    if len(raw) == 3 and all(math.isfinite(v) and v > 0 for v in raw):
-        return ""
+    if len(raw) == 3 and all(math.isfinite(v) and v != 0 for v in raw):
+        return ""  # a negative pixdim is a sign nibabel drops, not a missing size
     return f"its header's voxel size is {' x '.join(f'{v:g}' for v in raw)}"
 
 

@@ -494,24 +494,39 @@ class Convolvers:
     def __init__(self, cfg: Config, device: cl.Device) -> None:
         self.cfg, self.device = cfg, device
         self._cache: dict[tuple[object, ...], tuple[SeparableConvolver, PinnedSlabs]] = {}
+        self._stored: dict[tuple[object, ...], tuple[float, float] | None] = {}
 
     @staticmethod
     def key(job: Job) -> tuple[object, ...]:
-        """Inputs of one key share a convolver and its pinned buffers."""
+        """Inputs of one key share a convolver and its pinned buffers, and may overlap (the
+        same uint8 scale too: the device's encoder holds it)."""
+        return (*Convolvers._shared(job), job.scale, job.offset)
+
+    @staticmethod
+    def _shared(job: Job) -> tuple[object, ...]:
         return (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
-                job.kernels.tobytes(), job.scale, job.offset)  # fmt: skip
+                job.kernels.tobytes())  # fmt: skip
 
     def get(self, job: Job) -> tuple[SeparableConvolver, PinnedSlabs]:
-        key = self.key(job)
+        # one convolver for inputs that differ in their uint8 scale alone (scale = "auto" on
+        # float inputs): its encoder is set again, never while another input uses it
+        # (different keys never overlap)
+        key, stored = self._shared(job), (job.scale, job.offset)
         if key not in self._cache:
             conv = SeparableConvolver(
                 job.filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
                 device=self.device, choices=job.plan.choices, slab_depth=job.plan.slab_depth,
             )  # fmt: skip
-            if device_encodes(self.device, self.cfg.dtype):
-                conv.store(self.cfg.dtype, job.scale, job.offset)
+            if device_encodes(self.device, self.cfg.dtype):  # first: buffers of that type
+                conv.store(self.cfg.dtype, *stored)
             self._cache[key] = conv, PinnedSlabs(conv.pinned_slab, PINNED_BUFFERS)
-        return self._cache[key]
+            self._stored[key] = stored
+        conv, buffers = self._cache[key]
+        if self._stored[key] != stored:  # the type stays: the buffers do too
+            if device_encodes(self.device, self.cfg.dtype):  # else the writer encodes
+                conv.store(self.cfg.dtype, *stored)
+            self._stored[key] = stored
+        return conv, buffers
 
 
 class PinnedSlabs:
