@@ -510,3 +510,25 @@ def test_the_pipeline_refuses_other_files_and_mm_without_a_voxel_size(tmp_path):
                               bank={"units": "mm"}))  # fmt: skip
     with pytest.raises(PipelineError, match=r"bank.units: \"mm\" needs .*\(for .*a\.npy\)"):
         plan_jobs(cfg, device)
+
+
+def test_a_virtual_dataset_within_its_own_file_reads_nothing_else(tmp_path):
+    """A VDS over datasets of its own file (".") is allowed as it is; a missing source
+    dataset there, or one reached through an external link, is not."""
+    data = volume(dtype="uint8")
+    x = save_h5(tmp_path / "x.h5", "whole", data)
+    save_h5(tmp_path / "other.h5", "data", data)
+    with h5py.File(x, "a") as f:
+        f["out"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "/")
+        for name, source in [("view", "whole"), ("gap", "nothing"), ("leak", "out/data")]:
+            layout = h5py.VirtualLayout(shape=SHAPE, dtype="uint8")
+            layout[:] = h5py.VirtualSource(".", source, shape=SHAPE)
+            f.create_virtual_dataset(name, layout, fillvalue=0)
+    vol = open_volume(f"{x}:/view")
+    np.testing.assert_array_equal(vol.read_rows(np.arange(SHAPE[0])), data)
+    assert vol.sha256() == hashlib.sha256(x.read_bytes()).hexdigest()  # the file says it all
+    with pytest.raises(InputError, match=r"source \.:/?nothing is missing"):
+        open_volume(f"{x}:/gap")
+    with pytest.raises(InputError, match=f"through an external link, {tmp_path / 'other.h5'}"):
+        open_volume(f"{x}:/leak")
+    open_volume(f"{x}:/leak", external=True)

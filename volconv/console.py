@@ -75,10 +75,13 @@ def run_and_report(
         if r.clipped and not warned:  # once a run: the cure is the same for every input
             warned = True
             # on stderr; above the progress bar on a terminal, where both streams show
+            why = (f"with scale {cfg.scale:g} and offset {cfg.offset:g} (saturated; NaN as 0); "
+                   "set output.scale and output.offset to the responses' range, or "
+                   'output.scale = "auto"')  # fmt: skip
+            if cfg.scale_auto:  # its bound holds every finite response: these are inf or NaN
+                why = "(saturated; NaN as 0): the input holds infinite or NaN values"
             (progress.console if progress else _stderr).print(
-                f"warning: {r.clipped} voxels of {r.output} fall outside what uint8 holds "
-                f"with scale {cfg.scale:g} and offset {cfg.offset:g} (saturated; NaN as 0); "
-                "set output.scale and output.offset to the responses' range",
+                f"warning: {r.clipped} voxels of {r.output} fall outside what uint8 holds {why}",
                 highlight=False, markup=False, soft_wrap=True,
             )  # fmt: skip
 

@@ -609,10 +609,10 @@ def _links_out(f: h5py.File, dataset: str) -> list[str]:
 def _reads_other_files(
     path: str, file: Path, obj: h5py.Dataset, external: bool, depth: int = 0
 ) -> bool:
-    """Refuse a dataset whose data lies in other files (a VDS, external storage) unless
-    ``external``; where allowed, refuse a VDS whose source file or dataset is missing (HDF5
-    reads one as fill values), its sources' own sources too. Whether the dataset reads
-    other files."""
+    """Refuse a dataset whose data lies in other files (a VDS of other files, external
+    storage, a VDS source reached through an external link) unless ``external``; refuse a
+    VDS whose source file or dataset is missing (HDF5 reads one as fill values), its
+    sources' own sources too. Whether the dataset reads other files."""
     if depth > 8:
         raise InputError(f"{path}: virtual datasets map one another more than 8 deep")
     dcpl = obj.id.get_create_plist()
@@ -626,9 +626,11 @@ def _reads_other_files(
     if not obj.is_virtual:
         return bool(stored)
     sources = obj.virtual_sources()
-    named = [f"{s.file_name}:{s.dset_name}" for s in sources]
-    if not external:
-        raise InputError(_refusal(path, "is a virtual dataset reading", named))
+    # a source in the file itself (".") reads nothing else, unless through a link
+    others = [f"{s.file_name}:{s.dset_name}" for s in sources if s.file_name != "."]
+    if others and not external:
+        raise InputError(_refusal(path, "is a virtual dataset reading", others))
+    reads = bool(stored or others)
     here = Path(obj.file.filename)
     for source in sources:
         found = _source_file(source.file_name, here)
@@ -639,10 +641,16 @@ def _reads_other_files(
             )
         try:
             with h5py.File(found, "r") as src:
+                linked = _links_out(src, source.dset_name)
+                if linked and not external:
+                    raise InputError(_refusal(
+                        path, "is a virtual dataset reading, through an external link,", linked
+                    ))  # fmt: skip
                 held = src.get(source.dset_name)
                 ok = isinstance(held, h5py.Dataset)
                 if ok:  # a source may itself be virtual, or stored elsewhere
-                    _reads_other_files(path, found, held, external, depth + 1)
+                    reads |= _reads_other_files(path, found, held, external, depth + 1)
+                reads |= bool(linked)
         except OSError as e:
             raise InputError(
                 f"{path}: the virtual dataset's source file {source.file_name} cannot be "
@@ -653,7 +661,7 @@ def _reads_other_files(
                 f"{path}: the virtual dataset's source {source.file_name}:{source.dset_name} "
                 "is missing (HDF5 would read it as fill values)"
             )
-    return True
+    return reads
 
 
 def _source_file(name: str, vds: Path) -> Path | None:
