@@ -15,6 +15,7 @@ from volconv.bank import (
     FILTER_TYPES,
     BankError,
     Filter,
+    TruncationWarning,
     build_bank,
     gaussian_kernel1d,
     stack_kernels,
@@ -454,3 +455,31 @@ def test_cli_lists_every_type_with_its_parameters_and_defaults():
         for key in ftype.params:
             assert key in result.output
     assert "1.6 * sigma" in result.output and "required" in result.output
+
+
+def test_a_gaussian_cut_to_a_box_warns_naming_the_filter_and_the_cut():
+    """sigma 10 at size 3 is a box, not the Gaussian asked for: a warning says so and which
+    size would reach 3 sigma; well-sized Gaussians are silent."""
+    with pytest.warns(TruncationWarning) as caught:
+        build_bank([{"type": "gaussian", "sigma": 10, "size": 3}])
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith("bank.filter[0] (gaussian_0): size 3 truncates the Gaussian")
+    assert "sigma 10 at 0.1 sigma" in message and "use size >= 61" in message
+    with pytest.warns(TruncationWarning, match=r"bank.filter\[1\].*sigma2.*use size >= 21"):
+        build_bank([{"type": "box"}, {"type": "dog", "sigma": 2, "size": 5}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_bank([{"type": "gaussian", "sigma": 1.5, "size": 7},
+                    {"type": "log", "sigma": [1, 1, 4], "size": [3, 3, 1]}], 7)  # fmt: skip
+
+
+def test_mm_without_the_inputs_voxel_size_names_the_key():
+    """units = "mm" where the input records no voxel size is refused, naming the key that
+    asked for mm: the bank's, or the filter's own."""
+    why = "a .npy file records no voxel size"
+    with pytest.raises(BankError, match=r'^bank.units: "mm" needs the input\'s voxel size, and a'):
+        build_bank([{"type": "gaussian", "sigma": 1}], units="mm", voxel_unknown=why)
+    with pytest.raises(BankError, match=r"^bank.filter\[1\].units: "):
+        build_bank([{"type": "box"}, {"type": "log", "sigma": 1, "units": "mm"}],
+                   voxel_unknown=why)  # fmt: skip
+    build_bank([{"type": "gaussian", "sigma": 1}], voxel_unknown=why)  # voxels: no matter

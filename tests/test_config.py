@@ -92,3 +92,45 @@ def test_a_byte_order_mark_is_not_an_error(tmp_path):
     with pytest.raises(tomllib.TOMLDecodeError):
         tomllib.loads(marked.read_text(encoding="utf-8"))
     assert load(marked).filters == load(plain).filters
+
+
+def test_host_memory_takes_any_size_bounded_by_the_machine(tmp_path):
+    """ "1PiB" is a size; the bound is then all the memory this machine has."""
+    from volconv.config import machine_memory
+
+    cfg = load(write_pipeline(tmp_path, [{"type": "box"}], run={"host_memory": "1PiB"}))
+    assert cfg.host_memory == min(2**50, machine_memory()) and cfg.host_memory > 2**20
+    assert load(write_pipeline(tmp_path, [{"type": "box"}], run={"host_memory": "3MiB"})
+                ).host_memory == 3 * 2**20  # fmt: skip
+    with pytest.raises(PipelineError, match=r"run.host_memory must be a size .*EiB"):
+        load(write_pipeline(tmp_path, [{"type": "box"}], run={"host_memory": "1QiB"}))
+
+
+def test_output_paths_take_the_pipeline_files_name(tmp_path):
+    cfg = load(write_pipeline(tmp_path, [{"type": "box"}],
+                              output={"path": "out/{pipeline}/{parent}-{stem}.h5"}))  # fmt: skip
+    assert cfg.output == "out/{pipeline}/{parent}-{stem}.h5"
+    with pytest.raises(PipelineError, match=r"unknown field \{pipe\}.*\{pipeline\}"):
+        load(write_pipeline(tmp_path, [{"type": "box"}], output={"path": "{pipe}.h5"}))
+
+
+@pytest.mark.parametrize(
+    ("section", "body", "words"),
+    [
+        ("input", {"external": "yes"}, "input.external must be true or false"),
+        ("output", {"dtype": "uint8", "scale": "auto", "offset": 3}, "remove output.offset"),
+        ("output", {"scale": "auto"}, 'output.scale applies to dtype = "uint8" only'),
+        ("output", {"dtype": "uint8", "scale": "automatic"}, 'non-zero number or "auto"'),
+    ],
+)
+def test_new_keys_name_their_mistakes(tmp_path, section, body, words):
+    with pytest.raises(PipelineError) as e:
+        load(write_pipeline(tmp_path, [{"type": "box"}], **{section: body}))
+    assert words in str(e.value)
+
+
+def test_external_and_scale_auto_are_read(tmp_path):
+    cfg = load(write_pipeline(tmp_path, [{"type": "box"}], input={"external": True},
+                              output={"dtype": "uint8", "scale": "auto"}))  # fmt: skip
+    assert cfg.external and cfg.scale_auto
+    assert not load(write_pipeline(tmp_path, [{"type": "box"}])).external

@@ -182,3 +182,71 @@ def test_slabs_stored_on_the_device_take_less_host_memory(tmp_path, device):
         depth[dtype] = job.plan.slab_depth
     if device_encodes(device, "uint8"):
         assert depth["float32"] < depth["float16"] < depth["uint8"]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32"])
+def test_scale_auto_stores_every_response_unsaturated(tmp_path, device, dtype):
+    """``scale = "auto"``: one scale and offset per file from the bank's bound over the
+    input's range (its type's for integers, its values' for floats; cval with constant),
+    so that no voxel saturates, and the stored values decode to scipy's within half a step;
+    the file lands under ``{pipeline}``, the pipeline file's name."""
+    from scipy import ndimage
+
+    from volconv.checks import spec_tolerance
+
+    if dtype == "float32":
+        volume = (RNG.standard_normal((20, 18, 16)) * 50).astype(dtype)
+    else:  # the type's whole range, extremes included
+        info = np.iinfo(dtype)
+        volume = RNG.integers(info.min, info.max, (20, 18, 16), endpoint=True).astype(dtype)
+    np.save(tmp_path / "v.npy", volume)
+    filters = [{"type": "gaussian", "sigma": 1.0, "order": [1, 0, 0]}, {"type": "box"},
+               {"type": "log", "sigma": 1.0}]  # fmt: skip
+    spec = f"{device.platform.name.strip()}:{device.name.strip()}"
+    pipeline = write_pipeline(tmp_path, filters, bank={"size": 5, "boundary": "constant",
+                                                       "cval": -7.0},
+                              output={"dtype": "uint8", "scale": "auto",
+                                      "path": "out/{pipeline}/{stem}.h5"},
+                              run={"device": spec})  # fmt: skip
+    cfg = load(pipeline)
+    result = run(cfg)
+    (report,) = result.reports
+    assert report.status == "done" and report.clipped == 0
+    with h5py.File(tmp_path / "out" / "pipeline" / "v.h5") as f:
+        stored, kernels = f["responses"][()], f["kernels"][()]
+        scale, offset = f["responses"].attrs["scale"], f["responses"].attrs["offset"]
+    assert scale > 0 and stored.max() <= 255  # one pair: the widest response sets it
+    decoded = stored * scale + offset
+    for k, kernel in enumerate(kernels):
+        ref = ndimage.convolve(volume.astype(np.float64), kernel, mode="constant", cval=-7.0)
+        tol = spec_tolerance(kernel, float(np.abs(volume).max()))
+        np.testing.assert_array_less(np.abs(decoded[k] - ref), scale / 2 + tol + 1e-6)
+    if dtype == "uint8":  # nothing read: the type's range, whatever the values
+        kept = np.abs(kernels).sum(axis=(1, 2, 3)).max() * 255
+        assert scale * 255 >= kept - 1e-3
+
+
+def test_scale_auto_gives_each_float_input_its_own_pair(tmp_path, device):
+    """Two float inputs of one shape and bank but ranges 100x apart: each file gets its own
+    scale (the convolver they share encodes each input with its own), neither saturates."""
+    from scipy import ndimage
+
+    volumes = {"small": RNG.standard_normal((16, 12, 10)).astype(np.float32)}
+    volumes["large"] = volumes["small"] * 100 + 5
+    for name, v in volumes.items():
+        np.save(tmp_path / f"{name}.npy", v)
+    spec = f"{device.platform.name.strip()}:{device.name.strip()}"
+    filters = [{"type": "gaussian", "sigma": 1.0, "order": [0, 1, 0]}]
+    pipeline = write_pipeline(tmp_path, filters, output={"dtype": "uint8", "scale": "auto"},
+                              run={"device": spec})  # fmt: skip
+    result = run(load(pipeline))
+    assert [r.clipped for r in result.reports] == [0, 0]
+    scales = {}
+    for name, v in volumes.items():
+        with h5py.File(tmp_path / "out" / f"{name}.h5") as f:
+            stored, kernel = f["responses"][0], f["kernels"][0]
+            scale, offset = f["responses"].attrs["scale"], f["responses"].attrs["offset"]
+        ref = ndimage.convolve(v.astype(np.float64), kernel, mode="reflect")
+        np.testing.assert_array_less(np.abs(stored * scale + offset - ref), scale * 0.5 + 1e-3)
+        scales[name] = scale
+    assert scales["large"] == pytest.approx(100 * scales["small"], rel=1e-3)

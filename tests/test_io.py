@@ -373,3 +373,162 @@ def test_a_file_named_like_a_glob_is_that_file(tmp_path: Path) -> None:
     assert len(expand_inputs(["*.npy"], tmp_path)) == 4  # a glob is still a glob
     with pytest.raises(InputError, match=r"\[y\]\.npy: matches no file"):
         expand_inputs(["[y].npy"], tmp_path)
+
+
+# -- HDF5 inputs that read other files (VDS, external storage, external links) ------------
+def _hdf5_reading_others(folder: Path, kind: str) -> tuple[str, Path, np.ndarray]:
+    """An input ``folder/in/x.h5:/...`` whose data lies in ``folder/other/``: the spec, the
+    other file, and the data read through it."""
+    (folder / "in").mkdir()
+    (folder / "other").mkdir()
+    data = volume(dtype="uint8")
+    source = save_h5(folder / "other" / "src.h5", "data", data)
+    x = folder / "in" / "x.h5"
+    with h5py.File(x, "w") as f:
+        if kind == "vds":
+            layout = h5py.VirtualLayout(shape=data.shape, dtype=data.dtype)
+            layout[:] = h5py.VirtualSource(str(source), "data", shape=data.shape)
+            f.create_virtual_dataset("data", layout, fillvalue=0)
+            return f"{x}:/data", source, data
+        if kind == "external-storage":
+            raw = folder / "other" / "raw.bin"
+            data.tofile(raw)
+            f.create_dataset("data", shape=data.shape, dtype=data.dtype,
+                             external=[(str(raw), 0, data.nbytes)])  # fmt: skip
+            return f"{x}:/data", raw, data
+        f["g"] = h5py.ExternalLink(str(source), "/")
+        if kind == "external-link":
+            return f"{x}:/g/data", source, data
+        f["soft"] = h5py.SoftLink("/g/data")  # a soft link whose target leaves the file
+        return f"{x}:/soft", source, data
+
+
+KINDS = ["vds", "external-storage", "external-link", "soft-to-external-link"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hdf5_reading_other_files_is_refused_unless_allowed(tmp_path, kind):
+    """Refused by default, naming the input and the file it points to; allowed with
+    ``external=True``, it reads that file's data."""
+    spec, other, data = _hdf5_reading_others(tmp_path, kind)
+    with pytest.raises(InputError) as e:
+        open_volume(spec)
+    assert spec in str(e.value) and str(other) in str(e.value)
+    assert "input.external = true" in str(e.value)
+    vol = open_volume(spec, external=True)
+    np.testing.assert_array_equal(vol.read_rows(np.arange(SHAPE[0])), data)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_digest_of_an_input_reading_other_files_covers_their_data(tmp_path, kind):
+    """A change in the other file changes the input's SHA-256, though the container's
+    bytes stay the same: the rerun recomputes rather than keeping a stale output."""
+    spec, other, data = _hdf5_reading_others(tmp_path, kind)
+    container = Path(spec.rpartition(":")[0]).read_bytes()
+    before = open_volume(spec, external=True).sha256()
+    changed = data.copy()
+    changed[3, 2, 1] += 1
+    if other.suffix == ".bin":
+        changed.tofile(other)
+    else:
+        with h5py.File(other, "r+") as f:
+            f["data"][...] = changed
+    assert Path(spec.rpartition(":")[0]).read_bytes() == container
+    assert open_volume(spec, external=True).sha256() != before
+
+
+def test_a_virtual_dataset_with_a_missing_source_fails_even_when_allowed(tmp_path):
+    """HDF5 reads a missing source as fill values: volconv refuses it instead."""
+    spec, source, _ = _hdf5_reading_others(tmp_path, "vds")
+    source.unlink()
+    with pytest.raises(InputError, match=f"source file {source} is missing"):
+        open_volume(spec, external=True)
+    save_h5(source, "other_name", volume(dtype="uint8"))  # the file, not the dataset
+    with pytest.raises(InputError, match=f"{source}:data is missing"):
+        open_volume(spec, external=True)
+    outer = tmp_path / "outer.h5"  # a VDS over that VDS: its sources are checked too
+    with h5py.File(outer, "w") as f:
+        layout = h5py.VirtualLayout(shape=SHAPE, dtype="uint8")
+        layout[:] = h5py.VirtualSource(spec.rpartition(":")[0], "data", shape=SHAPE)
+        f.create_virtual_dataset("data", layout, fillvalue=0)
+    with pytest.raises(InputError, match=f"{source}:data is missing"):
+        open_volume(f"{outer}:/data", external=True)
+
+
+def test_hdf5_files_volconv_cannot_read_are_named(tmp_path):
+    """An HDF5 file named .mnc (MINC2 is HDF5) and a null dataspace: one message naming the
+    file, not the reader's raw KeyError or TypeError."""
+    mnc = save_h5(tmp_path / "a.mnc", "data", volume())
+    with pytest.raises(InputError, match=r"a\.mnc: is an HDF5 file but not a MINC2 volume"):
+        open_volume(mnc)
+    with h5py.File(tmp_path / "e.h5", "w") as f:
+        f.create_dataset("data", data=h5py.Empty("f4"))
+    with pytest.raises(InputError, match=r"e\.h5:/data: the dataset is empty"):
+        open_volume(f"{tmp_path / 'e.h5'}:/data")
+
+
+def test_inputs_without_a_voxel_size_say_so(tmp_path):
+    """.npy, an HDF5 dataset without an affine and a NIfTI whose pixdim is 0 (nibabel
+    reads it as 1) record no voxel size; a NIfTI and an HDF5 affine do."""
+    np.save(tmp_path / "a.npy", volume())
+    assert "npy" in open_volume(tmp_path / "a.npy").voxel_unknown
+    save_h5(tmp_path / "h.h5", "plain", volume())
+    save_h5(tmp_path / "h.h5", "placed", volume(), affine=AFFINE)
+    assert "affine" in open_volume(f"{tmp_path / 'h.h5'}:/plain").voxel_unknown
+    assert open_volume(f"{tmp_path / 'h.h5'}:/placed").voxel_unknown == ""
+    nifti = save_nifti(nib.Nifti1Image, tmp_path / "a.nii", volume())
+    assert open_volume(nifti).voxel_unknown == ""
+    raw = bytearray(nifti.read_bytes())
+    raw[80:92] = np.array([-1.5, 2, 3], "<f4").tobytes()  # pixdim[1:4]: a sign nibabel drops
+    nifti.write_bytes(bytes(raw))
+    assert open_volume(nifti).voxel_unknown == ""
+    raw[80:92] = np.zeros(3, "<f4").tobytes()
+    raw[252:256] = bytes(4)  # qform_code, sform_code: no affine either
+    nifti.write_bytes(bytes(raw))
+    assert "0 x 0 x 0" in open_volume(nifti).voxel_unknown
+
+
+def test_the_pipeline_refuses_other_files_and_mm_without_a_voxel_size(tmp_path):
+    """Planning: an HDF5 input reading another file is the user's mistake (exit 2) unless
+    ``[input] external = true``; ``units = "mm"`` on a .npy names the input and bank.units."""
+    from test_pipeline import write_pipeline
+
+    from volconv.config import PipelineError, load
+    from volconv.pipeline import USER_ERRORS, choose_device, plan_jobs
+
+    spec, other, _ = _hdf5_reading_others(tmp_path, "external-link")
+    gaussian = [{"type": "gaussian", "sigma": 1.0}]
+    cfg = load(write_pipeline(tmp_path, gaussian, input={"paths": [spec]}))
+    device = choose_device(cfg)
+    with pytest.raises(USER_ERRORS, match=f"external link to {other}"):
+        plan_jobs(cfg, device)
+    cfg = load(write_pipeline(tmp_path, gaussian, input={"paths": [spec], "external": True}))
+    (job,) = plan_jobs(cfg, device)
+    assert job.volume.sha256() != hashlib.sha256(Path(job.volume.file).read_bytes()).hexdigest()
+    np.save(tmp_path / "a.npy", volume())
+    cfg = load(write_pipeline(tmp_path, gaussian, input={"paths": ["a.npy"]},
+                              bank={"units": "mm"}))  # fmt: skip
+    with pytest.raises(PipelineError, match=r"bank.units: \"mm\" needs .*\(for .*a\.npy\)"):
+        plan_jobs(cfg, device)
+
+
+def test_a_virtual_dataset_within_its_own_file_reads_nothing_else(tmp_path):
+    """A VDS over datasets of its own file (".") is allowed as it is; a missing source
+    dataset there, or one reached through an external link, is not."""
+    data = volume(dtype="uint8")
+    x = save_h5(tmp_path / "x.h5", "whole", data)
+    save_h5(tmp_path / "other.h5", "data", data)
+    with h5py.File(x, "a") as f:
+        f["out"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "/")
+        for name, source in [("view", "whole"), ("gap", "nothing"), ("leak", "out/data")]:
+            layout = h5py.VirtualLayout(shape=SHAPE, dtype="uint8")
+            layout[:] = h5py.VirtualSource(".", source, shape=SHAPE)
+            f.create_virtual_dataset(name, layout, fillvalue=0)
+    vol = open_volume(f"{x}:/view")
+    np.testing.assert_array_equal(vol.read_rows(np.arange(SHAPE[0])), data)
+    assert vol.sha256() == hashlib.sha256(x.read_bytes()).hexdigest()  # the file says it all
+    with pytest.raises(InputError, match=r"source \.:/?nothing is missing"):
+        open_volume(f"{x}:/gap")
+    with pytest.raises(InputError, match=f"through an external link, {tmp_path / 'other.h5'}"):
+        open_volume(f"{x}:/leak")
+    open_volume(f"{x}:/leak", external=True)

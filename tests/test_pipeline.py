@@ -239,6 +239,7 @@ def test_big_endian_scaled_nifti_and_hdf5_inputs(tmp_path, capsys):
     assert nib.load(tmp_path / "be.nii").header.endianness == ">"
     with h5py.File(tmp_path / "vols.h5", "w") as f:
         f["group/data"] = data.astype(">f4")
+        f["group/data"].attrs["affine"] = np.eye(4)  # its voxel size: 1 mm (units = "mm")
     filters = [{"name": "smooth_mm", "type": "gaussian", "sigma": 2.0, "units": "mm"}]
     pipeline = write_pipeline(
         tmp_path, filters, input={"paths": ["be.nii", "vols.h5:/group/data"]},

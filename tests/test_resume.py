@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import h5py
@@ -455,3 +456,25 @@ def test_a_writer_with_slabs_in_flight_killed_resumes_bit_for_bit(tmp_path):
         np.testing.assert_array_equal(f["responses"][()], g["responses"][()])
         np.testing.assert_array_equal(f["responses"][()], data)
     assert partials(out) == []
+
+
+def test_a_forged_log_claiming_unwritten_slabs_computes_them(tmp_path, uninterrupted):
+    """Records for slabs the file never got, with the CRCs of what an unwritten chunk reads
+    as (HDF5's fill value, zeros), are not kept: a slab counts only where its chunks are on
+    disk, and the rerun computes the rest, giving the same bits."""
+    from volconv.resume import _line
+
+    volume, whole = uninterrupted["3d"]
+    np.save(tmp_path / "b.npy", volume)
+    recorded = stop_mid_volume(tmp_path, signal.SIGKILL)
+    (partial,) = partials(tmp_path / "out")
+    zeros = np.zeros((1, *volume.shape[1:]), np.float16)  # a slab is one row here
+    crc = f"{zlib.crc32(zeros):08x}"
+    forged = b"".join(_line(f"slab 0 {a} {a + 1} {','.join([crc] * len(FILTERS))}")
+                      for a in range(recorded + 10, volume.shape[0]))  # fmt: skip
+    with open(partial / "progress", "ab") as log:
+        log.write(forged)
+    r = report_of(tmp_path)
+    assert 0 < r["resumed_slabs"] < recorded + 10
+    with h5py.File(tmp_path / "out" / "b.h5") as f:
+        np.testing.assert_array_equal(f["responses"][()], whole)

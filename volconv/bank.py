@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -30,6 +31,16 @@ from volconv.plan import MAX_EXTENT
 class BankError(ValueError):
     """A bad filter spec; the message names the key and the value, e.g.
     ``bank.filter[2].sigma: must be > 0; got -1``."""
+
+
+class TruncationWarning(UserWarning):
+    """A Gaussian's extent cuts it off so near its centre that it is nearly a box: the filter
+    is not the one its sigma asks for."""
+
+
+# A Gaussian cut at fewer standard deviations than this (its edge weight above 0.61 of its
+# centre's: more a box than a bell) is warned about; the size suggested reaches 3 sigma.
+TRUNCATE_WARN, TRUNCATE_SUGGEST = 1.0, 3.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -291,6 +302,7 @@ class _Context:
     voxel_size: object  # checked where units = "mm" needs it
     base_dir: Path
     units: str = "voxels"  # [bank] units: the default of filters that take units
+    voxel_unknown: str = ""  # why the input gives no voxel size ("": it does)
 
 
 class _Spec:
@@ -345,16 +357,45 @@ class _Spec:
             )
         if units == "voxels":
             return np.ones(3)
+        # the key that asked for mm: the filter's own, or the bank's default
+        key = self.key("units") if "units" in self.table else "bank.units"
+        if self.ctx.voxel_unknown:
+            raise BankError(
+                f'{key}: "mm" needs the input\'s voxel size, and {self.ctx.voxel_unknown}; '
+                'give sigma in voxels (units = "voxels") or an input that records its voxel size'
+            )
         try:
             vs = np.asarray(self.ctx.voxel_size, np.float64)
         except (TypeError, ValueError):
             vs = np.full(1, np.nan)
         if vs.shape != (3,) or not np.all(vs > 0) or not np.all(np.isfinite(vs)):
             raise BankError(
-                f'{self.key("units")}: "mm" needs the voxel size of the input, three numbers '
-                f"> 0; got {self.ctx.voxel_size!r}"
+                f'{key}: "mm" needs the voxel size of the input, three numbers > 0; got '
+                f"{self.ctx.voxel_size!r}"
             )
         return vs
+
+    def check_truncation(self, sigma: np.ndarray, size: tuple[int, ...], name: str) -> None:
+        """Warn where ``size`` cuts the Gaussian of ``sigma`` (voxels, per axis) off below
+        `TRUNCATE_WARN` standard deviations; axes of extent 1 are flat on purpose."""
+        cut = [(k // 2) / s for s, k in zip(sigma, size, strict=True) if k > 1]
+        if not cut or min(cut) >= TRUNCATE_WARN:
+            return
+        need = max(2 * math.ceil(TRUNCATE_SUGGEST * s) + 1
+                   for s, k in zip(sigma, size, strict=True) if k > 1)  # fmt: skip
+        given = self.table.get(name, self.get(name) if name == "sigma" else "1.6 * sigma")
+        advice = f"use size >= {need}" + (
+            "" if need <= MAX_EXTENT
+            else f" (the most is {MAX_EXTENT}: a smaller sigma, or a box filter for a mean)"
+        )  # fmt: skip
+        shown = "x".join(map(str, size)) if len(set(size)) > 1 else str(size[0])
+        warnings.warn(
+            f"bank.filter[{self.index}] ({self.name}): size {shown} truncates the Gaussian of "
+            f"{name} {_show(given)} at {min(cut):.2g} sigma (nearly a box, not the Gaussian "
+            f"asked for); {advice}",
+            TruncationWarning,  # one location: shown once, however many times built
+            stacklevel=1,
+        )
 
     def sigma(self, name: str = "sigma", value: object = None) -> np.ndarray:
         """A positive standard deviation per axis, in voxels."""
@@ -394,11 +435,13 @@ def gaussian_terms(
 
 def _gaussian(s: _Spec) -> _Kernels:
     sigma, order, size = s.sigma(), s.integers("order", 0, 2), s.size()
+    s.check_truncation(sigma, size, "sigma")
     return [("", gaussian_kernel(sigma, order, size), gaussian_terms(sigma, order, size))]
 
 
 def _log(s: _Spec) -> _Kernels:
     sigma, size = s.sigma(), s.size()
+    s.check_truncation(sigma, size, "sigma")
     second = ((2, 0, 0), (0, 2, 0), (0, 0, 2))  # gaussian_laplace sums these
     terms = sum((gaussian_terms(sigma, order, size) for order in second), ())
     return [("", sum(gaussian_kernel(sigma, order, size) for order in second), terms)]
@@ -412,6 +455,8 @@ def _dog(s: _Spec) -> _Kernels:
     if np.allclose(sigma, sigma2):
         raise _fail(s.key("sigma2"), "different from sigma (the difference would be 0)", given)
     size = s.size()
+    s.check_truncation(sigma, size, "sigma")
+    s.check_truncation(sigma2, size, "sigma2")
     flat = (0, 0, 0)
     kernel = gaussian_kernel(sigma, flat, size) - gaussian_kernel(sigma2, flat, size)
     terms = gaussian_terms(sigma, flat, size) + gaussian_terms(sigma2, flat, size, -1.0)
@@ -448,6 +493,7 @@ def _gabor(s: _Spec) -> _Kernels:
     direction = np.array([np.cos(el) * np.cos(az), np.cos(el) * np.sin(az), np.sin(el)])
     wave = f * direction * scale  # cycles per voxel along each axis
     phase, size = np.deg2rad(s.number("phase")), s.size()
+    s.check_truncation(sigma, size, "sigma")
     real, imag = gabor_kernels(sigma, wave, phase, size)
     real_terms, imag_terms = gabor_terms(sigma, wave, phase, size)
     return [("_real", real, real_terms), ("_imag", imag, imag_terms)]
@@ -528,6 +574,7 @@ def build_bank(
     voxel_size: Sequence[float] = (1.0, 1.0, 1.0),
     base_dir: Path = Path("."),
     units: str = "voxels",
+    voxel_unknown: str = "",
 ) -> list[Filter]:
     """Build and validate a filter bank.
 
@@ -543,6 +590,9 @@ def build_bank(
         Folder that relative ``custom`` paths start from (the pipeline file's).
     units : {'voxels', 'mm'}
         ``[bank].units``: the units of filters that do not set their own.
+    voxel_unknown : str
+        Why the input records no voxel size (`volconv.io.Volume.voxel_unknown`); a filter in
+        mm is then refused, naming the key that asked for mm.
 
     Returns
     -------
@@ -553,12 +603,18 @@ def build_bank(
     ------
     BankError
         A bad table, naming the key (``bank.filter[i].key``) and the value.
+
+    Warns
+    -----
+    TruncationWarning
+        A Gaussian (gaussian, log, dog, gabor's envelope) whose size cuts it off below 1
+        sigma: nearly a box.
     """
     if not isinstance(specs, list | tuple):
         raise _fail("bank.filter", "an array of tables ([[bank.filter]])", specs)
     if not specs:
         raise BankError("bank.filter: the bank is empty; add a [[bank.filter]] table")
-    ctx = _Context(_size("bank.size", size), voxel_size, Path(base_dir), units)
+    ctx = _Context(_size("bank.size", size), voxel_size, Path(base_dir), units, voxel_unknown)
     filters: list[Filter] = []
     owner: dict[str, int] = {}
     for i, table in enumerate(specs):

@@ -112,8 +112,9 @@ def check_positive_int(value: object, name: str) -> int:
     return int(value)  # type: ignore[arg-type]
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+          "eb": 10**18, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+          "eib": 2**60}  # fmt: skip
 
 
 def parse_bytes(value: object, name: str) -> int:
@@ -122,14 +123,16 @@ def parse_bytes(value: object, name: str) -> int:
     if is_int(value) and value > 0:  # type: ignore[operator]
         return int(value)  # type: ignore[arg-type]
     text = str(value).strip().lower().replace(" ", "")
-    number = text.rstrip("kmgtib")
+    number = text.rstrip("kmgtpeib")
     unit = text[len(number) :]
     try:
         size = float(number) * _UNITS[unit]
     except (ValueError, KeyError):
         size = math.nan
     if not (math.isfinite(size) and size >= 1) or isinstance(value, bool):
-        raise ValueError(f'{name} must be a size such as "2GiB" or "512MiB"; got {value!r}')
+        raise ValueError(
+            f'{name} must be a size such as "2GiB" or "512MiB" (B, kB..EB, KiB..EiB); got {value!r}'
+        )
     return int(size)
 
 

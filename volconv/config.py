@@ -8,6 +8,7 @@ Nothing here opens an input or an OpenCL device: that is planning (`volconv.pipe
 from __future__ import annotations
 
 import math
+import os
 import re
 import string
 import tomllib
@@ -37,7 +38,7 @@ class PipelineError(ValueError):
 
 # Every valid key of every section; `validate_config` suggests the closest for a typo.
 SCHEMA: dict[str, tuple[str, ...]] = {
-    "input": ("paths",),
+    "input": ("paths", "external"),
     "bank": ("size", "boundary", "cval", "units", "filter"),
     "output": ("path", "dtype", "compression", "scale", "offset"),
     "run": ("device", "devices", "scheduler", "host_memory", "slab_depth"),
@@ -45,7 +46,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
 REQUIRED_SECTIONS = ("input", "bank")
 DEFAULT_OUTPUT = "{stem}.volconv.h5"
 DEFAULT_HOST_MEMORY = "2GiB"
-TEMPLATE_FIELDS = ("stem", "parent")
+TEMPLATE_FIELDS = ("stem", "parent", "pipeline")
 # Keys whose values are paths: given with --set, a relative one is relative to the folder the
 # user stands in (as on any command line), not to the pipeline file's.
 _PATH_KEYS = {("input", "paths"), ("output", "path"), ("filter", "path")}
@@ -65,10 +66,10 @@ class Config:
     cval: float
     units: str
     filters: tuple[dict[str, Any], ...]
-    output: str  # template with {stem} and {parent}
+    output: str  # template with {stem}, {parent} and {pipeline}
     dtype: str
     compression: str
-    scale: float
+    scale: float  # 1.0 where scale_auto: each output's own is `volconv.convert.output_scale`'s
     offset: float
     device: str
     slab_depth: int | None
@@ -80,6 +81,10 @@ class Config:
     # address of an existing Dask scheduler ("" for none)
     devices: str | tuple[str, ...] = "one"
     scheduler: str = ""
+    # [input] external: HDF5 inputs may read other files (VDS, external storage and links)
+    external: bool = False
+    # [output] scale = "auto": each uint8 output's scale and offset from the bank's bound
+    scale_auto: bool = False
 
 
 # -- reading and --set --------------------------------------------------------------------
@@ -268,6 +273,12 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         raise fail(f"input.paths must be a path or a list of paths; got {inp['paths']!r}")
     if not paths:
         raise fail("input.paths is empty")
+    external = inp.get("external", False)
+    if not isinstance(external, bool):
+        raise fail(
+            f"input.external must be true or false (whether an HDF5 input may read other "
+            f"files: a virtual dataset, external storage or links); got {external!r}"
+        )
 
     # [bank]; each filter is checked by volconv.bank.build_bank
     size = bank.get("size", 7)  # checked by build_bank, with the filters
@@ -311,13 +322,19 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         compression_options(compression)
     except OutputError as e:
         raise fail(f"output.compression: {e}") from None
+    scale_auto = out.get("scale") == "auto"
+    if scale_auto and "offset" in out:
+        raise fail('output.scale = "auto" chooses the offset too; remove output.offset')
     for key in ("scale", "offset"):
         if key in out:
             v = out[key]
             if dtype != "uint8":
                 raise fail(f'output.{key} applies to dtype = "uint8" only (dtype is {dtype!r})')
+            if scale_auto:
+                continue
             if not _is_number(v) or not math.isfinite(v) or (key == "scale" and v == 0):
-                what = "a finite non-zero number" if key == "scale" else "a finite number"
+                what = ('a finite non-zero number or "auto"' if key == "scale"
+                        else "a finite number")  # fmt: skip
                 raise fail(f"output.{key} must be {what}; got {v!r}")
             # quantised in float32: a scale that rounds to 0 or a subnormal divides into inf
             tiny = key == "scale" and abs(v) < float(np.finfo(np.float32).tiny)
@@ -334,6 +351,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         host_memory = parse_bytes(run.get("host_memory", DEFAULT_HOST_MEMORY), "run.host_memory")
     except ValueError as e:
         raise fail(str(e)) from None
+    host_memory = min(host_memory, machine_memory())  # "1PiB": all this machine has
     slab_depth = run.get("slab_depth")
     if slab_depth is not None:
         try:
@@ -349,11 +367,20 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         source=source, base_dir=source.resolve().parent, text=text or dump_toml(data),
         data=data, paths=tuple(paths), size=size, boundary=boundary, cval=float(cval),
         units=units, filters=tuple(filters), output=template, dtype=dtype,
-        compression=compression, scale=float(out.get("scale", 1.0)),
-        offset=float(out.get("offset", 0.0)), device=device.strip(), slab_depth=slab_depth,
+        compression=compression, scale=1.0 if scale_auto else float(out.get("scale", 1.0)),
+        offset=float(out.get("offset", 0.0)), external=external, scale_auto=scale_auto,
+        device=device.strip(), slab_depth=slab_depth,
         host_memory=host_memory, bank=tuple(bank), bank_in_mm=in_mm, devices=devices,
         scheduler=scheduler.strip(),
     )  # fmt: skip
+
+
+def machine_memory() -> int:
+    """The bytes of memory this machine has (physical pages); a huge number where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**62
 
 
 def _check_template(template: str, fail: Callable[[str], PipelineError]) -> None:
@@ -366,6 +393,7 @@ def _check_template(template: str, fail: Callable[[str], PipelineError]) -> None
             continue
         if name not in TEMPLATE_FIELDS or spec or conversion:
             raise fail(
-                f"output.path = {template!r}: unknown field {{{name}}}; "
-                f"use {{stem}} (input file name without extensions) or {{parent}} (its folder)"
+                f"output.path = {template!r}: unknown field {{{name}}}; use {{stem}} (input "
+                "file name without extensions), {parent} (its folder) or {pipeline} (the "
+                "pipeline file's name without .toml)"
             )

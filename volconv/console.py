@@ -75,10 +75,13 @@ def run_and_report(
         if r.clipped and not warned:  # once a run: the cure is the same for every input
             warned = True
             # on stderr; above the progress bar on a terminal, where both streams show
+            why = (f"with scale {cfg.scale:g} and offset {cfg.offset:g} (saturated; NaN as 0); "
+                   "set output.scale and output.offset to the responses' range, or "
+                   'output.scale = "auto"')  # fmt: skip
+            if cfg.scale_auto:  # its bound holds every finite response: these are inf or NaN
+                why = "(saturated; NaN as 0): the input holds infinite or NaN values"
             (progress.console if progress else _stderr).print(
-                f"warning: {r.clipped} voxels of {r.output} fall outside what uint8 holds "
-                f"with scale {cfg.scale:g} and offset {cfg.offset:g} (saturated; NaN as 0); "
-                "set output.scale and output.offset to the responses' range",
+                f"warning: {r.clipped} voxels of {r.output} fall outside what uint8 holds {why}",
                 highlight=False, markup=False, soft_wrap=True,
             )  # fmt: skip
 
@@ -190,6 +193,8 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
     names = [f"{f.name} ({f.type})" for f in first.filters]
     say(describe_plan(first.plan.choices, names, first.plan.fused))
     scaled = f", value = stored * {cfg.scale:g} + {cfg.offset:g}" if cfg.dtype == "uint8" else ""
+    if cfg.scale_auto:  # each input's own, from its type's range and the bank
+        scaled = ", scale auto (each input's below)"
     say(f"output   {cfg.dtype}, compression {cfg.compression}{scaled}")
     say(f"inputs   {len(jobs)}")
     for job in jobs:
@@ -211,5 +216,6 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
             f"{job.device_bytes / 2**20:.1f} MiB, host memory "
             f"{job.host_bytes / 2**20:.1f} MiB of {cfg.host_memory / 2**20:.0f} MiB"
             f"{', frames read whole' if job.whole_frames else ''}"
+            + (f", value = stored * {job.scale:g} + {job.offset:g}" if cfg.scale_auto else "")
         )
     return jobs

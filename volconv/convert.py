@@ -5,6 +5,7 @@
 - uint8 stores ``clip(rint((value - offset) / scale), 0, 255)`` computed in float32, NaN as 0;
   the voxels clipped and the NaNs are counted (the run warns once).
 
+`output_scale` chooses uint8's scale and offset for ``[output] scale = "auto"``.
 `encode` is the reference, on the host. `DeviceEncoder` makes the same bytes on the device
 (kernels/convert.cl) before the download, so that downloads, page-locked buffers and the host
 carry the stored type only; its counts are exact (integer atomics). Tests check the two
@@ -13,15 +14,70 @@ bitwise against each other.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pyopencl as cl
 
 from volconv.programs import build
 
+if TYPE_CHECKING:
+    from volconv.config import Config
+    from volconv.io import Volume
+
 STORED = ("float32", "float16", "uint8")
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 GROUP, PER_ITEM = 256, 16  # to_uint8's work-group size and values per work-item (convert.cl)
 CALL = 2**30  # values a kernel call converts at most: its counts fit a uint
+
+
+def response_bounds(kernels: np.ndarray, lo: float, hi: float) -> tuple[float, float]:
+    """The least and greatest value any response of ``kernels`` (N, ...) can take over
+    data within ``[lo, hi]``: each kernel's positive taps times one end of the range plus its
+    negative taps times the other (for a kernel of one sign, sum(|kernel|) times the range)."""
+    k = np.asarray(kernels, np.float64).reshape(len(kernels), -1)
+    pos, neg = np.clip(k, 0, None).sum(axis=1), np.clip(k, None, 0).sum(axis=1)
+    return float(np.min(pos * lo + neg * hi)), float(np.max(pos * hi + neg * lo))
+
+
+def data_range(volume: Volume) -> tuple[float, float]:
+    """The range of ``volume``'s voxels: its type's for integers (nothing read), the finite
+    values' for floats (read once, in blocks of rows); (0, 0) where none is finite."""
+    if volume.dtype.kind in "iu":
+        info = np.iinfo(volume.dtype)
+        return float(info.min), float(info.max)
+    lo, hi = np.inf, -np.inf
+    row_bytes = max(1, int(np.prod(volume.shape[1:3])) * volume.dtype.itemsize)
+    step = max(1, 2**26 // row_bytes)
+    for t in range(volume.n_frames):
+        for a in range(0, volume.shape[0], step):
+            rows = volume.read_rows(np.arange(a, min(a + step, volume.shape[0])), t)
+            finite = rows[np.isfinite(rows)]
+            if finite.size:
+                lo, hi = min(lo, float(finite.min())), max(hi, float(finite.max()))
+    return (lo, hi) if lo <= hi else (0.0, 0.0)
+
+
+def output_scale(cfg: Config, volume: Volume, kernels: np.ndarray) -> tuple[float, float]:
+    """uint8's ``(scale, offset)`` for ``volume``'s output: ``output.scale`` and
+    ``output.offset`` as given, or, for ``scale = "auto"``, the bounds of every response
+    over the input's range (`data_range`; with ``boundary = "constant"``, cval too) mapped
+    onto 0..255, so that no finite response saturates; one pair for the whole file.
+    (1, 0) for float outputs."""
+    if cfg.dtype != "uint8":
+        return 1.0, 0.0
+    if not cfg.scale_auto:
+        return cfg.scale, cfg.offset
+    lo, hi = data_range(volume)
+    if cfg.boundary == "constant":
+        lo, hi = min(lo, cfg.cval), max(hi, cfg.cval)
+    least, most = response_bounds(kernels, lo, hi)
+    offset = float(np.float32(least))
+    # float32's rounding of the offset and of the responses stays far inside half a step
+    scale = float(np.float32((most - offset) / 255))
+    if not np.isfinite(scale) or scale < np.finfo(np.float32).tiny:
+        return 1.0, offset  # every response is one value (or beyond float32): any scale
+    return scale, offset
 
 
 def encode(

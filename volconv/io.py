@@ -7,12 +7,20 @@ axis 0 that a slab needs. Opening also checks, cheaply, that the file holds all 
 header promises (`_check_size`), so `validate` and `run` refuse a truncated input before any
 work.
 `expand_inputs` turns the pipeline's paths and globs into inputs.
+
+An HDF5 dataset can read other files: a virtual dataset (VDS) maps other files' datasets,
+external storage keeps its bytes in raw files, an external link reaches into another HDF5
+file. None of these is opened unless the user allows it (``[input] external = true``,
+``external=True`` here); where allowed, every file a VDS maps must be there (HDF5 itself
+would read a missing one as fill values), and the input's SHA-256 covers the data read, not
+only the container (`Volume.sha256`).
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import math
 import os
 import re
 import sys
@@ -81,6 +89,10 @@ class Volume:
         File name without its extensions, and the name of its folder (output templates).
     file : Path
         The file on disk (without the ``:/dataset`` of an HDF5 input).
+    voxel_unknown : str
+        Empty where the file gives a voxel size; else why it does not (a ``.npy``, an HDF5
+        dataset without an ``affine`` attribute, a header whose voxel size is 0), and
+        `voxel_size` is then 1 mm by convention, which ``units = "mm"`` must not take.
     """
 
     path: str
@@ -94,11 +106,15 @@ class Volume:
     file: Path = field(repr=False)
     # Yields an array-like (nibabel proxy, h5py dataset, memmap) that slices like the volume.
     _open: Callable[[], AbstractContextManager] = field(repr=False, compare=False)
+    voxel_unknown: str = ""
     # Indices appended after (x, y, z[, t]) for trailing length-1 axes of the file.
     _extra_axes: int = field(default=0, repr=False, compare=False)
     # The file's axis of each axis of the volume, where they differ (MINC: time first).
     _axes: tuple[int, ...] | None = field(default=None, repr=False, compare=False)
     _mapped: bool = field(default=False, repr=False, compare=False)
+    # The data is read from other files too (an allowed VDS, external storage or link): the
+    # SHA-256 covers the data read as well as the container.
+    _digest_data: bool = field(default=False, repr=False, compare=False)
 
     def read_rows(self, rows: np.ndarray, frame: int = 0) -> np.ndarray:
         """The volume at ``rows`` along axis 0, reading only those rows.
@@ -158,6 +174,8 @@ class Volume:
         CRC-32 and size in the trailer of every member: readers such as nibabel stop at the
         data and never read the trailer, so a corrupt stream would otherwise be filtered as
         if it were sound. The pipeline awaits this before marking an output complete.
+        An HDF5 dataset that reads other files (allowed with ``external``) adds its data as
+        read, so that a change in those files is a change of input.
 
         Raises
         ------
@@ -174,7 +192,19 @@ class Volume:
                     check.feed(block)
         if check is not None:
             check.close()
+        if self._digest_data:
+            self._digest_rows(digest)
         return digest.hexdigest()
+
+    def _digest_rows(self, digest: Any) -> None:
+        """Feed ``digest`` the volume's data, frame by frame in blocks of rows (at most
+        about 64 MiB each), as `read_rows` returns it."""
+        row_bytes = max(1, int(np.prod(self.shape[1:3])) * self.dtype.itemsize)
+        step = max(1, 2**26 // row_bytes)
+        for t in range(self.n_frames):
+            for a in range(0, self.shape[0], step):
+                rows = np.arange(a, min(a + step, self.shape[0]))
+                digest.update(np.ascontiguousarray(self.read_rows(rows, t)).tobytes())
 
 
 class _GzipCheck:
@@ -250,7 +280,7 @@ def _stem(file: Path) -> str:
     return Path(name).stem or name
 
 
-def open_volume(spec: str | Path) -> Volume:
+def open_volume(spec: str | Path, *, external: bool = False) -> Volume:
     """Open an input volume without reading its voxels.
 
     Parameters
@@ -260,6 +290,9 @@ def open_volume(spec: str | Path) -> Volume:
         file, or an HDF5 dataset as ``file.h5:/dataset`` (or ``.hdf5``). 4D inputs hold T
         volumes along their last axis; trailing axes of length 1 beyond the fourth are
         dropped.
+    external : bool
+        Allow an HDF5 dataset that reads other files: a virtual dataset, external storage,
+        or one reached through an external link (``[input] external``). Refused otherwise.
 
     Raises
     ------
@@ -267,7 +300,9 @@ def open_volume(spec: str | Path) -> Volume:
         The file is missing, a folder, unreadable or truncated (see `check_data`), or the
         volume is not a non-empty 3D/4D array of integers or floats (bool and complex are
         refused); for HDF5, also a missing dataset (the message lists the datasets the file
-        holds); for a 4D MINC file, dimensions other than three spatial ones and time.
+        holds); for a 4D MINC file, dimensions other than three spatial ones and time; an
+        HDF5 dataset that reads other files, unless ``external`` (and then, a virtual
+        dataset whose source file or dataset is missing).
     """
     path = str(spec)
     name, dataset = split_spec(path)
@@ -280,7 +315,7 @@ def open_volume(spec: str | Path) -> Volume:
         raise InputError(f"{name}: is {file_kind(file)}, not a volume file")
     with _reading(path):
         if dataset is not None or file.suffix.lower() in (".h5", ".hdf5"):
-            return _open_hdf5(path, file, dataset)
+            return _open_hdf5(path, file, dataset, external)
         if file.suffix.lower() == ".npy":
             return _open_npy(path, file)
         return _open_nibabel(path, file)
@@ -374,6 +409,8 @@ def _volume(
     extra_axes: int,
     axes: tuple[int, ...] | None = None,
     mapped: bool = False,
+    voxel_unknown: str = "",
+    digest_data: bool = False,
 ) -> Volume:
     """Build the `Volume`; ``voxel_size`` None takes the affine's column norms."""
     affine = np.asarray(affine, dtype=np.float64)
@@ -395,13 +432,32 @@ def _volume(
         _extra_axes=extra_axes,
         _axes=axes,
         _mapped=mapped and len(shape) == 3 and not extra_axes and axes is None,
+        voxel_unknown=voxel_unknown,
+        _digest_data=digest_data,
     )
+
+
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _is_hdf5(file: Path) -> bool:
+    with open(file, "rb") as f:
+        return f.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE
 
 
 def _open_nibabel(path: str, file: Path) -> Volume:
     import nibabel as nib
 
-    img = nib.load(file)
+    try:
+        img = nib.load(file)
+    except _read_errors() as e:
+        if _is_hdf5(file):  # MINC2 is HDF5: any other HDF5 file fails deep inside nibabel
+            raise InputError(
+                f"{path}: is an HDF5 file but not a MINC2 volume ({type(e).__name__}: "
+                f"{' '.join(str(e).split())}); to read one of its datasets, give it an .h5 "
+                "name and the input as file.h5:/dataset"
+            ) from e
+        raise
     proxy = img.dataobj
     shape, extra = _squeeze_tail(img.shape)
     _check(path, shape, img.get_data_dtype())
@@ -424,7 +480,27 @@ def _open_nibabel(path: str, file: Path) -> Volume:
         and np.dtype(proxy.dtype).isnative
     )
     return _volume(path, file, shape, dtype, img.affine, zooms[:3], lambda: nullcontext(proxy),
-                   extra, axes, mapped)  # fmt: skip
+                   extra, axes, mapped, _unknown_zooms(img, zooms[:3]))  # fmt: skip
+
+
+def _unknown_zooms(img: Any, zooms: tuple[float, ...]) -> str:
+    """Why the header gives no voxel size ("" where it does). nibabel replaces a NIfTI or
+    Analyze pixdim of 0 by 1 on loading (with a log line only): the raw header decides."""
+    raw = zooms
+    header = img.header
+    if "pixdim" in getattr(header, "keys", lambda: ())():
+        import nibabel as nib
+
+        try:
+            holder = img.file_map.get("header") or img.file_map["image"]  # .hdr, or .nii
+            with nib.openers.ImageOpener(holder.filename) as f:
+                unchecked = type(header).from_fileobj(f, check=False)
+            raw = tuple(float(v) for v in unchecked["pixdim"][1:4])
+        except (OSError, ValueError, KeyError, EOFError):
+            pass
+    if len(raw) == 3 and all(math.isfinite(v) and v != 0 for v in raw):
+        return ""  # a negative pixdim is a sign nibabel drops, not a missing size
+    return f"its header's voxel size is {' x '.join(f'{v:g}' for v in raw)}"
 
 
 def _minc_axes(path: str, img: nib.minc1.Minc1Image) -> tuple[int, ...] | None:
@@ -461,26 +537,143 @@ def _open_npy(path: str, file: Path) -> Volume:
     # A fresh memory map per read, so no mapping outlives the slab that needed it.
     opener = lambda: nullcontext(np.load(file, mmap_mode="r"))  # noqa: E731
     return _volume(path, file, shape, arr.dtype, np.eye(4), None, opener, extra,
-                   mapped=arr.dtype.isnative)  # fmt: skip
+                   mapped=arr.dtype.isnative,
+                   voxel_unknown="a .npy file records no voxel size")  # fmt: skip
 
 
-def _open_hdf5(path: str, file: Path, dataset: str | None) -> Volume:
+def _open_hdf5(path: str, file: Path, dataset: str | None, external: bool = False) -> Volume:
     with h5py.File(file, "r") as f:
+        linked = _links_out(f, dataset) if dataset else []
+        if linked and not external:
+            raise InputError(_refusal(path, "is reached through an external link to", linked))
         obj = f.get(dataset) if dataset else None
         if not isinstance(obj, h5py.Dataset):
             held = ", ".join(_datasets(f)) or "none"
             what = f"no dataset {dataset}" if dataset else "name a dataset as file.h5:/dataset"
             raise InputError(f"{path}: {what}; the file's datasets: {held}")
+        if obj.shape is None:  # a null dataspace (h5py.Empty): no voxels at all
+            raise InputError(f"{path}: the dataset is empty (a null dataspace, no voxels)")
+        reads = _reads_other_files(path, file, obj, external)
         shape, extra = _squeeze_tail(obj.shape)
         _check(path, shape, obj.dtype)
-        dtype, affine = obj.dtype, obj.attrs.get("affine", np.eye(4))
+        dtype = obj.dtype
+        given = "affine" in obj.attrs
+        affine = obj.attrs["affine"] if given else np.eye(4)
 
     @contextmanager
     def opener() -> Iterator[h5py.Dataset]:
         with h5py.File(file, "r") as f:
             yield f[dataset]
 
-    return _volume(path, file, shape, dtype, affine, None, opener, extra)
+    unknown = "" if given else "the HDF5 dataset has no affine attribute (no voxel size)"
+    return _volume(path, file, shape, dtype, affine, None, opener, extra,
+                   voxel_unknown=unknown, digest_data=bool(linked or reads))  # fmt: skip
+
+
+def _refusal(path: str, what: str, targets: list[str]) -> str:
+    shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
+    return (
+        f"{path}: {what} {shown}: volconv reads no other file unless allowed "
+        "(set input.external = true to allow it)"
+    )
+
+
+def _links_out(f: h5py.File, dataset: str) -> list[str]:
+    """The external links on the way to ``dataset`` in ``f`` ("file:/path" each), found
+    without following one: soft links are resolved here, by name, so that none leads out
+    of the file unseen."""
+    found: list[str] = []
+    todo, done, steps = [p for p in dataset.split("/") if p], "", 0
+    while todo:
+        steps += 1
+        if steps > 256:  # soft links in a loop: h5py says what it finds
+            break
+        name = f"{done}/{todo.pop(0)}"
+        try:
+            link = f.get(name, getlink=True)
+        except (KeyError, OSError, ValueError):
+            break  # missing: the open below names it
+        if isinstance(link, h5py.ExternalLink):
+            found.append(f"{link.filename}:{link.path}")
+            break  # what lies beyond is in the other file
+        if isinstance(link, h5py.SoftLink):
+            target = link.path
+            base = [] if target.startswith("/") else [p for p in done.split("/") if p]
+            todo = base + [p for p in target.split("/") if p] + todo
+            done = ""
+        else:
+            done = name
+    return found
+
+
+def _reads_other_files(
+    path: str, file: Path, obj: h5py.Dataset, external: bool, depth: int = 0
+) -> bool:
+    """Refuse a dataset whose data lies in other files (a VDS of other files, external
+    storage, a VDS source reached through an external link) unless ``external``; refuse a
+    VDS whose source file or dataset is missing (HDF5 reads one as fill values), its
+    sources' own sources too. Whether the dataset reads other files."""
+    if depth > 8:
+        raise InputError(f"{path}: virtual datasets map one another more than 8 deep")
+    dcpl = obj.id.get_create_plist()
+    stored = [dcpl.get_external(i)[0].decode(errors="replace")
+              for i in range(dcpl.get_external_count())]  # fmt: skip
+    if stored and not external:
+        raise InputError(_refusal(path, "keeps its data in the external files", stored))
+    for name in stored:  # HDF5 opens them from the working folder, as named
+        if not Path(name).is_file():
+            raise InputError(f"{path}: the external file {name} of its data is missing")
+    if not obj.is_virtual:
+        return bool(stored)
+    sources = obj.virtual_sources()
+    # a source in the file itself (".") reads nothing else, unless through a link
+    others = [f"{s.file_name}:{s.dset_name}" for s in sources if s.file_name != "."]
+    if others and not external:
+        raise InputError(_refusal(path, "is a virtual dataset reading", others))
+    reads = bool(stored or others)
+    here = Path(obj.file.filename)
+    for source in sources:
+        found = _source_file(source.file_name, here)
+        if found is None:
+            raise InputError(
+                f"{path}: the virtual dataset's source file {source.file_name} is missing "
+                "(HDF5 would read it as fill values)"
+            )
+        try:
+            with h5py.File(found, "r") as src:
+                linked = _links_out(src, source.dset_name)
+                if linked and not external:
+                    raise InputError(_refusal(
+                        path, "is a virtual dataset reading, through an external link,", linked
+                    ))  # fmt: skip
+                held = src.get(source.dset_name)
+                ok = isinstance(held, h5py.Dataset)
+                if ok:  # a source may itself be virtual, or stored elsewhere
+                    reads |= _reads_other_files(path, found, held, external, depth + 1)
+                reads |= bool(linked)
+        except OSError as e:
+            raise InputError(
+                f"{path}: the virtual dataset's source file {source.file_name} cannot be "
+                f"read ({' '.join(str(e).split())})"
+            ) from None
+        if not ok:
+            raise InputError(
+                f"{path}: the virtual dataset's source {source.file_name}:{source.dset_name} "
+                "is missing (HDF5 would read it as fill values)"
+            )
+    return reads
+
+
+def _source_file(name: str, vds: Path) -> Path | None:
+    """Where HDF5 finds a VDS source file: ``.`` is the VDS file itself; a relative name is
+    looked up beside the VDS file, then from the working folder."""
+    if name == ".":
+        return vds
+    given = Path(name)
+    for candidate in (given,) if given.is_absolute() else (vds.parent / given, given):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def _datasets(f: h5py.File) -> list[str]:

@@ -32,7 +32,7 @@ import volconv
 from volconv.bank import BankError, Filter, build_bank, stack_kernels
 from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
-from volconv.convert import device_encodes
+from volconv.convert import device_encodes, output_scale
 from volconv.device import DeviceError, device_name, select_device
 from volconv.engine import STAGES, frame_bytes
 from volconv.errors import OutputWriteError
@@ -88,6 +88,8 @@ class Job:
     host_bytes: int = 0  # the most host memory the run holds for it
     device_bytes: int = 0  # the most device memory it holds (`device_bytes`)
     resumed: int = 0  # slabs an interrupted run's partial output held (volconv.resume)
+    scale: float = 1.0  # uint8's quantisation of this output (`output_scale`)
+    offset: float = 0.0
 
     @property
     def names(self) -> list[str]:
@@ -132,7 +134,7 @@ def choose_device(cfg: Config) -> cl.Device:
 
 def output_path(cfg: Config, volume: Volume) -> Path:
     """``output.path`` for ``volume``, relative to the pipeline file's folder."""
-    name = cfg.output.format(stem=volume.stem, parent=volume.parent)
+    name = cfg.output.format(stem=volume.stem, parent=volume.parent, pipeline=cfg.source.stem)
     path = Path(name).expanduser()
     # normpath folds "pipelines/../out" into "out" for the messages (links are not resolved)
     return Path(os.path.normpath(path if path.is_absolute() else cfg.base_dir / path))
@@ -162,7 +164,7 @@ def plan_jobs(
     jobs: list[Job] = []
     seen: dict[Path, str] = {}
     for spec in specs:
-        volume = open_volume(spec)
+        volume = open_volume(spec, external=cfg.external)
         filters, kernels = _bank_for(cfg, volume, spec, banks)
         if id(filters) not in choices:  # the path of each filter: once per bank
             choices[id(filters)] = plan_paths(filters, device)
@@ -183,6 +185,7 @@ def plan_jobs(
         seen[out] = spec
         check_output(cfg, out, taken)
         job = Job(spec, volume, filters, kernels, plan, out, complete=False)
+        job.scale, job.offset = output_scale(cfg, volume, kernels)
         fit_host_memory(job, cfg, device)
         if out.exists() and not overwrite:
             if not is_complete(out):
@@ -400,7 +403,8 @@ def _bank_for(
         if cfg.bank_in_mm:
             try:
                 filters = build_bank([dict(f) for f in cfg.filters], cfg.size, voxel_size=voxel,
-                                     base_dir=cfg.base_dir, units=cfg.units)  # fmt: skip
+                                     base_dir=cfg.base_dir, units=cfg.units,
+                                     voxel_unknown=volume.voxel_unknown)  # fmt: skip
             except BankError as e:
                 raise PipelineError(f"{cfg.source}: {e} (for {spec})") from None
         if len(filters) > MAX_FILTERS:  # gabor entries count twice
@@ -438,8 +442,8 @@ def differences(job: Job, cfg: Config) -> str:
         "boundary": cfg.boundary,
         "cval": cfg.cval,
         "output dtype": cfg.dtype,
-        "scale": cfg.scale if cfg.dtype == "uint8" else 1.0,
-        "offset": cfg.offset if cfg.dtype == "uint8" else 0.0,
+        "scale": job.scale,
+        "offset": job.offset,
     }
     for what, value in wanted.items():
         old = made[what]
@@ -490,24 +494,39 @@ class Convolvers:
     def __init__(self, cfg: Config, device: cl.Device) -> None:
         self.cfg, self.device = cfg, device
         self._cache: dict[tuple[object, ...], tuple[SeparableConvolver, PinnedSlabs]] = {}
+        self._stored: dict[tuple[object, ...], tuple[float, float] | None] = {}
 
     @staticmethod
     def key(job: Job) -> tuple[object, ...]:
-        """Inputs of one key share a convolver and its pinned buffers."""
+        """Inputs of one key share a convolver and its pinned buffers, and may overlap (the
+        same uint8 scale too: the device's encoder holds it)."""
+        return (*Convolvers._shared(job), job.scale, job.offset)
+
+    @staticmethod
+    def _shared(job: Job) -> tuple[object, ...]:
         return (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
                 job.kernels.tobytes())  # fmt: skip
 
     def get(self, job: Job) -> tuple[SeparableConvolver, PinnedSlabs]:
-        key = self.key(job)
+        # one convolver for inputs that differ in their uint8 scale alone (scale = "auto" on
+        # float inputs): its encoder is set again, never while another input uses it
+        # (different keys never overlap)
+        key, stored = self._shared(job), (job.scale, job.offset)
         if key not in self._cache:
             conv = SeparableConvolver(
                 job.filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
                 device=self.device, choices=job.plan.choices, slab_depth=job.plan.slab_depth,
             )  # fmt: skip
-            if device_encodes(self.device, self.cfg.dtype):
-                conv.store(self.cfg.dtype, self.cfg.scale, self.cfg.offset)
+            if device_encodes(self.device, self.cfg.dtype):  # first: buffers of that type
+                conv.store(self.cfg.dtype, *stored)
             self._cache[key] = conv, PinnedSlabs(conv.pinned_slab, PINNED_BUFFERS)
-        return self._cache[key]
+            self._stored[key] = stored
+        conv, buffers = self._cache[key]
+        if self._stored[key] != stored:  # the type stays: the buffers do too
+            if device_encodes(self.device, self.cfg.dtype):  # else the writer encodes
+                conv.store(self.cfg.dtype, *stored)
+            self._stored[key] = stored
+        return conv, buffers
 
 
 class PinnedSlabs:
@@ -791,7 +810,7 @@ def _stream(
     progress = None if overwrite else Progress(fingerprint(job, cfg, conv), digest)
     writer = ResponseWriter(
         job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,
-        compression=cfg.compression, scale=cfg.scale, offset=cfg.offset, boundary=cfg.boundary,
+        compression=cfg.compression, scale=job.scale, offset=job.offset, boundary=cfg.boundary,
         cval=cfg.cval, slab_depth=conv.plan.slab_depth, overwrite=overwrite,
         extents=np.array(job.extents), progress=progress,
     )  # fmt: skip

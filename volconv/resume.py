@@ -11,9 +11,10 @@ log names the same fingerprint (`fingerprint`: bank, boundary, cval, output type
 device, path; and the input's SHA-256), and its file is this user's regular file; the folder is
 claimed by renaming it onto the rerun's own new one, so of two runs at once one takes it and
 the other starts afresh. Every slab the log counts is read back and its CRCs checked before it
-is kept: what the file holds is what counts, whatever the log says. Nothing here ever makes a
-file look complete: ``complete = True`` and the final name come from
-`volconv.writer.ResponseWriter.finish` alone.
+is kept, and its chunks must be stored in the file (an unwritten one reads as the fill value,
+whose CRC a forged log could give): what the file holds is what counts, whatever the log
+says. Nothing here ever makes a file look complete: ``complete = True`` and the final name
+come from `volconv.writer.ResponseWriter.finish` alone.
 
 The log is text, one record a line, each line ending in its own CRC-32 (a line cut short by a
 kill is ignored)::
@@ -84,8 +85,8 @@ def fingerprint(job: Job, cfg: Config, conv: SeparableConvolver) -> str:
         "boundary": cfg.boundary,
         "cval": float(cfg.cval),
         "dtype": cfg.dtype,
-        "scale": float(cfg.scale),
-        "offset": float(cfg.offset),
+        "scale": float(job.scale),
+        "offset": float(job.offset),
         "compression": cfg.compression,
         "slab_depth": int(conv.plan.slab_depth),
         "device": device_name(conv.device),
@@ -253,6 +254,8 @@ class Progress:
         tail = (frame,) if responses.ndim == 5 else ()
         if len(crcs) != responses.shape[0] or not 0 <= a < b <= responses.shape[1]:
             return
+        if not _on_disk(responses, a, b, frame):
+            return  # an unwritten chunk reads as the fill value, whatever a log claims
         for f, crc in enumerate(crcs):
             if zlib.crc32(np.ascontiguousarray(responses[(f, slice(a, b), ..., *tail)])) != crc:
                 return
@@ -331,6 +334,21 @@ class Progress:
                 os.close(self._fd)
                 self._fd = None
             _OPEN.discard(self._folder)
+
+
+def _on_disk(responses: h5py.Dataset, a: int, b: int, frame: int) -> bool:
+    """Whether every chunk of rows ``[a, b)`` of ``frame`` (every filter) is stored in the
+    file: only those were written (the writer writes whole chunks; the rerun copies them)."""
+    if responses.chunks is None:
+        return False  # volconv writes chunks only
+    index = (slice(None), slice(a, b), slice(None), slice(None))
+    if responses.ndim == 5:
+        index += (slice(frame, frame + 1),)
+    for part in responses.iter_chunks(index):
+        corner = tuple(s.start // c * c for s, c in zip(part, responses.chunks, strict=True))
+        if responses.id.get_chunk_info_by_coord(corner).byte_offset is None:
+            return False
+    return True
 
 
 def _slab_line(frame: int, a: int, b: int, crcs: list[int]) -> bytes:
