@@ -9,6 +9,7 @@ not be read. ``--debug`` (before or after the command) shows tracebacks.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import sys
@@ -498,7 +499,7 @@ def _main_app() -> None:
         if _state["debug"]:
             raise
         # out of file descriptors, memory or disk: the machine's state, not a wrong file
-        _fail(str(e), 1 if resource_cause(e) is not None else 2)
+        _fail(str(e) + _hint(e), 2 if resource_cause(e) is None else 1)
     except NoDeviceError as e:
         if _state["debug"]:
             raise
@@ -506,8 +507,16 @@ def _main_app() -> None:
     except (OutputWriteError, MidRunError) as e:  # disk full; a mistake found mid-run
         if _state["debug"]:
             raise
-        _fail(str(e), 1)
+        _fail(str(e) + _hint(e), 1)
     except Exception as e:  # the cause, in one line; --debug for the traceback
         if _state["debug"]:
             raise
-        _fail(f"{type(e).__name__}: {e}", 1)
+        _fail(f"{type(e).__name__}: {e}{_hint(e)}", 1)
+
+
+def _hint(e: BaseException) -> str:
+    """What to do where the process ran out of file descriptors."""
+    cause = resource_cause(e)
+    if cause is not None and cause.errno in (errno.EMFILE, errno.ENFILE):
+        return "; raise the limit of open files (ulimit -n)"
+    return ""
