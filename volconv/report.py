@@ -101,7 +101,9 @@ def format_gflops(gflops: float | None) -> str:
 
 def format_gflop(gflop: float) -> str:
     """An amount of work with three significant digits, so small volumes do not show 0.0."""
-    return f"{gflop:.3g}" if math.isfinite(gflop) else "-"
+    if not math.isfinite(gflop):
+        return "-"
+    return f"{gflop:.3g}" if abs(gflop) < 1000 else f"{gflop:.0f}"  # never 1.23e+03
 
 
 def write_json(doc: Any, path: str | Path) -> None:

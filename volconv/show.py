@@ -79,11 +79,18 @@ def figure(f: h5py.File, name: str, frame: int | None = None) -> Figure:
         raise ValueError(f"--frame {frame}: {name} has {n_frames} frames (0..{n_frames - 1})")
     aspects = slice_aspects(f.attrs.get("voxel_size"))
     rows, groups = grid(len(names))
-    # panels shrink so that the picture stays within MAX_PIXELS a side (titles take ~1/4)
-    side = min(PANEL_INCHES, MAX_PIXELS / DPI / (3 * groups),
-               (MAX_PIXELS / DPI - 0.5) / (1.3 * rows))  # fmt: skip
-    fig, axes = plt.subplots(rows, 3 * groups, squeeze=False, layout="constrained",
-                             figsize=(3 * groups * side, 1.3 * rows * side + 0.5))  # fmt: skip
+    # inches: above the grid (the title), above each row (a filter's title), below (labels)
+    top, above, below, gap = 0.6, 0.3, 0.2, 0.08
+    most = MAX_PIXELS / DPI  # panels shrink so that the picture stays within it a side
+    side = min(PANEL_INCHES, most / (3 * groups) - gap, (most - top) / rows - above - below)
+    width = 3 * groups * (side + gap)
+    height = top + rows * (side + above + below)
+    fig, axes = plt.subplots(
+        rows, 3 * groups, squeeze=False, figsize=(width, height), dpi=DPI,
+        gridspec_kw={"left": gap / 2 / width, "right": 1 - gap / 2 / width,
+                     "top": 1 - (top + above) / height, "bottom": below / height,
+                     "wspace": gap / side, "hspace": (above + below) / side},
+    )  # fmt: skip
     for ax in axes.ravel():
         ax.set_axis_off()
     for i, filt in enumerate(names):
@@ -101,7 +108,7 @@ def figure(f: h5py.File, name: str, frame: int | None = None) -> Figure:
         trio[1].set_title(f"{filt}: {lo:.4g} .. {hi:.4g}", fontsize=8)
     source = f.attrs.get("source", "")
     when = f", frame {frame} of {n_frames}" if responses.ndim == 5 else ""
-    fig.suptitle(f"{name} ({source}){when}", fontsize=10)
+    fig.suptitle(f"{name} ({source}){when}", fontsize=10, y=1 - 0.1 / height, va="top")
     return fig
 
 
