@@ -235,7 +235,8 @@ def _need_batch_extra(devices: object, scheduler: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec("distributed") is None:
-        asked = f"--scheduler {scheduler}" if scheduler else f"--devices {devices}"
+        listed = ",".join(map(str, devices)) if isinstance(devices, list | tuple) else devices
+        asked = f"--scheduler {scheduler}" if scheduler else f"--devices {listed}"
         raise UserError(f"{asked} (or run.devices, run.scheduler) runs a batch on Dask, "
                         "which is not installed: pip install 'volconv[batch]'")  # fmt: skip
 
