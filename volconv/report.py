@@ -279,7 +279,9 @@ def summary_table(
     peak = format_gflops(math.nan if peak_gflops is None else peak_gflops)
     measured = any(math.isfinite(r.measured_peak_gflops) for r in reports)
     done = [r for r in reports if r.status == "done"]
-    total = totals(done) if len(done) > 1 else None
+    # a total for several inputs, or for one where the run's wall is known: it holds what
+    # no input's does (making the convolvers: a first run's kernel builds)
+    total = totals(done) if len(done) > 1 or (done and run_seconds is not None) else None
     if total is not None and run_seconds is not None:
         total["stages"]["wall"] = run_seconds  # the run's own: inputs overlap
     labels = _labels(reports)
@@ -337,8 +339,8 @@ def summary_table(
             "convolvers; opening, hashing and finishing files), 0 where they overlap."
         )
         if total is not None and run_seconds is not None:
-            notes.append("total wall: the run's, first input's start to last's end (inputs "
-                         "overlap).")  # fmt: skip
+            notes.append("total wall: the run's, from its start to its last input's end "
+                         "(inputs overlap; making the convolvers included).")  # fmt: skip
     if start_seconds is not None and math.isfinite(start_seconds):
         notes.append(f"start: {fmt_seconds(start_seconds)} before the first input (imports, "
                      "the OpenCL driver and context, the pipeline and the inputs' headers "
