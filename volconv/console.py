@@ -95,7 +95,7 @@ def run_and_report(
                 highlight=False, markup=False, soft_wrap=True,
             )  # fmt: skip
         if progress is not None and task is not None:
-            progress.update(task, advance=1, description=job.volume.stem)
+            progress.update(task, advance=1, description=one_line(job.volume.stem))
 
     warned = False
 
