@@ -760,3 +760,136 @@ def test_the_program_leaves_at_once_with_every_line_file_and_status(tmp_path):
     missing = subprocess.run([*args[:4], str(tmp_path / "nope.toml")], capture_output=True,
                              text=True, cwd=ROOT, timeout=60)  # fmt: skip
     assert missing.returncode == 2 and missing.stderr.startswith("error: "), missing
+
+
+# -- exit statuses and stderr (issue 21, 5, 13, 14) ---------------------------------------
+def _limited(limit: int):
+    """A preexec_fn: at most ``limit`` open file descriptors in the child."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def test_running_out_of_file_descriptors_is_exit_1_with_the_cause(tmp_path):
+    for i in range(8):
+        np.save(tmp_path / f"v{i}.npy", random_volume((12, 10, 8), "uint8"))
+    pipeline = write_pipeline(tmp_path, BOX)
+    # kernels built and cached first: PoCL's linker, short of descriptors, aborts the process
+    warm = subprocess.run([sys.executable, "-m", "volconv", "run", str(pipeline)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert warm.returncode == 0, warm.stderr
+    hit = 0
+    for limit in (6, 8, 10, 12):
+        proc = subprocess.run(
+            [sys.executable, "-m", "volconv", "run", str(pipeline), "--overwrite"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=_limited(limit),
+        )  # fmt: skip
+        assert "Traceback" not in proc.stderr, proc.stderr
+        if "Too many open files" in proc.stderr:
+            hit += 1
+            # the machine's limit, not the user's mistake: 1, with the cause on stderr
+            assert proc.returncode == 1, (limit, proc.stderr)
+            assert proc.stderr.startswith("error: ") and "ulimit -n" in proc.stderr
+        else:
+            assert proc.returncode == 0, (limit, proc.stderr)
+    assert hit, "no limit ran the process out of descriptors"
+
+
+def _corrupt_nii_gz(path: Path) -> None:
+    """A .nii.gz whose gzip CRC fails: read to its end before anyone can tell."""
+    nib.save(nib.Nifti1Image(random_volume((16, 12, 10), "uint8"), np.eye(4)), path)
+    data = bytearray(path.read_bytes())
+    data[-8] ^= 0xFF  # the CRC-32 of the trailer
+    path.write_bytes(bytes(data))
+
+
+def test_an_input_failing_mid_run_says_why_on_stderr(tmp_path, capsys):
+    np.save(tmp_path / "good.npy", random_volume((6, 5, 4), "uint8"))
+    _corrupt_nii_gz(tmp_path / "bad.nii.gz")
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["bad.nii.gz", "good.npy"]})
+    code, out, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "bad.nii.gz" in lines[0], err
+    assert "gzip stream is corrupt" in lines[0], err
+    assert "failed" in out and says_complete(tmp_path / "out/good.h5")  # the other completes
+
+
+def test_a_mistake_found_mid_run_is_exit_1(tmp_path, capsys, monkeypatch):
+    """SPEC keeps 2 for mistakes found before any work: one found after (an input's reader
+    refusing it mid-run) is 1, the message kept."""
+    from volconv import pipeline as p
+    from volconv.io import InputError
+
+    np.save(tmp_path / "a.npy", random_volume((6, 5, 4), "uint8"))
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["a.npy"]})
+
+    def refuse(cfg, job, *args, **kwargs):
+        raise InputError(f"{job.spec}: changed since it was planned")
+
+    monkeypatch.setattr(p, "run_one", refuse)
+    code, _, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 1 and err.strip() == f"error: {tmp_path / 'a.npy'}: changed since it was planned"
+
+
+def test_debug_after_the_command(tmp_path, capsys):
+    (tmp_path / "p.toml").write_text("[input\n")
+    for command in ("run", "validate"):
+        with pytest.raises(UserError, match="not valid TOML"):
+            volconv(command, "--debug", tmp_path / "p.toml", capsys=capsys)
+    # and without it, the one line again: --debug does not stick to the next command
+    assert_one_line_error(*volconv("run", tmp_path / "p.toml", capsys=capsys), "not valid TOML")
+
+
+def test_devices_without_the_batch_extra_names_it(tmp_path, scan, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # as if not installed
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]})
+    for args in (["--devices", "cpu,cpu"], ["--set", "run.devices='all'"],
+                 ["--scheduler", "tcp://127.0.0.1:1"]):  # fmt: skip
+        code, out, err = volconv("run", pipeline, *args, capsys=capsys)
+        assert_one_line_error(code, out, err, "pip install 'volconv[batch]'", "Dask")
+    assert not (tmp_path / "out").exists()
+
+
+# -- names with control characters (issue 21, 7) -------------------------------------------
+def test_a_newline_in_an_input_name_never_splits_a_line(tmp_path, capsys):
+    np.save(tmp_path / "a\nb.npy", random_volume((6, 5, 4), "uint8"))
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["a\nb.npy"]},
+                              output={"path": "out/{stem}.h5"})  # fmt: skip
+    code, out, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 0, err
+    (done,) = [line for line in out.splitlines() if line.startswith("done ")]
+    assert "a\\nb.npy" in done and "out/a\\nb.h5" in done  # escaped, whole
+    assert not any(line.startswith("b.npy") or line.startswith("b.h5") for line in out.splitlines())
+    code, out, err = volconv("validate", pipeline, capsys=capsys)
+    assert code == 0 and "a\\nb.npy" in out and "\nb.npy" not in out
+    # a one-line error naming such a file: still one line
+    (tmp_path / "a\nb.npy").unlink()
+    (tmp_path / "c\x1b[31m.npy").write_bytes(b"not numpy")
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["c\x1b[31m.npy"]})
+    assert_one_line_error(*volconv("run", pipeline, capsys=capsys), "c\\x1b[31m.npy")
+    code, out, err = volconv("run", tmp_path / "x\ny.toml", capsys=capsys)
+    assert_one_line_error(code, out, err, "x\\ny.toml")
+
+
+# -- validate: what each input writes, and about how long (issue 21, 11) --------------------
+def test_validate_prints_the_bytes_written_and_an_estimate(tmp_path, capsys):
+    shapes = {"a.npy": (6, 5, 4), "b.npy": (7, 6, 5, 2)}
+    for name, shape in shapes.items():
+        np.save(tmp_path / name, random_volume(shape, "uint8"))
+    filters = [{"type": "box"}, {"type": "sobel", "axis": 0}, {"type": "log", "sigma": 1}]
+    for dtype, itemsize in (("float32", 4), ("float16", 2), ("uint8", 1)):
+        pipeline = write_pipeline(tmp_path, filters, output={"dtype": dtype})
+        code, out, err = volconv("validate", pipeline, capsys=capsys)
+        assert code == 0, err
+        sizes = {n: 3 * int(np.prod(s)) * itemsize for n, s in shapes.items()}
+        for n, size in sizes.items():
+            line = next(line for line in out.splitlines() if f"out/{n[0]}.h5" in line)
+            assert f"writes {size:,} bytes" in line, line
+        assert f"writes   {sum(sizes.values()):,} bytes" in out and "for 2 output(s)" in out
+        (estimate,) = [line for line in out.splitlines() if line.startswith("estimate")]
+        assert "MB/s (assumed" in estimate and "GFLOP/s" in estimate
+    # a complete output is skipped: it writes nothing
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    code, out, _ = volconv("validate", pipeline, capsys=capsys)
+    assert "writes   0 bytes in all for 0 output(s)" in out and "estimate" not in out

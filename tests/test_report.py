@@ -42,7 +42,7 @@ def test_formats():
     assert format_gflops(232.04) == "232.0 GFLOP/s"
     assert format_gflops(None) == format_gflops(math.nan) == "unknown"
     assert format_gflop(0.000142) == "0.000142"  # small volumes do not show 0.0
-    assert format_gflop(1234.5) == "1.23e+03"
+    assert format_gflop(1234.6) == "1235" and format_gflop(123.46) == "123"
 
 
 def test_report_json_is_written_whole(tmp_path):
@@ -70,3 +70,22 @@ def test_memory_bound_passes_record_their_bandwidth():
     assert r["fraction_of_bandwidth"] == pytest.approx(0.5)
     plain = throughput(2.0, 0.5, 1.0, 10.0)  # the direct kernel alone: compute-bound
     assert math.isnan(plain["bandwidth_gbps"]) and math.isnan(plain["fraction_of_bandwidth"])
+
+
+def test_summary_line_labels_the_work_and_escapes_names():
+    record = throughput(1000.0, 1.0, 2.0, 333.0, executed_gflop=10.0)
+    r = VolumeReport("scans/a\nb.nii.gz", "out/a\nb.h5", (4, 4, 4), 2, "done", dtype="uint8",
+                     extents=(3, 3, 3), **record)  # fmt: skip
+    line = summary_line(r)
+    assert "\n" not in line and "scans/a\\nb.nii.gz" in line and "out/a\\nb.h5" in line
+    # 1.0 TFLOP/s of useful work beside 3.0 % of peak: which work each counts, said
+    assert "1.0 TFLOP/s useful, 3.0 % of peak executed" in line
+    failed = VolumeReport.failed("x\r\x1b[2Jy.npy", "x.h5", (1, 1, 1), 1, "bad\nreason")
+    assert summary_line(failed) == "failed x\\r\\x1b[2Jy.npy: bad\\nreason"
+
+
+def test_one_line_escapes_control_characters_only():
+    from volconv.errors import one_line
+
+    assert one_line("plain name, ünïcode ok.nii") == "plain name, ünïcode ok.nii"
+    assert one_line("a\nb\tc\x00d\x7fe\u2028f") == "a\\nb\\tc\\x00d\\x7fe\\u2028f"

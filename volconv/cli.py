@@ -1,20 +1,31 @@
 """The `volconv` command line (typer).
 
-Exit status: 0 done; 2 the user's mistake (one clear line, no traceback); 1 anything else,
-with the cause. ``--debug`` shows tracebacks.
+Exit status: 0 done; 2 the user's mistake found before any work (one clear line, no
+traceback); 1 anything else, the cause on stderr: an input that failed, or the machine running
+out of something (file descriptors, memory, disk), even where it surfaced as a file that could
+not be read. ``--debug`` (before or after the command) shows tracebacks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import sys
+import time
 
 import typer
 from rich.console import Console
 
-from volconv.errors import DeviceError, NoDeviceError, OutputWriteError
+from volconv.errors import (
+    DeviceError,
+    MidRunError,
+    NoDeviceError,
+    OutputWriteError,
+    one_line,
+    resource_cause,
+)
 
 app = typer.Typer(
     add_completion=False,
@@ -67,12 +78,22 @@ class UserError(Exception):
     """A mistake of the user's: exit status 2 and one line naming the file, key or value."""
 
 
-_state = {"debug": False}
+_state: dict[str, float | bool | None] = {"debug": False, "t0": None}
 
 
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
     _state["debug"] = debug
+
+
+def _debug_after(value: bool) -> bool:
+    if value:  # `volconv run --debug FILE` as `volconv --debug run FILE`
+        _state["debug"] = True
+    return value
+
+
+_DEBUG = typer.Option(False, "--debug", help="Show tracebacks.", callback=_debug_after,
+                      is_eager=True)  # fmt: skip
 
 
 def _gib(n: int) -> str:
@@ -84,6 +105,7 @@ def devices(
     probe: bool = typer.Option(
         False, "--probe", help="Measure each device's FP32 rate with the FMA probe (seconds)."
     ),
+    debug: bool = _DEBUG,
 ) -> None:
     """Every OpenCL platform and device with its theoretical FP32 peak."""
     from volconv.device import list_devices, missing_platform_help, select_device
@@ -128,7 +150,7 @@ def devices(
 
 
 @app.command()
-def filters() -> None:
+def filters(debug: bool = _DEBUG) -> None:
     """The filter types of [[bank.filter]] tables, their keys and defaults."""
     from volconv.bank import describe_types
 
@@ -170,6 +192,7 @@ def run(
     report: str | None = typer.Option(
         None, "--report", metavar="FILE", help="Also write the summary table as JSON to FILE."
     ),
+    debug: bool = _DEBUG,
 ) -> None:
     """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
     try:  # Ctrl-C from here on says so in one line, the imports' time included
@@ -182,12 +205,15 @@ def run(
         from volconv.device import select_device
 
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
-        if cfg.devices == "one" and not cfg.scheduler:
+        if cfg.devices != "one" or cfg.scheduler:
+            _need_batch_extra(cfg.devices, cfg.scheduler)
+        else:
             with contextlib.suppress(Exception):  # a spec naming no device: the run says so
                 start_context(select_device(cfg.device))
         from volconv.console import run_and_report
 
-        result = run_and_report(cfg, console, overwrite=overwrite, report=report)
+        since = _state["t0"] if isinstance(_state["t0"], float) else None
+        result = run_and_report(cfg, console, overwrite=overwrite, report=report, since=since)
     except ValueError as e:  # every one of USER_ERRORS is one
         from volconv.pipeline import USER_ERRORS
 
@@ -196,8 +222,23 @@ def run(
         raise UserError(str(e)) from e  # the pipeline's, bank's, inputs' and writer's: exit 2
     except KeyboardInterrupt as e:  # here: typer would turn it into a silent exit 130
         _interrupted(e)
-    if result.failed:
+    if result.failed:  # named in stdout's table too; stderr is where a script looks
+        for r in result.failed:
+            why = r.reason if r.source in r.reason else f"{r.source}: {r.reason}"
+            err.print(f"error: {one_line(why)}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _need_batch_extra(devices: object, scheduler: str) -> None:
+    """A batch runs on Dask distributed, the ``batch`` extra: without it, say what to install
+    (exit 2, before any work)."""
+    import importlib.util
+
+    if importlib.util.find_spec("distributed") is None:
+        listed = ",".join(map(str, devices)) if isinstance(devices, list | tuple) else devices
+        asked = f"--scheduler {scheduler}" if scheduler else f"--devices {listed}"
+        raise UserError(f"{asked} (or run.devices, run.scheduler) runs a batch on Dask, "
+                        "which is not installed: pip install 'volconv[batch]'")  # fmt: skip
 
 
 @app.command()
@@ -206,6 +247,7 @@ def validate(
     set_: list[str] | None = _SET,
     overwrite: bool = _OVERWRITE,
     device: str | None = _DEVICE,
+    debug: bool = _DEBUG,
 ) -> None:
     """Check the pipeline, its bank and every input without computing; print the plan."""
     try:  # Ctrl-C from here on says so in one line, the imports' time included
@@ -227,6 +269,10 @@ def validate(
 def show(
     output: str = typer.Argument(..., metavar="OUTPUT.h5", help="A volconv output file."),
     png: str | None = typer.Option(None, "--png", help="Where to write (default OUTPUT.png)."),
+    frame: int | None = typer.Option(
+        None, "--frame", min=0, help="The frame of a 4D output to draw (default: the middle one)."
+    ),
+    debug: bool = _DEBUG,
 ) -> None:
     """A PNG of the central slices of every response, with names and value ranges."""
     from volconv.show import show as draw
@@ -238,7 +284,7 @@ def show(
         raise UserError(f"{output}: " + ("no such file" if kind == "nothing" else
                                          f"is {kind}, not a volconv output file"))  # fmt: skip
     try:
-        path = draw(output, png)
+        path = draw(output, png, frame=frame)
     except (OSError, ValueError) as e:
         raise UserError(f"{output}: {e}" if output not in str(e) else str(e)) from e
     console.print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)
@@ -275,6 +321,7 @@ def bench(
         help="Find the fastest engine and knobs for this bank shape on the "
         "device and cache them: later plans of that shape take them (no sweeps).",
     ),
+    debug: bool = _DEBUG,
 ) -> None:
     """Kernel throughput on a synthetic volume as a fraction of the device's peak."""
     from volconv import bench as b  # loaded for this command only
@@ -375,7 +422,7 @@ def bench(
 def _fail(message: str, status: int) -> None:
     # Messages name keys such as [input]: print them as text, never as rich markup, and on
     # one line whatever the width, so logs and tests read them whole.
-    err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    err.print(f"error: {one_line(message)}", markup=False, highlight=False, soft_wrap=True)
     sys.exit(status)
 
 
@@ -402,6 +449,7 @@ def entry_point() -> None:
     the interpreter's teardown (freeing pinned memory, the OpenCL driver's clean-up: 0.1 s
     here, more on a GPU node) is skipped.
     """
+    _state["t0"] = _process_start()
     try:
         main()
     except SystemExit as e:
@@ -417,8 +465,23 @@ def entry_point() -> None:
     os._exit(status or 0)
 
 
+def _process_start() -> float:
+    """The `time.perf_counter` this process started at (Linux: from /proc, to 10 ms), so that
+    the table's ``start`` counts the interpreter's start and the imports too; else now."""
+    now = time.perf_counter()
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - age if 0 <= age < 60 else now
+
+
 def main() -> None:
     """Map exceptions to the exit statuses SPEC.md promises (through SystemExit)."""
+    if _state["t0"] is None:  # called in a process of its own (tests): from here
+        _state["t0"] = time.perf_counter()
     try:
         _main_app()
     finally:
@@ -436,16 +499,25 @@ def _main_app() -> None:
     except (UserError, DeviceError) as e:
         if _state["debug"]:
             raise
-        _fail(str(e), 2)
+        # out of file descriptors, memory or disk: the machine's state, not a wrong file
+        _fail(str(e) + _hint(e), 2 if resource_cause(e) is None else 1)
     except NoDeviceError as e:
         if _state["debug"]:
             raise
         _fail(str(e), 1)
-    except OutputWriteError as e:  # disk full, quota: the message names the output and cause
+    except (OutputWriteError, MidRunError) as e:  # disk full; a mistake found mid-run
         if _state["debug"]:
             raise
-        _fail(str(e), 1)
+        _fail(str(e) + _hint(e), 1)
     except Exception as e:  # the cause, in one line; --debug for the traceback
         if _state["debug"]:
             raise
-        _fail(f"{type(e).__name__}: {e}", 1)
+        _fail(f"{type(e).__name__}: {e}{_hint(e)}", 1)
+
+
+def _hint(e: BaseException) -> str:
+    """What to do where the process ran out of file descriptors."""
+    cause = resource_cause(e)
+    if cause is not None and cause.errno in (errno.EMFILE, errno.ENFILE):
+        return "; raise the limit of open files (ulimit -n)"
+    return ""

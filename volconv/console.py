@@ -3,7 +3,9 @@ input and the final table (numbers from `volconv.report`, work from `volconv.pip
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import math
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,9 +15,11 @@ from rich.console import Console
 import volconv
 from volconv.config import Config, PipelineError
 from volconv.device import device_name
-from volconv.pipeline import Job, RunResult, choose_device, peaks, plan_jobs, run
+from volconv.errors import MidRunError, one_line
+from volconv.pipeline import USER_ERRORS, Job, RunResult, choose_device, peaks, plan_jobs, run
 from volconv.report import (
     VolumeReport,
+    fmt_seconds,
     format_gflop,
     format_gflops,
     report_json,
@@ -26,6 +30,8 @@ from volconv.resume import recorded_slabs
 from volconv.separable import describe_plan
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from rich.progress import Progress
 
     from volconv.batch import BatchResult
@@ -34,21 +40,46 @@ if TYPE_CHECKING:
 _stderr = Console(stderr=True)  # warnings: the output of a run is its files and stdout's lines
 
 
+@contextmanager
+def _mid_run(planned: list[bool]) -> Iterator[None]:
+    """Mistakes raised once ``planned[0]`` (the work began) become `MidRunError`."""
+    try:
+        yield
+    except USER_ERRORS as e:
+        if not planned[0]:
+            raise
+        raise MidRunError(str(e)) from e
+
+
+def table_width(console: Console) -> int:
+    """The columns the final table may take: the terminal's, or rich's 80 (``COLUMNS`` where
+    set) off a terminal; never under 80."""
+    return max(console.width, 80)
+
+
 def run_and_report(
-    cfg: Config, console: Console, *, overwrite: bool = False, report: str | Path | None = None
+    cfg: Config,
+    console: Console,
+    *,
+    overwrite: bool = False,
+    report: str | Path | None = None,
+    since: float | None = None,
 ) -> RunResult | BatchResult:
     """`volconv.pipeline.run` with a progress bar (on a terminal only), a line per input and
     the final table; ``report`` also gets the table's numbers as JSON. With ``run.devices``
-    or ``run.scheduler``, `volconv.batch.run_batch` runs it (`batch_and_report`)."""
+    or ``run.scheduler``, `volconv.batch.run_batch` runs it (`batch_and_report`). ``since``,
+    the `time.perf_counter` the command started at, gives the table's ``start`` line."""
     if report is not None and not Path(report).absolute().parent.is_dir():
         raise PipelineError(f"--report {report}: folder {Path(report).parent} does not exist")
     if cfg.devices != "one" or cfg.scheduler:
-        return batch_and_report(cfg, console, overwrite=overwrite, report=report)
+        return batch_and_report(cfg, console, overwrite=overwrite, report=report, since=since)
     progress = _progress(console) if console.is_terminal else None
     task = None
+    planned = [False]
 
     def on_plan(jobs: list[Job]) -> None:
         nonlocal task
+        planned[0] = True
         if progress is not None:
             todo = sum(j.n_slabs for j in jobs if overwrite or not j.complete)
             task = progress.add_task("slabs", total=todo)
@@ -59,12 +90,12 @@ def run_and_report(
         if job.resumed and id(job) not in announced:  # once, as its first slabs count
             announced.add(id(job))
             (progress.console if progress else console).print(
-                f"resuming {job.output} at slab {job.resumed + 1}/{job.n_slabs} "
+                f"resuming {one_line(str(job.output))} at slab {job.resumed + 1}/{job.n_slabs} "
                 f"({job.resumed} complete in an interrupted run's partial file)",
                 highlight=False, markup=False, soft_wrap=True,
             )  # fmt: skip
         if progress is not None and task is not None:
-            progress.update(task, advance=1, description=job.volume.stem)
+            progress.update(task, advance=1, description=one_line(job.volume.stem))
 
     warned = False
 
@@ -81,29 +112,45 @@ def run_and_report(
             if cfg.scale_auto:  # its bound holds every finite response: these are inf or NaN
                 why = "(saturated; NaN as 0): the input holds infinite or NaN values"
             (progress.console if progress else _stderr).print(
-                f"warning: {r.clipped} voxels of {r.output} fall outside what uint8 holds {why}",
+                f"warning: {r.clipped} voxels of {one_line(r.output)} fall outside what uint8 "
+                f"holds {why}",
                 highlight=False, markup=False, soft_wrap=True,
             )  # fmt: skip
 
-    with progress or nullcontext():
+    with progress or nullcontext(), _mid_run(planned):
         result = run(cfg, overwrite=overwrite, report=report, on_plan=on_plan,
                      on_slab=on_slab, on_volume=on_volume)  # fmt: skip
+    start = _start_seconds(since, result.seconds)
     name = device_name(result.device)
-    table = summary_table(result.reports, name, result.peak_gflops, result.measured_peak_gflops)
-    wide(console).print(table)
+    table = summary_table(result.reports, name, result.peak_gflops, result.measured_peak_gflops,
+                          width=table_width(console), run_seconds=result.seconds,
+                          start_seconds=start)  # fmt: skip
+    console.print(table, highlight=False, markup=False, soft_wrap=True)
     if report is not None:
         meta = {
             "pipeline": str(cfg.source), "volconv_version": volconv.__version__,
             "device": name, "peak_gflops": result.peak_gflops, "peak_how": result.peak_how,
             "measured_peak_gflops": result.measured_peak_gflops,
-            "run_seconds": result.seconds,
+            "run_seconds": result.seconds, "start_seconds": start,
         }  # fmt: skip
         report_json(result.reports, meta, report)
     return result
 
 
+def _start_seconds(since: float | None, run_seconds: float) -> float | None:
+    """Seconds from the command's start to the run's first input (it ended just now)."""
+    if since is None:
+        return None
+    return max(time.perf_counter() - run_seconds - since, 0.0)
+
+
 def batch_and_report(
-    cfg: Config, console: Console, *, overwrite: bool = False, report: str | Path | None = None
+    cfg: Config,
+    console: Console,
+    *,
+    overwrite: bool = False,
+    report: str | Path | None = None,
+    since: float | None = None,
 ) -> BatchResult:
     """`volconv.batch.run_batch` with one progress bar over the inputs (on a terminal only),
     a line per input as it finishes and the final table of every input."""
@@ -117,8 +164,11 @@ def batch_and_report(
             text, highlight=False, markup=False, soft_wrap=True
         )
 
+    planned = [False]
+
     def on_plan(jobs: list[Job]) -> None:
         nonlocal task
+        planned[0] = True
         if progress is not None:
             task = progress.add_task("inputs", total=len(jobs))
 
@@ -127,13 +177,17 @@ def batch_and_report(
         if progress is not None and task is not None:
             progress.update(task, advance=1)
 
-    with progress or nullcontext():
+    with progress or nullcontext(), _mid_run(planned):
         result = run_batch(cfg, overwrite=overwrite, report=report, on_plan=on_plan,
                            on_volume=on_volume, say=say)  # fmt: skip
+    start = _start_seconds(since, result.seconds)
     done = [r for r in result.reports if r.status == "done"]
     peak = next((r.peak_gflops for r in done), None)
     measured = next((r.measured_peak_gflops for r in done), None)
-    wide(console).print(summary_table(result.reports, result.label, peak, measured))
+    table = summary_table(result.reports, result.label, peak, measured,
+                          width=table_width(console), run_seconds=result.seconds,
+                          start_seconds=start)  # fmt: skip
+    say(table)
     if done:
         say(f"{len(done)} input(s) in {result.seconds:.1f} s on {result.label}: "
             f"{60 * len(done) / result.seconds:.1f} inputs/minute (and "
@@ -143,18 +197,10 @@ def batch_and_report(
             "pipeline": str(cfg.source), "volconv_version": volconv.__version__,
             "device": result.label, "workers": result.workers, "peak_gflops": peak,
             "measured_peak_gflops": measured, "batch_seconds": result.seconds,
-            "batch_start_seconds": result.start_seconds,
+            "batch_start_seconds": result.start_seconds, "start_seconds": start,
         }  # fmt: skip
         report_json(result.reports, meta, report)
     return result
-
-
-def wide(console: Console) -> Console:
-    """``console``, or off a terminal (logs, pipes), where rich assumes 80 columns, one as
-    wide as the summary table needs."""
-    if console.is_terminal:
-        return console
-    return Console(file=console.file, width=max(console.width, 200), color_system=None)
 
 
 def _progress(console: Console, unit: str = "slabs") -> Progress:
@@ -180,8 +226,9 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
     """Check the pipeline, its bank and every input (headers only) and print the plan."""
     device = choose_device(cfg)
     jobs = plan_jobs(cfg, device, overwrite=overwrite)
-    peak, how, *_ = peaks(device)
+    peak, how, measured, *_ = peaks(device)
     first = jobs[0]
+    total_bytes, total_kernel, total_write, computed = 0, 0.0, 0.0, 0
 
     def say(text: str) -> None:
         console.print(text, highlight=False, markup=False, soft_wrap=True)
@@ -208,9 +255,15 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
             state += f"; an interrupted run's partial with {slabs} slabs resumes if it matches"
         shape = "x".join(map(str, job.volume.shape))
         extents = "x".join(map(str, job.kernels.shape[1:]))
+        size = output_bytes(job, cfg.dtype) if overwrite or not job.complete else 0
+        if size:
+            computed += 1
+            total_bytes += size
+            total_kernel += kernel_seconds(job, measured or peak)
+            total_write += size / DISK_BYTES_PER_S
         say(
-            f"  {job.spec}  {shape} {np.dtype(job.volume.dtype)}\n"
-            f"    -> {job.output} ({state})\n"
+            f"  {one_line(job.spec)}  {shape} {np.dtype(job.volume.dtype)}\n"
+            f"    -> {one_line(str(job.output))} ({state}), writes {_bytes(size)}\n"
             f"    kernels {extents}, {format_gflop(job.gflop)} GFLOP, slab depth "
             f"{job.plan.slab_depth} ({job.n_slabs} slabs), device memory "
             f"{job.device_bytes / 2**20:.1f} MiB, host memory "
@@ -218,4 +271,43 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
             f"{', frames read whole' if job.whole_frames else ''}"
             + (f", value = stored * {job.scale:g} + {job.offset:g}" if cfg.scale_auto else "")
         )
+    packed = "" if cfg.compression == "none" else f", before {cfg.compression} compression"
+    say(f"writes   {_bytes(total_bytes)} in all for {computed} output(s){packed}")
+    if computed:
+        rate = format_gflops(measured or peak)
+        source = "the FMA probe's, cached" if measured else how
+        say(
+            f"estimate about {fmt_seconds(max(total_kernel, total_write))}: writing at "
+            f"{DISK_BYTES_PER_S / 1e6:.0f} MB/s (assumed: a SATA SSD; NVMe and the page cache "
+            f"are faster, a network disk slower) {fmt_seconds(total_write)}, beside kernels at "
+            f"{rate} ({source}) {fmt_seconds(total_kernel)}; not counting reading the inputs, "
+            "compression, or building the kernels on a first run"
+        )
     return jobs
+
+
+# The disk rate `volconv validate` assumes for its estimate: a SATA SSD's sequential write
+DISK_BYTES_PER_S = 500e6
+
+
+def output_bytes(job: Job, dtype: str) -> int:
+    """The bytes of an input's responses as stored, uncompressed: N x voxels x the type's."""
+    return len(job.filters) * math.prod(job.volume.shape) * np.dtype(dtype).itemsize
+
+
+def kernel_seconds(job: Job, gflops: float | None) -> float:
+    """The kernels' time for an input at ``gflops``: the plan's cost per voxel of each
+    filter's chosen path (in direct taps, two flops each) over every voxel; 0 if unknown."""
+    if not gflops or not math.isfinite(gflops):
+        return 0.0
+    taps = sum(c.direct_cost if c.path == "direct" else c.separable_cost
+               for c in job.plan.choices)  # fmt: skip
+    return 2.0 * taps * math.prod(job.volume.shape) / (gflops * 1e9)
+
+
+def _bytes(n: int) -> str:
+    """``3,271,557,120 bytes (3.05 GiB)``: exact, and at a glance."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n:,} bytes ({n / size:.2f} {unit})"
+    return f"{n:,} bytes"

@@ -13,13 +13,13 @@ import json
 import math
 import os
 import tempfile
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from rich.table import Table
+from volconv.errors import one_line
 
 # Seconds per stage: host reading, the device's five (OpenCL profiling; convert: to the stored
 # type), host writing, wall.
@@ -101,7 +101,9 @@ def format_gflops(gflops: float | None) -> str:
 
 def format_gflop(gflop: float) -> str:
     """An amount of work with three significant digits, so small volumes do not show 0.0."""
-    return f"{gflop:.3g}" if math.isfinite(gflop) else "-"
+    if not math.isfinite(gflop):
+        return "-"
+    return f"{gflop:.3g}" if abs(gflop) < 1000 else f"{gflop:.0f}"  # never 1.23e+03
 
 
 def write_json(doc: Any, path: str | Path) -> None:
@@ -193,25 +195,71 @@ def fmt_seconds(v: float) -> str:
 
 
 def summary_line(r: VolumeReport) -> str:
-    """One line per volume: path, shape, N, seconds, GFLOP/s, fraction of peak."""
+    """One line per volume: path, shape, N, seconds, useful GFLOP/s, fraction of peak of the
+    executed work. Names are escaped (`one_line`): a newline in one never splits the line."""
     shape = "x".join(map(str, r.shape))
+    source, output = one_line(r.source), one_line(r.output)
     if r.status == "skipped":
-        why = r.reason or "is complete"
-        return f"skipped {r.source}: {r.output} {why} (--overwrite recomputes it)"
+        why = one_line(r.reason or "is complete")
+        return f"skipped {source}: {output} {why} (--overwrite recomputes it)"
     if r.status == "failed":
-        return f"failed {r.source}: {r.reason}"
+        return f"failed {source}: {one_line(r.reason)}"
     resumed = f", {r.resumed_slabs}/{r.n_slabs} slabs resumed" if r.resumed_slabs else ""
     return (
-        f"done {r.source} ({shape} {r.dtype}, N={r.n_filters}, "
-        f"{'x'.join(map(str, r.extents))}) -> {r.output}: {r.wall_seconds:.2f} s, "
-        f"{format_gflops(r.gflops)}, {fmt_fraction(r.fraction_of_peak)} of peak{resumed}"
+        f"done {source} ({shape} {r.dtype}, N={r.n_filters}, "
+        f"{'x'.join(map(str, r.extents))}) -> {output}: {r.wall_seconds:.2f} s, "
+        f"{format_gflops(r.gflops)} useful, {fmt_fraction(r.fraction_of_peak)} of peak "
+        f"executed{resumed}"
     )
 
 
 def _labels(reports: list[VolumeReport]) -> list[str]:
-    """File names where they tell the inputs apart, else the paths as given."""
+    """File names where they tell the inputs apart, else the paths as given (escaped)."""
     names = [Path(r.source).name for r in reports]
-    return names if len(set(names)) == len(names) else [r.source for r in reports]
+    names = names if len(set(names)) == len(names) else [r.source for r in reports]
+    return [one_line(n) for n in names]
+
+
+# The stages the table shows: the device's five (OpenCL profiling) summed as one column
+DEVICE_STAGES = ("upload", "pad", "kernel", "convert", "download")
+GAP = "  "
+
+
+def other_seconds(stages: dict[str, float], wall: float) -> float:
+    """The wall less reading, the device's stages and writing (0 where they overlapped more
+    than the rest took): building kernels on a first run, opening, hashing and finishing the
+    file, waiting for the input before."""
+    busy = stages.get("read", 0.0) + stages.get("write", 0.0)
+    busy += sum(stages.get(s, 0.0) for s in DEVICE_STAGES)
+    return max(wall - busy, 0.0) if math.isfinite(wall) else math.nan
+
+
+def _grid(head: list[tuple[str, str]], rows: list[tuple[str, list[str]]], width: int) -> list[str]:
+    """Rows of a name and right-aligned cells under two-line headers, within ``width``
+    columns: the name column takes what the numbers leave; a longer name gets a line of its
+    own above its numbers (names are never cut or split, numbers never shortened)."""
+    cells = [max(len(a), len(b), *(len(r[1][i]) for r in rows if i < len(r[1])))
+             for i, (a, b) in enumerate(head)]  # fmt: skip
+    numbers = sum(w + len(GAP) for w in cells)
+    name_w = max(5, min(max(len(r[0]) for r in rows), width - numbers))
+
+    def line(name: str, values: list[str]) -> str:
+        values = values + [""] * (len(cells) - len(values))
+        padded = "".join(GAP + v.rjust(w) for v, w in zip(values, cells, strict=True))
+        return (name.ljust(name_w) + padded).rstrip()
+
+    out = [line("", [a for a, _ in head])] if any(a for a, _ in head) else []
+    out.append(line("input", [b for _, b in head]))
+    out.append("-" * min(width, name_w + numbers))
+    for name, values in rows:
+        if len(name) > name_w:  # its own line, the numbers below it
+            out.append(name)
+            name = ""
+        if values and len(values) < len(cells):  # a status word: left in the first cell
+            out.append((name.ljust(name_w) + GAP + values[0]).rstrip())
+        else:
+            out.append(line(name, values))
+    return out
 
 
 def summary_table(
@@ -219,45 +267,91 @@ def summary_table(
     device: str,
     peak_gflops: float | None,
     measured_peak_gflops: float | None = None,
-) -> Table:
-    """Per input: GFLOP, GFLOP/s, fraction of peak and seconds per stage."""
+    *,
+    width: int = 80,
+    run_seconds: float | None = None,
+    start_seconds: float | None = None,
+) -> str:
+    """The run's table as text within ``width`` columns (80 and up; the name column gives
+    way first): per input, the work (useful and executed) and the seconds per stage, which
+    add up to the wall with ``other``; then what the columns count, the start before the
+    first input (``start_seconds``) and the device with its peak."""
     peak = format_gflops(math.nan if peak_gflops is None else peak_gflops)
-    caption = f"on {device}; FP32 peak {peak}"
+    measured = any(math.isfinite(r.measured_peak_gflops) for r in reports)
+    done = [r for r in reports if r.status == "done"]
+    # a total for several inputs, or for one where the run's wall is known: it holds what
+    # no input's does (making the convolvers: a first run's kernel builds)
+    total = totals(done) if len(done) > 1 or (done and run_seconds is not None) else None
+    if total is not None and run_seconds is not None:
+        total["stages"]["wall"] = run_seconds  # the run's own: inputs overlap
+    labels = _labels(reports)
+
+    work_head = [("GFLOP", "useful"), ("GFLOP/s", "useful"), ("GFLOP/s", "executed"),
+                 ("of peak", "executed")]  # fmt: skip
+    if measured:
+        work_head.append(("of probe", "executed"))
+
+    def work(rec: dict[str, Any] | VolumeReport) -> list[str]:
+        get = rec.get if isinstance(rec, dict) else lambda k: getattr(rec, k)
+        kernel = get("kernel_seconds")
+        executed = get("executed_gflop") / kernel if kernel and kernel > 0 else math.nan
+        row = [format_gflop(get("gflop")), _gflops_cell(get("gflops")), _gflops_cell(executed),
+               fmt_fraction(get("fraction_of_peak"))]  # fmt: skip
+        if measured:
+            row.append(fmt_fraction(get("fraction_of_measured_peak")))
+        return row
+
+    time_head = [("", "read"), ("", "device"), ("", "write"), ("", "other"), ("", "wall")]
+
+    def seconds(stages: dict[str, float]) -> list[str]:
+        device_s = sum(stages.get(s, 0.0) for s in DEVICE_STAGES)
+        return [fmt_seconds(stages.get("read", math.nan)), fmt_seconds(device_s),
+                fmt_seconds(stages.get("write", math.nan)),
+                fmt_seconds(other_seconds(stages, stages.get("wall", math.nan))),
+                fmt_seconds(stages.get("wall", math.nan))]  # fmt: skip
+
+    work_rows: list[tuple[str, list[str]]] = []
+    time_rows: list[tuple[str, list[str]]] = []
+    for r, label in zip(reports, labels, strict=True):
+        if r.status != "done":
+            work_rows.append((label, [r.status]))
+            continue
+        work_rows.append((label, work(r)))
+        time_rows.append((label, seconds(r.stages)))
+    if total is not None:
+        work_rows.append(("total", work(total)))
+        time_rows.append(("total", seconds(total["stages"])))
+
+    lines = _grid(work_head, work_rows, width)
+    if time_rows:
+        lines += ["", *_grid(time_head, time_rows, width)]
+    notes = [
+        "useful: the bank's work as scipy.ndimage.convolve does it (2 x voxels x each "
+        "filter's taps), over kernel time; executed: what the kernels ran (separable passes "
+        "run fewer flops, padding more); of peak: executed GFLOP/s against the FP32 peak.",
+    ]
+    if time_rows:
+        all_stages = total["stages"] if total is not None else done[0].stages
+        parts = " + ".join(f"{s} {fmt_seconds(all_stages.get(s, 0.0))}" for s in DEVICE_STAGES)
+        notes.append(
+            f"device: {parts} (OpenCL profiling). read and write run beside the device; "
+            "other is the wall less the three (building the kernels, on a first run, and the "
+            "convolvers; opening, hashing and finishing files), 0 where they overlap."
+        )
+        if total is not None and run_seconds is not None:
+            notes.append("total wall: the run's, from its start to its last input's end "
+                         "(inputs overlap; making the convolvers included).")  # fmt: skip
+    if start_seconds is not None and math.isfinite(start_seconds):
+        notes.append(f"start: {fmt_seconds(start_seconds)} before the first input (imports, "
+                     "the OpenCL driver and context, the pipeline and the inputs' headers "
+                     "read, kernels planned).")  # fmt: skip
+    for note in notes:
+        lines += textwrap.wrap(note, width, break_long_words=False, break_on_hyphens=False)
+    caption = f"on {one_line(device)}; FP32 peak {peak}"
     if measured_peak_gflops is not None:
         caption += f", measured by an FMA probe {format_gflops(measured_peak_gflops)}"
-    from rich.box import SIMPLE_HEAD  # rich only where a table is drawn
-    from rich.table import Table
-
-    table = Table(caption=caption, caption_justify="left", box=SIMPLE_HEAD)
-    table.add_column("input", overflow="fold")
-    for name in ("GFLOP", "GFLOP/s", "of peak", *STAGES):
-        table.add_column(name, justify="right")
-    measured = any(math.isfinite(r.measured_peak_gflops) for r in reports)
-    if measured:
-        table.add_column("of measured", justify="right")
-    done = [r for r in reports if r.status == "done"]
-    for r, label in zip(reports, _labels(reports), strict=True):
-        if r.status != "done":
-            table.add_row(label, r.status, *[""] * (len(STAGES) + 1 + measured))
-            continue
-        row = [
-            label, format_gflop(r.gflop), _gflops_cell(r.gflops),
-            fmt_fraction(r.fraction_of_peak), *(fmt_seconds(r.stages[s]) for s in STAGES),
-        ]  # fmt: skip
-        if measured:
-            row.append(fmt_fraction(r.fraction_of_measured_peak))
-        table.add_row(*row)
-    if len(done) > 1:
-        total = totals(done)
-        row = [
-            "total", format_gflop(total["gflop"]), _gflops_cell(total["gflops"]),
-            fmt_fraction(total["fraction_of_peak"]),
-            *(fmt_seconds(total["stages"][s]) for s in STAGES),
-        ]  # fmt: skip
-        if measured:
-            row.append(fmt_fraction(total["fraction_of_measured_peak"]))
-        table.add_row(*row, style="bold")
-    return table
+    lines += textwrap.wrap(caption, width, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def _gflops_cell(v: float) -> str:

@@ -1,32 +1,115 @@
 """`volconv show OUTPUT.h5`: a PNG of the central slices of every response, the first look a
 user wants after a run.
 
-One row per filter (three orthogonal central slices of the first frame), titled with the
-filter's name and its value range; uint8 outputs are shown as the values they stand for
-(``stored * scale + offset``).
+Each filter gets three orthogonal central slices side by side, titled with its name and value
+range; the filters run down in rows and wrap into as many groups across as keep the picture
+about square, and the picture stays within `MAX_PIXELS` a side (the panels shrink). Slices
+keep the voxel size's aspect (the output's ``voxel_size``); a 4D output shows one frame
+(the middle one unless asked), named in the title. uint8 outputs are shown as the values
+they stand for (``stored * scale + offset``).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def central_slices(responses: h5py.Dataset, index: int) -> list[np.ndarray]:
-    """The planes through the centre of response ``index`` (first frame of a 4D output),
+MAX_PIXELS = 2400  # the most pixels a side of the picture
+DPI = 80
+PANEL_INCHES = 2.3  # a slice's side, where the cap allows
+
+
+def central_slices(responses: h5py.Dataset, index: int, frame: int = 0) -> list[np.ndarray]:
+    """The planes through the centre of response ``index`` (frame ``frame`` of a 4D output),
     across x, y and z, as float32 values (uint8 decoded with its scale and offset)."""
     nx, ny, nz = responses.shape[1:4]
-    frame = (0,) if responses.ndim == 5 else ()
+    t = (frame,) if responses.ndim == 5 else ()
     planes = [
-        responses[(index, nx // 2, slice(None), slice(None), *frame)],
-        responses[(index, slice(None), ny // 2, slice(None), *frame)],
-        responses[(index, slice(None), slice(None), nz // 2, *frame)],
+        responses[(index, nx // 2, slice(None), slice(None), *t)],
+        responses[(index, slice(None), ny // 2, slice(None), *t)],
+        responses[(index, slice(None), slice(None), nz // 2, *t)],
     ]
     scale = float(responses.attrs.get("scale", 1.0))
     offset = float(responses.attrs.get("offset", 0.0))
     return [p.astype(np.float32) * np.float32(scale) + np.float32(offset) for p in planes]
+
+
+def slice_aspects(voxel_size: object) -> tuple[float, float, float]:
+    """imshow's aspect (a pixel's height over its width) of the x, y and z central slices as
+    drawn (``plane.T``: the later axis upwards): vz/vy, vz/vx, vy/vx; 1 where the voxel size
+    is missing or not positive."""
+    try:
+        v = [float(s) for s in np.asarray(voxel_size, np.float64).ravel()[:3]]
+    except (TypeError, ValueError):
+        v = []
+    if len(v) < 3 or not all(math.isfinite(s) and s > 0 for s in v):
+        return 1.0, 1.0, 1.0
+    vx, vy, vz = v
+    return vz / vy, vz / vx, vy / vx
+
+
+def grid(n: int) -> tuple[int, int]:
+    """(rows, groups across) for ``n`` filters of three slices each: about square."""
+    groups = max(1, math.ceil(math.sqrt(n / 3)))
+    return math.ceil(n / groups), groups
+
+
+def figure(f: h5py.File, name: str, frame: int | None = None) -> Figure:
+    """The picture of the open output ``f`` (``name`` for its title)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    responses = f["responses"]
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in f["filter"][()]]
+    n_frames = responses.shape[4] if responses.ndim == 5 else 1
+    if frame is None:
+        frame = n_frames // 2
+    elif responses.ndim != 5:
+        raise ValueError(f"--frame {frame}: {name} is 3D (no frames)")
+    elif not 0 <= frame < n_frames:
+        raise ValueError(f"--frame {frame}: {name} has {n_frames} frames (0..{n_frames - 1})")
+    aspects = slice_aspects(f.attrs.get("voxel_size"))
+    rows, groups = grid(len(names))
+    # inches: above the grid (the title), above each row (a filter's title), below (labels)
+    top, above, below, gap = 0.6, 0.3, 0.2, 0.08
+    most = MAX_PIXELS / DPI  # panels shrink so that the picture stays within it a side
+    side = min(PANEL_INCHES, most / (3 * groups) - gap, (most - top) / rows - above - below)
+    width = 3 * groups * (side + gap)
+    height = top + rows * (side + above + below)
+    fig, axes = plt.subplots(
+        rows, 3 * groups, squeeze=False, figsize=(width, height), dpi=DPI,
+        gridspec_kw={"left": gap / 2 / width, "right": 1 - gap / 2 / width,
+                     "top": 1 - (top + above) / height, "bottom": below / height,
+                     "wspace": gap / side, "hspace": (above + below) / side},
+    )  # fmt: skip
+    for ax in axes.ravel():
+        ax.set_axis_off()
+    for i, filt in enumerate(names):
+        row, group = i % rows, i // rows
+        planes = central_slices(responses, i, frame if responses.ndim == 5 else 0)
+        finite = np.concatenate([p[np.isfinite(p)] for p in planes])
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        trio = axes[row][3 * group : 3 * group + 3]
+        for ax, plane, axis, aspect in zip(trio, planes, "xyz", aspects, strict=True):
+            ax.set_axis_on()
+            ax.imshow(plane.T, origin="lower", cmap="gray", vmin=lo, vmax=hi, aspect=aspect)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_xlabel(f"{axis} = centre", fontsize=6)
+        trio[1].set_title(f"{filt}: {lo:.4g} .. {hi:.4g}", fontsize=8)
+    source = f.attrs.get("source", "")
+    when = f", frame {frame} of {n_frames}" if responses.ndim == 5 else ""
+    fig.suptitle(f"{name} ({source}){when}", fontsize=10, y=1 - 0.1 / height, va="top")
+    return fig
 
 
 def _is_png(path: Path) -> bool:
@@ -37,12 +120,10 @@ def _is_png(path: Path) -> bool:
         return False
 
 
-def show(output: str | Path, png: str | Path | None = None) -> Path:
+def show(output: str | Path, png: str | Path | None = None, frame: int | None = None) -> Path:
     """Draw the central slices of every response of ``output`` into ``png`` (default: the
-    output's name with ``.png``; in a folder ``png``, that name there) and return its path."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
+    output's name with ``.png``; in a folder ``png``, that name there) and return its path.
+    ``frame``: which frame of a 4D output (default the middle one)."""
     import matplotlib.pyplot as plt
 
     output = Path(output)
@@ -56,24 +137,7 @@ def show(output: str | Path, png: str | Path | None = None) -> Path:
     with h5py.File(output, "r") as f:
         if "responses" not in f or not f.attrs.get("complete", False):
             raise ValueError(f"{output}: not a complete volconv output")
-        responses = f["responses"]
-        names = [n.decode() if isinstance(n, bytes) else str(n) for n in f["filter"][()]]
-        n = len(names)
-        fig, axes = plt.subplots(n, 3, figsize=(7.5, 2.3 * n + 0.6), squeeze=False)
-        for i, name in enumerate(names):
-            planes = central_slices(responses, i)
-            finite = np.concatenate([p[np.isfinite(p)] for p in planes])
-            lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-            for ax, plane, axis in zip(axes[i], planes, "xyz", strict=True):
-                ax.imshow(plane.T, origin="lower", cmap="gray", vmin=lo, vmax=hi)
-                ax.set_xticks([])
-                ax.set_yticks([])
-                ax.set_xlabel(f"{axis} = centre", fontsize=7)
-            axes[i][0].set_title(f"{name}: {lo:.4g} .. {hi:.4g}", loc="left", fontsize=9)
-        source = f.attrs.get("source", "")
-        fig.suptitle(f"{output.name} ({source})", fontsize=10)
-        height = fig.get_size_inches()[1]
-        fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / height))  # room for the title above
-        fig.savefig(png, dpi=80, format="png")
+        fig = figure(f, output.name, frame)
+        fig.savefig(png, dpi=DPI, format="png")
         plt.close(fig)
     return png
