@@ -81,7 +81,7 @@ typedef float16 vecf;
 #define NTAPS (KX * KY * KZ)
 
 /* Blocked summation for large filters: one FP32 running sum over a 31^3 filter's 29,791 taps
- * drifts past SPEC's tolerance (1e-5 * sum|k| * max|v|) on bright data, so from BLOCK_TAPS taps
+ * drifts past the contract's tolerance (1e-5 * sum|k| * max|v|) on bright data, so from BLOCK_TAPS taps
  * on each dx plane is summed apart and then added into the total. Measured (Gaussians of sigma
  * 0.5..10 over 255s): one sum stays within 0.25 of the tolerance up to 10^3 taps and reaches
  * 1.9x at 31^3; per plane, 0.1x at most. Smaller filters keep a single running sum: no extra

@@ -2,7 +2,7 @@
 
 Every figure is the median of ``repeats`` timings of the bank passes alone
 (`BankConvolver.time_kernel`, OpenCL profiling events) after a warm-up, over the first slab
-of the plan, and counts GFLOP as SPEC.md does: ``2 * N * prod(extent) * voxels``. Sweeps vary
+of the plan, and counts GFLOP as docs/contract.md does: ``2 * N * prod(extent) * voxels``. Sweeps vary
 N (with the plan's own choices) and the kernel's tuning knobs (CONV_UNROLL and work-group shape
 at the given N), as seed 003's figures did. Peers time the same work: scipy.ndimage.convolve on
 the CPU (on a smaller volume: it is slow), and, when importable, torch.nn.functional.conv3d
@@ -173,7 +173,7 @@ def _median_seconds(call: Callable[[], object], repeats: int, timed: Callable[[]
 def _error_ratio(
     out: np.ndarray, ref: np.ndarray, volume: np.ndarray, kernels: np.ndarray
 ) -> float:
-    """Worst |out - ref| over SPEC.md's tolerance across filters: <= 1 agrees, as volconv's
+    """Worst |out - ref| over the contract's tolerance across filters: <= 1 agrees, as volconv's
     own responses (``ref``) agree with scipy's."""
     vmax = float(np.max(np.abs(volume)))
     worst = 0.0

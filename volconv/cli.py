@@ -479,7 +479,7 @@ def _process_start() -> float:
 
 
 def main() -> None:
-    """Map exceptions to the exit statuses SPEC.md promises (through SystemExit)."""
+    """Map exceptions to the exit statuses docs/contract.md promises (through SystemExit)."""
     if _state["t0"] is None:  # called in a process of its own (tests): from here
         _state["t0"] = time.perf_counter()
     try:

@@ -1,4 +1,4 @@
-"""The stored types, defined once: float32 responses as float16 or scaled uint8 (SPEC.md).
+"""The stored types, defined once: float32 responses as float16 or scaled uint8 (docs/contract.md).
 
 - float16 saturates finite values at +-65504 (numpy's round to nearest even below); +-inf
   and NaN stay as they are.

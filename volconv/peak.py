@@ -50,7 +50,7 @@ NVIDIA_FP32_LANES_PER_SM: dict[tuple[int, int], int] = {
 # Dense FP16 tensor-core flops (FP32 accumulation) per SM and clock by compute capability:
 # A100 312 TFLOP/s = 108 SM x 2048 x 1.41 GHz; H100 SXM 989 = 132 SM x 4096 x 1.83 GHz
 # (NVIDIA's A100 and H100 datasheets, dense). mma.sync reaches about 65 % of Hopper's figure,
-# which counts wgmma (DESIGN.md "Tensor cores": 644 TFLOP/s measured).
+# which counts wgmma (benchmarks/README.md).
 NVIDIA_FP16_TENSOR_FLOPS_PER_SM: dict[tuple[int, int], int] = {(8, 0): 2048, (9, 0): 4096}
 
 # AMD GPU targets that issue two FP32 FMAs per lane and clock: packed FP32 (v_pk_fma_f32) on

@@ -1,4 +1,4 @@
-"""The throughput record (SPEC.md "Throughput"), per-stage seconds and how a run shows them.
+"""The throughput record (docs/contract.md, "Throughput"), per-stage seconds and how a run shows them.
 
 `work_gflop` is the one definition of work (run, bench, validate and the record use it);
 `throughput` makes the record stored on every output's root; `VolumeReport` is one input's
@@ -27,7 +27,7 @@ STAGES = ("read", "upload", "pad", "kernel", "convert", "download", "write", "wa
 
 
 def work_gflop(extents: Iterable[Sequence[int]], voxels: int) -> float:
-    """The useful work of a bank over ``voxels`` output voxels, in GFLOP (SPEC.md
+    """The useful work of a bank over ``voxels`` output voxels, in GFLOP (docs/contract.md
     "Throughput"): 2 flops per multiply-add of each filter's own taps, ``2 * voxels *
     sum_k prod(extent_k)``, where ``extent_k`` is the filter's own extent before any padding
     to a common one. The same whatever path computes it."""
@@ -49,7 +49,7 @@ def throughput(
     unit_gflop: float = 0.0,
     unit_peak_gflops: float | None = None,
 ) -> dict[str, Any]:
-    """The record SPEC.md stores.
+    """The record the contract stores.
 
     ``gflop`` is the useful work (`work_gflop`) and ``gflops`` how fast it came; the fractions
     of peak count ``executed_gflop``, what the kernels actually computed (the padded bank on
@@ -64,7 +64,7 @@ def throughput(
     gflops = gflop / kernel_seconds if kernel_seconds > 0 else math.nan
     executed_rate = executed / kernel_seconds if kernel_seconds > 0 else math.nan
     peak = math.nan if peak_gflops is None else float(peak_gflops)
-    # beside it, as SPEC.md says: what an FMA probe reached on this device (NaN: unknown)
+    # beside it, as the contract says: what an FMA probe reached on this device (NaN: unknown)
     measured = math.nan if measured_peak_gflops is None else float(measured_peak_gflops)
     bandwidth = (
         kernel_bytes / kernel_seconds / 1e9 if kernel_bytes and kernel_seconds > 0 else math.nan

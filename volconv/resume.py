@@ -310,8 +310,7 @@ class Progress:
         """Slab ``[a, b)`` of ``frame`` is written (its `checksums`): flush the file, and only
         then count the slab complete."""
         start = time.perf_counter()
-        file.flush()  # the slab's data and HDF5's metadata, out of this process (0.2 ms at
-        # 1024^2 planes on the H100 node: benchmarks/results/h100-writer-progress-3.json)
+        file.flush()  # the slab's data and HDF5's metadata, out of this process
         self.flush_seconds += time.perf_counter() - start
         crcs = [c.result() for c in checksums]
         with self._lock:

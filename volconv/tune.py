@@ -43,21 +43,17 @@ from volconv.plan import (
 )
 from volconv.tensor import auto_engine
 
-# Candidates measured on PoCL (benchmarks/results/pocl-cpu-kernel.json) and the H100
-# (h100-bench.json): unroll beyond 24 and work-groups beyond 128 work-items never won there.
+# The candidates: what won somewhere (benchmarks/README.md, "The measurements behind the defaults").
 TUNE_UNROLL = (4, 8, 12, 16, 24)
-# Rows per work-item: on the H100 narrow vectors ran best at 4 (width 1, 2) or 2 (width 4),
-# width 8 at 1 (benchmarks/results/h100-fp32-sweep*.json); CPUs at 1.
+# Rows per work-item (measured: benchmarks/README.md).
 TUNE_ROWS = (1, 2, 4)
 TUNE_LOCAL = ((1, 128), (2, 32), (4, 8), (8, 16), (16, 8), (32, 4))
 # Input planes staged in local memory (bank_conv.cl's INPUT_LOCAL) or read from global.
 TUNE_INPUT_LOCAL = (False, True)
 TUNE_WIDTHS = (4, 8, 16)
 FINALISTS = 3  # the best points re-timed side by side, in turns
-# How much faster than the untuned plan a winner must run side by side to replace it: on a
-# shared machine a burst of other work can make a worse candidate look a few percent faster
-# (benchmarks/results/pocl-cpu-kernel-loaded.json: tuned under a load of 4-5, unroll 8 "won"
-# by 11 % and ran 11 % slower than the plan's unroll 16 on a quiet moment).
+# How much faster than the untuned plan a winner must run side by side to replace it: a burst
+# of other work on a shared machine can make a worse candidate look faster (benchmarks/README.md).
 MARGIN = 1.05
 
 Progress = Callable[[dict], None]
