@@ -2,11 +2,11 @@
 
 Every figure is the median of ``repeats`` timings of the bank passes alone
 (`BankConvolver.time_kernel`, OpenCL profiling events) after a warm-up, over the first slab
-of the plan, and counts GFLOP as docs/contract.md does: ``2 * N * prod(extent) * voxels``. Sweeps vary
-N (with the plan's own choices) and the kernel's tuning knobs (CONV_UNROLL and work-group shape
-at the given N), as seed 003's figures did. Peers time the same work: scipy.ndimage.convolve on
-the CPU (on a smaller volume: it is slow), and, when importable, torch.nn.functional.conv3d
-and cupyx.scipy.ndimage.convolve on a GPU.
+of the plan, and counts GFLOP as docs/contract.md does: ``2 * N * prod(extent) * voxels``.
+Sweeps vary N (with the plan's own choices) and the kernel's tuning knobs (CONV_UNROLL and
+work-group shape at the given N), as seed 003's figures did. Peers time the same work:
+scipy.ndimage.convolve on the CPU (on a smaller volume: it is slow), and, when importable,
+torch.nn.functional.conv3d and cupyx.scipy.ndimage.convolve on a GPU.
 
 `run_bench` returns a JSON-ready dict; `write_plots` draws it with matplotlib.
 """

@@ -19,7 +19,8 @@ import numpy as np
 # scipy.ndimage's boundary modes, by scipy's names.
 MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
 
-# docs/contract.md, "Semantics": |stored - reference| <= SPEC_RTOL * sum(|kernel|) * m + SPEC_ATOL, with
+# docs/contract.md, "Semantics":
+# |stored - reference| <= SPEC_RTOL * sum(|kernel|) * m + SPEC_ATOL, with
 # m = max(|v|) over the finite voxels (and |cval| in constant mode, if larger).
 SPEC_RTOL = 1e-5
 SPEC_ATOL = 1e-6
@@ -137,7 +138,8 @@ def parse_bytes(value: object, name: str) -> int:
 
 
 def spec_tolerance(kernel: np.ndarray, vmax: float) -> float:
-    """The contract's bound on |stored - reference| for one kernel over data of magnitude ``vmax``."""
+    """The contract's bound on |stored - reference| for one kernel over data of magnitude
+    ``vmax``."""
     return SPEC_RTOL * float(np.sum(np.abs(kernel))) * float(vmax) + SPEC_ATOL
 
 

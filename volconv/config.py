@@ -1,4 +1,5 @@
-"""Pipeline files: TOML plus ``--set`` -> one validated `Config` (docs/contract.md, "Pipeline file").
+"""Pipeline files: TOML plus ``--set`` -> one validated `Config` (docs/contract.md,
+"Pipeline file").
 
 Everything a user can get wrong in a pipeline file is checked here, in `validate_config`, with a
 message that names the file, the key and the value; `volconv.bank` checks each filter itself.

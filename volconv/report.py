@@ -1,4 +1,4 @@
-"""The throughput record (docs/contract.md, "Throughput"), per-stage seconds and how a run shows them.
+"""The throughput record (docs/contract.md), per-stage seconds and how a run shows them.
 
 `work_gflop` is the one definition of work (run, bench, validate and the record use it);
 `throughput` makes the record stored on every output's root; `VolumeReport` is one input's
