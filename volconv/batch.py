@@ -32,6 +32,7 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -731,6 +732,41 @@ def connect(cfg: Config) -> Iterator[Client]:
         yield client
 
 
+def slurm_cluster(
+    *,
+    device: str = "gpu",
+    gres: str | None = "gpu:1",
+    partition: str | None = None,
+    account: str | None = None,
+    cpus: int = 8,
+    memory: str = "32GB",
+    walltime: str = "02:00:00",
+    interface: str | None = None,
+    host: str | None = None,
+    python: str | None = None,
+    log_directory: str | None = None,
+) -> object:
+    """A dask-jobqueue ``SLURMCluster`` whose every job is one volconv worker owning one
+    device: ``gres`` (one GPU, so ``CUDA_VISIBLE_DEVICES`` shows it alone; None: no gres),
+    ``VOLCONV_DEVICE=device``, two threads and the resource ``GPU=2`` (one input on the
+    device while the one before is written). ``cluster.scale(jobs=n)`` submits n jobs;
+    `volconv run --scheduler cluster.scheduler_address` sends them the inputs.
+    ``scripts/slurm_dask_example.py`` runs it; tests/test_slurm.py against a real SLURM."""
+    from dask_jobqueue import SLURMCluster
+
+    return SLURMCluster(
+        queue=partition, account=account,
+        cores=2,  # worker threads: two inputs, one on the device, one written
+        processes=1,  # one worker per job, so one per device
+        job_cpu=cpus, memory=memory, walltime=walltime, interface=interface,
+        scheduler_options={"host": host} if host else {},
+        python=python or sys.executable, log_directory=log_directory,
+        job_extra_directives=[f"--gres={gres}"] if gres else [],
+        job_script_prologue=[f"export {DEVICE_ENV}={device}"],
+        worker_extra_args=["--resources", "GPU=2"],
+    )  # fmt: skip
+
+
 @contextmanager
 def _local_cluster(specs: tuple[str, ...], env: dict[str, str]) -> Iterator[Client]:
     """A client of a cluster of this machine with one worker process per spec (spawned:
@@ -802,9 +838,11 @@ def _gather(
         for i, job in enumerate(todo)
     }  # fmt: skip
     try:
-        for future in as_completed(futures):
+        # each record fetched as its task ends: a worker lost after that (a cancelled job)
+        # does not make the scheduler's rerun of the task the record the batch reports
+        for future, value in as_completed(futures, with_results=True, raise_errors=False):
             job = futures[future]
-            records[job.spec] = record = _record(future, job)
+            records[job.spec] = record = _record(value, job)
             if on_volume:
                 on_volume(record)
     except KeyboardInterrupt as e:
@@ -826,11 +864,12 @@ def _gather(
         raise error from e
 
 
-def _record(future: object, job: Job) -> VolumeReport:
+def _record(value: object, job: Job) -> VolumeReport:
     """The task's record, with the client's knowledge of the input where it failed."""
-    try:
-        record = future.result()  # type: ignore[attr-defined]
-    except Exception as e:  # the task was lost more often than allowed (KilledWorker)
+    if isinstance(value, VolumeReport):
+        record = value
+    else:  # the task was lost more often than allowed (KilledWorker), or its result
+        e = value if isinstance(value, BaseException) else TypeError(repr(value))
         record = VolumeReport.failed(job.spec, "", (), 0, f"{type(e).__name__}: {e}")
     if record.status == "failed":
         record = replace(
