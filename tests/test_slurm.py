@@ -151,6 +151,18 @@ def slurm() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def running_jobs(wait: float = 10.0) -> list[str]:
+    """The jobs SLURM still runs, once those ending have ended (within ``wait`` seconds)."""
+    deadline = time.monotonic() + wait
+    while True:
+        states = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True,
+                                check=True).stdout.split("\n")  # fmt: skip
+        jobs = dict(line.split() for line in states if line.strip())
+        if "COMPLETING" not in jobs.values() or time.monotonic() > deadline:
+            return [j for j, state in jobs.items() if state == "RUNNING"]
+        time.sleep(0.1)
+
+
 def job_of(pid: int) -> str:
     """The SLURM job a process runs in (its environment's SLURM_JOB_ID)."""
     env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -193,9 +205,7 @@ def test_a_batch_through_slurm_survives_a_cancelled_job(slurm, tmp_path, capsys)
             pid = int(re.search(r"-(\d+)-[^-]*$", partial.name).group(1))
             job = job_of(pid)
             subprocess.run(["scancel", job], check=True)  # mid-input
-            queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True,
-                                    text=True, check=True).stdout.split()  # fmt: skip
-            assert job not in queued
+            assert job not in running_jobs(), "scancel left the job running"
             text, err = run.communicate(timeout=120)
         finally:
             if run.poll() is None:
