@@ -294,6 +294,7 @@ class BatchResult:
     devices: list[str] = field(default_factory=list)  # the devices the batch could use
     in_process: bool = False  # run in this process on the first device (`workers_for`)
     why: str = ""  # the model's reason for the workers used
+    scheduler: str = ""  # the scheduler's address, where the batch went to one
 
     @property
     def failed(self) -> list[VolumeReport]:
@@ -304,6 +305,8 @@ class BatchResult:
         """``2 worker(s): NVIDIA H200 (NVIDIA CUDA) x2``, or where the batch ran without."""
         if self.in_process:
             return f"this process: {self.workers[0]}"
+        if not self.workers and self.scheduler:
+            return f"scheduler {self.scheduler}: no worker asked"
         if not self.workers:
             devices = _count(self.devices)
             return f"no worker started{f' (devices: {devices})' if devices else ''}"
@@ -422,6 +425,7 @@ class _LocalStart:
         self.began_at = time.time()
         self._future: Future = Future()
         self._stack: list[object] = []
+        self._closing: threading.Thread | None = None
         env = {WARM_ENV: base64.b64encode(pickle.dumps(warm)).decode()} if warm else {}
 
         def start() -> None:
@@ -438,18 +442,22 @@ class _LocalStart:
         return self._future.result()
 
     def close(self, wait: bool = True) -> None:
-        """Close the cluster; without ``wait``, in the background (nothing is running)."""
+        """Close the cluster, once; without ``wait``, in the background (nothing runs on it),
+        and a later ``close()`` waits for that. A worker left when the command exits exits
+        with it, but says so on stderr: the cluster is closed before."""
+        if self._closing is None:
 
-        def close() -> None:
-            with suppress(BaseException):
-                self._future.exception()
-                if self._stack:
-                    self._stack.pop().__exit__(None, None, None)
+            def close() -> None:
+                with suppress(BaseException):
+                    self._future.exception()
+                    if self._stack:
+                        self._stack.pop().__exit__(None, None, None)
 
+            self._closing = threading.Thread(target=close, name="volconv-cluster-close",
+                                             daemon=True)  # fmt: skip
+            self._closing.start()
         if wait:
-            close()
-        else:
-            threading.Thread(target=close, name="volconv-cluster-close", daemon=True).start()
+            self._closing.join()
 
 
 def _input_specs(cfg: Config) -> list[str]:
@@ -568,8 +576,7 @@ def _local_batch(
             k = len(starter.specs)
         if todo and k == 0:
             if starter:
-                starter.close(wait=False)
-                starter = None
+                starter.close(wait=False)  # while this process runs the batch
             result.in_process, result.workers = True, names[:1]
             alone = sum(input_seconds(j, cfg, peak) for j in todo)
             result.why = (
@@ -584,7 +591,7 @@ def _local_batch(
         return result
     finally:
         if starter:
-            starter.close()
+            starter.close()  # or the wait for the one closing meanwhile (`_LocalStart.close`)
 
 
 def _run_here(
@@ -670,7 +677,7 @@ def _remote_batch(
         on_plan(jobs)
     records = _skip_complete(jobs, overwrite, on_volume)
     todo = sorted((j for j in jobs if j.spec not in records), key=lambda j: -j.gflop)
-    result = BatchResult(workers=[], devices=[f"scheduler {cfg.scheduler}"])
+    result = BatchResult(workers=[], scheduler=cfg.scheduler)
     if todo:
         start = time.perf_counter()
         with connect(cfg) as client:
