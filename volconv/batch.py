@@ -62,7 +62,7 @@ from volconv.pipeline import (
     run_overlapped,
     stop_on_ctrl_c,
 )
-from volconv.programs import default_cache_dir
+from volconv.programs import default_cache_dir, start_context
 from volconv.report import VolumeReport
 from volconv.writer import remove_stale_temps
 
@@ -562,6 +562,9 @@ def _local_batch(
                 seconds = 0.0
             if k := workers_for([seconds] * len(inputs), len(specs), cost):
                 starter = _LocalStart(specs[:k], (cfg, inputs[0]))
+    if starter is None:  # likely run here: the context made meanwhile, as a one-device run's
+        with suppress(Exception):
+            start_context(planner)
     try:
         jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
         if on_plan:
