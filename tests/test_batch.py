@@ -551,3 +551,42 @@ def alive(pid: int) -> bool:
     with contextlib.suppress(OSError):  # a zombie is gone, whatever its parent does
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
     return False
+
+
+def test_workers_warming_at_once_build_in_turn(tmp_path, monkeypatch):
+    """`_one_builder`: a second builder waits while the first holds the cache's build lock
+    (then loads what it built), and builds anyway after its wait; a link planted at the
+    lock's path is neither followed nor written."""
+    import threading
+
+    from volconv.batch import _one_builder
+
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
+    held, release, order = threading.Event(), threading.Event(), []
+
+    def first() -> None:
+        with _one_builder():
+            held.set()
+            release.wait(10)
+            order.append("first built")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert held.wait(10)
+    t0 = time.monotonic()
+    with _one_builder(wait=0.3):
+        order.append("second after its wait")
+    assert time.monotonic() - t0 >= 0.3
+    release.set()
+    thread.join(10)
+    with _one_builder(wait=10):  # free again
+        order.append("third at once")
+    assert order == ["second after its wait", "first built", "third at once"]
+
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / "batch-build.lock").unlink()
+    (tmp_path / "batch-build.lock").symlink_to(target)
+    with _one_builder(wait=0.1):
+        pass
+    assert target.read_text() == "keep"

@@ -62,7 +62,7 @@ from volconv.pipeline import (
     run_overlapped,
     stop_on_ctrl_c,
 )
-from volconv.programs import default_cache_dir, start_context
+from volconv.programs import context_for, default_cache_dir, start_context
 from volconv.report import VolumeReport
 from volconv.writer import remove_stale_temps
 
@@ -185,8 +185,38 @@ def warm_up(cfg: Config, spec: str) -> None:
     device = worker_device(cfg.device)
     convolvers, _ = _runner(cfg, device)
     job = plan_one(cfg, spec, device)
-    _, slabs = convolvers.get(job)
+    context_for(device)
+    with _one_builder():  # the local workers build in turn: the second loads the first's
+        _, slabs = convolvers.get(job)
     slabs.put(slabs.get())  # the first pinned buffer made
+
+
+@contextmanager
+def _one_builder(wait: float = 60.0) -> Iterator[None]:
+    """Hold the cache folder's build lock (at most ``wait`` seconds waited for it; then, or
+    where it cannot be taken, build anyway): of workers warming up at once on a machine
+    whose cache lacks the programs, one builds them and the others load its binaries."""
+    import fcntl
+
+    fd = -1
+    with suppress(OSError):  # never through a link, never truncating what is there
+        folder = default_cache_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / "batch-build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    deadline = time.monotonic() + wait
+    try:
+        while fd >= 0 and time.monotonic() < deadline:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.02)
+            except OSError:
+                break
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # and the lock with it
 
 
 def _warm_from_env() -> None:
