@@ -94,6 +94,9 @@ PEAK_SHARE = 0.3
 PROCESSES_ENV = "VOLCONV_PROCESSES_PER_DEVICE"
 # The start cost the model assumes, in seconds, over the measured one (0: always workers).
 START_ENV = "VOLCONV_WORKER_START_SECONDS"
+# Why a task finds its output complete though the client planned it: a run of it on a worker
+# lost after finishing it (a cancelled job), the scheduler's rerun of it, or another command.
+MEANWHILE = "a lost worker finished it, or another run"
 # What a local worker warms up for (a pickled (Config, input spec)), set by `run_batch`.
 WARM_ENV = "VOLCONV_WARM"
 
@@ -813,7 +816,9 @@ def _local_cluster(specs: tuple[str, ...], env: dict[str, str]) -> Iterator[Clie
     each makes its own OpenCL context), ``env`` in each worker's environment."""
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
-    quiet = logging.ERROR
+    # what goes wrong reaches the records (a task's failure, a lost worker); a worker's log
+    # lines about the connection closed under it as the batch stops are noise on stderr
+    quiet = logging.CRITICAL
     workers = {
         f"volconv-{i}": {
             "cls": Nanny,
@@ -911,6 +916,8 @@ def _record(value: object, job: Job) -> VolumeReport:
     else:  # the task was lost more often than allowed (KilledWorker), or its result
         e = value if isinstance(value, BaseException) else TypeError(repr(value))
         record = VolumeReport.failed(job.spec, "", (), 0, f"{type(e).__name__}: {e}")
+    if record.status == "skipped" and not record.reason:  # planned as to do: done since
+        record = replace(record, reason=f"became complete meanwhile ({MEANWHILE})")
     if record.status == "failed":
         record = replace(
             record, output=str(job.output), shape=tuple(int(s) for s in job.volume.shape),
