@@ -203,9 +203,11 @@ def main() -> int:
             print(f"\n{dtype}: {n} inputs of {args.size}^3 uint8, {len(specs)} devices "
                   f"({args.devices}) vs one device ({one})")  # fmt: skip
             for name, r in runs.items():
+                ready = r["worker_ready_seconds"]
+                ready = "?" if ready is None else f"{ready:.2f}"
                 how = ("in the client's process" if r["in_process"] else
-                       f"workers started {r['worker_start_seconds']:.2f} s, ready "
-                       f"{r['worker_ready_seconds']:.2f} s") if name == "all" else ""  # fmt: skip
+                       f"workers started {r['worker_start_seconds']:.2f} s, ready {ready} s"
+                       ) if name == "all" else ""  # fmt: skip
                 print(f"  {name:<4} {r['inputs_per_minute_command']:7.1f} inputs/min (command, "
                       f"{r['command_seconds']:.2f} s)  {r['inputs_per_minute_run']:7.1f} (run, "
                       f"{r['run_seconds']:.2f} s)  process start "
