@@ -725,9 +725,22 @@ def _remote_batch(
     return result
 
 
+def connect_seconds() -> float:
+    """How long a scheduler may take to answer: Dask's connect timeout
+    (``distributed.comm.timeouts.connect``), at most `CONNECT_SECONDS`."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    try:
+        dask_seconds = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
+    except (KeyError, TypeError, ValueError):
+        return CONNECT_SECONDS
+    return min(CONNECT_SECONDS, float(dask_seconds))
+
+
 @contextmanager
 def connect(cfg: Config) -> Iterator[Client]:
-    """A client of the scheduler at ``cfg.scheduler``, within `CONNECT_SECONDS`.
+    """A client of the scheduler at ``cfg.scheduler``, within `connect_seconds`.
 
     Nothing listening there (refused, an unknown host, no route: perhaps a scheduler not up
     yet) is a `ConnectionError` (exit 1); something that accepts the connection but does not
@@ -738,6 +751,7 @@ def connect(cfg: Config) -> Iterator[Client]:
     from distributed.comm.addressing import parse_host_port
 
     address = cfg.scheduler
+    bound = connect_seconds()
     try:
         scheme, location = parse_address(address)
         host, port = parse_host_port(location) if scheme in ("tcp", "tls") else (None, None)
@@ -745,26 +759,26 @@ def connect(cfg: Config) -> Iterator[Client]:
         raise PipelineError(f"{cfg.source}: scheduler {address!r}: {e}") from None
     if host is not None:
         try:
-            socket.create_connection((host, port), timeout=CONNECT_SECONDS).close()
+            socket.create_connection((host, port), timeout=bound).close()
         except OSError as e:
             raise ConnectionError(f"cannot reach the scheduler {address}: {e}") from None
     made: Future = Future()
 
     def make() -> None:
         try:
-            made.set_result(Client(address, timeout=f"{CONNECT_SECONDS}s"))
+            made.set_result(Client(address, timeout=f"{bound}s"))
         except BaseException as e:
             made.set_exception(e)
 
     threading.Thread(target=make, name="volconv-connect", daemon=True).start()
     try:
-        client = made.result(timeout=CONNECT_SECONDS + 2)
+        client = made.result(timeout=bound + 2)
     except TimeoutError:
         if made.done():  # Dask's own timeout
             raise ConnectionError(f"cannot reach the scheduler {address}: timed out") from None
         raise PipelineError(
             f"{cfg.source}: scheduler {address}: accepts connections but no Dask scheduler "
-            f"answered within {CONNECT_SECONDS:.0f} s; check the address (the scheduler's "
+            f"answered within {bound:g} s; check the address (the scheduler's "
             "port, 8786 by default, not its dashboard's)"
         ) from None
     except OSError as e:
