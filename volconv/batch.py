@@ -619,7 +619,7 @@ def _local_batch(
                 f"{len(todo)} input(s), about {alone:.1f} s on one device: less than workers "
                 f"ready in {cost:.1f} s would save" if len(specs) > 1 else "one device"
             )  # fmt: skip
-            _run_here(cfg, jobs, todo, planner, records, overwrite, on_volume, result)
+            _run_here(cfg, jobs, planner, records, overwrite, on_volume, result)
         elif todo:
             starter = starter or _LocalStart(specs[:k], (cfg, todo[0].spec))
             _run_on_workers(cfg, todo, records, overwrite, on_volume, say, starter, names, result)
@@ -633,15 +633,15 @@ def _local_batch(
 def _run_here(
     cfg: Config,
     jobs: list[Job],
-    todo: list[Job],
     device: cl.Device,
     records: dict[str, VolumeReport],
     overwrite: bool,
     on_volume: OnVolume,
     result: BatchResult,
 ) -> None:
-    """The batch in this process, on ``device``: as a one-device run (Ctrl-C and SIGTERM
-    keep the partials), each record naming this process and its device."""
+    """The inputs of ``jobs`` not yet in ``records``, in this process, on ``device``: as a
+    one-device run (Ctrl-C and SIGTERM keep the partials), each record naming this process
+    and its device."""
     name = device_name(device)
 
     def named(r: VolumeReport) -> VolumeReport:
@@ -653,13 +653,13 @@ def _run_here(
             on_volume(records[r.source])
 
     run = RunResult(device, *peaks(device))
+    ordered = [j for j in jobs if j.spec not in records]  # the pipeline's order, as one device
     start = time.perf_counter()
     with stop_on_ctrl_c(run.reports, resumable=not overwrite):
-        interruptible(run_overlapped, cfg, [j for j in jobs if j in todo],
-                      Convolvers(cfg, device), run, overwrite=overwrite,
-                      on_volume=seen)  # fmt: skip
+        interruptible(run_overlapped, cfg, ordered, Convolvers(cfg, device), run,
+                      overwrite=overwrite, on_volume=seen)  # fmt: skip
     result.seconds = time.perf_counter() - start
-    for job, r in zip([j for j in jobs if j in todo], run.reports, strict=True):
+    for job, r in zip(ordered, run.reports, strict=True):
         records[job.spec] = named(r)
 
 
