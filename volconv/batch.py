@@ -36,6 +36,7 @@ import pyopencl as cl
 from volconv.config import Config, PipelineError
 from volconv.device import NoDeviceError, device_name, list_devices, select_device
 from volconv.io import split_spec
+from volconv.output import remove_stale_temps
 from volconv.pipeline import (
     Convolvers,
     Interrupted,
@@ -47,7 +48,6 @@ from volconv.pipeline import (
     run_one,
 )
 from volconv.report import VolumeReport
-from volconv.writer import remove_stale_temps
 
 if TYPE_CHECKING:
     from distributed import Client

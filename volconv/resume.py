@@ -1,11 +1,11 @@
 """Resume inside a volume: a rerun continues an interrupted output from its slabs complete.
 
-An output is written in a private folder (`volconv.writer.private_prefix`, mode 0700) that
+An output is written in a private folder (`volconv.output.private_prefix`, mode 0700) that
 also holds this module's progress log, ``progress``. After a slab is written, the HDF5 file
 is flushed and only then is the slab recorded, with a CRC-32 of each filter's stored bytes:
 a slab written but not flushed when the process dies (SIGKILL, a lost node) is never
 counted. A rerun (`Progress.open`) takes over the folder of a run of this host that no longer
-runs (`volconv.writer.dead_runs`), or of one this process stopped (`leftovers`), when it is
+runs (`volconv.output.dead_runs`), or of one this process stopped (`leftovers`), when it is
 this user's real folder, not open to others, its
 log names the same fingerprint (`fingerprint`: bank, boundary, cval, output type and layout,
 device, path; and the input's SHA-256), and its file is this user's regular file; the folder is
@@ -13,7 +13,7 @@ claimed by renaming it onto the rerun's own new one, so of two runs at once one 
 the other starts afresh. Every slab the log counts is read back and its CRCs checked before it
 is kept: what the file holds is what counts, whatever the log says. Nothing here ever makes a
 file look complete: ``complete = True`` and the final name come from
-`volconv.writer.ResponseWriter.finish` alone.
+`volconv.output.SlabWriter.finish` alone.
 
 The log is text, one record a line, each line ending in its own CRC-32 (a line cut short by a
 kill is ignored)::
@@ -44,7 +44,7 @@ import numpy as np
 
 import volconv
 from volconv.device import device_name
-from volconv.writer import _pool, dead_runs, private_prefix
+from volconv.output import _pool, dead_runs, private_prefix
 
 if TYPE_CHECKING:
     from volconv.config import Config
@@ -62,7 +62,7 @@ _OPEN: set[Path] = set()
 
 def leftovers(path: Path) -> list[Path]:
     """Where a partial output of ``path`` may be: what runs that no longer run left
-    (`volconv.writer.dead_runs`), and this process's own folders that no run has open."""
+    (`volconv.output.dead_runs`), and this process's own folders that no run has open."""
     prefix = private_prefix(path)
     try:
         own = [path.parent / n for n in os.listdir(path.parent) if n.startswith(prefix)]
