@@ -12,6 +12,7 @@ format (`volconv.output.hdf5`, `.nifti`, `.omezarr`) says how its file is laid o
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
@@ -41,7 +42,6 @@ from volconv.output.staging import (
     _cause,
     _errno,
     _swap,
-    check_output_path,
     private_prefix,
     remove_later,
     remove_stale_temps,
@@ -79,6 +79,51 @@ class _NoFlush:
 
     def flush(self) -> None:
         pass
+
+
+def provenance(writer: SlabWriter, attrs: dict) -> dict:
+    """What a format without HDF5's own attributes records (NIfTI's sidecar, OME-Zarr's
+    attributes): the provenance ``attrs``, and what decides the values (`made`)."""
+    return {
+        **{k: plain(v) for k, v in attrs.items()},
+        "names": writer.names,
+        "outputs": json.loads(outputs_attr(writer.outputs)) if writer.outputs else None,
+        "kernels": base64.b64encode(writer.kernels.astype("<f4").tobytes()).decode(),
+        "kernel_shape": list(writer.kernels.shape),
+        "extents": writer.extents.tolist(),
+        "boundary": writer.boundary,
+        "cval": writer.cval,
+        "dtype": writer.dtype.name,
+        "scale": writer.scale,
+        "offset": writer.offset,
+        "compression": writer.compression,
+    }
+
+
+def made(record: dict) -> dict:
+    """How an output was made, from its `provenance` record (`volconv.output.made`)."""
+    kernels = np.frombuffer(base64.b64decode(record["kernels"]), "<f4")
+    return {
+        "filter names": list(record["names"]),
+        "bank": kernels.reshape(record["kernel_shape"]).astype(np.float32),
+        "boundary": str(record["boundary"]),
+        "cval": float(record["cval"]),
+        "output dtype": str(record["dtype"]),
+        "scale": float(record.get("scale", 1.0)),
+        "offset": float(record.get("offset", 0.0)),
+        "input": str(record.get("source_sha256", "")),
+    }
+
+
+def plain(value: object) -> object:
+    """A value as JSON has it (arrays as lists, numpy scalars as numbers)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
 
 
 def outputs_attr(outputs: list[Output] | None) -> str:
@@ -311,7 +356,7 @@ class SlabWriter:
         return given.astype(np.int64)
 
     def _check_path(self, overwrite: bool) -> None:
-        from volconv.output import is_complete  # the format-aware check
+        from volconv.output import check_output_path, is_complete  # format-aware
 
         check_output_path(self.path)  # a folder, a FIFO, a name too long: before creating
         if self.path.exists() and not overwrite:
