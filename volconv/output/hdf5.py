@@ -339,7 +339,8 @@ def read(path: Path) -> Stored:
         outputs = [Lazy(responses.shape[1:], responses.dtype, reader(i)) for i in range(len(names))]
         attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
         return Stored("hdf5", path, names, outputs,
-                      tuple(float(v) for v in f.attrs.get("voxel_size", (1.0, 1.0, 1.0))),
+                      tuple(np.broadcast_to(np.asarray(f.attrs.get("voxel_size", 1.0), float),
+                                           3).tolist()),
                       attrs, responses.dtype, float(responses.attrs.get("scale", 1.0)),
                       float(responses.attrs.get("offset", 0.0)), f.close)  # fmt: skip
     except BaseException:
