@@ -44,7 +44,7 @@ import numpy as np
 
 import volconv
 from volconv.device import device_name
-from volconv.output import _pool, dead_runs, private_prefix
+from volconv.output import _pool, dead_runs, open_partial, private_prefix
 
 if TYPE_CHECKING:
     from volconv.config import Config
@@ -107,6 +107,11 @@ def _records(text: bytes) -> list[list[str]]:
         if crc == f"{zlib.crc32(body.encode()):08x}":
             records.append(body.split(" "))
     return records
+
+
+def _partial_kind(mode: int) -> bool:
+    """A partial output is a file (HDF5, NIfTI) or a folder (OME-Zarr)."""
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
 
 
 def _ours(st: os.stat_result, kind: Callable[[int], bool], private: bool = False) -> bool:
@@ -180,7 +185,7 @@ class Progress:
                 if not _ours(os.lstat(entry), stat.S_ISDIR, private=True):
                     continue
                 records = self._read_log(entry / LOG)
-                if not _ours(os.lstat(entry / path.name), stat.S_ISREG):
+                if not _ours(os.lstat(entry / path.name), _partial_kind):
                     continue
             except OSError:  # gone meanwhile (another run claimed it), or no log
                 continue
@@ -227,14 +232,11 @@ class Progress:
             return False
         try:
             st = os.fstat(fd)
-            if not _ours(st, stat.S_ISREG) or st.st_nlink != 1:
+            if not _ours(st, _partial_kind) or (stat.S_ISREG(st.st_mode) and st.st_nlink != 1):
                 return False
-            with h5py.File(temp, "r", locking=False) as f:
-                opened = os.fstat(f.id.get_vfd_handle())
-                if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-                    return False
-                responses = f["responses"]
-                if responses.shape != shape or responses.dtype != dtype:
+            # (N, x, y, z[, t]) of the partial, whatever its format; None: not the one checked
+            with open_partial(temp, st, shape, dtype) as responses:
+                if responses is None or responses.shape != shape or responses.dtype != dtype:
                     return False
                 for record in records:
                     if record[0] == "slab" and len(record) == 5:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -77,6 +79,7 @@ __all__ = [
     "is_complete",
     "is_regular",
     "made",
+    "open_partial",
     "open_writer",
     "private_prefix",
     "read",
@@ -186,6 +189,17 @@ def check_output_path(path: Path) -> None:
         _check_file_path(Path(path).with_name(Path(path).name + ".check"))
         return
     _check_file_path(Path(path))
+
+
+@contextmanager
+def open_partial(
+    temp: Path, st: os.stat_result, shape: tuple[int, ...], dtype: np.dtype
+) -> Iterator[object | None]:
+    """The partial output at ``temp`` (the entry ``st`` describes, else None) as
+    (N, x, y, z[, t]) values that `volconv.resume` reads back (`stored.PartialView`, or the
+    HDF5 dataset), in the format its name says."""
+    with module(_guess(Path(temp))).partial(Path(temp), st, tuple(shape), np.dtype(dtype)) as view:
+        yield view
 
 
 def is_complete(path: Path) -> bool:

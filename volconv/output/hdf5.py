@@ -16,8 +16,9 @@ import contextlib
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
@@ -293,6 +294,16 @@ ResponseWriter = HDF5Writer
 
 def _text(values: object) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(values).ravel()]
+
+
+@contextmanager
+def partial(
+    temp: Path, st: os.stat_result, shape: tuple[int, ...], dtype: np.dtype
+) -> Iterator[h5py.Dataset | None]:
+    """``/responses`` of the partial file ``temp`` if it is the file ``st`` describes."""
+    with h5py.File(temp, "r", locking=False) as f:
+        opened = os.fstat(f.id.get_vfd_handle())
+        yield f["responses"] if (opened.st_dev, opened.st_ino) == (st.st_dev, st.st_ino) else None
 
 
 def made(path: Path) -> dict:

@@ -25,7 +25,9 @@ import os
 import re
 import secrets
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +37,7 @@ from volconv.output.base import SlabWriter, _Slab, plain, provenance
 from volconv.output.base import made as made_from
 from volconv.output.codecs import _cores, _pool
 from volconv.output.staging import is_regular
-from volconv.output.stored import Lazy, Stored
+from volconv.output.stored import Lazy, PartialView, Stored
 
 HEADER_BYTES = 352  # NIfTI-1's 348 bytes and the 4 that say no extension follows
 # A member of a .nii.gz: large enough that its gzip header and the restart of the deflate
@@ -96,6 +98,33 @@ def is_complete(path: Path) -> bool:
     except (OSError, EOFError, gzip.BadGzipFile):
         return False
     return aux == record.get("run")
+
+
+def _dims(n: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The volumes' shape in C order, (N, [t,] z, y, x): NIfTI's (x, y, z, [t,] N)."""
+    frames = (shape[3],) if len(shape) == 4 else ()
+    return (n, *frames, shape[2], shape[1], shape[0])
+
+
+@contextmanager
+def partial(
+    temp: Path, st: os.stat_result, shape: tuple[int, ...], dtype: np.dtype
+) -> Iterator[PartialView | None]:
+    """The uncompressed partial file ``temp`` (the file ``st`` describes, of the size
+    ``shape`` and ``dtype`` make) as `volconv.resume` reads it back."""
+    dims = _dims(shape[0], shape[1:])
+    named = os.lstat(temp)
+    size = HEADER_BYTES + int(np.prod(dims)) * dtype.itemsize
+    if (named.st_dev, named.st_ino) != (st.st_dev, st.st_ino) or named.st_size != size:
+        yield None
+        return
+    volumes = np.memmap(temp, dtype.newbyteorder("<"), "r", HEADER_BYTES, dims)
+
+    def rows(f: int, a: int, b: int, frame: int | None) -> np.ndarray:
+        at = () if frame is None else (frame,)
+        return volumes[(f, *at, slice(None), slice(None), slice(a, b))].T.astype(dtype)
+
+    yield PartialView(shape, dtype, rows)
 
 
 def made(path: Path) -> dict:
@@ -162,26 +191,36 @@ class NiftiWriter(SlabWriter):
                 f"{self.path}: NIfTI stores float32 or uint8, not {self.dtype.name}; set "
                 "output.dtype or write HDF5 or OME-Zarr"
             )
-        self._raw = self.temp.with_name(self.temp.name[:-3]) if self._gz else self.temp
-        self._fd = os.open(self._raw, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        if self._gz:  # the compressed file, made at the end, is what `temp` names
+        # The uncompressed file is the partial output (`volconv.resume` reads it back under
+        # the output's name); a .nii.gz is compressed from it into `temp` at the end.
+        self._raw = self.temp
+        flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+        if resumed:  # its bytes are plain values: the file itself continues
+            os.rename(self._killed, self._raw)
+            self._fd = os.open(self._raw, flags)
+        else:
+            self._fd = os.open(self._raw, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        if self._gz:
+            self.temp = self._folder / f"compressed-{self.path.name}"
+            if resumed:  # the claimed run's own, in the private folder: made afresh
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.temp)
             os.close(os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         self.run_id = secrets.token_hex(8)
 
     def _layout(self) -> None:
         """The file's size, and the volumes as a shared mapping: (N, [t,] z, y, x) in C order
         is NIfTI's (x, y, z, [t,] N) in Fortran order."""
-        n = len(self.names)
-        frames = (self.shape[3],) if len(self.shape) == 4 else ()
-        self._dims = (n, *frames, *self.shape[2::-1][:3])
+        self._dims = _dims(len(self.names), self.shape)
         data_bytes = int(np.prod(self._dims)) * self.dtype.itemsize
         os.ftruncate(self._fd, HEADER_BYTES + data_bytes)  # sparse: only what is written
         self._map = mmap.mmap(self._fd, HEADER_BYTES + data_bytes)
         self._volumes = np.ndarray(self._dims, self.dtype.newbyteorder("<"), self._map,
                                    HEADER_BYTES)  # fmt: skip
 
-    def _resumed(self) -> None:  # volconv.resume finds no NIfTI partial to continue
-        raise NotImplementedError
+    def _resumed(self) -> None:
+        """The rows the resumed file holds, checked by `volconv.resume`, count as written."""
+        self._written |= self._resumed_rows()
 
     def _prepare(
         self, a: int, b: int, frame: int | None, stored: np.ndarray

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,7 @@ from volconv.output.base import made as made_from
 from volconv.output.codecs import _pool
 from volconv.output.hdf5 import MAX_CHUNK_BYTES
 from volconv.output.space import NGFF_UNITS
-from volconv.output.stored import Lazy, Stored
+from volconv.output.stored import Lazy, PartialView, Stored
 
 IMAGE = "0"  # the one resolution's array
 NGFF = "0.5"
@@ -103,6 +105,37 @@ def read(path: Path) -> Stored:
                   float(record.get("offset", 0.0)))  # fmt: skip
 
 
+def _extent(values: np.ndarray) -> tuple[float, float]:
+    """The smallest and largest value, NaN left out (fmin and fmax: no copy)."""
+    return float(np.fmin.reduce(values, axis=None)), float(np.fmax.reduce(values, axis=None))
+
+
+@contextmanager
+def partial(
+    temp: Path, st: os.stat_result, shape: tuple[int, ...], dtype: np.dtype
+) -> Iterator[PartialView | None]:
+    """The partial group ``temp`` (the folder ``st`` describes) as `volconv.resume` reads
+    it back."""
+    import zarr
+
+    named = os.lstat(temp)
+    if (named.st_dev, named.st_ino) != (st.st_dev, st.st_ino):
+        yield None
+        return
+    image = zarr.open_group(str(temp), mode="r")[IMAGE]
+    four_d = len(shape) == 5
+    expected = ((shape[4],) if four_d else ()) + (shape[0], shape[3], shape[2], shape[1])
+    if image.shape != expected or np.dtype(image.dtype) != dtype:
+        yield None
+        return
+
+    def rows(f: int, a: int, b: int, frame: int | None) -> np.ndarray:
+        at = () if frame is None else (frame,)
+        return np.asarray(image[(*at, f, slice(None), slice(None), slice(a, b))]).T
+
+    yield PartialView(shape, dtype, rows)
+
+
 class ZarrWriter(SlabWriter):
     """Writes the N outputs of one input as an OME-Zarr image (`SlabWriter`)."""
 
@@ -112,7 +145,11 @@ class ZarrWriter(SlabWriter):
         return codec(compression)
 
     def _open(self, resumed: bool) -> None:
-        os.mkdir(self.temp, 0o700)  # exclusive: the private folder's own
+        self._resuming = resumed
+        if resumed:  # its chunks are whole as written: the group itself continues
+            os.rename(self._killed, self.temp)
+        else:
+            os.mkdir(self.temp, 0o700)  # exclusive: the private folder's own
 
     def _layout(self) -> None:
         import zarr
@@ -125,12 +162,19 @@ class ZarrWriter(SlabWriter):
         chunk_x = max(d for d in range(1, depth + 1) if depth % d == 0 and d <= fits)
         shape = ((self.shape[3],) if four_d else ()) + (n, nz, ny, nx)
         chunks = ((1,) if four_d else ()) + (1, nz, ny, chunk_x)
-        self._group = zarr.open_group(store=LocalStore(str(self.temp)), mode="w-",
-                                      zarr_format=3)  # fmt: skip
-        self._image = self._group.create_array(
-            IMAGE, shape=shape, chunks=chunks, dtype=self.dtype, compressors=self.codec_list,
-            fill_value=0, dimension_names=("t", "c", "z", "y", "x")[0 if four_d else 1 :],
-        )  # fmt: skip
+        store = LocalStore(str(self.temp))
+        if self._resuming:
+            self._group = zarr.open_group(store=store, mode="r+", zarr_format=3)
+            self._image = self._group[IMAGE]
+            if self._image.shape != shape or self._image.chunks != chunks:
+                raise OutputError(f"{self.path}: the partial output has another layout")
+        else:
+            self._group = zarr.open_group(store=store, mode="w-", zarr_format=3)
+            self._image = self._group.create_array(
+                IMAGE, shape=shape, chunks=chunks, dtype=self.dtype,
+                compressors=self.codec_list, fill_value=0,
+                dimension_names=("t", "c", "z", "y", "x")[0 if four_d else 1 :],
+            )  # fmt: skip
         self._low = np.full(n, np.inf)
         self._high = np.full(n, -np.inf)
 
@@ -138,19 +182,26 @@ class ZarrWriter(SlabWriter):
     def codec_list(self) -> list:
         return self._codec
 
-    def _resumed(self) -> None:  # volconv.resume finds no OME-Zarr partial to continue
-        raise NotImplementedError
+    def _resumed(self) -> None:
+        """The slabs the resumed group holds, checked by `volconv.resume`, count as written;
+        their values count in each channel's range."""
+        for (frame, a), b in self.progress.done.items():
+            at = (frame,) if len(self.shape) == 4 else ()
+            values = np.asarray(self._image[(*at, slice(None), slice(None), slice(None),
+                                             slice(a, b))])  # fmt: skip
+            for i in range(len(self.names)):
+                self._extend(i, values[i])
+        self._written |= self._resumed_rows()
+
+    def _extend(self, i: int, values: np.ndarray) -> None:
+        low, high = _extent(values)
+        self._low[i] = min(self._low[i], low)
+        self._high[i] = max(self._high[i], high)
 
     def _prepare(self, a: int, b: int, frame: int | None, stored: np.ndarray) -> list:
         """Each output's range (omero's window), on the pool, beside the write."""
 
-        def extent(i: int) -> tuple[int, float, float]:
-            finite = stored[i][np.isfinite(stored[i])] if stored.dtype.kind == "f" else stored[i]
-            if not finite.size:
-                return i, np.inf, -np.inf
-            return i, float(finite.min()), float(finite.max())
-
-        return [(i, _pool().submit(extent, i)) for i in range(stored.shape[0])]
+        return [(i, _pool().submit(_extent, stored[i])) for i in range(stored.shape[0])]
 
     def _write(self, slab: _Slab) -> None:
         """The slab's whole chunks, (c, z, y, x) from (N, x, y, z), encoded on zarr's threads."""
@@ -158,8 +209,8 @@ class ZarrWriter(SlabWriter):
         self._image[(*at, slice(None), slice(None), slice(None), slice(slab.a, slab.b))] = (
             slab.stored.transpose(0, 3, 2, 1)
         )
-        for _, done in slab.chunks:
-            i, low, high = done.result()
+        for i, done in slab.chunks:
+            low, high = done.result()
             self._low[i] = min(self._low[i], low)
             self._high[i] = max(self._high[i], high)
 
@@ -194,7 +245,7 @@ class ZarrWriter(SlabWriter):
         channels = []
         for i, name in enumerate(self.names):
             low, high = float(self._low[i]), float(self._high[i])
-            if not np.isfinite(low):
+            if not (np.isfinite(low) and np.isfinite(high)):
                 low, high = 0.0, 1.0
             channels.append({
                 "label": name, "color": "FFFFFF", "active": True,

@@ -109,3 +109,22 @@ class Stored:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(eq=False)
+class PartialView:
+    """A partial output as `volconv.resume` reads it back: ``view[f, a:b, ..., frame]`` is
+    output ``f``'s rows ``[a, b)`` (of ``frame``, 4D), (b - a, y, z), the bytes written."""
+
+    shape: tuple[int, ...]  # (N, x, y, z[, t])
+    dtype: np.dtype
+    _read: Callable[[int, int, int, int | None], np.ndarray] = field(repr=False)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        f, rows, *rest = key
+        frame = rest[-1] if len(rest) == 2 else None
+        return np.asarray(self._read(int(f), rows.start, rows.stop, frame))
