@@ -270,3 +270,35 @@ def test_an_interrupted_output_resumes_inside_the_volume(tmp_path, suffix):
             np.testing.assert_array_equal(np.asarray(stored.outputs[i]), data[i])
     beside = {".nii": ["out.json"], ".nii.gz": ["out.json"]}.get(suffix, [])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, *beside])
+
+
+# Writes a (3, 64, 64, 64) float32 output (3 MiB) under a file size limit of 1 MiB.
+FULL_SCRIPT = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+import numpy as np
+from volconv.output import ROOT_ATTRS, OutputWriteError, writer_for
+path = sys.argv[1]
+try:
+    with writer_for(path)(path, (64, 64, 64), ["a", "b", "c"], np.ones((3, 1, 1, 1)),
+                          boundary="reflect", cval=0.0, slab_depth=8) as w:
+        for a in range(0, 64, 8):
+            w.write_slab(a, a + 8, np.ones((3, 8, 64, 64), np.float32))
+        w.finish(dict.fromkeys(ROOT_ATTRS, 1.0))
+except OutputWriteError as e:
+    print(str(e))
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("suffix", [".nii", ".nii.gz"])
+def test_no_room_for_a_nifti_is_a_clean_error_before_any_slab(tmp_path, suffix):
+    """The file's blocks are reserved first: no room is one line naming the output and the
+    cause (not a crash of the process writing to its mapping), and nothing is left."""
+    path = tmp_path / f"a{suffix}"
+    run = subprocess.run([sys.executable, "-c", FULL_SCRIPT, str(path)], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert run.returncode == 3, (run.returncode, run.stdout, run.stderr)
+    assert run.stdout == f"{path}: cannot write there (File too large)\n"
+    assert list(tmp_path.iterdir()) == []

@@ -264,6 +264,10 @@ class SlabWriter:
             self._layout()
             if resumed:  # volconv.resume: a dead run's output, its complete slabs checked
                 self._resumed()
+        except OSError as e:  # no room for the file (NIfTI reserves it whole), I/O
+            self._discard()
+            error = OutputWriteError if _errno(e) in _WRITE_ERRNOS else OutputError
+            raise error(f"{self.path}: cannot write there ({_cause(e)})") from e
         except BaseException:
             self._discard()
             raise

@@ -213,7 +213,9 @@ class NiftiWriter(SlabWriter):
         is NIfTI's (x, y, z, [t,] N) in Fortran order."""
         self._dims = _dims(len(self.names), self.shape)
         data_bytes = int(np.prod(self._dims)) * self.dtype.itemsize
-        os.ftruncate(self._fd, HEADER_BYTES + data_bytes)  # sparse: only what is written
+        # The blocks are reserved first: a full disk is an error here, where writing to a
+        # mapping of a sparse file would kill the process (SIGBUS).
+        os.posix_fallocate(self._fd, 0, HEADER_BYTES + data_bytes)
         self._map = mmap.mmap(self._fd, HEADER_BYTES + data_bytes)
         self._volumes = np.ndarray(self._dims, self.dtype.newbyteorder("<"), self._map,
                                    HEADER_BYTES)  # fmt: skip
@@ -242,8 +244,7 @@ class NiftiWriter(SlabWriter):
     def _commit(self, attrs: dict) -> None:
         """The header, then for .nii.gz the compressed file; the sidecar beside."""
         self._map[:HEADER_BYTES] = self._header_bytes()
-        self._map.flush()
-        self._volumes = None
+        self._volumes = None  # no msync: the operating system writes the pages, as for HDF5
         self._map.close()
         if self._gz:
             compress(self._fd, self.temp, self._level)
