@@ -241,8 +241,24 @@ class NiftiWriter(SlabWriter):
             done.result()
 
     # -- finishing ---------------------------------------------------------------------
-    def _commit(self, attrs: dict) -> None:
-        """The header, then for .nii.gz the compressed file; the sidecar beside."""
+    def drain(self) -> None:
+        """Wait for every slab, then write the header and, for .nii.gz, compress: the file's
+        writing ends here (a run's wall time covers it); `finish` adds the sidecar."""
+        super().drain()
+        if self.space is not None:  # else the header waits for finish's affine
+            self._seal()
+
+    def _seal(self) -> None:
+        """The header, then for .nii.gz the compressed file; the raw file closed."""
+        if self._fd is None:
+            return
+        try:
+            self._write_out()
+        except OSError as e:  # no room for the .nii.gz, an I/O error
+            self._stop = True
+            raise self._write_error(e) from e
+
+    def _write_out(self) -> None:
         self._map[:HEADER_BYTES] = self._header_bytes()
         self._volumes = None  # no msync: the operating system writes the pages, as for HDF5
         self._map.close()
@@ -252,6 +268,10 @@ class NiftiWriter(SlabWriter):
         self._fd = None
         if self._gz:
             os.unlink(self._raw)
+
+    def _commit(self, attrs: dict) -> None:
+        """The file sealed (`drain`), the sidecar beside it."""
+        self._seal()
         size = os.stat(self.temp).st_size
         self._sidecar = self._folder / sidecar(self.path).name
         with open(self._sidecar, "x", encoding="utf-8") as f:
