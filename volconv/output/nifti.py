@@ -35,7 +35,7 @@ import numpy as np
 from volconv.errors import OutputError
 from volconv.output.base import SlabWriter, _Slab, plain, provenance
 from volconv.output.base import made as made_from
-from volconv.output.codecs import _cores, _pool
+from volconv.output.codecs import _cores, _pool, turned
 from volconv.output.staging import is_regular
 from volconv.output.stored import Lazy, PartialView, Stored
 
@@ -232,7 +232,7 @@ class NiftiWriter(SlabWriter):
         at = () if frame is None else (frame,)
 
         def copy(i: int) -> None:
-            self._volumes[(i, *at, slice(None), slice(None), slice(a, b))] = stored[i].T
+            turned(stored[i], self._volumes[(i, *at, slice(None), slice(None), slice(a, b))])
 
         return [(i, _pool().submit(copy, i)) for i in range(stored.shape[0])]
 

@@ -25,7 +25,7 @@ import numpy as np
 from volconv.errors import OutputError
 from volconv.output.base import SlabWriter, _Slab, plain, provenance
 from volconv.output.base import made as made_from
-from volconv.output.codecs import _pool
+from volconv.output.codecs import _cores, _pool, turned
 from volconv.output.hdf5 import MAX_CHUNK_BYTES
 from volconv.output.space import NGFF_UNITS
 from volconv.output.stored import Lazy, PartialView, Stored
@@ -201,18 +201,30 @@ class ZarrWriter(SlabWriter):
     def _prepare(self, a: int, b: int, frame: int | None, stored: np.ndarray) -> list:
         """Each output's range (omero's window), on the pool, beside the write."""
 
-        return [(i, _pool().submit(_extent, stored[i])) for i in range(stored.shape[0])]
+        n, d, ny, nz = stored.shape
+        # the chunks' own order; one slab at a time (`in_flight` is 1), so one buffer
+        self._turned = np.empty((n, nz, ny, d), stored.dtype)
+
+        def turn(i: int) -> tuple[float, float]:
+            turned(stored[i], self._turned[i])
+            return _extent(stored[i])
+
+        return [(i, _pool().submit(turn, i)) for i in range(n)]
 
     def _write(self, slab: _Slab) -> None:
         """The slab's whole chunks, (c, z, y, x) from (N, x, y, z), encoded on zarr's threads."""
+        import zarr
+
         at = () if slab.frame is None else (slab.frame,)
-        self._image[(*at, slice(None), slice(None), slice(None), slice(slab.a, slab.b))] = (
-            slab.stored.transpose(0, 3, 2, 1)
-        )
-        for i, done in slab.chunks:
-            low, high = done.result()
-            self._low[i] = min(self._low[i], low)
-            self._high[i] = max(self._high[i], high)
+        # a slab's chunks encoded at once, on as many threads as there are cores
+        with zarr.config.set({"async.concurrency": max(10, 2 * _cores())}):
+            for i, done in slab.chunks:
+                low, high = done.result()
+                self._low[i] = min(self._low[i], low)
+                self._high[i] = max(self._high[i], high)
+            where = (*at, slice(None), slice(None), slice(None), slice(slab.a, slab.b))
+            self._image[where] = self._turned
+        self._turned = None
 
     def _commit(self, attrs: dict) -> None:
         """NGFF's metadata and volconv's record, ``complete`` in it."""
