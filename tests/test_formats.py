@@ -302,3 +302,36 @@ def test_no_room_for_a_nifti_is_a_clean_error_before_any_slab(tmp_path, suffix):
     assert run.returncode == 3, (run.returncode, run.stdout, run.stderr)
     assert run.stdout == f"{path}: cannot write there (File too large)\n"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".nii.gz", ".zarr"])
+def test_open_writer_takes_outputs_responses_and_features(tmp_path, suffix):
+    """The seam: outputs name the stored volumes; the response outputs' kernels are stored,
+    a feature's parameters are recorded with it."""
+    if suffix == ".zarr":
+        pytest.importorskip("zarr")
+    from volconv.output import made, open_writer
+    from volconv.outputs import Output
+
+    kernel = np.arange(27, dtype=np.float64).reshape(3, 3, 3)
+    feature = Output("eig_0", "hessian_eigenvalues", params={"sigma": 1.5, "index": 0})
+    outputs = [Output("smooth", kernel=kernel), feature]
+    data = random_volume((2, 12, 10, 8), "float32")
+    path = tmp_path / f"o{suffix}"
+    with open_writer(path, (12, 10, 8), outputs, boundary="reflect", cval=0.0,
+                     slab_depth=6) as w:  # fmt: skip
+        for a in (0, 6):
+            w.write_slab(a, a + 6, data[:, a : a + 6].copy())
+        w.finish({**dict.fromkeys(ROOT_ATTRS, 0), "affine": np.eye(4)})
+    how = made(path)
+    assert how["filter names"] == ["smooth", "eig_0"]
+    np.testing.assert_array_equal(how["bank"], kernel[None].astype(np.float32))
+    with read(path) as stored:
+        np.testing.assert_array_equal(np.asarray(stored.outputs[1]), data[1])
+        recorded = stored.attrs.get("outputs")
+    if suffix == ".h5":
+        with h5py.File(path) as f:
+            recorded = json.loads(f["responses"].attrs["outputs"])
+            assert [s.decode() for s in f["kernel"][()]] == ["smooth"]
+    assert recorded[1] == {"name": "eig_0", "kind": "hessian_eigenvalues",
+                           "params": {"sigma": 1.5, "index": 0}}  # fmt: skip
