@@ -5,7 +5,7 @@ by the format's own library alone: h5py (same chunks), nibabel (the same 4D imag
 1 as nibabel's default and volconv's ``gzip``), zarr (same chunks and codec). JSON to
 ``$OUT/bench_formats.json`` (or ``--json``).
 
-    python scripts/bench_formats.py --work /dev/shm/vf [--compression none|gzip] [--repeats 3]
+    python scripts/bench_formats.py --work /tmp/vf --device nvidia [--compression none|zstd]
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FORMATS = {"hdf5": ".h5", "nifti": ".nii", "nifti-gz": ".nii.gz", "zarr": ".zarr"}
 
 
-def in_run(work: Path, suffix: str, compression: str, device: str, pipeline: Path) -> tuple:
+def in_run(work: Path, suffix: str, compression: str, device: str, pipeline: Path,
+           source: Path) -> tuple:  # fmt: skip
     """`volconv run` on the pipeline: the report's wall seconds of its one input, and its
     output."""
     report = work / f"report{suffix}.json"
@@ -36,7 +37,7 @@ def in_run(work: Path, suffix: str, compression: str, device: str, pipeline: Pat
     args = [sys.executable, "-m", "volconv", "run", str(pipeline),
             "--set", f"output.path={work}/run/{{stem}}{suffix}", "--set",
             f"output.compression={comp}", "--overwrite", "--report", str(report),
-            "--device", device]  # fmt: skip
+            "--device", device, "--set", f'input.paths=["{source.resolve()}"]']  # fmt: skip
     subprocess.run(args, check=True, capture_output=True)
     (record,) = json.loads(report.read_text())["inputs"]
     return float(record["wall_seconds"]), Path(record["output"])
@@ -83,6 +84,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="auto")
     p.add_argument("--pipeline", type=Path, default=ROOT / "pipelines" / "demo.toml")
+    p.add_argument("--input", type=Path, default=ROOT / "data" / "mni152_t1_256.nii")
     p.add_argument("--json", type=Path,
                    default=Path(os.environ.get("OUT", ".")) / "bench_formats.json")  # fmt: skip
     args = p.parse_args()
@@ -91,7 +93,8 @@ def main() -> None:
                      "compression": args.compression, "formats": {}}  # fmt: skip
     outputs: dict[str, Path] = {}
     for fmt, suffix in FORMATS.items():
-        runs = [in_run(args.work, suffix, args.compression, args.device, args.pipeline)
+        runs = [in_run(args.work, suffix, args.compression, args.device, args.pipeline,
+                       args.input)
                 for _ in range(args.repeats)]  # fmt: skip
         results["formats"][fmt] = {"in_run_seconds": [w for w, _ in runs]}
         outputs[fmt] = runs[0][1]
