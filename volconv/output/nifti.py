@@ -42,7 +42,7 @@ from volconv.output.stored import Lazy, PartialView, Stored
 HEADER_BYTES = 352  # NIfTI-1's 348 bytes and the 4 that say no extension follows
 # A member of a .nii.gz: large enough that its gzip header and the restart of the deflate
 # window cost nothing measurable, small enough that every core gets several.
-MEMBER_BYTES = 8 * 2**20
+MEMBER_BYTES = 4 * 2**20
 _CODES = {"float32": 16, "uint8": 2}  # NIfTI-1 datatype codes; NIfTI-1 has no float16
 
 
@@ -353,15 +353,15 @@ def _time_zoom(space) -> float:
 
 def compress(fd: int, target: Path, level: int) -> None:
     """gzip the file at ``fd`` into ``target`` as independent members of `MEMBER_BYTES`,
-    compressed on every core (zlib lets go of the GIL) and written in order, at most two per
-    core in memory."""
+    compressed on every core (zlib lets go of the GIL) and written in order, one per core and
+    one more in memory (each a copy of its data and its compressed bytes)."""
     size = os.fstat(fd).st_size
     with mmap.mmap(fd, size, prot=mmap.PROT_READ) as source, open(target, "wb") as out:
         pending: deque[Future[bytes]] = deque()
         for start in range(0, size, MEMBER_BYTES):
             block = source[start : start + MEMBER_BYTES]  # a copy: the map closes after
             pending.append(_pool().submit(gzip.compress, block, level, mtime=0))
-            while len(pending) >= 2 * _cores():
+            while len(pending) > _cores():
                 out.write(pending.popleft().result())
         while pending:
             out.write(pending.popleft().result())
