@@ -130,6 +130,11 @@ def test_zarr_is_valid_ngff_0_5_and_opens_in_ome_zarr_and_dask(tmp_path, capsys)
     stored = read(path)
     with h5py.File(tmp_path / "h5" / "scan.h5") as f:
         np.testing.assert_array_equal(stored.outputs[0][3:9, :, 7], f["responses"][0, 3:9, :, 7])
+    xr = pytest.importorskip("xarray")
+    with xr.open_dataset(path, engine="zarr", consolidated=False) as ds:  # coordinates in mm
+        assert list(ds["c"].values) == ["smooth", "dz"] and ds["x"].attrs["units"] == "mm"
+        origin, step = source.affine[0, 3], source.header.get_zooms()[0]
+        np.testing.assert_allclose(ds["x"].values, origin + step * np.arange(ds.sizes["x"]))
     out = run(pipeline, f"{tmp_path}/z/{{stem}}.zarr", capsys, "--set", "output.compression=zstd")
     assert "skipped" in out
     run(pipeline, f"{tmp_path}/z/{{stem}}.zarr", capsys, "--overwrite")

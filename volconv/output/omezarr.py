@@ -227,7 +227,18 @@ class ZarrWriter(SlabWriter):
         self._turned = None
 
     def _commit(self, attrs: dict) -> None:
-        """NGFF's metadata and volconv's record, ``complete`` in it."""
+        """Coordinates for xarray, NGFF's metadata and volconv's record, ``complete`` in it."""
+        coords = self.space.coordinates(self.shape)
+        axes = list(zip("xyz", coords[:3], strict=True))
+        if len(self.shape) == 4:
+            axes.append(("t", coords[3]))
+        for axis, values in axes:  # beside the image: xarray (engine="zarr") shows them
+            coord = self._group.create_array(axis, data=values, dimension_names=(axis,),
+                                             overwrite=True)  # fmt: skip
+            coord.attrs["units"] = "s" if axis == "t" else "mm"
+        names = self._group.create_array("c", shape=(len(self.names),), dtype=str,
+                                         dimension_names=("c",), overwrite=True)  # fmt: skip
+        names[:] = np.array(self.names, dtype=object)  # zarr's variable-length UTF-8
         self._group.attrs.update({
             "ome": self._ngff(),
             "volconv": {**provenance(self, attrs), "voxel_size": plain(self.space.voxel_size),
