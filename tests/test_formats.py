@@ -340,3 +340,18 @@ def test_open_writer_takes_outputs_responses_and_features(tmp_path, suffix):
             assert [s.decode() for s in f["kernel"][()]] == ["smooth"]
     assert recorded[1] == {"name": "eig_0", "kind": "hessian_eigenvalues",
                            "params": {"sigma": 1.5, "index": 0}}  # fmt: skip
+
+
+def test_a_uint8_nifti_reads_back_as_the_values_through_scl_slope(tmp_path):
+    data = (random_volume((2, 8, 6, 4), "float32") + 40).astype(np.float32)
+    path = tmp_path / "u.nii"
+    with writer_for(path)(path, (8, 6, 4), ["a", "b"], np.ones((2, 1, 1, 1)), dtype="uint8",
+                          scale=0.5, offset=-10.0, boundary="reflect", cval=0.0,
+                          slab_depth=4) as w:  # fmt: skip
+        for a in (0, 4):
+            w.write_slab(a, a + 4, data[:, a : a + 4].copy())
+        w.finish({**dict.fromkeys(ROOT_ATTRS, 0), "affine": np.eye(4)})
+    img = nib.load(path)
+    assert img.get_data_dtype() == np.uint8
+    expected = np.clip(data, -10.0, 255 * 0.5 - 10.0)
+    np.testing.assert_allclose(np.moveaxis(img.get_fdata(), -1, 0), expected, atol=0.25 + 1e-4)

@@ -8,7 +8,9 @@ translation come from the affine (NGFF has no rotation: the full affine is kept 
 attributes), and ``omero`` names each channel. A chunk is one channel (and frame), whole z and
 y, and a depth along x that divides the slab depth, so every slab fills whole chunks, written
 once; zarr encodes them on its threads (every core). The group is made in the private folder
-and renamed into place once its attributes say ``volconv.complete``.
+and renamed into place once its attributes say ``volconv.complete``. Beside the image, 1D
+arrays ``x``, ``y``, ``z`` (mm), ``t`` (s) and ``c`` (the names) give xarray
+(``engine="zarr"``) the world coordinates.
 """
 
 from __future__ import annotations
