@@ -355,3 +355,18 @@ def test_a_uint8_nifti_reads_back_as_the_values_through_scl_slope(tmp_path):
     assert img.get_data_dtype() == np.uint8
     expected = np.clip(data, -10.0, 255 * 0.5 - 10.0)
     np.testing.assert_allclose(np.moveaxis(img.get_fdata(), -1, 0), expected, atol=0.25 + 1e-4)
+
+
+def test_zarr_missing_is_one_line_naming_what_to_install(tmp_path):
+    np.save(tmp_path / "a.npy", random_volume((8, 8, 8), "float32"))
+    pipeline = write_pipeline(tmp_path, FILTERS, output={"path": "out/{stem}.zarr"})
+    code = (
+        "import sys; sys.modules['zarr'] = None\n"
+        "from volconv.cli import entry_point\n"
+        f"sys.argv = ['volconv', 'validate', {str(pipeline)!r}]\n"
+        "entry_point()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)  # fmt: skip
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "output.compression",
+                          "zarr >= 3", "volconv[formats]")  # fmt: skip

@@ -36,10 +36,28 @@ IMAGE = "0"  # the one resolution's array
 NGFF = "0.5"
 
 
+def _zarr():
+    """zarr 3, or an OutputError that says what to install."""
+    try:
+        import zarr
+        import zarr.codecs
+    except ImportError:
+        raise OutputError(
+            "an OME-Zarr output needs zarr >= 3: pip install 'volconv[formats]'"
+        ) from None
+    if int(zarr.__version__.split(".")[0]) < 3:
+        raise OutputError(
+            f"an OME-Zarr output needs zarr >= 3 (Zarr v3, NGFF 0.5); this is zarr "
+            f"{zarr.__version__}: pip install 'volconv[formats]'"
+        )
+    return zarr
+
+
 def codec(name: str) -> list:
     """zarr's compressors for compression ``name``: none, gzip (gzip-N), zstd, blosc
     (lz4 with byte shuffle, as HDF5's blosc), lz4 (blosc's lz4 too)."""
-    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+    codecs = _zarr().codecs
+    BloscCodec, GzipCodec, ZstdCodec = codecs.BloscCodec, codecs.GzipCodec, codecs.ZstdCodec
 
     if name == "none":
         return []
@@ -80,7 +98,7 @@ def made(path: Path) -> dict:
 
 def read(path: Path) -> Stored:
     """The complete OME-Zarr output at ``path`` (`volconv.output.read`), through zarr."""
-    import zarr
+    zarr = _zarr()
 
     if not is_complete(path):
         raise OutputError(f"{path}: not a complete volconv output")
@@ -118,7 +136,7 @@ def partial(
 ) -> Iterator[PartialView | None]:
     """The partial group ``temp`` (the folder ``st`` describes) as `volconv.resume` reads
     it back."""
-    import zarr
+    zarr = _zarr()
 
     named = os.lstat(temp)
     if (named.st_dev, named.st_ino) != (st.st_dev, st.st_ino):
@@ -154,7 +172,7 @@ class ZarrWriter(SlabWriter):
             os.mkdir(self.temp, 0o700)  # exclusive: the private folder's own
 
     def _layout(self) -> None:
-        import zarr
+        zarr = _zarr()
         from zarr.storage import LocalStore
 
         n, (nx, ny, nz) = len(self.names), self.shape[:3]
@@ -215,7 +233,7 @@ class ZarrWriter(SlabWriter):
 
     def _write(self, slab: _Slab) -> None:
         """The slab's whole chunks, (c, z, y, x) from (N, x, y, z), encoded on zarr's threads."""
-        import zarr
+        zarr = _zarr()
 
         at = () if slab.frame is None else (slab.frame,)
         # a slab's chunks encoded at once, on as many threads as there are cores
