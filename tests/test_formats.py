@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -370,3 +372,19 @@ def test_zarr_missing_is_one_line_naming_what_to_install(tmp_path):
                           cwd=ROOT, timeout=120)  # fmt: skip
     assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "output.compression",
                           "zarr >= 3", "volconv[formats]")  # fmt: skip
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".nii.gz", ".zarr"])
+def test_an_output_s_mode_is_the_umask_s_as_any_file(tmp_path, suffix):
+    if suffix == ".zarr":
+        pytest.importorskip("zarr")
+    path = tmp_path / f"o{suffix}"
+    old = os.umask(0o022)
+    try:
+        with writer_for(path)(path, (4, 4, 4), ["a"], np.ones((1, 1, 1, 1)),
+                              boundary="reflect", cval=0.0, slab_depth=4) as w:  # fmt: skip
+            w.write_slab(0, 4, np.ones((1, 4, 4, 4), np.float32))
+            w.finish({**dict.fromkeys(ROOT_ATTRS, 0), "affine": np.eye(4)})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == (0o755 if suffix == ".zarr" else 0o644)

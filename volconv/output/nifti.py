@@ -199,13 +199,14 @@ class NiftiWriter(SlabWriter):
             os.rename(self._killed, self._raw)
             self._fd = os.open(self._raw, flags)
         else:
-            self._fd = os.open(self._raw, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            # 0666 less the umask, as h5py makes a file
+            self._fd = os.open(self._raw, flags | os.O_CREAT | os.O_EXCL, 0o666)
         if self._gz:
             self.temp = self._folder / f"compressed-{self.path.name}"
             if resumed:  # the claimed run's own, in the private folder: made afresh
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.temp)
-            os.close(os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.close(os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         self.run_id = secrets.token_hex(8)
 
     def _layout(self) -> None:

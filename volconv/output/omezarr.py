@@ -169,7 +169,7 @@ class ZarrWriter(SlabWriter):
         if resumed:  # its chunks are whole as written: the group itself continues
             os.rename(self._killed, self.temp)
         else:
-            os.mkdir(self.temp, 0o700)  # exclusive: the private folder's own
+            os.mkdir(self.temp)  # exclusive, in the private folder; the umask decides its mode
 
     def _layout(self) -> None:
         zarr = _zarr()
