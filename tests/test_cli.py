@@ -605,10 +605,13 @@ def test_overwrite_never_replaces_a_file_the_run_reads(tmp_path, scan, capsys, c
     if report:
         (tmp_path / report).write_text('{"volconv_version": "0", "inputs": []}')
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    args = ["--set", f"output.path={tmp_path / template}", "--overwrite"]
+    # a suffix volconv cannot write is refused first; the format named, the path reaches the
+    # check of the files the run reads
+    args = ["--set", f"output.path={tmp_path / template}", "--overwrite", "--set",
+            "output.format=hdf5"]  # fmt: skip
     args += ["--report", str(tmp_path / report)] if report else []
     for command in ("validate", "run"):
-        code, out, err = volconv(command, pipeline, *args[: 3 if command == "validate" else None],
+        code, out, err = volconv(command, pipeline, *args[: 5 if command == "validate" else None],
                                  capsys=capsys)  # fmt: skip
         if command == "validate" and report:
             assert code == 0, err  # validate writes no report

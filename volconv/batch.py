@@ -49,6 +49,7 @@ import pyopencl as cl
 from volconv.config import Config, PipelineError
 from volconv.device import NoDeviceError, device_name, list_devices, select_device
 from volconv.io import InputError, expand_inputs, split_spec
+from volconv.output import remove_stale_temps
 from volconv.pipeline import (
     Convolvers,
     Interrupted,
@@ -64,7 +65,6 @@ from volconv.pipeline import (
 )
 from volconv.programs import context_for, default_cache_dir, start_context
 from volconv.report import VolumeReport
-from volconv.writer import remove_stale_temps
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -485,9 +485,9 @@ def main() -> None:
     try:
         _main_app()
     finally:
-        # replaced outputs freed in the background (volconv.writer.remove_later), joined
+        # replaced outputs freed in the background (volconv.output.remove_later), joined
         # here: after the table and the report, before the process leaves
-        if (writer := sys.modules.get("volconv.writer")) is not None:
+        if (writer := sys.modules.get("volconv.output.staging")) is not None:
             writer.wait_for_removals()
 
 
