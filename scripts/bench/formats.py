@@ -5,7 +5,7 @@ by the format's own library alone: h5py (same chunks), nibabel (the same 4D imag
 1 as nibabel's default and volconv's ``gzip``), zarr (same chunks and codec). JSON to
 ``$OUT/bench_formats.json`` (or ``--json``).
 
-    python scripts/bench_formats.py --work /tmp/vf --device nvidia [--compression none|zstd]
+    python scripts/bench/run.py formats --work /tmp/vf --device nvidia [--compression none|zstd]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FORMATS = {"hdf5": ".h5", "nifti": ".nii", "nifti-gz": ".nii.gz", "zarr": ".zarr"}
 
 
