@@ -211,8 +211,9 @@ def test_writer_refusals_name_the_format(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", [".nii.gz", ".zarr"])
-def test_a_batch_of_two_workers_writes_each_format(tmp_path, capsys, suffix):
+def test_a_batch_of_two_workers_writes_each_format(tmp_path, capsys, suffix, monkeypatch):
     pytest.importorskip("distributed")
+    monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "0")  # workers, not the small-batch rule
     if suffix == ".zarr":
         pytest.importorskip("zarr")
     for name, shape in {"a": (30, 14, 12), "b": (24, 16, 10)}.items():

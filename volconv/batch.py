@@ -38,7 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyopencl as cl
 
+from volconv.cache import cache_folder, read_cached, write_cached
 from volconv.config import Config, PipelineError
 from volconv.device import NoDeviceError, device_name, list_devices, select_device
 from volconv.io import InputError, expand_inputs, split_spec
@@ -63,7 +64,7 @@ from volconv.pipeline import (
     run_overlapped,
     stop_on_ctrl_c,
 )
-from volconv.programs import context_for, default_cache_dir, start_context
+from volconv.programs import context_for, start_context
 from volconv.report import VolumeReport
 
 if TYPE_CHECKING:
@@ -203,8 +204,7 @@ def _one_builder(wait: float = 60.0) -> Iterator[None]:
 
     fd = -1
     with suppress(OSError):  # never through a link, never truncating what is there
-        folder = default_cache_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = cache_folder()  # made private where missing; the trust rule's
         fd = os.open(folder / "batch-build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     deadline = time.monotonic() + wait
     try:
@@ -415,8 +415,7 @@ def workers_for(seconds: list[float], devices: int, start: float) -> int:
     return best
 
 
-def _start_file() -> Path:
-    return default_cache_dir() / "batch_start.json"
+START_FILE = "batch_start.json"  # in the cache folder (volconv.cache: its trust rule)
 
 
 def start_cost() -> float:
@@ -427,24 +426,20 @@ def start_cost() -> float:
             return max(0.0, float(text))
         except ValueError:
             raise PipelineError(f"{START_ENV}={text!r}: give seconds, e.g. 1.5") from None
-    path = _start_file()
-    try:  # only this user's own regular file, small: a number, never more
-        info = path.lstat()
-        if (os.path.isfile(path) and not path.is_symlink() and info.st_uid == os.geteuid()
-                and info.st_size < 4096):  # fmt: skip
-            value = float(json.loads(path.read_text())["ready_seconds"])
-            if math.isfinite(value) and 0 <= value < 600:
-                return value
+    try:
+        data = read_cached(cache_folder(), START_FILE, "the default start cost applies")
+        value = float(json.loads(data)["ready_seconds"]) if data and len(data) < 4096 else None
     except (OSError, ValueError, KeyError, TypeError):
-        pass
+        value = None
+    if value is not None and math.isfinite(value) and 0 <= value < 600:
+        return value
     return WORKER_START_SECONDS
 
 
 def _remember_start(seconds: float) -> None:
-    from volconv.report import write_json
-
     with suppress(OSError):  # a read-only cache: the next batch assumes the default
-        write_json({"ready_seconds": round(seconds, 3)}, _start_file())
+        write_cached(cache_folder(), START_FILE,
+                     json.dumps({"ready_seconds": round(seconds, 3)}).encode())  # fmt: skip
 
 
 class _LocalStart:
@@ -553,6 +548,11 @@ def run_batch(
         if cfg.scheduler:
             return _remote_batch(cfg, overwrite, report, on_plan, on_volume, say)
         return _local_batch(cfg, overwrite, report, on_plan, on_volume, say)
+
+
+def _to_run(jobs: list[Job], overwrite: bool) -> bool:
+    """Whether any of ``jobs`` is not skipped as complete (`_skip_complete`)."""
+    return any(overwrite or not job.complete for job in jobs)
 
 
 def _skip_complete(
@@ -709,14 +709,16 @@ def _remote_batch(
 ) -> BatchResult:
     # The client plans on any device, only to check: each worker plans again for its own.
     jobs = plan_jobs(cfg, choose_device(cfg), overwrite=overwrite, report=report)
-    if on_plan:
-        on_plan(jobs)
-    records = _skip_complete(jobs, overwrite, on_volume)
-    todo = sorted((j for j in jobs if j.spec not in records), key=lambda j: -j.gflop)
     result = BatchResult(workers=[], scheduler=cfg.scheduler)
-    if todo:
-        start = time.perf_counter()
-        with connect(cfg) as client:
+    start = time.perf_counter()
+    with ExitStack() as stack:
+        # a wrong address is found before any work (exit 2): connect first, then begin
+        client = stack.enter_context(connect(cfg)) if _to_run(jobs, overwrite) else None
+        if on_plan:
+            on_plan(jobs)
+        records = _skip_complete(jobs, overwrite, on_volume)
+        todo = sorted((j for j in jobs if j.spec not in records), key=lambda j: -j.gflop)
+        if client is not None:
             result.workers = _remote_workers(client, cfg, say)
             result.start_seconds = time.perf_counter() - start
             _gather(client, cfg, todo, records, overwrite, on_volume)

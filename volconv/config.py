@@ -328,6 +328,9 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         check_compression(fmt, compression)
     except OutputError as e:
         raise fail(f"output.compression: {e}") from None
+    if fmt == "nifti" and dtype == "float16":
+        raise fail('output.dtype = "float16": NIfTI stores float32 or uint8; set output.dtype '
+                   "or write HDF5 or OME-Zarr")  # fmt: skip
     scale_auto = out.get("scale") == "auto"
     if scale_auto and "offset" in out:
         raise fail('output.scale = "auto" chooses the offset too; remove output.offset')

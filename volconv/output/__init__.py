@@ -189,6 +189,8 @@ def check_output_path(path: Path) -> None:
         _check_file_path(Path(path).with_name(Path(path).name + ".check"))
         return
     _check_file_path(Path(path))
+    if fmt == "nifti":
+        module(fmt).check_beside(Path(path))
 
 
 @contextmanager

@@ -46,6 +46,18 @@ MEMBER_BYTES = 4 * 2**20
 _CODES = {"float32": 16, "uint8": 2}  # NIfTI-1 datatype codes; NIfTI-1 has no float16
 
 
+def check_beside(path: Path) -> None:
+    """Refuse an output whose sidecar's name holds a file that is not volconv's (never
+    replaced): checked while planning, before any work, and again when the writer opens."""
+    beside = sidecar(path)
+    if os.path.lexists(beside) and _volconv(path) is None:
+        raise OutputError(
+            f"{beside}: exists and is not a volconv sidecar; volconv never replaces it "
+            "(the NIfTI output's names and provenance go there): move it or name the "
+            "output otherwise"
+        )
+
+
 def sidecar(path: Path) -> Path:
     """The JSON beside a NIfTI output: ``a.nii.gz`` -> ``a.json`` (as BIDS names them)."""
     name = re.sub(r"\.nii(\.gz)?$", "", path.name, flags=re.IGNORECASE)
@@ -176,13 +188,7 @@ class NiftiWriter(SlabWriter):
         return (level or 1) if self._gz else None
 
     def _check_path(self, overwrite: bool) -> None:
-        beside = sidecar(self.path)
-        if os.path.lexists(beside) and _volconv(self.path) is None:
-            raise OutputError(
-                f"{beside}: exists and is not a volconv sidecar; volconv never replaces it "
-                "(the NIfTI output's names and provenance go there): move it or name the "
-                "output otherwise"
-            )
+        check_beside(self.path)
         super()._check_path(overwrite)
 
     def _open(self, resumed: bool) -> None:
