@@ -1,0 +1,89 @@
+/* Derived features from the responses of a slab, on the device, before the download.
+ *
+ * volconv/separable.py leaves the separable responses of a slab in one buffer, plane after
+ * plane (slot s at s * n, n = depth * ny * nz); volconv/features.py launches one kernel per
+ * feature over the voxels of the slab, reading the planes of its inputs and writing its
+ * outputs into a second buffer of planes (plane o at o * n).
+ *
+ * magnitude: sqrt(a^2 + b^2 [+ c^2]) (gradient magnitude, Gabor energy) through hypot, which
+ * neither overflows nor underflows; NaN wherever a component is NaN (as the float64
+ * definition sqrt(sum of squares) gives it, where C's hypot would give Inf beside an Inf).
+ *
+ * eigen3: the eigenvalues of the symmetric 3x3 matrix of six planes (00, 11, 22, 01, 02, 12),
+ * in descending order, by cyclic Jacobi rotations in float32 on the matrix scaled by a power
+ * of two. Jacobi's rotations are backward stable: each eigenvalue is within a few float32
+ * rounding errors of ||A||_F of the exact one, also where eigenvalues coincide or nearly do
+ * (flat regions, balls, tubes), where the trigonometric closed form in float32 loses
+ * sqrt(eps). A matrix with a non-finite entry has NaN eigenvalues.
+ */
+
+__kernel void magnitude(__global const float *restrict src, const int a, const int b,
+                        const int c, /* c < 0: two components */
+                        __global float *restrict dst, const int o, const long n)
+{
+    const long i = get_global_id(0);
+    if (i >= n) return;
+    const float x = src[a * n + i], y = src[b * n + i];
+    const float z = c < 0 ? 0.0f : src[c * n + i];
+    float r = c < 0 ? hypot(x, y) : hypot(hypot(x, y), z);
+    if (isnan(x) || isnan(y) || isnan(z)) r = NAN;
+    dst[o * n + i] = r;
+}
+
+/* One Jacobi rotation zeroing a[pq]; r is the third index. */
+#define ROTATE(pp, qq, pq, rp, rq)                                                    \
+    if (pq != 0.0f) {                                                                 \
+        const float theta = (qq - pp) / (2.0f * pq);                                  \
+        const float at = fabs(theta);                                                 \
+        float t = at > 1e15f ? 0.5f / at : 1.0f / (at + sqrt(at * at + 1.0f));        \
+        t = theta < 0.0f ? -t : t;                                                    \
+        const float cs = 1.0f / sqrt(t * t + 1.0f), sn = t * cs;                      \
+        pp -= t * pq;                                                                 \
+        qq += t * pq;                                                                 \
+        pq = 0.0f;                                                                    \
+        const float vp = rp, vq = rq;                                                 \
+        rp = cs * vp - sn * vq;                                                       \
+        rq = sn * vp + cs * vq;                                                       \
+    }
+
+__kernel void eigen3(__global const float *restrict src, const int i00, const int i11,
+                     const int i22, const int i01, const int i02, const int i12,
+                     __global float *restrict dst, const int o, const long n)
+{
+    const long i = get_global_id(0);
+    if (i >= n) return;
+    float a00 = src[i00 * n + i], a11 = src[i11 * n + i], a22 = src[i22 * n + i];
+    float a01 = src[i01 * n + i], a02 = src[i02 * n + i], a12 = src[i12 * n + i];
+    float l0, l1, l2;
+    const float m = fmax(fmax(fmax(fabs(a00), fabs(a11)), fmax(fabs(a22), fabs(a01))),
+                         fmax(fabs(a02), fabs(a12)));
+    const int finite = isfinite(a00) && isfinite(a11) && isfinite(a22) && isfinite(a01) &&
+                       isfinite(a02) && isfinite(a12);
+    if (!finite) {
+        l0 = l1 = l2 = NAN;
+    } else if (m == 0.0f) {
+        l0 = l1 = l2 = 0.0f;
+    } else {
+        /* scale by a power of two (exact): no overflow in the rotations */
+        const int e = ilogb(m);
+        a00 = ldexp(a00, -e), a11 = ldexp(a11, -e), a22 = ldexp(a22, -e);
+        a01 = ldexp(a01, -e), a02 = ldexp(a02, -e), a12 = ldexp(a12, -e);
+        const float fro = a00 * a00 + a11 * a11 + a22 * a22 +
+                          2.0f * (a01 * a01 + a02 * a02 + a12 * a12);
+        for (int sweep = 0; sweep < 12; ++sweep) {
+            const float off = a01 * a01 + a02 * a02 + a12 * a12;
+            if (off <= 1e-18f * fro) break; /* what is left moves no eigenvalue by 1e-9 */
+            ROTATE(a00, a11, a01, a02, a12) /* (0, 1); r = 2 */
+            ROTATE(a00, a22, a02, a01, a12) /* (0, 2); r = 1 */
+            ROTATE(a11, a22, a12, a01, a02) /* (1, 2); r = 0 */
+        }
+        l0 = ldexp(a00, e), l1 = ldexp(a11, e), l2 = ldexp(a22, e);
+        float t;
+        if (l0 < l1) t = l0, l0 = l1, l1 = t;
+        if (l1 < l2) t = l1, l1 = l2, l2 = t;
+        if (l0 < l1) t = l0, l0 = l1, l1 = t;
+    }
+    dst[o * n + i] = l0;
+    dst[(o + 1) * n + i] = l1;
+    dst[(o + 2) * n + i] = l2;
+}

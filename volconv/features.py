@@ -1,0 +1,524 @@
+"""Derived features: outputs that are functions of several responses, computed on the device.
+
+A ``[[bank.feature]]`` table (or a ``[bank] preset``) asks for a feature; `build_features`
+validates it (its `BankError` names the key: ``bank.feature[1].rho``) and gives a `Feature`:
+the Gaussian-derivative (or Gabor) filters it reads, and the names of its outputs. Each feature
+is defined on scipy's float64 responses of the volume, with the bank's mode and cval and each
+Gaussian truncated as ``scipy.ndimage.gaussian_filter(..., truncate=truncate)`` (radius
+``int(truncate * sigma + 0.5)``):
+
+- ``gradient_magnitude(sigma)``: ``scipy.ndimage.gaussian_gradient_magnitude(v, sigma)``;
+- ``hessian_eigenvalues(sigma)``: the eigenvalues, descending, of ``H[a, b] =
+  gaussian_filter(v, sigma, order=e_a + e_b)``; three outputs ``<name>_0 .. <name>_2``;
+- ``structure_tensor_eigenvalues(sigma, rho)``: the eigenvalues, descending, of ``S[a, b] =
+  gaussian_filter(g_a * g_b, rho)`` with ``g_a = gaussian_filter(v, sigma, order=e_a)``;
+- ``gabor_energy``: ``sqrt(real^2 + imag^2)`` of the Gabor pair its keys define.
+
+`expand` adds the filters the features read to the bank (deduplicated against the bank's own
+filters and between features); they stay on the device unless the bank names them too. The
+convolver (`volconv.separable.SeparableConvolver`) runs every filter a feature reads on the
+separable path, so the responses are in one device buffer, and kernels/features.cl computes
+the features there (`FeatureKernels`) before the download. The structure tensor smooths the
+products of gradients a second time, with the mode applied to the product field:
+`StructureTensorStage` computes the gradients over the rows the second smoothing reads, forms
+the products and filters them with the bank's mode and cval (through the host; exact).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.bank import BankError, Filter, build_bank, gaussian_kernel, gaussian_terms
+from volconv.boundary import sources
+from volconv.outputs import Output, responses
+from volconv.plan import MAX_EXTENT
+from volconv.programs import build, device_seconds
+
+DEFAULT_TRUNCATE = 4.0  # scipy.ndimage.gaussian_filter's
+
+# (doc, default); None: required
+_COMMON = {
+    "name": ("unique name; eigenvalue features give <name>_0 .. <name>_2", "<type>_<index>"),
+    "type": ("the feature type", None),
+}
+_SIGMA = ("Gaussian standard deviation in voxels: a number or one per axis", None)
+_TRUNCATE = ("scipy's truncate: each Gaussian's radius is int(truncate * sigma + 0.5)", 4.0)
+FEATURE_TYPES: dict[str, tuple[str, dict[str, tuple[str, object]]]] = {
+    "gradient_magnitude": (
+        "scipy.ndimage.gaussian_gradient_magnitude(v, sigma)",
+        {"sigma": _SIGMA, "truncate": _TRUNCATE},
+    ),
+    "hessian_eigenvalues": (
+        "eigenvalues (descending) of H[a, b] = gaussian_filter(v, sigma, order=e_a + e_b)",
+        {"sigma": _SIGMA, "truncate": _TRUNCATE},
+    ),
+    "structure_tensor_eigenvalues": (
+        "eigenvalues (descending) of S[a, b] = gaussian_filter(g_a * g_b, rho), "
+        "g_a = gaussian_filter(v, sigma, order=e_a)",
+        {
+            "sigma": ("inner scale: the gradients' standard deviation", None),
+            "rho": ("outer scale: the smoothing of the gradients' products", None),
+            "truncate": _TRUNCATE,
+        },
+    ),
+    "gabor_energy": (
+        "sqrt(real^2 + imag^2) of a Gabor pair (a gabor filter's keys)",
+        {
+            "sigma": ("envelope standard deviation in voxels", None),
+            "frequency": ("cycles per voxel, at most 0.5", None),
+            "orientation": ("[azimuth, elevation] in degrees", [0, 0]),
+            "phase": ("phase of the wave at the centre, in degrees", 0),
+            "size": ("kernel extent (odd)", "[bank].size"),
+        },
+    ),
+}
+EIGEN_TYPES = ("hessian_eigenvalues", "structure_tensor_eigenvalues")
+AXES = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
+# H's entries in the order kernels/features.cl's eigen3 reads them: 00, 11, 22, 01, 02, 12
+PAIRS = ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))
+
+
+@dataclass(frozen=True, eq=False)
+class Feature:
+    """One feature of a bank.
+
+    Attributes
+    ----------
+    name, type : str
+    params : dict
+        What decides it beyond its type (sigma, rho, truncate; a gabor's keys), as stored in
+        the output's ``features`` attribute and `Output.params`.
+    inputs : tuple of Filter
+        The responses it reads, in the order its kernel takes them: the three gradients
+        (gradient magnitude, the structure tensor's inner ones), H's six entries (00, 11, 22,
+        01, 02, 12), or a Gabor pair (real, imag).
+    rho_filter : Filter or None
+        The structure tensor's outer Gaussian.
+    """
+
+    name: str
+    type: str
+    params: dict[str, object]
+    inputs: tuple[Filter, ...]
+    rho_filter: Filter | None = None
+
+    @property
+    def output_names(self) -> list[str]:
+        if self.type in EIGEN_TYPES:
+            return [f"{self.name}_{i}" for i in range(3)]
+        return [self.name]
+
+    def outputs(self) -> list[Output]:
+        n = len(self.output_names)
+        return [
+            Output(name, self.type, None, {**self.params, "volume": i} if n > 1 else self.params)
+            for i, name in enumerate(self.output_names)
+        ]
+
+    def describe(self) -> str:
+        """One line, as ``volconv validate`` lists it."""
+        keys = ", ".join(f"{k}={_show(v)}" for k, v in self.params.items())
+        outs = ", ".join(self.output_names)
+        return f"{self.name}: {self.type}({keys}) -> {outs}"
+
+
+def _show(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, list | tuple):
+        if len(set(map(float, v))) == 1:
+            return _show(float(v[0]))
+        return "[" + ", ".join(_show(float(x)) for x in v) + "]"
+    return json.dumps(v)
+
+
+def _fail(key: str, need: str, value: object) -> BankError:
+    return BankError(f"{key}: must be {need}; got {json.dumps(value, default=str)}")
+
+
+def _positive(key: str, value: object) -> tuple[float, float, float]:
+    items = list(value) if isinstance(value, list | tuple) else [value] * 3
+    ok = len(items) == 3 and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        for v in items
+    )
+    if not ok:
+        raise _fail(key, "a number > 0 or a list of 3 (one per axis)", value)
+    return tuple(float(v) for v in items)
+
+
+def radius(sigma: float, truncate: float) -> int:
+    """scipy.ndimage.gaussian_filter's radius."""
+    return int(truncate * float(sigma) + 0.5)
+
+
+def gaussian_filter_of(
+    name: str, sigma: Sequence[float], order: Sequence[int], truncate: float, key: str = ""
+) -> Filter:
+    """The filter that equals ``gaussian_filter(v, sigma, order, truncate=truncate)``."""
+    size = tuple(2 * radius(s, truncate) + 1 for s in sigma)
+    if max(size) > MAX_EXTENT:
+        raise BankError(
+            f"{key or name}: sigma {_show(list(sigma))} at truncate {truncate:g} needs an extent "
+            f"of {max(size)}; at most {MAX_EXTENT}"
+        )
+    kernel = np.array(gaussian_kernel(sigma, order, size), np.float64, order="C")
+    kernel.flags.writeable = False
+    return Filter(name, "gaussian", kernel, gaussian_terms(sigma, order, size))
+
+
+def _order(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int]:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+def build_features(
+    tables: object,
+    *,
+    size: int | Sequence[int] = 7,
+    units: str = "voxels",
+    preset: str | None = None,
+    scales: object = None,
+) -> list[Feature]:
+    """Validate the ``[[bank.feature]]`` tables (and ``[bank] preset``, ``scales``) into
+    features, in order: the preset's first, then the tables'.
+
+    Raises
+    ------
+    BankError
+        Naming the key (``bank.feature[1].rho``, ``bank.scales``) and the value.
+    """
+    features: list[Feature] = []
+    if preset is not None:
+        features += build_features(preset_tables(preset, scales), size=size, units=units)
+    elif scales is not None:
+        raise BankError('bank.scales: applies to a preset only (preset = "ilastik")')
+    if tables is None:
+        return features
+    if not isinstance(tables, list | tuple) or not all(isinstance(t, dict) for t in tables):
+        raise _fail("bank.feature", "an array of tables ([[bank.feature]])", tables)
+    for i, table in enumerate(tables):
+        features.append(_feature(i, dict(table), size, units))
+    seen: dict[str, str] = {}
+    for f in features:
+        for n in f.output_names:
+            if n in seen:
+                raise BankError(f"bank.feature: duplicate output name {n!r} ({seen[n]}, {f.name})")
+            seen[n] = f.name
+    return features
+
+
+PRESETS = ("ilastik", "skimage")
+
+
+def preset_tables(preset: object, scales: object) -> list[dict]:
+    """The ``[[bank.feature]]`` tables a ``[bank] preset`` stands for."""
+    if preset not in PRESETS:
+        raise _fail("bank.preset", f"one of {', '.join(PRESETS)}", preset)
+    raise BankError(f"bank.preset: {preset!r} is not available yet")
+
+
+def _feature(i: int, table: dict, size: object, units: str) -> Feature:
+    def key(k: str) -> str:
+        return f"bank.feature[{i}].{k}"
+
+    kind = table.get("type")
+    if kind is None:
+        raise BankError(f"{key('type')}: missing; one of {', '.join(FEATURE_TYPES)}")
+    if kind not in FEATURE_TYPES:
+        from volconv.checks import closest
+
+        near = closest(kind, list(FEATURE_TYPES))
+        hint = f"did you mean {near!r}?" if near else f"one of {', '.join(FEATURE_TYPES)}"
+        raise BankError(f"{key('type')}: unknown feature type {json.dumps(kind)}; {hint}")
+    params = FEATURE_TYPES[kind][1]
+    valid = [*_COMMON, *params]
+    for k in table:
+        if k not in valid:
+            from volconv.checks import closest
+
+            near = closest(k, valid)
+            hint = f"did you mean {near!r}?" if near else f"one of {', '.join(valid)}"
+            raise BankError(f"{key(k)}: unknown key for a {kind} feature; {hint}")
+    for k, (doc, default) in params.items():
+        if default is None and k not in table:
+            raise BankError(f"{key(k)}: missing; a {kind} feature needs {doc}")
+    name = table.get("name", f"{kind}_{i}")
+    if not isinstance(name, str) or not name:
+        raise _fail(key("name"), "a non-empty string", name)
+    if units != "voxels":
+        raise BankError(f'bank.units: features take sigma in voxels; got units = "{units}"')
+    if kind == "gabor_energy":
+        spec = {k: v for k, v in table.items() if k != "type"}
+        try:
+            real, imag = build_bank([{**spec, "type": "gabor", "name": name}], size)
+        except BankError as e:
+            raise BankError(str(e).replace("bank.filter[0]", f"bank.feature[{i}]")) from None
+        kept = {k: v for k, v in table.items() if k not in ("name", "type")}
+        return Feature(name, kind, kept, (real, imag))
+    truncate = table.get("truncate", DEFAULT_TRUNCATE)
+    if isinstance(truncate, bool) or not isinstance(truncate, int | float) or not truncate > 0:
+        raise _fail(key("truncate"), "a number > 0", truncate)
+    truncate = float(truncate)
+    sigma = _positive(key("sigma"), table["sigma"])
+    params: dict[str, object] = {"sigma": list(sigma)}
+    rho_filter = None
+    if kind == "structure_tensor_eigenvalues":
+        rho = _positive(key("rho"), table["rho"])
+        params["rho"] = list(rho)
+        rho_filter = gaussian_filter_of(f"{name}.rho", rho, (0, 0, 0), truncate, key("rho"))
+    params["truncate"] = truncate
+    if kind == "hessian_eigenvalues":
+        orders = [_order(AXES[a], AXES[b]) for a, b in PAIRS]
+        suffixes = [f"d{a}{b}" for a, b in PAIRS]
+    else:
+        orders, suffixes = list(AXES), ["d0", "d1", "d2"]
+    inputs = tuple(
+        gaussian_filter_of(f"{name}.{s}", sigma, o, truncate, key("sigma"))
+        for o, s in zip(orders, suffixes, strict=True)
+    )
+    return Feature(name, kind, params, inputs, rho_filter)
+
+
+# -- a bank with its features -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceFeature:
+    """A feature as kernels/features.cl computes it: ``kernel`` ('magnitude' or 'eigen3')
+    over the responses of filters ``inputs`` (indices into the expanded bank), its outputs
+    at output planes ``at`` (the file's order)."""
+
+    kernel: str
+    inputs: tuple[int, ...]
+    at: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Expanded:
+    """A bank with its features: every filter to run (the bank's, then those only features
+    read), the outputs to store, and how each feature reads the filters.
+
+    Attributes
+    ----------
+    filters : list of Filter
+        The bank's filters first (each stored), then the ones only features read.
+    n_stored : int
+        How many of ``filters`` are stored (the bank's).
+    outputs : list of Output
+        The bank's responses, then each feature's outputs: the file's N volumes, in order.
+    device : list of DeviceFeature
+        The features computed from the slab's responses on the device.
+    tensors : list of (Feature, tuple of int)
+        Structure tensors with the output planes they fill (`StructureTensorStage`).
+    separable : tuple of int
+        Indices of the filters the device features read: they must run on the separable path.
+    """
+
+    filters: list[Filter]
+    n_stored: int
+    outputs: list[Output]
+    device: list[DeviceFeature] = field(default_factory=list)
+    tensors: list[tuple[Feature, tuple[int, ...]]] = field(default_factory=list)
+    separable: tuple[int, ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return [o.name for o in self.outputs]
+
+
+def features_json(features: Sequence[Feature]) -> str:
+    items = [{"name": f.name, "type": f.type, "outputs": f.output_names, **f.params}
+             for f in features]  # fmt: skip
+    return json.dumps(items)
+
+
+def _kernel_key(f: Filter) -> tuple[tuple[int, ...], bytes]:
+    return f.kernel.shape, np.ascontiguousarray(f.kernel).tobytes()
+
+
+def expand(filters: Sequence[Filter], features: Sequence[Feature]) -> Expanded:
+    """The bank ``filters`` with what ``features`` read added (a filter equal to one already
+    there is not added twice) and the outputs in the file's order."""
+    all_filters = list(filters)
+    index = {_kernel_key(f): i for i, f in enumerate(all_filters)}
+    outputs = responses(list(filters))
+    device, tensors, separable = [], [], set()
+    for feat in features:
+        at = tuple(range(len(outputs), len(outputs) + len(feat.output_names)))
+        outputs += feat.outputs()
+        if feat.type == "structure_tensor_eigenvalues":
+            tensors.append((feat, at))
+            continue
+        idx = []
+        for f in feat.inputs:
+            k = _kernel_key(f)
+            if k not in index:
+                index[k] = len(all_filters)
+                all_filters.append(f)
+            idx.append(index[k])
+        separable.update(idx)
+        kernel = "eigen3" if feat.type == "hessian_eigenvalues" else "magnitude"
+        device.append(DeviceFeature(kernel, tuple(idx), at))
+    if not all_filters and tensors:  # the convolver runs at least one filter: a cheap one
+        all_filters.append(tensors[0][0].inputs[0])
+    return Expanded(all_filters, len(filters), outputs, device, tensors, tuple(sorted(separable)))
+
+
+# -- on the device --------------------------------------------------------------------------
+
+
+class FeatureKernels:
+    """kernels/features.cl on one context: `launch` runs features over a slab's responses."""
+
+    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue) -> None:
+        self.ctx, self.queue = ctx, queue
+        prog = build(ctx, "features.cl", ())
+        self._k = {name: cl.Kernel(prog, name) for name in ("magnitude", "eigen3")}
+
+    def launch(
+        self, kernel: str, src: cl.Buffer, slots: Sequence[int], dst: cl.Buffer, o: int, n: int
+    ) -> cl.Event:
+        """Enqueue ``kernel`` over ``n`` voxels: reading planes ``slots`` of ``src`` (plane s
+        at s * n) and writing planes from ``o`` of ``dst``."""
+        k = self._k[kernel]
+        i32 = np.int32
+        if kernel == "magnitude":
+            c = slots[2] if len(slots) == 3 else -1
+            k.set_args(src, i32(slots[0]), i32(slots[1]), i32(c), dst, i32(o), np.int64(n))
+        else:
+            k.set_args(src, *map(i32, slots), dst, i32(o), np.int64(n))
+        return cl.enqueue_nd_range_kernel(self.queue, k, (n,), None)
+
+    def eigen(self, entries: np.ndarray) -> tuple[np.ndarray, float]:
+        """Eigenvalues (3, ...) of the float32 entries (6, ...) (00, 11, 22, 01, 02, 12), on the
+        device; and the kernel's device seconds."""
+        entries = np.ascontiguousarray(entries, np.float32)
+        n = entries[0].size
+        mf = cl.mem_flags
+        src = cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=entries)
+        dst = cl.Buffer(self.ctx, mf.WRITE_ONLY, 3 * n * 4)
+        event = self.launch("eigen3", src, range(6), dst, 0, n)
+        out = np.empty((3, *entries.shape[1:]), np.float32)
+        cl.enqueue_copy(self.queue, out, dst, wait_for=[event])
+        return out, device_seconds([event])
+
+
+def host_feature(kernel: str, planes: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """What kernels/features.cl's ``kernel`` computes, on the host in float64 (slabs whose
+    source holds NaN or Inf, whose responses the host sets)."""
+    p = [np.asarray(x, np.float64) for x in planes]
+    if kernel == "magnitude":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return [np.sqrt(sum(x * x for x in p))]
+    return eigenvalues(p)
+
+
+def eigenvalues(entries: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Descending eigenvalues of symmetric 3x3 matrices given by their entries (00, 11, 22,
+    01, 02, 12), in float64 (`numpy.linalg.eigvalsh`); NaN where an entry is not finite."""
+    e = [np.asarray(x, np.float64) for x in entries]
+    shape = e[0].shape
+    m = np.empty((*shape, 3, 3))
+    for v, (a, b) in zip(e, PAIRS, strict=True):
+        m[..., a, b] = m[..., b, a] = v
+    m = m.reshape(-1, 3, 3)
+    finite = np.isfinite(m).all(axis=(1, 2))
+    out = np.full((len(m), 3), np.nan)
+    if finite.any():
+        out[finite] = np.linalg.eigvalsh(m[finite])[:, ::-1]
+    return [out[:, i].reshape(shape) for i in range(3)]
+
+
+# -- the structure tensor's second smoothing ------------------------------------------------
+
+
+class StructureTensorStage:
+    """A structure tensor's eigenvalues for a slab of output rows.
+
+    The outer smoothing reads the product field g_a * g_b over the slab widened by rho's
+    radius, extended by the bank's mode at the volume's borders (scipy's ``gaussian_filter``
+    of the products), so the gradients are computed over the product rows that smoothing
+    reads (`volconv.boundary.extend_indices`), in chunks of at most the slab's depth; the six
+    products are formed on the host and smoothed on the device by a convolver that takes them
+    as a float32 volume's rows (mode and cval applied there, by pad.cl); kernels/features.cl
+    gives the eigenvalues.
+    """
+
+    def __init__(
+        self,
+        feature: Feature,
+        shape: tuple[int, int, int],
+        dtype: np.dtype,
+        mode: str,
+        cval: float,
+        device: cl.Device,
+        slab_depth: int,
+        kernels: FeatureKernels,
+    ) -> None:
+        from volconv.separable import SeparableConvolver, plan_bank
+
+        self.feature, self.shape, self.mode = feature, tuple(shape), mode
+        self.kernels = kernels
+        grads = list(feature.inputs)
+        self.grad = SeparableConvolver(
+            grads, shape, dtype, mode, cval, device=device, slab_depth=slab_depth,
+            choices=plan_bank(grads, force="separable"), fused=False,
+        )  # fmt: skip
+        rho = [feature.rho_filter]
+        self.outer = SeparableConvolver(
+            rho, shape, np.float32, mode, cval, device=device, slab_depth=slab_depth,
+            choices=plan_bank(rho, force="separable"), fused=False,
+        )  # fmt: skip
+        self.depth = slab_depth
+        self.seconds = 0.0
+
+    def product_rows(self, a: int, b: int) -> np.ndarray:
+        """Sorted rows of the product field the outer smoothing of ``[a, b)`` reads."""
+        return self.outer.source_rows(a, b)
+
+    def _chunks(self, a: int, b: int) -> list[tuple[int, int]]:
+        rows = self.product_rows(a, b)
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        out = []
+        for run in np.split(rows, breaks):
+            r0, r1 = int(run[0]), int(run[-1]) + 1
+            out += [(c, min(c + self.depth, r1)) for c in range(r0, r1, self.depth)]
+        return out
+
+    def source_rows(self, a: int, b: int) -> np.ndarray:
+        """Sorted source rows of the volume that output rows ``[a, b)`` read."""
+        parts = [self.grad.source_rows(c0, c1) for c0, c1 in self._chunks(a, b)]
+        return sources(np.concatenate(parts))
+
+    def compute(
+        self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
+        frame: np.ndarray | None,
+    ) -> np.ndarray:  # fmt: skip
+        """The three eigenvalue volumes (3, b - a, ny, nz) float32 of output rows ``[a, b)``,
+        from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its
+        whole ``frame``."""
+        ny, nz = self.shape[1:]
+        prows = self.product_rows(a, b)
+        g = np.empty((3, len(prows), ny, nz), np.float32)
+        at = 0
+        for c0, c1 in self._chunks(a, b):
+            if frame is not None:
+                given = {"frame": frame}
+            else:
+                given = {"rows": rows[np.searchsorted(needed, self.grad.source_rows(c0, c1))]}
+            g[:, at : at + c1 - c0] = self.grad.convolve_slab(c0, c1, **given)
+            at += c1 - c0
+        entries = np.empty((6, b - a, ny, nz), np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for i, (p, q) in enumerate(PAIRS):
+                prod = (g[p].astype(np.float64) * g[q]).astype(np.float32)
+                entries[i] = self.outer.convolve_slab(a, b, rows=prod)[0]
+        values, seconds = self.kernels.eigen(entries)
+        self.seconds += seconds
+        return values
