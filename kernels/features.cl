@@ -9,6 +9,8 @@
  * neither overflows nor underflows; NaN wherever a component is NaN (as the float64
  * definition sqrt(sum of squares) gives it, where C's hypot would give Inf beside an Inf).
  *
+ * pick: a response as it is (a linear feature of a preset, stored in the preset's order).
+ *
  * eigen3: the eigenvalues of the symmetric 3x3 matrix of six planes (00, 11, 22, 01, 02, 12),
  * in descending order, by cyclic Jacobi rotations in float32 on the matrix scaled by a power
  * of two. Jacobi's rotations are backward stable: each eigenvalue is within a few float32
@@ -28,6 +30,14 @@ __kernel void magnitude(__global const float *restrict src, const int a, const i
     float r = c < 0 ? hypot(x, y) : hypot(hypot(x, y), z);
     if (isnan(x) || isnan(y) || isnan(z)) r = NAN;
     dst[o * n + i] = r;
+}
+
+__kernel void pick(__global const float *restrict src, const int a,
+                     __global float *restrict dst, const int o, const long n)
+{
+    const long i = get_global_id(0);
+    if (i >= n) return;
+    dst[o * n + i] = src[a * n + i];
 }
 
 /* One Jacobi rotation zeroing a[pq]; r is the third index. */

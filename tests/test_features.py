@@ -287,3 +287,76 @@ def test_feature_tables_are_validated():
         "st: structure_tensor_eigenvalues(sigma=1, rho=2.5, truncate=4) -> st_0, st_1, st_2"
     )
     assert feats[0].inputs[0].kernel.shape == (9, 9, 9)  # radius int(4 * 1 + 0.5)
+
+
+def test_the_ilastik_preset_names_parameters_and_values(device):
+    """ilastik's channels, names and conventions (lazyflow's OpPixelFeaturesPresmoothed and
+    filterOperators): presmoothing by sqrt(s^2 - 1) (s <= 1: by s) with window 3.5, features
+    at min(s, 1) with window 2, DoG's second sigma 0.66 of the first, the structure tensor's
+    outer scale 0.5 of its inner one; computed as ilastik chains them (wrap mode: the chained
+    filters equal the one composite filter everywhere)."""
+    scales = [0.7, 1.6]
+    feats = build_features(None, preset="ilastik", scales=scales)
+    titles = ["Gaussian Smoothing", "Laplacian of Gaussian", "Gaussian Gradient Magnitude",
+              "Difference of Gaussians", "Structure Tensor Eigenvalues",
+              "Hessian of Gaussian Eigenvalues"]  # fmt: skip
+    names = []
+    for t in titles:
+        for s in scales:
+            base = f"{t} (\N{GREEK SMALL LETTER SIGMA}={s})"
+            multi = "Eigenvalues" in t
+            names += [f"{base} [{i}]" for i in range(3)] if multi else [base]
+    ex = expand([], feats)
+    assert ex.names == names
+    st = feats[9]  # scale 1.6
+    assert st.params["rho"] == 0.5 and st.params["presmooth"] == pytest.approx(math.sqrt(1.56))
+    assert feats[7].params["sigma2"] == pytest.approx(0.66)  # DoG at 1.6
+    volume = scene((16, 15, 14), seed=5)
+    out = run(volume, [], feats, "wrap", 0.0, device, slab_depth=6)
+    v = volume.astype(np.float64)
+    m = float(np.abs(v).max())
+    i = 0
+    for t in titles:
+        for s in scales:
+            inner = min(s, 1.0)
+            pre = ndi.gaussian_filter(v, math.sqrt(s * s - 1) if s > 1 else s, mode="wrap",
+                                      truncate=3.5)  # fmt: skip
+
+            def g(order=(0, 0, 0), sigma=inner, pre=pre):
+                return ndi.gaussian_filter(pre, sigma, order, mode="wrap", truncate=2.0)
+
+            if t == "Gaussian Smoothing":
+                ref = [g()]
+            elif t == "Laplacian of Gaussian":
+                ref = [ndi.gaussian_laplace(pre, inner, mode="wrap", truncate=2.0)]
+            elif t == "Gaussian Gradient Magnitude":
+                ref = [np.sqrt(sum(g(o) ** 2 for o in AXES))]
+            elif t == "Difference of Gaussians":
+                ref = [g() - g(sigma=0.66 * inner)]
+            elif t == "Structure Tensor Eigenvalues":
+                grads = [g(o) for o in AXES]
+                ref = eig_ref([ndi.gaussian_filter(grads[a] * grads[b], 0.5 * inner, mode="wrap",
+                                                   truncate=2.0) for a, b in PAIRS])  # fmt: skip
+            else:
+                orders = [tuple(x + y for x, y in zip(AXES[a], AXES[b], strict=True))
+                          for a, b in PAIRS]  # fmt: skip
+                ref = eig_ref([g(o) for o in orders])
+            got = out[i : i + len(ref)]
+            scale = max(float(np.abs(np.asarray(ref)).max()), 1e-3 * m)
+            err = float(np.abs(got - np.asarray(ref)).max())
+            assert err <= 2e-5 * (m if "Tensor" not in t else scale), (t, s, err)
+            i += len(ref)
+    assert i == len(names)
+
+
+def test_presets_are_validated():
+    with pytest.raises(BankError, match=r"bank\.scales: must be a list of numbers > 0"):
+        build_features(None, preset="ilastik", scales=[0.7, -1])
+    with pytest.raises(BankError, match=r"bank\.preset: must be one of ilastik, skimage"):
+        build_features(None, preset="ilastk")
+    with pytest.raises(BankError, match=r"bank\.scales: applies to a preset only"):
+        build_features([], scales=[1.0])
+    # ilastik's dialog's scales by default; 5.0 is wider than the direct kernel's 31 taps
+    feats = build_features(None, preset="ilastik")
+    assert len(feats) == 6 * 7
+    assert max(f.inputs[0].kernel.shape[0] for f in feats) > 31

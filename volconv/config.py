@@ -28,6 +28,7 @@ from volconv.checks import (
     parse_bytes,
     suggest,
 )
+from volconv.features import Feature, build_features
 from volconv.writer import COMPRESSIONS, DTYPES, OutputError, compression_options
 
 
@@ -38,7 +39,7 @@ class PipelineError(ValueError):
 # Every valid key of every section; `validate_config` suggests the closest for a typo.
 SCHEMA: dict[str, tuple[str, ...]] = {
     "input": ("paths",),
-    "bank": ("size", "boundary", "cval", "units", "filter"),
+    "bank": ("size", "boundary", "cval", "units", "filter", "feature", "preset", "scales"),
     "output": ("path", "dtype", "compression", "scale", "offset"),
     "run": ("device", "devices", "scheduler", "host_memory", "slab_depth"),
 }
@@ -80,6 +81,7 @@ class Config:
     # address of an existing Dask scheduler ("" for none)
     devices: str | tuple[str, ...] = "one"
     scheduler: str = ""
+    features: tuple[Feature, ...] = ()  # [[bank.feature]] and [bank] preset (volconv.features)
 
 
 # -- reading and --set --------------------------------------------------------------------
@@ -286,11 +288,16 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
     filters = bank.get("filter", [])
     if not isinstance(filters, list) or not all(isinstance(f, dict) for f in filters):
         raise fail("bank.filter must be an array of tables: [[bank.filter]]")
-    if not filters:
+    try:
+        features = build_features(bank.get("feature"), size=size, units=units,
+                                  preset=bank.get("preset"), scales=bank.get("scales"))  # fmt: skip
+    except BankError as e:
+        raise fail(str(e)) from None
+    if not filters and not features:
         raise fail("bank.filter: the bank is empty; add at least one [[bank.filter]] table")
     try:  # every filter, at unit voxel size (inputs in mm are built again by plan_jobs)
         bank = build_bank([dict(f) for f in filters], size, base_dir=source.resolve().parent,
-                          units=units)  # fmt: skip
+                          units=units) if filters else []  # fmt: skip
     except BankError as e:
         raise fail(str(e)) from None
     in_mm = units == "mm" or any(f.get("units") == "mm" for f in filters)
@@ -352,7 +359,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         compression=compression, scale=float(out.get("scale", 1.0)),
         offset=float(out.get("offset", 0.0)), device=device.strip(), slab_depth=slab_depth,
         host_memory=host_memory, bank=tuple(bank), bank_in_mm=in_mm, devices=devices,
-        scheduler=scheduler.strip(),
+        scheduler=scheduler.strip(), features=tuple(features),
     )  # fmt: skip
 
 

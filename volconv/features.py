@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyopencl as cl
 
-from volconv.bank import BankError, Filter, build_bank, gaussian_kernel, gaussian_terms
+from volconv.bank import BankError, Filter, build_bank, gaussian_kernel1d
 from volconv.boundary import sources
+from volconv.factor import Term, term
 from volconv.outputs import Output, responses
-from volconv.plan import MAX_EXTENT
+from volconv.plan import MAX_SEPARABLE_EXTENT
 from volconv.programs import build, device_seconds
 
 DEFAULT_TRUNCATE = 4.0  # scipy.ndimage.gaussian_filter's
@@ -107,9 +108,12 @@ class Feature:
     params: dict[str, object]
     inputs: tuple[Filter, ...]
     rho_filter: Filter | None = None
+    names: tuple[str, ...] = ()  # the outputs' names, where not <name>_0 .. (a preset's)
 
     @property
     def output_names(self) -> list[str]:
+        if self.names:
+            return list(self.names)
         if self.type in EIGEN_TYPES:
             return [f"{self.name}_{i}" for i in range(3)]
         return [self.name]
@@ -158,19 +162,46 @@ def radius(sigma: float, truncate: float) -> int:
     return int(truncate * float(sigma) + 0.5)
 
 
+# One stage of a Gaussian filter chain: (sigma per axis, order per axis, truncate)
+Stage = tuple[Sequence[float], Sequence[int], float]
+
+
+def chain_factor(stages: Sequence[Stage], axis: int) -> np.ndarray:
+    """The 1D kernel along ``axis`` of Gaussians applied one after the other (a
+    ``gaussian_filter1d`` each, radius ``int(truncate * sigma + 0.5)``): their convolution."""
+    out = np.ones(1)
+    for sigma, order, truncate in stages:
+        out = np.convolve(out, gaussian_kernel1d(sigma[axis], order[axis],
+                                                 radius(sigma[axis], truncate)))  # fmt: skip
+    return out
+
+
 def gaussian_filter_of(
-    name: str, sigma: Sequence[float], order: Sequence[int], truncate: float, key: str = ""
+    name: str,
+    sigma: Sequence[float],
+    order: Sequence[int],
+    truncate: float,
+    key: str = "",
+    before: Sequence[Stage] = (),
+    terms: Sequence[tuple[float, Sequence[int]]] | None = None,
 ) -> Filter:
-    """The filter that equals ``gaussian_filter(v, sigma, order, truncate=truncate)``."""
-    size = tuple(2 * radius(s, truncate) + 1 for s in sigma)
-    if max(size) > MAX_EXTENT:
+    """The filter that equals ``gaussian_filter(v, sigma, order, truncate=truncate)`` applied
+    after the Gaussians ``before`` (a presmoothing); or, with ``terms``, the sum of
+    ``coef * gaussian_filter(..., order)`` over them (a Laplacian)."""
+    terms = [(1.0, order)] if terms is None else list(terms)
+    built: list[Term] = []
+    for coef, o in terms:
+        axes = [chain_factor([*before, (sigma, o, truncate)], d) for d in range(3)]
+        built.append(term(coef, *axes))
+    size = built[0].extent
+    if max(size) > MAX_SEPARABLE_EXTENT:
         raise BankError(
             f"{key or name}: sigma {_show(list(sigma))} at truncate {truncate:g} needs an extent "
-            f"of {max(size)}; at most {MAX_EXTENT}"
+            f"of {max(size)}; at most {MAX_SEPARABLE_EXTENT}"
         )
-    kernel = np.array(gaussian_kernel(sigma, order, size), np.float64, order="C")
+    kernel = np.array(sum(t.array() for t in built), np.float64, order="C")
     kernel.flags.writeable = False
-    return Filter(name, "gaussian", kernel, gaussian_terms(sigma, order, size))
+    return Filter(name, "gaussian", kernel, tuple(built))
 
 
 def _order(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int]:
@@ -195,7 +226,9 @@ def build_features(
     """
     features: list[Feature] = []
     if preset is not None:
-        features += build_features(preset_tables(preset, scales), size=size, units=units)
+        if units != "voxels":
+            raise BankError(f'bank.units: features take sigma in voxels; got units = "{units}"')
+        features += preset_features(preset, scales)
     elif scales is not None:
         raise BankError('bank.scales: applies to a preset only (preset = "ilastik")')
     if tables is None:
@@ -216,11 +249,128 @@ def build_features(
 PRESETS = ("ilastik", "skimage")
 
 
-def preset_tables(preset: object, scales: object) -> list[dict]:
-    """The ``[[bank.feature]]`` tables a ``[bank] preset`` stands for."""
-    if preset not in PRESETS:
-        raise _fail("bank.preset", f"one of {', '.join(PRESETS)}", preset)
-    raise BankError(f"bank.preset: {preset!r} is not available yet")
+def preset_features(preset: object, scales: object) -> list[Feature]:
+    """The features a ``[bank] preset`` stands for."""
+    if preset == "ilastik":
+        if scales is None:
+            scales = list(ILASTIK_SCALES)
+        if (
+            not isinstance(scales, list | tuple)
+            or not scales
+            or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and v > 0 for v in scales
+            )
+        ):  # fmt: skip
+            raise _fail("bank.scales", "a list of numbers > 0 (ilastik's sigmas)", scales)
+        if len(set(map(float, scales))) != len(scales):
+            raise _fail("bank.scales", "distinct numbers", scales)
+        return ilastik_features([float(v) for v in scales])
+    if preset == "skimage":
+        if scales is not None:
+            raise BankError('bank.scales: the "skimage" preset takes its own sigmas')
+        return skimage_features()
+    raise _fail("bank.preset", f"one of {', '.join(PRESETS)}", preset)
+
+
+# -- ilastik's pixel-classification features --------------------------------------------------
+# As ilastik computes them: lazyflow/operators/opPixelFeaturesPresmoothed.py (OpPixelFeatures-
+# Presmoothed.setupOutputs, execute) and lazyflow/operators/filterOperators.py (the operators'
+# window sizes) in the ilastik/ilastik repository. The features, in this order, each at every
+# scale s (channels: feature-major); the names are ilastik's channel names.
+ILASTIK_FEATURES = (
+    ("GaussianSmoothing", "Gaussian Smoothing"),
+    ("LaplacianOfGaussian", "Laplacian of Gaussian"),
+    ("GaussianGradientMagnitude", "Gaussian Gradient Magnitude"),
+    ("DifferenceOfGaussians", "Difference of Gaussians"),
+    ("StructureTensorEigenvalues", "Structure Tensor Eigenvalues"),
+    ("HessianOfGaussianEigenvalues", "Hessian of Gaussian Eigenvalues"),
+)
+SIGMA = "\N{GREEK SMALL LETTER SIGMA}"
+ILASTIK_SCALES = (0.3, 0.7, 1.0, 1.6, 3.5, 5.0, 10.0)  # the scales ilastik's dialog offers
+# Every feature runs on the input presmoothed by a Gaussian of sqrt(s^2 - 1) for s > 1 (of s
+# itself for s <= 1) with window 3.5 (OpPixelFeaturesPresmoothed.WINDOW_SIZE), then at scale
+# min(s, 1) with window 2 (OpBaseFilter.window_size_feature); vigra's radius is
+# int(window * sigma + 0.5), scipy's truncate. DoG's second sigma is 0.66 of the first, the
+# structure tensor's outer scale 0.5 of its inner one.
+ILASTIK_PRESMOOTH_WINDOW = 3.5
+ILASTIK_WINDOW = 2.0
+ILASTIK_DOG = 0.66
+ILASTIK_OUTER = 0.5
+
+
+def _padded(a: np.ndarray, n: int) -> np.ndarray:
+    """A centred odd 1D factor zero-padded to odd length ``n`` (its centre kept)."""
+    pad = (n - len(a)) // 2
+    return np.pad(a, pad)
+
+
+def _difference(name: str, first: Filter, second: Filter) -> Filter:
+    """``first - second`` as one filter (each a single separable term), factors padded."""
+    (t1,), (t2,) = first.factors, second.factors
+    ext = [max(a, b) for a, b in zip(t1.extent, t2.extent, strict=True)]
+    terms = tuple(
+        term(c * t.coef, *(_padded(a, n) for a, n in zip(t.axes, ext, strict=True)))
+        for c, t in ((1.0, t1), (-1.0, t2))
+    )
+    kernel = np.array(terms[0].array() + terms[1].array(), np.float64, order="C")
+    kernel.flags.writeable = False
+    return Filter(name, "dog", kernel, terms)
+
+
+def ilastik_features(scales: Sequence[float]) -> list[Feature]:
+    """ilastik's six pixel-classification features at each of ``scales``, in ilastik's
+    channel order and with its names ("Gaussian Smoothing (<sigma>=0.7)", "Hessian of
+    Gaussian Eigenvalues (<sigma>=1.0) [0]", with the Greek letter), each from scipy's
+    Gaussians with the bank's mode."""
+    features = []
+    for fid, title in ILASTIK_FEATURES:
+        for s in scales:
+            name = f"{title} ({SIGMA}={s})"
+            inner = min(s, 1.0)
+            pre_sigma = math.sqrt(s * s - 1.0) if s > 1.0 else s
+            pre = [((pre_sigma,) * 3, (0, 0, 0), ILASTIK_PRESMOOTH_WINDOW)]
+            sig = (inner,) * 3
+            params: dict[str, object] = {"preset": "ilastik", "feature": fid, "scale": s,
+                                         "presmooth": pre_sigma, "sigma": inner}  # fmt: skip
+
+            def g(suffix: str, order=(0, 0, 0), sigma=sig, terms=None, name=name,
+                  pre=pre) -> Filter:  # fmt: skip
+                return gaussian_filter_of(f"{name}.{suffix}", sigma, order, ILASTIK_WINDOW,
+                                          "bank.scales", pre, terms)  # fmt: skip
+
+            if fid == "GaussianSmoothing":
+                features.append(Feature(name, "linear", params, (g("g"),)))
+            elif fid == "LaplacianOfGaussian":
+                lap = [(1.0, _order(AXES[a], AXES[a])) for a in range(3)]
+                features.append(Feature(name, "linear", params, (g("log", terms=lap),)))
+            elif fid == "GaussianGradientMagnitude":
+                grads = tuple(g(f"d{a}", AXES[a]) for a in range(3))
+                features.append(Feature(name, "gradient_magnitude", params, grads))
+            elif fid == "DifferenceOfGaussians":
+                second = g("g2", sigma=(ILASTIK_DOG * inner,) * 3)
+                dog = _difference(f"{name}.dog", g("g1"), second)
+                params["sigma2"] = ILASTIK_DOG * inner
+                features.append(Feature(name, "linear", params, (dog,)))
+            else:
+                names = tuple(f"{name} [{i}]" for i in range(3))
+                if fid == "StructureTensorEigenvalues":
+                    grads = tuple(g(f"d{a}", AXES[a]) for a in range(3))
+                    rho = ILASTIK_OUTER * inner
+                    params["rho"] = rho
+                    outer = gaussian_filter_of(f"{name}.rho", (rho,) * 3, (0, 0, 0),
+                                               ILASTIK_WINDOW)  # fmt: skip
+                    features.append(Feature(name, "structure_tensor_eigenvalues", params,
+                                            grads, outer, names))  # fmt: skip
+                else:
+                    entries = tuple(g(f"d{a}{b}", _order(AXES[a], AXES[b])) for a, b in PAIRS)
+                    features.append(Feature(name, "hessian_eigenvalues", params, entries,
+                                            names=names))  # fmt: skip
+    return features
+
+
+def skimage_features() -> list[Feature]:
+    raise BankError('bank.preset: "skimage" is not available yet')
 
 
 def _feature(i: int, table: dict, size: object, units: str) -> Feature:
@@ -326,10 +476,29 @@ class Expanded:
     device: list[DeviceFeature] = field(default_factory=list)
     tensors: list[tuple[Feature, tuple[int, ...]]] = field(default_factory=list)
     separable: tuple[int, ...] = ()
+    features: tuple[Feature, ...] = ()
 
     @property
     def names(self) -> list[str]:
         return [o.name for o in self.outputs]
+
+    def plan_sizes(self) -> dict[str, int]:
+        """`volconv.separable.make_separable_plan`'s sizes of the outputs."""
+        return {
+            "n_stored": self.n_stored,
+            "feature_planes": sum(len(f.at) for f in self.device),
+            "n_tensor": sum(len(at) for _, at in self.tensors),
+        }
+
+    def stored_kernels(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ``/kernels`` array and the per-output extents: each response's kernel, and a
+        (1, 1, 1) zero kernel for each feature output (the ``features`` attribute describes
+        those), stacked to one extent."""
+        from volconv.bank import stack_kernels
+
+        arrays = [o.kernel if o.is_response else np.zeros((1, 1, 1)) for o in self.outputs]
+        extents = np.array([a.shape for a in arrays], np.int64)
+        return stack_kernels(arrays), extents
 
 
 def features_json(features: Sequence[Feature]) -> str:
@@ -363,11 +532,12 @@ def expand(filters: Sequence[Filter], features: Sequence[Feature]) -> Expanded:
                 all_filters.append(f)
             idx.append(index[k])
         separable.update(idx)
-        kernel = "eigen3" if feat.type == "hessian_eigenvalues" else "magnitude"
+        kernel = {"hessian_eigenvalues": "eigen3", "linear": "pick"}.get(feat.type, "magnitude")
         device.append(DeviceFeature(kernel, tuple(idx), at))
     if not all_filters and tensors:  # the convolver runs at least one filter: a cheap one
         all_filters.append(tensors[0][0].inputs[0])
-    return Expanded(all_filters, len(filters), outputs, device, tensors, tuple(sorted(separable)))
+    return Expanded(all_filters, len(filters), outputs, device, tensors,
+                    tuple(sorted(separable)), tuple(features))  # fmt: skip
 
 
 # -- on the device --------------------------------------------------------------------------
@@ -379,7 +549,7 @@ class FeatureKernels:
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue) -> None:
         self.ctx, self.queue = ctx, queue
         prog = build(ctx, "features.cl", ())
-        self._k = {name: cl.Kernel(prog, name) for name in ("magnitude", "eigen3")}
+        self._k = {name: cl.Kernel(prog, name) for name in ("magnitude", "eigen3", "pick")}
 
     def launch(
         self, kernel: str, src: cl.Buffer, slots: Sequence[int], dst: cl.Buffer, o: int, n: int
@@ -391,6 +561,8 @@ class FeatureKernels:
         if kernel == "magnitude":
             c = slots[2] if len(slots) == 3 else -1
             k.set_args(src, i32(slots[0]), i32(slots[1]), i32(c), dst, i32(o), np.int64(n))
+        elif kernel == "pick":
+            k.set_args(src, i32(slots[0]), dst, i32(o), np.int64(n))
         else:
             k.set_args(src, *map(i32, slots), dst, i32(o), np.int64(n))
         return cl.enqueue_nd_range_kernel(self.queue, k, (n,), None)
@@ -413,6 +585,8 @@ def host_feature(kernel: str, planes: Sequence[np.ndarray]) -> list[np.ndarray]:
     """What kernels/features.cl's ``kernel`` computes, on the host in float64 (slabs whose
     source holds NaN or Inf, whose responses the host sets)."""
     p = [np.asarray(x, np.float64) for x in planes]
+    if kernel == "pick":
+        return p
     if kernel == "magnitude":
         with np.errstate(over="ignore", invalid="ignore"):
             return [np.sqrt(sum(x * x for x in p))]

@@ -69,6 +69,7 @@ from volconv.plan import (
     CL_TYPES,
     MAX_EXTENT,
     MAX_FILTERS,
+    MAX_SEPARABLE_EXTENT,
     make_plan,
     pad_dtype_for,
     streaming_depth,
@@ -191,10 +192,9 @@ def _entries(filters: object) -> list[tuple[np.ndarray, tuple[Term, ...] | None]
         k = np.asarray(item.kernel if isinstance(item, Filter) else item)
         if k.dtype.kind not in "biuf":
             raise TypeError(f"filter {i}: kernel must be real numbers; got dtype {k.dtype}")
-        if k.ndim != 3 or not all(1 <= e <= MAX_EXTENT for e in k.shape):
-            raise ValueError(
-                f"filter {i}: kernel must be 3D with extents 1..{MAX_EXTENT}; got {k.shape}"
-            )
+        most = MAX_SEPARABLE_EXTENT if terms is not None else MAX_EXTENT  # passes: wider
+        if k.ndim != 3 or not all(1 <= e <= most for e in k.shape):
+            raise ValueError(f"filter {i}: kernel must be 3D with extents 1..{most}; got {k.shape}")
         if not np.all(np.isfinite(k)):
             raise ValueError(f"filter {i}: kernel must be finite (no NaN or inf)")
         out.append((k.astype(np.float64), terms))
@@ -238,6 +238,9 @@ def plan_bank(filters: object, force: str | None = None, kind: str = "cpu") -> l
                 path = "low-rank"
         cost = separable_cost(terms, kind) if terms else math.inf
         take = terms is not None and (force == "separable" or (force is None and cost < direct))
+        if max(extent) > MAX_EXTENT and not take:
+            raise ValueError(f"filter {len(choices)}: extent {extent} takes the separable path "
+                             "only, and its factors do not reproduce it")  # fmt: skip
         choices.append(Choice(path if take else "direct", extent, terms, direct, cost))
     return choices
 
@@ -655,11 +658,7 @@ class SeparableConvolver(SlabConvolver):
             if choices is None:
                 choices = plan_paths(filters, self.device, fused=fused, tile=tile,
                                      separable=expanded.separable)  # fmt: skip
-            sizes = {
-                "n_stored": expanded.n_stored,
-                "feature_planes": sum(len(f.at) for f in expanded.device),
-                "n_tensor": sum(len(at) for _, at in expanded.tensors),
-            }
+            sizes = expanded.plan_sizes()
         self.plan = make_separable_plan(
             filters, shape, dtype, mode, cval, self.device, choices=choices,
             slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
