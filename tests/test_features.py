@@ -360,3 +360,64 @@ def test_presets_are_validated():
     feats = build_features(None, preset="ilastik")
     assert len(feats) == 6 * 7
     assert max(f.inputs[0].kernel.shape[0] for f in feats) > 31
+
+
+def test_the_skimage_preset_channel_for_channel(device):
+    """skimage.feature.multiscale_basic_features with its defaults: 30 channels, sigma up to
+    16 (129-tap Gaussians, overhangs longer than every axis); equal to its definition (scipy
+    in float64, stage by stage as skimage runs them) and to skimage's own float32 result,
+    except on the outermost two voxel layers, where skimage's Sobel reflects the smoothed
+    volume and np.gradient takes one-sided differences (volconv: the bank's mode)."""
+    skimage_feature = pytest.importorskip("skimage.feature")
+    feats = build_features(None, preset="skimage")
+    volume = scene((14, 12, 11), seed=6) / 100
+    out = run(volume, [], feats, "nearest", 0.0, device, slab_depth=5)
+    assert out.shape == (30, *volume.shape)
+    theirs = np.moveaxis(skimage_feature.multiscale_basic_features(volume), -1, 0)
+    inner = (slice(None), slice(2, -2), slice(2, -2), slice(2, -2))
+    v = volume.astype(np.float64)
+    m = float(np.abs(v).max())
+    ref = []
+    for s in (0.5, 1, 2, 4, 8, 16):
+        g = ndi.gaussian_filter(v, s, mode="nearest", truncate=4.0)
+        sob = []
+        for a in range(3):
+            k = np.ones((1, 1, 1))
+            for d in range(3):
+                w = np.array([1.0, 0, -1]) if d == a else np.array([1.0, 2, 1]) / 4
+                k = k * w.reshape([3 if i == d else 1 for i in range(3)])
+            sob.append(ndi.convolve(g, k, mode="reflect"))
+        ref += [g, np.sqrt(sum(x * x for x in sob) / 3)]
+        grads = np.gradient(g)
+        ref += list(eig_ref([np.gradient(grads[a], axis=b) for a, b in PAIRS]))
+    ref = np.stack(ref)
+    assert np.abs(out - ref)[inner].max() <= 4e-5 * m
+    assert np.abs(out - theirs)[inner].max() <= 1e-4 * m
+    assert feats[-1].output_names == ["texture_s16_0", "texture_s16_1", "texture_s16_2"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_long_passes_with_overhangs_longer_than_an_axis(device, mode):
+    """A 41-tap Gaussian derivative and an 81-tap Gaussian (past the direct kernel's 31) on
+    axes of 6 and 9 voxels, through the separable passes, equal scipy's gaussian_filter."""
+    from volconv.features import gaussian_filter_of
+
+    cval = -2.0 if mode == "constant" else 0.0
+    filters = [gaussian_filter_of("wide", (10.0, 10.0, 10.0), (0, 0, 0), 4.0),
+               gaussian_filter_of("d1", (5.0, 2.0, 5.0), (0, 1, 0), 4.0)]  # fmt: skip
+    assert filters[0].kernel.shape == (81, 81, 81)
+    volume = scene((9, 20, 6), seed=7)
+    out = run(volume, filters, [], mode, cval, device, slab_depth=4)
+    m = max(float(np.abs(volume).max()), abs(cval))
+    for f, (sigma, order) in zip(filters, [(10.0, (0, 0, 0)), ((5.0, 2.0, 5.0), (0, 1, 0))],
+                                 strict=True):  # fmt: skip
+        ref = gauss(volume, sigma, order, mode, cval)
+        assert np.abs(out[filters.index(f)] - ref).max() <= tol(np.abs(f.kernel).sum(), m)
+
+
+def test_nonfinite_voxels_under_wide_filters_are_refused(device):
+    volume = scene((10, 9, 8))
+    volume[4, 4, 4] = np.nan
+    feats = build_features([{"type": "gradient_magnitude", "sigma": 8.0, "name": "g"}])
+    with pytest.raises(ValueError, match="non-finite voxels"):
+        run(volume, [], feats, "reflect", 0.0, device)

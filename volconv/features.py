@@ -369,8 +369,76 @@ def ilastik_features(scales: Sequence[float]) -> list[Feature]:
     return features
 
 
+# -- scikit-image's multiscale_basic_features ------------------------------------------------
+# As skimage/feature/_basic_features.py (scikit-image 0.26) computes them with its defaults
+# (intensity, edges, texture; sigma_min 0.5, sigma_max 16, num_sigma None): sigmas 0.5 * 2^k
+# up to 16; at each, in this order, G = skimage.filters.gaussian(img, sigma) (scipy's
+# gaussian_filter, truncate 4, its mode 'nearest'), the Sobel magnitude of G
+# (skimage.filters.sobel: sqrt(mean over axes of convolve(G, [1, 0, -1] x [1, 2, 1] / 4)^2)),
+# and the eigenvalues (descending, feature.hessian_matrix_eigvals) of the Hessian of G by
+# np.gradient twice (central differences (f[i+1] - f[i-1]) / 2).
+SKIMAGE_SIGMAS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+SKIMAGE_TRUNCATE = 4.0
+SOBEL_EDGE = np.array([1.0, 0.0, -1.0])  # convolution kernels, as skimage convolves
+SOBEL_SMOOTH = np.array([1.0, 2.0, 1.0]) / 4
+GRADIENT = np.array([0.5, 0.0, -0.5])  # np.gradient inside the volume, as a convolution
+
+
+def filter_of_terms(name: str, terms: Sequence[tuple[float, Sequence[np.ndarray]]]) -> Filter:
+    """A filter of separable terms ``coef * outer(a0, a1, a2)`` (odd centred factors, padded
+    to one extent per axis)."""
+    ext = [max(len(axes[d]) for _, axes in terms) for d in range(3)]
+    if max(ext) > MAX_SEPARABLE_EXTENT:
+        raise BankError(f"{name}: an extent of {max(ext)}; at most {MAX_SEPARABLE_EXTENT}")
+    built = tuple(
+        term(c, *(_padded(np.asarray(a, np.float64), n) for a, n in zip(axes, ext, strict=True)))
+        for c, axes in terms
+    )
+    kernel = np.array(sum(t.array() for t in built), np.float64, order="C")
+    kernel.flags.writeable = False
+    return Filter(name, "gaussian", kernel, built)
+
+
 def skimage_features() -> list[Feature]:
-    raise BankError('bank.preset: "skimage" is not available yet')
+    """``skimage.feature.multiscale_basic_features(volume)``'s 30 channels with its defaults,
+    in its order, named ``intensity_s<sigma>``, ``edges_s<sigma>``, ``texture_s<sigma>_<i>``:
+    each channel a composite separable filter (the Gaussian convolved with the Sobel or
+    difference factors) or a magnitude or eigenvalues of such filters."""
+    features = []
+    for s in SKIMAGE_SIGMAS:
+        g = gaussian_kernel1d(s, 0, radius(s, SKIMAGE_TRUNCATE))
+        tag = f"s{s:g}"
+        params: dict[str, object] = {"preset": "skimage", "sigma": s,
+                                     "truncate": SKIMAGE_TRUNCATE}  # fmt: skip
+
+        def axes(kinds: Sequence[np.ndarray], g=g) -> list[np.ndarray]:
+            return [np.convolve(g, k) for k in kinds]
+
+        one = np.ones(1)
+        smooth = filter_of_terms(f"intensity_{tag}.g", [(1.0, axes([one] * 3))])
+        features.append(Feature(f"intensity_{tag}", "linear", {**params, "feature": "intensity"},
+                                (smooth,)))  # fmt: skip
+        sobel = tuple(
+            filter_of_terms(
+                f"edges_{tag}.d{a}",
+                [(1 / math.sqrt(3), axes([SOBEL_EDGE if d == a else SOBEL_SMOOTH
+                                          for d in range(3)]))],
+            )
+            for a in range(3)
+        )  # fmt: skip
+        features.append(Feature(f"edges_{tag}", "gradient_magnitude",
+                                {**params, "feature": "edges"}, sobel))  # fmt: skip
+        entries = []
+        for a, b in PAIRS:
+            kinds = [one, one, one]
+            kinds[a] = GRADIENT
+            kinds[b] = np.convolve(kinds[b], GRADIENT)
+            entries.append(filter_of_terms(f"texture_{tag}.d{a}{b}", [(1.0, axes(kinds))]))
+        names = tuple(f"texture_{tag}_{i}" for i in range(3))
+        features.append(Feature(f"texture_{tag}", "hessian_eigenvalues",
+                                {**params, "feature": "texture"}, tuple(entries),
+                                names=names))  # fmt: skip
+    return features
 
 
 def _feature(i: int, table: dict, size: object, units: str) -> Feature:

@@ -41,7 +41,7 @@ from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, ope
 from volconv.nonfinite import APPLY_BYTES, OverridePlan
 from volconv.outputs import Output
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
-from volconv.plan import MAX_FILTERS, make_plan
+from volconv.plan import MAX_EXTENT, MAX_FILTERS, make_plan
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
 from volconv.resume import Progress, fingerprint
 from volconv.separable import (
@@ -352,6 +352,8 @@ def override_banks(job: Job) -> list[np.ndarray]:
     `volconv.separable.SeparableConvolver` does: its separable filters' (stacked to their
     common extent), then each direct group's."""
     kernels = [f.kernel for f in job.run_filters]
+    if any(max(k.shape) > MAX_EXTENT for k in kernels):  # refused on a non-finite slab
+        return []
     slots = [f for f, c in enumerate(job.plan.choices) if c.path != "direct"]
     banks = [stack_kernels([kernels[f] for f in slots])] if slots else []
     return banks + [np.stack([kernels[f] for f in g]) for g in job.plan.groups]

@@ -959,6 +959,12 @@ class SeparableConvolver(SlabConvolver):
         halo."""
         if self._override is None:
             plan = self.plan
+            if any(max(self.kernels[f].shape) > MAX_EXTENT for f in self._slots):
+                raise ValueError(
+                    f"non-finite voxels (NaN, Inf) in rows [{a}, {b}): their reach is counted "
+                    f"for filters of at most {MAX_EXTENT} taps per axis; this bank has wider "
+                    "ones (replace the non-finite voxels first)"
+                )
             kernels = stack_kernels([self.kernels[f] for f in self._slots])
             self._override_lo = tuple(halo(e)[0] for e in kernels.shape[1:])
             self._override_hi = tuple(halo(e)[1] for e in kernels.shape[1:])
