@@ -9,7 +9,8 @@
  * neither overflows nor underflows; NaN wherever a component is NaN (as the float64
  * definition sqrt(sum of squares) gives it, where C's hypot would give Inf beside an Inf).
  *
- * pick: a response as it is (a linear feature of a preset, stored in the preset's order).
+ * pick: a response as it is (a linear feature of a preset, stored in the preset's order);
+ * difference: a - b (a difference of Gaussians as two responses).
  *
  * eigen3: the eigenvalues of the symmetric 3x3 matrix of six planes (00, 11, 22, 01, 02, 12),
  * in descending order, by cyclic Jacobi rotations in float32 on the matrix scaled by a power
@@ -38,6 +39,14 @@ __kernel void pick(__global const float *restrict src, const int a,
     const long i = get_global_id(0);
     if (i >= n) return;
     dst[o * n + i] = src[a * n + i];
+}
+
+__kernel void difference(__global const float *restrict src, const int a, const int b,
+                         __global float *restrict dst, const int o, const long n)
+{
+    const long i = get_global_id(0);
+    if (i >= n) return;
+    dst[o * n + i] = src[a * n + i] - src[b * n + i];
 }
 
 /* One Jacobi rotation zeroing a[pq]; r is the third index. */

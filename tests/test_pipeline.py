@@ -30,6 +30,7 @@ from volconv.bank import build_bank
 from volconv.checks import spec_tolerance
 from volconv.config import dump_toml
 from volconv.engine import frame_bytes
+from volconv.features import build_features, expand
 from volconv.tensor import TENSOR_ENGINE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +142,21 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
     assert "of peak" in out and "kernel" in out
     cfg = tomllib.loads(pipeline.read_text())
     boundary = cfg["bank"].get("boundary", "reflect")
+    bank = cfg["bank"]
+    if "feature" in bank or "preset" in bank:  # test_features checks the features' values
+        feats = build_features(
+            bank.get("feature"),
+            size=bank.get("size", 7),
+            preset=bank.get("preset"),
+            scales=bank.get("scales"),
+        )
+        filters = build_bank(bank["filter"], bank.get("size", 7)) if "filter" in bank else []
+        with h5py.File(tmp_path / "out" / "scan.h5") as f:
+            names = [n.decode() for n in f["filter"][()]]
+            assert names == expand(filters, feats).names
+            assert np.isfinite(f["responses"][()]).all()
+            assert [d["name"] for d in json.loads(f.attrs["features"])] == [x.name for x in feats]
+        return
     with check_output(tmp_path / "out" / "scan.h5", volume.astype(np.float64), boundary) as f:
         names = [n.decode() for n in f["filter"][()]]
         assert len(names) == len(f["kernels"]) == len(set(names))

@@ -136,7 +136,7 @@ def _show(v: object) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     if isinstance(v, list | tuple):
-        if len(set(map(float, v))) == 1:
+        if len(v) == 3 and len(set(map(float, v))) == 1:  # one per axis, all equal
             return _show(float(v[0]))
         return "[" + ", ".join(_show(float(x)) for x in v) + "]"
     return json.dumps(v)
@@ -305,19 +305,6 @@ def _padded(a: np.ndarray, n: int) -> np.ndarray:
     return np.pad(a, pad)
 
 
-def _difference(name: str, first: Filter, second: Filter) -> Filter:
-    """``first - second`` as one filter (each a single separable term), factors padded."""
-    (t1,), (t2,) = first.factors, second.factors
-    ext = [max(a, b) for a, b in zip(t1.extent, t2.extent, strict=True)]
-    terms = tuple(
-        term(c * t.coef, *(_padded(a, n) for a, n in zip(t.axes, ext, strict=True)))
-        for c, t in ((1.0, t1), (-1.0, t2))
-    )
-    kernel = np.array(terms[0].array() + terms[1].array(), np.float64, order="C")
-    kernel.flags.writeable = False
-    return Filter(name, "dog", kernel, terms)
-
-
 def ilastik_features(scales: Sequence[float]) -> list[Feature]:
     """ilastik's six pixel-classification features at each of ``scales``, in ilastik's
     channel order and with its names ("Gaussian Smoothing (<sigma>=0.7)", "Hessian of
@@ -348,10 +335,11 @@ def ilastik_features(scales: Sequence[float]) -> list[Feature]:
                 grads = tuple(g(f"d{a}", AXES[a]) for a in range(3))
                 features.append(Feature(name, "gradient_magnitude", params, grads))
             elif fid == "DifferenceOfGaussians":
+                # the difference of the two responses: as one filter the two Gaussians of
+                # close sigmas would cancel too much for float32 passes at large scales
                 second = g("g2", sigma=(ILASTIK_DOG * inner,) * 3)
-                dog = _difference(f"{name}.dog", g("g1"), second)
                 params["sigma2"] = ILASTIK_DOG * inner
-                features.append(Feature(name, "linear", params, (dog,)))
+                features.append(Feature(name, "difference", params, (g("g"), second)))
             else:
                 names = tuple(f"{name} [{i}]" for i in range(3))
                 if fid == "StructureTensorEigenvalues":
@@ -600,7 +588,8 @@ def expand(filters: Sequence[Filter], features: Sequence[Feature]) -> Expanded:
                 all_filters.append(f)
             idx.append(index[k])
         separable.update(idx)
-        kernel = {"hessian_eigenvalues": "eigen3", "linear": "pick"}.get(feat.type, "magnitude")
+        kinds = {"hessian_eigenvalues": "eigen3", "linear": "pick", "difference": "difference"}
+        kernel = kinds.get(feat.type, "magnitude")
         device.append(DeviceFeature(kernel, tuple(idx), at))
     if not all_filters and tensors:  # the convolver runs at least one filter: a cheap one
         all_filters.append(tensors[0][0].inputs[0])
@@ -617,7 +606,8 @@ class FeatureKernels:
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue) -> None:
         self.ctx, self.queue = ctx, queue
         prog = build(ctx, "features.cl", ())
-        self._k = {name: cl.Kernel(prog, name) for name in ("magnitude", "eigen3", "pick")}
+        names = ("magnitude", "eigen3", "pick", "difference")
+        self._k = {name: cl.Kernel(prog, name) for name in names}
 
     def launch(
         self, kernel: str, src: cl.Buffer, slots: Sequence[int], dst: cl.Buffer, o: int, n: int
@@ -631,6 +621,8 @@ class FeatureKernels:
             k.set_args(src, i32(slots[0]), i32(slots[1]), i32(c), dst, i32(o), np.int64(n))
         elif kernel == "pick":
             k.set_args(src, i32(slots[0]), dst, i32(o), np.int64(n))
+        elif kernel == "difference":
+            k.set_args(src, i32(slots[0]), i32(slots[1]), dst, i32(o), np.int64(n))
         else:
             k.set_args(src, *map(i32, slots), dst, i32(o), np.int64(n))
         return cl.enqueue_nd_range_kernel(self.queue, k, (n,), None)
@@ -655,6 +647,9 @@ def host_feature(kernel: str, planes: Sequence[np.ndarray]) -> list[np.ndarray]:
     p = [np.asarray(x, np.float64) for x in planes]
     if kernel == "pick":
         return p
+    if kernel == "difference":
+        with np.errstate(invalid="ignore"):
+            return [p[0] - p[1]]
     if kernel == "magnitude":
         with np.errstate(over="ignore", invalid="ignore"):
             return [np.sqrt(sum(x * x for x in p))]
