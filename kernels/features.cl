@@ -13,12 +13,19 @@
  * difference: a - b (a difference of Gaussians as two responses).
  *
  * eigen3: the eigenvalues of the symmetric 3x3 matrix of six planes (00, 11, 22, 01, 02, 12),
- * in descending order, by cyclic Jacobi rotations in float32 on the matrix scaled by a power
- * of two. Jacobi's rotations are backward stable: each eigenvalue is within a few float32
- * rounding errors of ||A||_F of the exact one, also where eigenvalues coincide or nearly do
- * (flat regions, balls, tubes), where the trigonometric closed form in float32 loses
- * sqrt(eps). A matrix with a non-finite entry has NaN eigenvalues.
+ * in descending order. Where the device has doubles (cl_khr_fp64; PoCL and NVIDIA have), by
+ * the shifted trigonometric closed form in float64: near coincident eigenvalues it loses
+ * sqrt(eps) of float64, 1.5e-8 of ||A||, far below float32's own tolerance. Elsewhere (or
+ * built with -DJACOBI) by cyclic Jacobi rotations in float32 on the matrix scaled by a power
+ * of two, which are backward stable: each eigenvalue within a few float32 roundings of
+ * ||A||_F. In float32 the closed form would lose sqrt(eps) = 3e-4 of ||A|| where eigenvalues
+ * coincide or nearly do (flat regions, balls, tubes). A matrix with a non-finite entry has
+ * NaN eigenvalues.
  */
+#if defined(cl_khr_fp64) && !defined(JACOBI)
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#define CLOSED_FORM 1
+#endif
 
 __kernel void magnitude(__global const float *restrict src, const int a, const int b,
                         const int c, /* c < 0: two components */
@@ -83,6 +90,25 @@ __kernel void eigen3(__global const float *restrict src, const int i00, const in
     } else if (m == 0.0f) {
         l0 = l1 = l2 = 0.0f;
     } else {
+#ifdef CLOSED_FORM
+        const double mean = ((double)a00 + a11 + a22) / 3.0;
+        const double b00 = a00 - mean, b11 = a11 - mean, b22 = a22 - mean;
+        const double d01 = a01, d02 = a02, d12 = a12;
+        const double p2 = (b00 * b00 + b11 * b11 + b22 * b22 +
+                           2.0 * (d01 * d01 + d02 * d02 + d12 * d12)) / 6.0;
+        if (p2 == 0.0) {
+            l0 = l1 = l2 = (float)mean;
+        } else {
+            const double p = sqrt(p2);
+            const double det = b00 * (b11 * b22 - d12 * d12) - d01 * (d01 * b22 - d12 * d02) +
+                               d02 * (d01 * d12 - b11 * d02);
+            const double r = fmin(1.0, fmax(-1.0, det / (2.0 * p2 * p)));
+            const double phi = acos(r) / 3.0;
+            const double e0 = mean + 2.0 * p * cos(phi);
+            const double e2 = mean + 2.0 * p * cos(phi + 2.0943951023931957);
+            l0 = (float)e0, l2 = (float)e2, l1 = (float)(3.0 * mean - e0 - e2);
+        }
+#else
         /* scale by a power of two (exact): no overflow in the rotations */
         const int e = ilogb(m);
         a00 = ldexp(a00, -e), a11 = ldexp(a11, -e), a22 = ldexp(a22, -e);
@@ -91,12 +117,15 @@ __kernel void eigen3(__global const float *restrict src, const int i00, const in
                           2.0f * (a01 * a01 + a02 * a02 + a12 * a12);
         for (int sweep = 0; sweep < 12; ++sweep) {
             const float off = a01 * a01 + a02 * a02 + a12 * a12;
-            if (off <= 1e-18f * fro) break; /* what is left moves no eigenvalue by 1e-9 */
+            /* what is left moves no eigenvalue by more than 1.5e-7 ||A||_F (Weyl): about the
+             * rotations' own rounding, which keeps the off-diagonal from going lower */
+            if (off <= 1e-14f * fro) break;
             ROTATE(a00, a11, a01, a02, a12) /* (0, 1); r = 2 */
             ROTATE(a00, a22, a02, a01, a12) /* (0, 2); r = 1 */
             ROTATE(a11, a22, a12, a01, a02) /* (1, 2); r = 0 */
         }
         l0 = ldexp(a00, e), l1 = ldexp(a11, e), l2 = ldexp(a22, e);
+#endif
         float t;
         if (l0 < l1) t = l0, l0 = l1, l1 = t;
         if (l1 < l2) t = l1, l1 = l2, l2 = t;

@@ -117,7 +117,8 @@ def test_hessian_eigenvalues_and_gradient_magnitude(device, mode):
                                                 truncate=3.0), atol=1e-9)  # fmt: skip
 
 
-def test_eigenvalues_where_they_coincide(device):
+@pytest.mark.parametrize("jacobi", [False, True])
+def test_eigenvalues_where_they_coincide(device, jacobi):
     """Matrices with repeated and nearly repeated eigenvalues, of every scale: within a few
     float32 roundings of ||A||_F, where a float32 closed form loses sqrt(eps)."""
     rng = np.random.default_rng(3)
@@ -131,21 +132,22 @@ def test_eigenvalues_where_they_coincide(device):
     a = np.einsum("nij,nj,nkj->nik", q, lam, q)
     entries = np.stack([a[:, i, j] for i, j in PAIRS]).astype(np.float32)
     ctx, queue = context_for(device)
-    values, _ = FeatureKernels(ctx, queue).eigen(entries)
+    values, _ = FeatureKernels(ctx, queue, jacobi).eigen(entries)
     ref = eig_ref(list(entries.astype(np.float64)))
     fro = np.sqrt((entries.astype(np.float64) ** 2).sum(0) + (entries[3:] ** 2).sum(0))
     err = np.abs(values - ref) / fro
     assert err.max() <= 1e-6, err.max()
 
 
-def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device):
+@pytest.mark.parametrize("jacobi", [False, True])
+def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, jacobi):
     entries = np.zeros((6, 5), np.float32)
     entries[:3, 1] = 2.0  # 2 I
     entries[0, 2] = np.nan
     entries[4, 3] = np.inf
     entries[:, 4] = [1e-40, 0, 0, 0, 0, 0]  # subnormal
     ctx, queue = context_for(device)
-    values, _ = FeatureKernels(ctx, queue).eigen(entries)
+    values, _ = FeatureKernels(ctx, queue, jacobi).eigen(entries)
     np.testing.assert_array_equal(values[:, 0], 0)
     np.testing.assert_array_equal(values[:, 1], 2)
     assert np.isnan(values[:, 2:4]).all()

@@ -603,9 +603,11 @@ def expand(filters: Sequence[Filter], features: Sequence[Feature]) -> Expanded:
 class FeatureKernels:
     """kernels/features.cl on one context: `launch` runs features over a slab's responses."""
 
-    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue) -> None:
+    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, jacobi: bool = False) -> None:
+        """``jacobi``: eigenvalues by float32 Jacobi rotations also where the device has
+        doubles (its default there: the closed form in float64)."""
         self.ctx, self.queue = ctx, queue
-        prog = build(ctx, "features.cl", ())
+        prog = build(ctx, "features.cl", (("JACOBI", 1),) if jacobi else ())
         names = ("magnitude", "eigen3", "pick", "difference")
         self._k = {name: cl.Kernel(prog, name) for name in names}
 
