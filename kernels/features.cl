@@ -5,9 +5,10 @@
  * feature over the voxels of the slab, reading the planes of its inputs and writing its
  * outputs into a second buffer of planes (plane o at o * n).
  *
- * magnitude: sqrt(a^2 + b^2 [+ c^2]) (gradient magnitude, Gabor energy) through hypot, which
- * neither overflows nor underflows; NaN wherever a component is NaN (as the float64
- * definition sqrt(sum of squares) gives it, where C's hypot would give Inf beside an Inf).
+ * magnitude: sqrt(a^2 + b^2 [+ c^2]) (gradient magnitude, Gabor energy) in float64 where the
+ * device has doubles, else through hypot, which neither overflows nor underflows; NaN
+ * wherever a component is NaN (as the float64 definition sqrt(sum of squares) gives it, where
+ * C's hypot would give Inf beside an Inf).
  *
  * pick: a response as it is (a linear feature of a preset, stored in the preset's order);
  * difference: a - b (a difference of Gaussians as two responses).
@@ -22,9 +23,11 @@
  * coincide or nearly do (flat regions, balls, tubes). A matrix with a non-finite entry has
  * NaN eigenvalues.
  */
+
+/* doubles where the device has them (the eigenvalues' closed form, magnitudes) */
 #if defined(cl_khr_fp64) && !defined(JACOBI)
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
-#define CLOSED_FORM 1
+#define USE_DOUBLE 1
 #endif
 
 __kernel void magnitude(__global const float *restrict src, const int a, const int b,
@@ -35,7 +38,11 @@ __kernel void magnitude(__global const float *restrict src, const int a, const i
     if (i >= n) return;
     const float x = src[a * n + i], y = src[b * n + i];
     const float z = c < 0 ? 0.0f : src[c * n + i];
+#ifdef USE_DOUBLE /* doubles: no overflow, one rounding */
+    float r = (float)sqrt((double)x * x + (double)y * y + (double)z * z);
+#else
     float r = c < 0 ? hypot(x, y) : hypot(hypot(x, y), z);
+#endif
     if (isnan(x) || isnan(y) || isnan(z)) r = NAN;
     dst[o * n + i] = r;
 }
@@ -90,7 +97,7 @@ __kernel void eigen3(__global const float *restrict src, const int i00, const in
     } else if (m == 0.0f) {
         l0 = l1 = l2 = 0.0f;
     } else {
-#ifdef CLOSED_FORM
+#ifdef USE_DOUBLE
         const double mean = ((double)a00 + a11 + a22) / 3.0;
         const double b00 = a00 - mean, b11 = a11 - mean, b22 = a22 - mean;
         const double d01 = a01, d02 = a02, d12 = a12;

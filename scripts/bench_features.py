@@ -43,7 +43,7 @@ import scipy.ndimage as ndi
 from volconv.bench import device_record
 from volconv.device import select_device
 from volconv.features import PAIRS, build_features, eigenvalues, expand
-from volconv.separable import SeparableConvolver
+from volconv.separable import SeparableConvolver, make_separable_plan, plan_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 AXES = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
@@ -92,10 +92,15 @@ def volume_of(size: int) -> np.ndarray:
 
 
 def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
+    """One feature set as `volconv run` runs it: its plan's slab depth (streamed)."""
     ex = expand([], feats)
     t0 = time.perf_counter()
+    choices = plan_paths(ex.filters, device, separable=ex.separable)
+    plan = make_separable_plan(ex.filters, volume.shape, volume.dtype, mode, 0.0, device,
+                               choices=choices, stream=True, **ex.plan_sizes())  # fmt: skip
     conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, 0.0, device=device,
-                              expanded=ex)  # fmt: skip
+                              expanded=ex, choices=choices,
+                              slab_depth=plan.slab_depth)  # fmt: skip
     build = time.perf_counter() - t0
     pinned = conv.pinned_slab()
 

@@ -571,8 +571,8 @@ def make_separable_plan(
                 f"memory_budget: {budget} bytes hold no slab of a {shape} volume "
                 f"(one output row needs {per_row} bytes)"
             )
-        if stream:
-            slab_depth = min(slab_depth, streaming_depth(shape[0]))
+        if stream:  # at least the halo deep: wide filters would redo it more than once
+            slab_depth = min(slab_depth, max(streaming_depth(shape[0]), lo[0] + hi[0]))
     return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
 
 
