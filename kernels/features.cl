@@ -13,6 +13,10 @@
  * pick: a response as it is (a linear feature of a preset, stored in the preset's order);
  * difference: a - b (a difference of Gaussians as two responses).
  *
+ * product_pad: a structure tensor's product g_p * g_q of two gradient planes, gathered into
+ * the padded slab its outer smoothing reads, through the index maps of pad.cl (the product
+ * field extended by the bank's mode; -1: cval).
+ *
  * eigen3: the eigenvalues of the symmetric 3x3 matrix of six planes (00, 11, 22, 01, 02, 12),
  * in descending order. Where the device has doubles (cl_khr_fp64; PoCL and NVIDIA have), by
  * the shifted trigonometric closed form in float64: near coincident eigenvalues it loses
@@ -61,6 +65,26 @@ __kernel void difference(__global const float *restrict src, const int a, const 
     const long i = get_global_id(0);
     if (i >= n) return;
     dst[o * n + i] = src[a * n + i] - src[b * n + i];
+}
+
+__kernel void product_pad(__global const float *restrict g, /* 3 planes of NR x NY x NZ */
+                          const int p, const int q, const int NR,
+                          __global float *restrict dst, /* (P0, P1, P2) */
+                          __global const int *restrict m0, /* P0: a row of g, or -1 */
+                          __global const int *restrict m1, __global const int *restrict m2,
+                          const int P0, const int P1, const int P2, const int NY, const int NZ,
+                          const float cval)
+{
+    const int p2 = (int)get_global_id(0), p1 = (int)get_global_id(1), p0 = (int)get_global_id(2);
+    if (p2 >= P2 || p1 >= P1 || p0 >= P0) return;
+    const int i0 = m0[p0], i1 = m1[p1], i2 = m2[p2];
+    const long at = ((long)p0 * P1 + p1) * P2 + p2;
+    if (i0 < 0 || i1 < 0 || i2 < 0) {
+        dst[at] = cval;
+    } else {
+        const long plane = (long)NR * NY * NZ, v = ((long)i0 * NY + i1) * NZ + i2;
+        dst[at] = g[p * plane + v] * g[q * plane + v];
+    }
 }
 
 /* One Jacobi rotation zeroing a[pq]; r is the third index. */

@@ -608,7 +608,7 @@ class FeatureKernels:
         doubles (its default there: the closed form in float64)."""
         self.ctx, self.queue = ctx, queue
         prog = build(ctx, "features.cl", (("JACOBI", 1),) if jacobi else ())
-        names = ("magnitude", "eigen3", "pick", "difference")
+        names = ("magnitude", "eigen3", "pick", "difference", "product_pad")
         self._k = {name: cl.Kernel(prog, name) for name in names}
 
     def launch(
@@ -683,10 +683,13 @@ class StructureTensorStage:
     The outer smoothing reads the product field g_a * g_b over the slab widened by rho's
     radius, extended by the bank's mode at the volume's borders (scipy's ``gaussian_filter``
     of the products), so the gradients are computed over the product rows that smoothing
-    reads (`volconv.boundary.extend_indices`), in chunks of at most the slab's depth; the six
-    products are formed on the host and smoothed on the device by a convolver that takes them
-    as a float32 volume's rows (mode and cval applied there, by pad.cl); kernels/features.cl
-    gives the eigenvalues.
+    reads (`volconv.boundary.extend_indices`), in chunks of at most the slab's depth, and kept
+    on the device; each product is gathered into the outer smoothing's padded slab through
+    pad.cl's index maps (kernels/features.cl's product_pad: mode and cval applied to the
+    product field), smoothed by the outer convolver's passes, and the six entries give the
+    eigenvalues (eigen3); only those are downloaded. A slab whose source holds NaN or Inf
+    goes through the host (`_compute_host`): the gradients set as scipy sets them, the
+    products smoothed as a float32 volume's rows.
     """
 
     def __init__(
@@ -716,6 +719,10 @@ class StructureTensorStage:
         )  # fmt: skip
         self.depth = slab_depth
         self.seconds = 0.0
+        if self.outer.plan.pad_dtype != np.float32:
+            raise ValueError("structure tensor: the outer smoothing pads float32")
+        self._g: cl.Buffer | None = None  # the gradients over the product rows
+        self._entries: cl.Buffer | None = None  # S's six planes, then the eigenvalues
 
     def product_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted rows of the product field the outer smoothing of ``[a, b)`` reads."""
@@ -742,6 +749,65 @@ class StructureTensorStage:
         """The three eigenvalue volumes (3, b - a, ny, nz) float32 of output rows ``[a, b)``,
         from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its
         whole ``frame``."""
+        from volconv.nonfinite import has_nonfinite
+
+        if rows is not None and has_nonfinite(rows):
+            return self._compute_host(a, b, rows, needed, frame)
+        from volconv.programs import device_seconds
+
+        grad, outer, queue = self.grad, self.outer, self.grad.queue
+        ctx = grad.ctx
+        mf = cl.mem_flags
+        ny, nz = self.shape[1:]
+        prows = self.product_rows(a, b)
+        nr, depth = len(prows), b - a
+        if self._g is None or self._g.size < 3 * nr * ny * nz * 4:
+            self._g = cl.Buffer(ctx, mf.READ_WRITE, 3 * nr * ny * nz * 4)
+        if self._entries is None or self._entries.size < 9 * depth * ny * nz * 4:
+            self._entries = cl.Buffer(ctx, mf.READ_WRITE, 9 * self.depth * ny * nz * 4)
+        events: list[cl.Event] = []
+        at = 0
+        for c0, c1 in self._chunks(a, b):  # the gradients, each chunk copied beside the others
+            if rows is None:
+                up, pad = grad.padder(c0, c1, grad._padded, frame=frame)
+            else:
+                own = rows[np.searchsorted(needed, grad.source_rows(c0, c1))]
+                up, pad = grad.padder(c0, c1, grad._padded, rows=own)
+            events += [*up, pad, *grad._launch_passes(c1 - c0)]
+            plane = (c1 - c0) * ny * nz * 4
+            for s in range(3):
+                slot = grad._slots.index(s)
+                events.append(cl.enqueue_copy(queue, self._g, grad._out, byte_count=plane,
+                                              src_offset=slot * plane,
+                                              dst_offset=(s * nr + at) * ny * nz * 4))  # fmt: skip
+            at += c1 - c0
+        m0 = outer.padder.row_map(a, b)
+        local = np.where(m0 >= 0, np.searchsorted(prows, m0), -1).astype(np.int32)
+        m0_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=local)
+        p1, p2 = outer.plan.padded_yz
+        i32 = np.int32
+        k = self.kernels._k["product_pad"]
+        n = depth * ny * nz
+        for i, (p, q) in enumerate(PAIRS):
+            k.set_args(self._g, i32(p), i32(q), i32(nr), outer._padded, m0_buf,
+                       outer.padder._m1, outer.padder._m2, i32(len(local)), i32(p1), i32(p2),
+                       i32(ny), i32(nz), np.float32(outer.plan.cval))  # fmt: skip
+            events.append(cl.enqueue_nd_range_kernel(queue, k, (p2, p1, len(local)), None))
+            events += outer._launch_passes(depth)
+            events.append(cl.enqueue_copy(queue, self._entries, outer._out, byte_count=n * 4,
+                                          dst_offset=i * n * 4))  # fmt: skip
+        events.append(self.kernels.launch("eigen3", self._entries, range(6), self._entries, 6, n))
+        values = np.empty((3, depth, ny, nz), np.float32)
+        cl.enqueue_copy(queue, values, self._entries, src_offset=6 * n * 4, wait_for=events[-1:])
+        cl.wait_for_events(events)
+        self.seconds += device_seconds(events)
+        return values
+
+    def _compute_host(
+        self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
+        frame: np.ndarray | None,
+    ) -> np.ndarray:  # fmt: skip
+        """`compute` through the host: for slabs whose source holds NaN or Inf."""
         ny, nz = self.shape[1:]
         prows = self.product_rows(a, b)
         g = np.empty((3, len(prows), ny, nz), np.float32)
