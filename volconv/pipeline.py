@@ -327,8 +327,9 @@ def tensor_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
     """The memory the structure tensors (`volconv.features.StructureTensorStage`) take at
     slab depth ``depth``, as ``(host, device)``: on the host the gradients over the product
     rows, a product in float64 and one in float32, the six entries and the eigenvalues of a
-    slab; on the device the gradients' and the second smoothing's convolvers (a float32
-    source: with their non-finite overrides) and the eigenvalue buffers."""
+    slab (a slab holding NaN or Inf goes through the host); on the device the gradients'
+    and the second smoothing's convolvers, the gradients over the product rows, S's entries
+    and the eigenvalues."""
     n0, ny, nz = job.shape3
     host = device_total = 0
     for feat, _ in job.expanded.tensors:
@@ -342,7 +343,7 @@ def tensor_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
                 fused=False,
             )  # fmt: skip
             device_total += plan.device_bytes
-        device_total += 9 * depth * ny * nz * 4
+        device_total += (9 * depth + 3 * rows) * ny * nz * 4  # S and eigenvalues; gradients
         host += 2 * min(n0, rows + feat.inputs[0].kernel.shape[0]) * ny * nz * 4  # overrides
     return host, device_total
 
