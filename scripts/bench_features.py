@@ -24,7 +24,15 @@ Peers on the same volume (float32, each timed once after a warm-up where it runs
     .venv/bin/python scripts/bench_features.py --mode pocl --size 128 \\
         --json benchmarks/results/pocl-features.json
     # on the GPU node (source scripts/gpu_env.sh first):
-    python3 scripts/bench_features.py --mode gpu --size 256 --json $OUT/bench_features.json
+    python3 scripts/bench_features.py --mode gpu --size 256 --json $OUT/bench_features.json \
+        --save-volume /tmp/scan256.npy
+    # end to end, the ilastik preset against the raw-response bank (bytes written, wall):
+    python3 -m volconv run pipelines/ilastik_preset.toml \
+        --set 'input.paths=["/tmp/scan256.npy"]' --set 'output.path=/tmp/e2e/preset/{stem}.h5' \
+        --report $OUT/e2e_ilastik_preset.json
+    python3 -m volconv run pipelines/ilastik_features.toml \
+        --set 'input.paths=["/tmp/scan256.npy"]' --set 'output.path=/tmp/e2e/raw/{stem}.h5' \
+        --report $OUT/e2e_ilastik_raw.json
 """
 
 from __future__ import annotations
@@ -260,9 +268,17 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated feature sets (default: all)")
     p.add_argument("--device", default=None, help="volconv's device (default: cpu / gpu)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--save-volume",
+        type=Path,
+        default=None,
+        help="also save the volume as .npy (for volconv run end to end)",
+    )
     args = p.parse_args()
     device = select_device(args.device or ("cpu" if args.mode == "pocl" else "gpu"))
     volume = volume_of(args.size)
+    if args.save_volume:
+        np.save(args.save_volume, volume)
     sets = feature_sets()
     if args.only:
         sets = {k: v for k, v in sets.items() if k in args.only.split(",")}
