@@ -364,6 +364,20 @@ def test_presets_are_validated():
     assert max(f.inputs[0].kernel.shape[0] for f in feats) > 31
 
 
+def test_more_filters_than_the_direct_kernel_holds(device):
+    """ilastik's preset at its seven default scales reads 84 filters (the direct kernel holds
+    64): the passes take them, each output as it would be in a smaller bank."""
+    feats = build_features(None, preset="ilastik")
+    ex = expand([], feats)
+    assert len(ex.filters) == 84 and len(ex.outputs) == 70
+    volume = scene((6, 7, 5), seed=9)
+    out = run(volume, [], feats, "wrap", 0.0, device)
+    small = [f for f in feats if f.params["scale"] == 0.7]
+    alone = run(volume, [], small, "wrap", 0.0, device)
+    at = [i for i, n in enumerate(ex.names) if "=0.7)" in n]
+    np.testing.assert_allclose(out[at], alone, rtol=0, atol=1e-5 * float(np.abs(alone).max()))
+
+
 def test_the_skimage_preset_channel_for_channel(device):
     """skimage.feature.multiscale_basic_features with its defaults: 30 channels, sigma up to
     16 (129-tap Gaussians, overhangs longer than every axis); equal to its definition (scipy

@@ -41,7 +41,7 @@ from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, ope
 from volconv.nonfinite import APPLY_BYTES, OverridePlan
 from volconv.outputs import Output
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
-from volconv.plan import MAX_EXTENT, MAX_FILTERS, make_plan
+from volconv.plan import MAX_EXTENT, MAX_FILTERS, MAX_SEPARABLE_FILTERS, make_plan
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
 from volconv.resume import Progress, fingerprint
 from volconv.separable import (
@@ -469,11 +469,11 @@ def _bank_for(
                 f"{MAX_FILTERS} (a gabor entry makes two): split the bank into two pipelines"
             )
         expanded = expand(filters, cfg.features)
-        if len(expanded.filters) > MAX_FILTERS:
+        if len(expanded.filters) > MAX_SEPARABLE_FILTERS:
             raise PipelineError(
                 f"{cfg.source}: bank.feature: the bank and the filters its features read make "
-                f"{len(expanded.filters)} filters; one run takes at most {MAX_FILTERS}: split "
-                "the features into two pipelines"
+                f"{len(expanded.filters)} filters; one run takes at most "
+                f"{MAX_SEPARABLE_FILTERS}: split the features into two pipelines"
             )
         banks[voxel] = filters, expanded.stored_kernels()[0], expanded
     return banks[voxel]

@@ -68,8 +68,8 @@ from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import (
     CL_TYPES,
     MAX_EXTENT,
-    MAX_FILTERS,
     MAX_SEPARABLE_EXTENT,
+    MAX_SEPARABLE_FILTERS,
     make_plan,
     pad_dtype_for,
     streaming_depth,
@@ -184,8 +184,8 @@ def _entries(filters: object) -> list[tuple[np.ndarray, tuple[Term, ...] | None]
         items = list(filters) if filters.ndim == 4 else [filters]
     else:
         items = list(filters)
-    if not 1 <= len(items) <= MAX_FILTERS:
-        raise ValueError(f"filters: N must be 1..{MAX_FILTERS}; got {len(items)}")
+    if not 1 <= len(items) <= MAX_SEPARABLE_FILTERS:
+        raise ValueError(f"filters: N must be 1..{MAX_SEPARABLE_FILTERS}; got {len(items)}")
     out = []
     for i, item in enumerate(items):
         terms = item.factors if isinstance(item, Filter) else None
