@@ -21,7 +21,9 @@ separable path, so the responses are in one device buffer, and kernels/features.
 the features there (`FeatureKernels`) before the download. The structure tensor smooths the
 products of gradients a second time, with the mode applied to the product field:
 `StructureTensorStage` computes the gradients over the rows the second smoothing reads, forms
-the products and filters them with the bank's mode and cval (through the host; exact).
+the products in that smoothing's padded slab and filters them with the bank's mode and cval,
+on the device. The presets (`ilastik_features`, `skimage_features`) are features whose
+filters are chains of Gaussians and differences, each one separable filter.
 """
 
 from __future__ import annotations
