@@ -1,4 +1,4 @@
-/* float32 responses into the stored types on the device, bit for bit as volconv/convert.py's
+/* float32 responses into the stored types on the device, bit for bit as volconv/engines/convert.py's
  * `encode` makes them on the host with numpy, so that only the stored bytes are downloaded.
  *
  * to_float16: finite values saturate at +-65504, then round to nearest even (numpy's
@@ -13,7 +13,7 @@
  *   each work-group adds them in local memory and once into counts, so a badly chosen scale
  *   (half the voxels clipped) costs no contention on two addresses.
  */
-#define GROUP 256    /* work-items a group of to_uint8 (volconv/convert.py's GROUP) */
+#define GROUP 256    /* work-items a group of to_uint8 (volconv/engines/convert.py's GROUP) */
 #define PER_ITEM 16  /* values each work-item of to_uint8 converts */
 
 ushort half_bits(const float v)

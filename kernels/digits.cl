@@ -1,5 +1,5 @@
 /* 8-bit digits of a padded slab, for an engine that holds 8-bit inputs exactly (the tensor
- * cores), and the sum of the digits' responses (volconv/tensor.py, DigitConvolver).
+ * cores), and the sum of the digits' responses (volconv/engines/tensor.py, DigitConvolver).
  *
  * A slab of 16-bit integers is exactly x = 256 hi + lo. A float slab is first a fixed-point
  * number q = rint(x / 2^s) of DIGITS x 8 bits, with one power of two 2^s per slab chosen from

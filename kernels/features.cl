@@ -1,7 +1,7 @@
 /* Derived features from the responses of a slab, on the device, before the download.
  *
- * volconv/separable.py leaves the separable responses of a slab in one buffer, plane after
- * plane (slot s at s * n, n = depth * ny * nz); volconv/features.py launches one kernel per
+ * volconv/engines/separable.py leaves the separable responses of a slab in one buffer, plane after
+ * plane (slot s at s * n, n = depth * ny * nz); volconv/bank/features.py launches one kernel per
  * feature over the voxels of the slab, reading the planes of its inputs and writing its
  * outputs into a second buffer of planes (plane o at o * n).
  *

@@ -2,7 +2,7 @@
  * memory, the padded slab is read once (plus each chunk's halo along axis 0) and each response
  * is written once.
  *
- * volconv/separable.py gives the tree as tables: N_ROOTS distinct axis-2 factors (wz), N_MIDS
+ * volconv/engines/separable.py gives the tree as tables: N_ROOTS distinct axis-2 factors (wz), N_MIDS
  * distinct (axis-2, axis-1) pairs (wy; MID_ROOT their root) and N_COMBOS distinct (response,
  * mid) pairs (wx; COMBO_MID their mid, COMBO_OUT their response), whose axis-0 taps are the sum
  * over the response's terms through that mid of coef * factor. The taps come as build options

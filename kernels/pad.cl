@@ -2,7 +2,7 @@
  * the filtering kernels read, converting the element type once here rather than in the hot
  * loop.
  *
- * Each axis has an index map computed by the host (volconv/boundary.py) with scipy.ndimage's
+ * Each axis has an index map computed by the host (volconv/engines/boundary.py) with scipy.ndimage's
  * rules for reflect, mirror, nearest and wrap; an entry of -1 means "outside: use cval"
  * (constant mode, and the alignment tail that no stored output reads). The source rows are
  * addressed through strides, so they may sit in the file's own layout (an x-fastest NIfTI

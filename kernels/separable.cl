@@ -1,6 +1,6 @@
 /* Separable passes: valid 1D correlations along one axis of a slab padded by pad.cl.
  *
- * volconv/separable.py runs, for each distinct axis-2 factor, `pass_fast` over the padded slab
+ * volconv/engines/separable.py runs, for each distinct axis-2 factor, `pass_fast` over the padded slab
  * (P0, P1, P2) into A (P0, P1, R); for each distinct (axis-2, axis-1) pair `pass_mid` over A
  * into B (P0, NY, R); for each distinct term `pass_out` over B, adding coef * term into every
  * response that holds it. The host flips the factors (convolution = correlation with the

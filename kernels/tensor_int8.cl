@@ -31,7 +31,7 @@
  * and reads its rows once per plane; its outputs go through a small stage in local memory,
  * to be written in 16-byte stores.
  *
- * Build options (-D), all compile-time invariants (volconv/tensor.py derives them):
+ * Build options (-D), all compile-time invariants (volconv/engines/tensor.py derives them):
  *   KX, KY, KZ   filter extents
  *   IN_T         padded slab type: uchar or char (then IN_SIGNED)
  *   NSEG         items per input row (1, or even)
@@ -57,7 +57,7 @@
  *                columns (filter dx = p for x, p - 1 for x + 1, ...: adjacent tiles in local
  *                memory): 1 / XO of the A loads per MMA, XO times the accumulators per row
  *   WGMMA_COMMENT  optional: the wgmma lines as PTX comments "//@ ..." (NVIDIA's OpenCL
- *                compiles for sm_90, which refuses them: volconv/tensor.py uncomments them
+ *                compiles for sm_90, which refuses them: volconv/engines/tensor.py uncomments them
  *                in the PTX and builds that for sm_90a)
  */
 

@@ -99,8 +99,8 @@ def forge(cache: Path, device: str) -> dict[str, bytes]:
     """The forged entries for every pad.cl program in ``cache``/programs: name -> bytes."""
     import pyopencl as cl
 
-    from volconv.device import select_device
-    from volconv.programs import (
+    from volconv.device.devices import select_device
+    from volconv.device.programs import (
         PROGRAM_MAGIC,
         context_for,
         kernel_source,
@@ -174,8 +174,8 @@ def main() -> int:
         def peak_doc(cache: Path) -> Path:
             nonlocal peak_key
             if peak_key is None:
-                from volconv.device import select_device
-                from volconv.peak import _cache_key
+                from volconv.device.devices import select_device
+                from volconv.device.peak import _cache_key
 
                 peak_key = _cache_key(select_device(args.device))
             path = cache / "peak.json"
@@ -184,8 +184,8 @@ def main() -> int:
             return path
 
         def tune_doc(cache: Path, **knobs: object) -> Path:
-            from volconv.device import select_device
-            from volconv.plan import ENGINES, TUNE_FORMAT, kernel_hash, tune_keys
+            from volconv.device.devices import select_device
+            from volconv.plan.direct import ENGINES, TUNE_FORMAT, kernel_hash, tune_keys
 
             dev_key, bank_key = tune_keys(select_device(args.device), (3, 3, 3), 2,
                                           np.dtype(np.float32))  # fmt: skip

@@ -192,7 +192,7 @@ def forged_progress_log(d: Path) -> tuple[str, bool]:
     proc.wait()
     if log is None:
         return "the run finished before it could be killed mid-volume", False
-    from volconv.resume import _line
+    from volconv.run.resume import _line
 
     crc = f"{zlib.crc32(np.zeros((1, 32, 32), np.float16)):08x}"
     with open(log, "ab") as f:

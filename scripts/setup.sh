@@ -27,7 +27,7 @@ echo "setup: installing volconv${extras:+ with $extras} into .venv"
 .venv/bin/python -m pip install -q -e "$spec"
 
 # An OpenCL platform: register an installed but unregistered NVIDIA driver, else PoCL.
-platforms() { .venv/bin/python -c "from volconv.device import list_devices; print(len(list_devices()))"; }
+platforms() { .venv/bin/python -c "from volconv.device.devices import list_devices; print(len(list_devices()))"; }
 if [ "$(platforms)" = 0 ]; then
   vendors="${OCL_ICD_VENDORS:-/etc/OpenCL/vendors}"
   if ldconfig -p 2>/dev/null | grep -q libnvidia-opencl.so.1 && [ ! -e "$vendors/nvidia.icd" ]; then

@@ -16,7 +16,7 @@ import pytest
 import scipy.ndimage as ndi
 
 from volconv.checks import spec_tolerance
-from volconv.device import NoDeviceError, list_devices, select_device
+from volconv.device.devices import NoDeviceError, list_devices, select_device
 
 
 def _specs_under_test() -> list[str]:

@@ -11,7 +11,7 @@ import scipy.ndimage as ndi
 from conftest import assert_spec_close, reference
 from typer.testing import CliRunner
 
-from volconv.bank import (
+from volconv.bank.filters import (
     FILTER_TYPES,
     BankError,
     Filter,
@@ -21,7 +21,7 @@ from volconv.bank import (
     stack_kernels,
 )
 from volconv.cli import app
-from volconv.engine import convolve_bank
+from volconv.engines.direct import convolve_bank
 
 RNG = np.random.default_rng(3)
 VOLUME = (RNG.standard_normal((12, 13, 14)) * 20).astype(np.float32)

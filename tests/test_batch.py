@@ -23,15 +23,15 @@ import pytest
 from test_cli import assert_one_line_error, says_complete
 from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
 
-from volconv.device import device_name, select_device
-from volconv.io import split_spec
+from volconv.device.devices import device_name, select_device
+from volconv.run.inputs import split_spec
 
 distributed = pytest.importorskip("distributed")
 
 
 @pytest.fixture(autouse=True)
 def workers_start_free(monkeypatch):
-    """Workers assumed ready at once (`volconv.batch.workers_for` then always takes them, even
+    """Workers assumed ready at once (`volconv.run.batch.workers_for` then always takes them, even
     for inputs this small); the tests of the small-batch rule set their own cost."""
     monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "0")
 
@@ -349,7 +349,7 @@ def test_turns_give_the_device_to_one_input_and_writing_to_one_convolver():
     has left it (still writing); an input of another convolver waits for that writing."""
     from threading import Event, Thread
 
-    from volconv.batch import Turns
+    from volconv.run.batch import Turns
 
     turns, log = Turns(), []
     left_device, finish_first = Event(), Event()
@@ -388,7 +388,7 @@ def test_workers_for_is_never_slower_than_one_device():
     """The model's choice never ends after one device would, and takes workers where their
     start pays: two inputs of 0.1 s against a 1 s start stay in this process, 48 of 0.3 s go
     to both devices, 8 inputs of 0.09 s wait for no worker."""
-    from volconv.batch import workers_for
+    from volconv.run.batch import workers_for
 
     assert workers_for([0.1, 0.1], 2, 1.0) == 0
     assert workers_for([0.3] * 48, 2, 1.0) == 2
@@ -431,8 +431,8 @@ def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
 def test_a_worker_is_warm_before_its_first_task(tmp_path):
     """`warm_up` makes the worker's convolver for the input (programs and pinned buffers),
     and the task then runs on that very convolver, building nothing again."""
-    from volconv import batch
     from volconv.config import load
+    from volconv.run import batch
 
     np.save(tmp_path / "w.npy", random_volume((24, 16, 16), "uint8"))
     cfg = load(write_pipeline(tmp_path, FILTERS))
@@ -480,7 +480,7 @@ def test_a_scheduler_address_that_never_answers_fails_in_seconds(scan_pipeline, 
                                                                    capsys):  # fmt: skip
     import dask.config
 
-    from volconv.batch import CONNECT_SECONDS, connect_seconds
+    from volconv.run.batch import CONNECT_SECONDS, connect_seconds
 
     assert connect_seconds() == CONNECT_SECONDS  # Dask's default, 30 s, bounded by ours
     address = f"tcp://127.0.0.1:{silent_port}"
@@ -563,7 +563,7 @@ def test_workers_warming_at_once_build_in_turn(tmp_path, monkeypatch):
     lock's path is neither followed nor written."""
     import threading
 
-    from volconv.batch import _one_builder
+    from volconv.run.batch import _one_builder
 
     monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
     held, release, order = threading.Event(), threading.Event(), []

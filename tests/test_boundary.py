@@ -1,4 +1,4 @@
-"""volconv.boundary: index maps equal numpy.pad's modes (scipy.ndimage's, by their names),
+"""volconv.engines.boundary: index maps equal numpy.pad's modes (scipy.ndimage's, by their names),
 also where the overhang is longer than the axis, and scipy's centring of even extents."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import scipy.ndimage as ndi
 
-from volconv.boundary import extend_indices, halo, sources
 from volconv.checks import MODES
+from volconv.engines.boundary import extend_indices, halo, sources
 
 # scipy.ndimage's mode -> numpy.pad's name for the same extension
 NUMPY = {"reflect": "symmetric", "mirror": "reflect", "nearest": "edge", "wrap": "wrap"}

@@ -1,6 +1,7 @@
-"""The cache's trust rule (volconv.cache): program binaries, peak.json and tune.json planted by
-another user, in a folder others can write, behind a link or as a FIFO are ignored with one
-warning naming them, made again, and never loaded, never written through, never waited on."""
+"""The cache's trust rule (volconv.device.cache): program binaries, peak.json and tune.json
+planted by another user, in a folder others can write, behind a link or as a FIFO are ignored
+with one warning naming them, made again, and never loaded, never written through, never waited
+on."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import pyopencl as cl
 import pytest
 from conftest import assert_spec_close, reference
 
-from volconv import cache, peak, programs
-from volconv.cache import cache_folder, device_key, read_cached, write_cached
-from volconv.engine import convolve_bank
-from volconv.plan import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys, tuned_knobs
-from volconv.programs import PROGRAM_MAGIC, context_for, kernel_source, pack_program
+from volconv.device import cache, peak, programs
+from volconv.device.cache import cache_folder, device_key, read_cached, write_cached
+from volconv.device.programs import PROGRAM_MAGIC, context_for, kernel_source, pack_program
+from volconv.engines.direct import convolve_bank
+from volconv.plan.direct import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys, tuned_knobs
 
 PAD_LINE = "dst[at] = (DST_T)src[i0 * s0 + i1 * s1 + i2 * s2];"  # kernels/pad.cl's copy
 

@@ -25,7 +25,7 @@ from volconv import convolve_bank
 from volconv.checks import spec_tolerance
 from volconv.cli import UserError
 from volconv.config import dump_toml
-from volconv.device import select_device
+from volconv.device.devices import select_device
 
 BOX = [{"type": "box"}]
 BUILDING = "volconv: building kernels"  # a first run's one line on a cold cache
@@ -299,7 +299,7 @@ def test_interrupted_run_leaves_nothing_complete_and_resumes(tmp_path, capsys, h
     assert proc.returncode != 0
     assert "Traceback" not in err
     assert not (out / "b.h5").exists()  # nothing that looks finished
-    # the partial output stays for a rerun to resume (volconv.resume; tests/test_resume.py),
+    # the partial output stays for a rerun to resume (volconv.run.resume; tests/test_resume.py),
     # in its private folder, and its file does not say complete
     (temp,) = out.glob(".b.h5.partial-*")
     assert temp.is_dir() and not says_complete(temp / "b.h5")
@@ -677,7 +677,7 @@ def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
     # a real SIGINT, delivered while validate checks the inputs
     script = (
         "import os, signal, sys, time\n"
-        "import volconv.pipeline as p\n"
+        "import volconv.run.pipeline as p\n"
         "def slow(*args, **kwargs):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    time.sleep(30)\n"
@@ -692,7 +692,7 @@ def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
 @pytest.mark.parametrize(
     ("command", "module", "message"),
     [("validate", "volconv.config", "interrupted; validate writes nothing"),
-     ("run", "volconv.programs", "interrupted; rerun the same command to resume")],
+     ("run", "volconv.device.programs", "interrupted; rerun the same command to resume")],
 )  # fmt: skip
 def test_ctrl_c_while_a_command_imports_says_so_in_one_line(tmp_path, scan, command, module,
                                                             message):  # fmt: skip
@@ -829,8 +829,8 @@ def test_an_input_failing_mid_run_says_why_on_stderr(tmp_path, capsys):
 def test_a_mistake_found_mid_run_is_exit_1(tmp_path, capsys, monkeypatch):
     """SPEC keeps 2 for mistakes found before any work: one found after (an input's reader
     refusing it mid-run) is 1, the message kept."""
-    from volconv import pipeline as p
-    from volconv.io import InputError
+    from volconv.run import pipeline as p
+    from volconv.run.inputs import InputError
 
     np.save(tmp_path / "a.npy", random_volume((6, 5, 4), "uint8"))
     pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["a.npy"]})

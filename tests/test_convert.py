@@ -12,12 +12,12 @@ from test_pipeline import write_pipeline
 from test_writer import attrs
 
 from volconv.config import load
-from volconv.convert import CALL, DeviceEncoder, device_encodes, encode
-from volconv.engine import BankConvolver
+from volconv.device.programs import context_for
+from volconv.engines.convert import CALL, DeviceEncoder, device_encodes, encode
+from volconv.engines.direct import BankConvolver
+from volconv.engines.separable import SeparableConvolver
 from volconv.output import ResponseWriter
-from volconv.pipeline import plan_jobs, run
-from volconv.programs import context_for
-from volconv.separable import SeparableConvolver
+from volconv.run.pipeline import plan_jobs, run
 
 RNG = np.random.default_rng(2026_11_23)
 STORED = [("float16", 1.0, 0.0), ("uint8", 1.0, 0.0), ("uint8", 0.37, -12.5), ("uint8", 3.0, 1e3)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from volconv.device import (
+from volconv.device.devices import (
     Candidate,
     DeviceError,
     NoDeviceError,
@@ -21,7 +21,7 @@ from volconv.device import (
     missing_platform_help,
     select_device,
 )
-from volconv.engine import convolve_bank
+from volconv.engines.direct import convolve_bank
 
 ROOT = Path(__file__).resolve().parents[1]
 POCL_ICD = Path("/etc/OpenCL/vendors/pocl.icd")
@@ -131,7 +131,7 @@ def devices(env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
 def startup_seconds() -> float:
     """The same interpreter and imports without the device search, to subtract."""
     start = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import volconv.cli, volconv.device"], cwd=ROOT,
+    subprocess.run([sys.executable, "-c", "import volconv.cli, volconv.device.devices"], cwd=ROOT,
                    timeout=30, check=True)  # fmt: skip
     return time.monotonic() - start
 
@@ -181,7 +181,7 @@ def test_pocl_without_a_writable_cache_is_named_not_said_missing(tmp_path: Path)
 def test_no_platform_is_not_the_users_mistake(tmp_path: Path) -> None:
     """With no OpenCL at all, select_device says what to install (the CLI's exit 1)."""
     code = (
-        "from volconv.device import NoDeviceError, select_device\n"
+        "from volconv.device.devices import NoDeviceError, select_device\n"
         "try:\n    select_device('tpu9000')\n"
         "except NoDeviceError as e:\n    print(type(e).__mro__[1].__name__, e)\n"
     )

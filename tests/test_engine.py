@@ -12,7 +12,7 @@ from conftest import assert_spec_close, reference
 
 from volconv import BankConvolver, convolve_bank
 from volconv.checks import MODES
-from volconv.plan import Block, Pass, make_plan
+from volconv.plan.direct import Block, Pass, make_plan
 
 RNG = np.random.default_rng(20261122)
 

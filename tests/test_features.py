@@ -11,16 +11,16 @@ import pytest
 import scipy.ndimage as ndi
 from conftest import reference
 
-from volconv.bank import BankError, build_bank
-from volconv.checks import SPEC_ATOL, SPEC_RTOL
-from volconv.features import (
+from volconv.bank.features import (
     PAIRS,
     FeatureKernels,
     build_features,
     expand,
 )
-from volconv.programs import context_for
-from volconv.separable import SeparableConvolver, convolve_separable
+from volconv.bank.filters import BankError, build_bank
+from volconv.checks import SPEC_ATOL, SPEC_RTOL
+from volconv.device.programs import context_for
+from volconv.engines.separable import SeparableConvolver, convolve_separable
 
 MODES = ["reflect", "mirror", "nearest", "constant", "wrap"]
 AXES = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
@@ -416,7 +416,7 @@ def test_the_skimage_preset_channel_for_channel(device):
 def test_long_passes_with_overhangs_longer_than_an_axis(device, mode):
     """A 41-tap Gaussian derivative and an 81-tap Gaussian (past the direct kernel's 31) on
     axes of 6 and 9 voxels, through the separable passes, equal scipy's gaussian_filter."""
-    from volconv.features import gaussian_filter_of
+    from volconv.bank.features import gaussian_filter_of
 
     cval = -2.0 if mode == "constant" else 0.0
     filters = [gaussian_filter_of("wide", (10.0, 10.0, 10.0), (0, 0, 0), 4.0),

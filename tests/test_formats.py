@@ -243,7 +243,7 @@ def test_an_interrupted_output_resumes_inside_the_volume(tmp_path, suffix):
         pytest.importorskip("zarr")
     from concurrent.futures import Future
 
-    from volconv.resume import Progress
+    from volconv.run.resume import Progress
 
     data = random_volume((2, 24, 10, 8, 2), "float32")
     path = tmp_path / f"out{suffix}"
@@ -318,8 +318,8 @@ def test_open_writer_takes_outputs_responses_and_features(tmp_path, suffix):
     a feature's parameters are recorded with it."""
     if suffix == ".zarr":
         pytest.importorskip("zarr")
+    from volconv.bank.outputs import Output
     from volconv.output import made, open_writer
-    from volconv.outputs import Output
 
     kernel = np.arange(27, dtype=np.float64).reshape(3, 3, 3)
     feature = Output("eig_0", "hessian_eigenvalues", params={"sigma": 1.5, "index": 0})

@@ -16,10 +16,10 @@ import pytest
 from test_nonfinite import assert_nonfinite_as_scipy
 from test_pipeline import DEVICE, write_pipeline
 
-import volconv.pipeline as pipeline
+import volconv.run.pipeline as pipeline
 from volconv.config import load
-from volconv.engine import BankConvolver, Padder
-from volconv.tensor import DigitConvolver, DigitPlan, TensorShape
+from volconv.engines.direct import BankConvolver, Padder
+from volconv.engines.tensor import DigitConvolver, DigitPlan, TensorShape
 
 # The measuring script's fresh-process run: a warm-up run (every program built), then the
 # measured run with the peak-RSS mark (VmHWM) reset: what the run held, above what the

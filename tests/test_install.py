@@ -17,8 +17,8 @@ from importlib import resources
 import numpy as np
 import pyopencl as cl
 import volconv
-from volconv.device import select_device
-from volconv.programs import build, context_for
+from volconv.device.devices import select_device
+from volconv.device.programs import build, context_for
 
 assert volconv.__file__.startswith(sys.argv[1]), volconv.__file__
 device = select_device(sys.argv[2])

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from conftest import assert_spec_close, reference
 
-from volconv.engine import convolve_bank
-from volconv.io import InputError, expand_inputs, open_volume
+from volconv.engines.direct import convolve_bank
+from volconv.run.inputs import InputError, expand_inputs, open_volume
 
 SHAPE = (9, 7, 5)
 AFFINE = np.diag([1.5, 2.0, 3.0, 1.0])
@@ -494,7 +494,7 @@ def test_the_pipeline_refuses_other_files_and_mm_without_a_voxel_size(tmp_path):
     from test_pipeline import write_pipeline
 
     from volconv.config import PipelineError, load
-    from volconv.pipeline import USER_ERRORS, choose_device, plan_jobs
+    from volconv.run.pipeline import USER_ERRORS, choose_device, plan_jobs
 
     spec, other, _ = _hdf5_reading_others(tmp_path, "external-link")
     gaussian = [{"type": "gaussian", "sigma": 1.0}]

@@ -15,7 +15,13 @@ from conftest import reference
 
 from volconv import BankConvolver, convolve_bank
 from volconv.checks import MODES, spec_tolerance
-from volconv.nonfinite import TAP_EPS, NonFiniteOverride, OverridePlan, finite_part, kept_taps
+from volconv.engines.nonfinite import (
+    TAP_EPS,
+    NonFiniteOverride,
+    OverridePlan,
+    finite_part,
+    kept_taps,
+)
 
 RNG = np.random.default_rng(13)
 # (mode, cval): every mode, and constant with a cval that is not 0
@@ -248,7 +254,7 @@ def test_the_override_counts_in_sub_slabs_within_its_budget(device, mode):
 
 def test_the_override_plan_is_the_overrides():
     """Distinct supports only (a bank of Gaussians shares one), banks at most N wide: the
-    counting convolvers `volconv.pipeline` counts are those the override builds."""
+    counting convolvers `volconv.run.pipeline` counts are those the override builds."""
     gaussians = np.stack([gaussian(5, s) for s in (0.8, 1.0, 1.5, 2.0)])
     plan = OverridePlan.of(gaussians)
     assert len(plan.signed) == 1 and plan.union is None and [len(b) for b in plan.banks] == [1]

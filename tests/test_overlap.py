@@ -1,4 +1,4 @@
-"""Inputs overlapping in one run (`volconv.pipeline.run_overlapped`): input i+1 is read and
+"""Inputs overlapping in one run (`volconv.run.pipeline.run_overlapped`): input i+1 is read and
 filtered while input i is still being written, every output exact, the records in order and
 timed as the report documents; inputs of other shapes one after the other; a failing input
 fails alone and leaves no temporary; a full disk stops the run."""
@@ -17,7 +17,7 @@ import pytest
 from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
 
 from volconv.config import load
-from volconv.pipeline import run
+from volconv.run.pipeline import run
 
 FILTERS = [{"type": "gaussian", "sigma": 1.0}, {"type": "box"}]
 

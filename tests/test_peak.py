@@ -7,8 +7,8 @@ import json
 import pyopencl as cl
 import pytest
 
-from volconv import cache, peak
-from volconv.peak import CpuInfo, amd_gpu_peak, cpu_peak, intel_gpu_peak, nvidia_peak
+from volconv.device import cache, peak
+from volconv.device.peak import CpuInfo, amd_gpu_peak, cpu_peak, intel_gpu_peak, nvidia_peak
 
 AVX512 = frozenset({"sse2", "avx", "avx2", "fma", "avx512f"})
 AVX2 = frozenset({"sse2", "avx", "avx2", "fma"})

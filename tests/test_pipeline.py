@@ -27,12 +27,12 @@ import scipy.ndimage as ndi
 from conftest import assert_spec_close, reference
 
 from volconv import cli
-from volconv.bank import build_bank
+from volconv.bank.features import build_features, expand
+from volconv.bank.filters import build_bank
 from volconv.checks import spec_tolerance
 from volconv.config import dump_toml
-from volconv.engine import frame_bytes
-from volconv.features import build_features, expand
-from volconv.tensor import TENSOR_ENGINE
+from volconv.engines.direct import frame_bytes
+from volconv.engines.tensor import TENSOR_ENGINE
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = sorted((ROOT / "pipelines").glob("*.toml"))
@@ -370,7 +370,7 @@ BOX_FILTERS = [{"type": "box"}]
 RSS_SCRIPT = """
 import resource, sys
 from volconv.config import load
-from volconv.pipeline import run
+from volconv.run.pipeline import run
 small, big = sys.argv[1:3]
 run(load(small))  # warm: imports, the OpenCL context, every program built
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -411,7 +411,7 @@ def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path, dtype):
 def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(tmp_path, monkeypatch):
     """A slab's pinned buffer holds at most MAX_PINNED_BYTES (page-locking costs at start and
     in RSS); an expert's slab_depth is taken as given; the result is the same either way."""
-    import volconv.pipeline as pipeline
+    import volconv.run.pipeline as pipeline
     from volconv.config import load
 
     volume = random_volume((40, 12, 10), "uint8")
@@ -436,7 +436,7 @@ def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(tmp_path, mon
 def test_device_memory_counts_a_frame_kept_on_the_device(tmp_path, dtype):
     """An integer frame read whole is kept on a GPU (up to `engine.frame_bytes`) beside the
     plan's buffers: validate's device memory counts it; a float frame goes as rows."""
-    import volconv.pipeline as pipeline
+    import volconv.run.pipeline as pipeline
     from volconv.config import load
 
     volume = random_volume((20, 12, 10), dtype)

@@ -1,4 +1,4 @@
-"""volconv.plan: pass splitting, unroll and work-group choices and slab depth under budgets,
+"""volconv.plan.direct: pass splitting, unroll and work-group choices and slab depth under budgets,
 as pure functions of a device's limits (a stand-in device: no OpenCL needed)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from volconv.plan import (
+from volconv.plan.direct import (
     MAX_UNROLLED_FMAS,
     MIN_STREAM_DEPTH,
     STREAM_SLABS,

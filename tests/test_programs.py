@@ -1,4 +1,4 @@
-"""volconv.programs: the one build path, with program binaries cached on disk for every kind
+"""volconv.device.programs: the one build path, with program binaries cached on disk for every kind
 of device; a miss builds from source (and says so once), a stale, damaged or refused entry is
 built again and replaced."""
 
@@ -15,8 +15,8 @@ import numpy as np
 import pyopencl as cl
 import pytest
 
-from volconv import cache, programs
-from volconv.programs import (
+from volconv.device import cache, programs
+from volconv.device.programs import (
     PROGRAM_MAGIC,
     binary_build,
     build,

@@ -1,4 +1,4 @@
-"""Resume inside a volume (`volconv.resume`): a run stopped mid-volume by SIGKILL, SIGINT or
+"""Resume inside a volume (`volconv.run.resume`): a run stopped mid-volume by SIGKILL, SIGINT or
 SIGTERM, in real processes over real files, and run again continues from its complete slabs,
 giving bit for bit the file an uninterrupted run gives; what must not be resumed is not (a
 changed bank or input, ``--overwrite``, a link planted in the partial's place, another user's
@@ -25,8 +25,8 @@ from test_pipeline import DEVICE, ROOT, random_volume
 
 from volconv.config import dump_toml, load
 from volconv.output import ROOT_ATTRS
-from volconv.pipeline import Interrupted
-from volconv.pipeline import run as volconv_run
+from volconv.run.pipeline import Interrupted
+from volconv.run.pipeline import run as volconv_run
 
 # Many slabs of one or two rows: seconds on a CPU, so a signal lands mid-volume.
 FILTERS = [{"type": "gaussian", "name": f"g{i}", "sigma": 1.5, "order": [0, 0, i % 3]}
@@ -349,7 +349,7 @@ def test_a_complete_mark_in_a_partial_is_removed_on_resuming(tmp_path, uninterru
 
 def test_the_log_counts_only_whole_lines(tmp_path):
     """A line cut short by a kill, or changed, is not a record."""
-    from volconv.resume import _line, _records
+    from volconv.run.resume import _line, _records
 
     log = _line("volconv-progress 1 k") + _line("slab 0 0 1 0000abcd")
     bad = _line("slab 0 1 2 0000abcd").replace(b"slab 0 1", b"slab 0 7")
@@ -390,7 +390,7 @@ WRITER_CHILD = r"""
 import sys, time
 from concurrent.futures import Future
 import numpy as np
-from volconv.resume import Progress
+from volconv.run.resume import Progress
 from volconv.output import ResponseWriter
 path = sys.argv[1]
 data = np.load(sys.argv[2])
@@ -413,7 +413,7 @@ def test_a_writer_with_slabs_in_flight_killed_resumes_bit_for_bit(tmp_path):
     moment resumes from exactly the slabs recorded, each read back whole, and the finished
     file is bitwise what one uninterrupted writer makes."""
     from volconv.output import ResponseWriter
-    from volconv.resume import Progress
+    from volconv.run.resume import Progress
 
     rng = np.random.default_rng(7)
     data = (rng.standard_normal((3, 120, 32, 24)) * 50).astype(np.float16)
@@ -462,7 +462,7 @@ def test_a_forged_log_claiming_unwritten_slabs_computes_them(tmp_path, uninterru
     """Records for slabs the file never got, with the CRCs of what an unwritten chunk reads
     as (HDF5's fill value, zeros), are not kept: a slab counts only where its chunks are on
     disk, and the rerun computes the rest, giving the same bits."""
-    from volconv.resume import _line
+    from volconv.run.resume import _line
 
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)

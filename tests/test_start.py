@@ -15,9 +15,9 @@ import pyopencl as cl
 import pytest
 from test_pipeline import ROOT, check_output, random_volume, volconv, write_pipeline
 
-from volconv import programs
-from volconv.pipeline import PinnedSlabs
-from volconv.separable import SeparableConvolver
+from volconv.device import programs
+from volconv.engines.separable import SeparableConvolver
+from volconv.run.pipeline import PinnedSlabs
 
 BOX = [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]
 
@@ -130,6 +130,6 @@ def test_every_user_error_is_a_value_error() -> None:
     """`volconv run` catches the user's mistakes as ValueError and sorts them with
     USER_ERRORS only then, so that the pipeline's modules import after the device's context
     has started: a user error of another kind would end in exit 1, not 2."""
-    from volconv.pipeline import USER_ERRORS
+    from volconv.run.pipeline import USER_ERRORS
 
     assert all(issubclass(error, ValueError) for error in USER_ERRORS)

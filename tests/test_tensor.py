@@ -12,12 +12,10 @@ import pytest
 from conftest import assert_spec_close, reference
 
 from volconv.checks import spec_tolerance
-from volconv.engine import BankConvolver
-from volconv.plan import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, make_plan, tune_keys
-from volconv.programs import kernel_folder, sm90a_ptx
-from volconv.report import write_json
-from volconv.separable import SeparableConvolver, plan_bank
-from volconv.tensor import (
+from volconv.device.programs import kernel_folder, sm90a_ptx
+from volconv.engines.direct import BankConvolver
+from volconv.engines.separable import SeparableConvolver, plan_bank
+from volconv.engines.tensor import (
     DIGIT_MAX,
     DIGITS,
     FLOAT_DIGITS,
@@ -43,6 +41,8 @@ from volconv.tensor import (
     tensor_supported,
     wgmma_supported,
 )
+from volconv.plan.direct import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, make_plan, tune_keys
+from volconv.report import write_json
 
 MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
 
@@ -630,7 +630,7 @@ def test_tensor_no_worse_than_fp32(nvidia, k):
 
 def test_record_holds_the_unit_peak():
     """Beside the FP32 peak: the tensor units' peak and the fraction the issued MMAs reached."""
-    from volconv.peak import nvidia_tensor_peak
+    from volconv.device.peak import nvidia_tensor_peak
     from volconv.report import throughput
 
     h100 = nvidia_tensor_peak((9, 0), 132, 1830.0)

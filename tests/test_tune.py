@@ -1,5 +1,6 @@
-"""Autotuning cached per device (`volconv.tune`, `volconv bench --tune`) and the plan reading
-the cache (`volconv.plan.tuned_knobs`): round trip, use, stale and corrupt files, atomicity."""
+"""Autotuning cached per device (`volconv.plan.tune`, `volconv bench --tune`) and the plan
+reading the cache (`volconv.plan.direct.tuned_knobs`): round trip, use, stale and corrupt files,
+atomicity."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import pytest
 from conftest import assert_spec_close, reference
 from typer.testing import CliRunner
 
-import volconv.cache
+import volconv.device.cache
 from volconv import report
 from volconv.bench import Work
 from volconv.cli import app
-from volconv.engine import BankConvolver, convolve_bank
-from volconv.plan import (
+from volconv.engines.direct import BankConvolver, convolve_bank
+from volconv.engines.tensor import TENSOR_ENGINE, tensor_supported
+from volconv.plan.direct import (
     ENGINES,
     TUNE_FILE,
     TUNE_FORMAT,
@@ -25,8 +27,7 @@ from volconv.plan import (
     tune_keys,
     tuned_knobs,
 )
-from volconv.tensor import TENSOR_ENGINE, tensor_supported
-from volconv.tune import MARGIN, Candidates, tune_bank
+from volconv.plan.tune import MARGIN, Candidates, tune_bank
 
 TINY = Work((12, 10, 14), 3, (3, 5, 3), dtype="int16")
 FEW = Candidates(vector_widths=(1, 4), unrolls=(2, 4), rows=(1, 2), input_local=(False, True),
@@ -155,7 +156,7 @@ def test_cache_is_written_atomically(device, cache, monkeypatch):
         renames.append((src, dst))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(volconv.cache.os, "replace", failing)
+    monkeypatch.setattr(volconv.device.cache.os, "replace", failing)
     with pytest.raises(OSError, match="No space"):
         tune_bank(TINY, device=device, candidates=FEW, repeats=1, rounds=1)
     # programs built on the way cache their binaries under cache/programs the same way (and
@@ -266,7 +267,7 @@ def test_corrupt_or_stale_cache_is_ignored_with_a_warning(device, cache, text, w
 def tiles_past_local_memory(device) -> tuple[tuple[int, int], int] | None:
     """A work-group the device takes whose input tiles at unroll 24, 4 rows need more local
     memory than it has, with those bytes; None where none does."""
-    from volconv.plan import tile_bytes
+    from volconv.plan.direct import tile_bytes
 
     most = device.max_work_group_size
     for lz in (64, 32, 16, 8):

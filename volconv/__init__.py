@@ -11,13 +11,13 @@ __version__ = "0.2.0"
 __all__ = ["BankConvolver", "__version__", "convolve_bank"]
 
 if TYPE_CHECKING:
-    from volconv.engine import BankConvolver, convolve_bank
+    from volconv.engines.direct import BankConvolver, convolve_bank
 
 
 def __getattr__(name: str) -> Any:
     # The engine (numpy, pyopencl) loads on first use, not for `volconv --help`.
     if name in ("BankConvolver", "convolve_bank"):
-        from volconv import engine
+        from volconv.engines import direct as engine
 
         return getattr(engine, name)
     raise AttributeError(f"module 'volconv' has no attribute {name!r}")

@@ -23,11 +23,11 @@ import numpy as np
 import pyopencl as cl
 
 from volconv import __version__
-from volconv.boundary import extend_indices, halo
 from volconv.checks import spec_tolerance
-from volconv.device import select_device
-from volconv.engine import BankConvolver
-from volconv.peak import cpuinfo, fp32_peak, measured_peak
+from volconv.device.devices import select_device
+from volconv.device.peak import cpuinfo, fp32_peak, measured_peak
+from volconv.engines.boundary import extend_indices, halo
+from volconv.engines.direct import BankConvolver
 from volconv.report import format_gflops, work_gflop
 
 DEFAULT_SWEEP_N = (1, 2, 4, 8, 13, 16, 32)
@@ -342,12 +342,12 @@ def peak_record(peaks: Peaks) -> dict[str, object]:
         "theoretical_gflops": peaks.theoretical,
         "theoretical_how": peaks.how,
         "measured_gflops": peaks.measured,
-        "measured_how": "kernels/fma_probe.cl, best launch (volconv.peak.measured_peak)",
+        "measured_how": "kernels/fma_probe.cl, best launch (volconv.device.peak.measured_peak)",
     }
 
 
 def peaks_of(device: cl.Device, *, refresh: bool = False) -> Peaks:
-    """The FP32 peak fractions are taken against (`volconv.peak.fp32_peak`: the model, or
+    """The FP32 peak fractions are taken against (`volconv.device.peak.fp32_peak`: the model, or
     the probe where it measured more) and the (cached) FMA probe's rate."""
     measured = measured_peak(device, refresh=refresh)
     peak = fp32_peak(device, measured)

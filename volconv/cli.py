@@ -108,8 +108,8 @@ def devices(
     debug: bool = _DEBUG,
 ) -> None:
     """Every OpenCL platform and device with its theoretical FP32 peak."""
-    from volconv.device import list_devices, missing_platform_help, select_device
-    from volconv.peak import measured_bandwidth, measured_peak
+    from volconv.device.devices import list_devices, missing_platform_help, select_device
+    from volconv.device.peak import measured_bandwidth, measured_peak
     from volconv.report import format_gflops
 
     found = list_devices()
@@ -152,12 +152,12 @@ def devices(
 @app.command()
 def filters(debug: bool = _DEBUG) -> None:
     """The filter types of [[bank.filter]] tables, their keys and defaults."""
-    from volconv.bank import describe_types
+    from volconv.bank.filters import describe_types
 
     console.print(describe_types(), highlight=False, markup=False, soft_wrap=True)
 
 
-# -- run and validate: volconv.pipeline does the work ------------------------------------
+# -- run and validate: volconv.run.pipeline does the work ------------------------------------
 _PIPELINE = typer.Argument(..., metavar="PIPELINE.toml", help="The pipeline file.")
 _SET = typer.Option(
     None, "--set", metavar="KEY=VALUE",
@@ -196,13 +196,13 @@ def run(
 ) -> None:
     """Filter every input of the pipeline into its HDF5 file; print throughput per stage."""
     try:  # Ctrl-C from here on says so in one line, the imports' time included
-        from volconv.programs import start_context, start_driver
+        from volconv.device.programs import start_context, start_driver
 
         # The OpenCL driver starts, and then the device's context is made, in the background
-        # while the modules import and the pipeline is read (volconv.programs).
+        # while the modules import and the pipeline is read (volconv.device.programs).
         start_driver()
         from volconv.config import load
-        from volconv.device import select_device
+        from volconv.device.devices import select_device
 
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
         if cfg.devices != "one" or cfg.scheduler:
@@ -215,7 +215,7 @@ def run(
         since = _state["t0"] if isinstance(_state["t0"], float) else None
         result = run_and_report(cfg, console, overwrite=overwrite, report=report, since=since)
     except ValueError as e:  # every one of USER_ERRORS is one
-        from volconv.pipeline import USER_ERRORS
+        from volconv.run.pipeline import USER_ERRORS
 
         if not isinstance(e, USER_ERRORS):
             raise
@@ -256,7 +256,7 @@ def validate(
 
         show_plan(load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
     except ValueError as e:  # every one of USER_ERRORS is one
-        from volconv.pipeline import USER_ERRORS
+        from volconv.run.pipeline import USER_ERRORS
 
         if not isinstance(e, USER_ERRORS):
             raise
@@ -326,8 +326,8 @@ def bench(
     """Kernel throughput on a synthetic volume as a fraction of the device's peak."""
     from volconv import bench as b  # loaded for this command only
     from volconv.checks import check_mode
-    from volconv.device import select_device
-    from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, MAX_UNROLL
+    from volconv.device.devices import select_device
+    from volconv.plan.direct import CL_TYPES, MAX_EXTENT, MAX_FILTERS, MAX_UNROLL
     from volconv.report import write_json
 
     try:
@@ -364,7 +364,7 @@ def bench(
         peaks = b.peaks_of(dev, refresh=refresh_peak)
         result = {"device": b.device_record(dev), "peak": b.peak_record(peaks)}
     elif tune:
-        from volconv.tune import point_line, tune_bank, winner_line
+        from volconv.plan.tune import point_line, tune_bank, winner_line
 
         def show(point: dict) -> None:
             console.print(f"tune         {point_line(point)}", highlight=False, markup=False,

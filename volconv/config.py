@@ -2,8 +2,9 @@
 "Pipeline file").
 
 Everything a user can get wrong in a pipeline file is checked here, in `validate_config`, with a
-message that names the file, the key and the value; `volconv.bank` checks each filter itself.
-Nothing here opens an input or an OpenCL device: that is planning (`volconv.pipeline`).
+message that names the file, the key and the value; `volconv.bank.filters` checks each filter
+itself.
+Nothing here opens an input or an OpenCL device: that is planning (`volconv.run.pipeline`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 import numpy as np
 import tomli_w
 
-from volconv.bank import UNITS, BankError, Filter, build_bank
+from volconv.bank.features import Feature, build_features
+from volconv.bank.filters import UNITS, BankError, Filter, build_bank
 from volconv.checks import (
     check_mode,
     check_positive_int,
@@ -30,7 +32,6 @@ from volconv.checks import (
     parse_bytes,
     suggest,
 )
-from volconv.features import Feature, build_features
 from volconv.output import COMPRESSIONS, DTYPES, OutputError, check_compression, format_of
 
 
@@ -71,7 +72,9 @@ class Config:
     output: str  # template with {stem}, {parent} and {pipeline}
     dtype: str
     compression: str
-    scale: float  # 1.0 where scale_auto: each output's own is `volconv.convert.output_scale`'s
+    scale: (
+        float  # 1.0 where scale_auto: each output's own is `volconv.engines.convert.output_scale`'s
+    )
     offset: float
     device: str
     slab_depth: int | None
@@ -79,7 +82,7 @@ class Config:
     bank: tuple[Filter, ...]  # built while validating, at a unit voxel size
     bank_in_mm: bool  # some filter's sigma is in mm: the bank depends on the voxel size
     device_from_cli: bool = False
-    # batch (volconv.batch): "one", "all" or the device specs of one worker each; and the
+    # batch (volconv.run.batch): "one", "all" or the device specs of one worker each; and the
     # address of an existing Dask scheduler ("" for none)
     devices: str | tuple[str, ...] = "one"
     scheduler: str = ""
@@ -88,7 +91,7 @@ class Config:
     # [output] scale = "auto": each uint8 output's scale and offset from the bank's bound
     scale_auto: bool = False
     format: str = "hdf5"  # [output] format: hdf5, nifti or zarr (default from the path)
-    features: tuple[Feature, ...] = ()  # [[bank.feature]] and [bank] preset (volconv.features)
+    features: tuple[Feature, ...] = ()  # [[bank.feature]] and [bank] preset (volconv.bank.features)
 
 
 # -- reading and --set --------------------------------------------------------------------
@@ -284,7 +287,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
             f"files: a virtual dataset, external storage or links); got {external!r}"
         )
 
-    # [bank]; each filter is checked by volconv.bank.build_bank
+    # [bank]; each filter is checked by volconv.bank.filters.build_bank
     size = bank.get("size", 7)  # checked by build_bank, with the filters
     try:
         boundary = check_mode(bank.get("boundary", "reflect"), "bank.boundary")

@@ -1,5 +1,5 @@
 """What `volconv run` and `volconv validate` show: the plan, a progress bar, a line per
-input and the final table (numbers from `volconv.report`, work from `volconv.pipeline`)."""
+input and the final table (numbers from `volconv.report`, work from `volconv.run.pipeline`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from rich.console import Console
 
 import volconv
 from volconv.config import Config, PipelineError
-from volconv.device import device_name
+from volconv.device.devices import device_name
+from volconv.engines.separable import describe_plan
 from volconv.errors import MidRunError, one_line
-from volconv.pipeline import USER_ERRORS, Job, RunResult, choose_device, peaks, plan_jobs, run
 from volconv.report import (
     VolumeReport,
     fmt_seconds,
@@ -26,15 +26,15 @@ from volconv.report import (
     summary_line,
     summary_table,
 )
-from volconv.resume import recorded_slabs
-from volconv.separable import describe_plan
+from volconv.run.pipeline import USER_ERRORS, Job, RunResult, choose_device, peaks, plan_jobs, run
+from volconv.run.resume import recorded_slabs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from rich.progress import Progress
 
-    from volconv.batch import BatchResult
+    from volconv.run.batch import BatchResult
 
 
 _stderr = Console(stderr=True)  # warnings: the output of a run is its files and stdout's lines
@@ -65,9 +65,9 @@ def run_and_report(
     report: str | Path | None = None,
     since: float | None = None,
 ) -> RunResult | BatchResult:
-    """`volconv.pipeline.run` with a progress bar (on a terminal only), a line per input and
+    """`volconv.run.pipeline.run` with a progress bar (on a terminal only), a line per input and
     the final table; ``report`` also gets the table's numbers as JSON. With ``run.devices``
-    or ``run.scheduler``, `volconv.batch.run_batch` runs it (`batch_and_report`). ``since``,
+    or ``run.scheduler``, `volconv.run.batch.run_batch` runs it (`batch_and_report`). ``since``,
     the `time.perf_counter` the command started at, gives the table's ``start`` line."""
     if report is not None and not Path(report).absolute().parent.is_dir():
         raise PipelineError(f"--report {report}: folder {Path(report).parent} does not exist")
@@ -152,9 +152,9 @@ def batch_and_report(
     report: str | Path | None = None,
     since: float | None = None,
 ) -> BatchResult:
-    """`volconv.batch.run_batch` with one progress bar over the inputs (on a terminal only),
+    """`volconv.run.batch.run_batch` with one progress bar over the inputs (on a terminal only),
     a line per input as it finishes and the final table of every input."""
-    from volconv.batch import run_batch
+    from volconv.run.batch import run_batch
 
     progress = _progress(console, "inputs") if console.is_terminal else None
     task = None
@@ -237,7 +237,7 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
     say(f"bank     N = {len(first.outputs)}, boundary {cfg.boundary}{cval}")
     names = [f"{f.name} ({f.type})" for f in first.run_filters]
     say(describe_plan(first.plan.choices, names, first.plan.fused))
-    for feature in first.expanded.features:  # volconv.features: each with its parameters
+    for feature in first.expanded.features:  # volconv.bank.features: each with its parameters
         say(f"feature  {feature.describe()}")
     scaled = f", value = stored * {cfg.scale:g} + {cfg.offset:g}" if cfg.dtype == "uint8" else ""
     if cfg.scale_auto:  # each input's own, from its type's range and the bank

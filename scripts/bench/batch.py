@@ -154,9 +154,9 @@ def main() -> int:
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args()
 
-    from volconv.batch import local_devices
     from volconv.config import load
-    from volconv.device import list_devices
+    from volconv.device.devices import list_devices
+    from volconv.run.batch import local_devices
 
     specs = local_devices(load(args.pipeline, devices=args.devices))
     one = args.one_device or (specs[0] if args.devices != "all" else "auto")

@@ -24,7 +24,7 @@ import json, os, sys, time
 import numpy as np, scipy.ndimage as ndi
 t0 = time.perf_counter()
 from volconv.checks import spec_tolerance
-from volconv.engine import convolve_bank
+from volconv.engines.direct import convolve_bank
 rng = np.random.default_rng(5)
 cases = []
 runs = (("fp32", np.float32, 3), ("tensor", np.uint8, 7), ("tensor", np.int16, 7))

@@ -4,14 +4,14 @@ The issue-12 measure: a bank of N random filters (default 8 of 7^3) over an n^3 
 (default 96^3, reflect), the direct kernel's rate (OpenCL profiling events over the whole
 volume, GFLOP as docs/contract.md counts them) over scipy.ndimage.convolve's (float32 input, one
 filter at a time, one thread), both on this machine and in the same run. Beside them, in turns:
-  - the FMA probe (`volconv.peak.probe_fma`, uncached): the kernel's rate as its fraction;
+  - the FMA probe (`volconv.device.peak.probe_fma`, uncached): the kernel's rate as its fraction;
   - the plan's own knobs (what a user gets), the slab padded as uint8 (the CPU default
-    before), the choice `volconv bench --tune` makes here (`volconv.tune.tune_bank`, not
+    before), the choice `volconv bench --tune` makes here (`volconv.plan.tune.tune_bank`, not
     cached), and CONV_UNROLL x work-group shapes, so that defaults are chosen from the data;
   - the one-call user's costs in a fresh process: import, `BankConvolver()`, the first slab,
     and `convolve_bank` of the whole volume end to end against scipy's wall time.
 With ``--widths``, only what a pass of each vector width costs, for several N (the CPU's
-pass efficiencies in volconv/plan.py).
+pass efficiencies in volconv/plan/direct.py).
 The machine is shared: every round times everything once, in turns, each part after waiting
 (``--wait`` seconds at most) for the CPUs to be less than ``--quiet`` busy with other work, and
 records the load average and how busy they were; figures are the fastest of the rounds (other
@@ -36,11 +36,11 @@ import scipy.ndimage as ndi
 
 from volconv.bench import Work, device_record
 from volconv.checks import spec_tolerance
-from volconv.device import select_device
-from volconv.engine import BankConvolver
-from volconv.peak import measured_peak, probe_fma, theoretical_peak
+from volconv.device.devices import select_device
+from volconv.device.peak import measured_peak, probe_fma, theoretical_peak
+from volconv.engines.direct import BankConvolver
+from volconv.plan.tune import tune_bank, winner_line
 from volconv.report import write_json
-from volconv.tune import tune_bank, winner_line
 
 UNROLLS = (8, 12, 16, 24)
 WIDTH_NS = (1, 2, 4, 8, 13, 16)
@@ -51,8 +51,8 @@ STARTUP = """
 import json, sys, time
 t0 = time.perf_counter()
 import numpy as np
-from volconv.engine import BankConvolver, convolve_bank
-from volconv.device import select_device
+from volconv.engines.direct import BankConvolver, convolve_bank
+from volconv.device.devices import select_device
 from volconv.bench import Work
 t1 = time.perf_counter()
 work = Work(tuple(json.loads(sys.argv[1])), int(sys.argv[2]), tuple(json.loads(sys.argv[3])))

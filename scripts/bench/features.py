@@ -1,6 +1,6 @@
 """Derived features on the device against the peers' own functions, on the same volume, in one run.
 
-Feature sets (each through `volconv.separable.SeparableConvolver` with its features, the
+Feature sets (each through `volconv.engines.separable.SeparableConvolver` with its features, the
 volume slab by slab as `volconv run` streams it, float32 outputs):
   hessian_s1, hessian_s3      hessian_eigenvalues(sigma)
   structure_s1, structure_s3  structure_tensor_eigenvalues(sigma=1, rho=1 or 3)
@@ -48,10 +48,10 @@ from pathlib import Path
 import numpy as np
 import scipy.ndimage as ndi
 
+from volconv.bank.features import PAIRS, build_features, eigenvalues, expand
 from volconv.bench import device_record
-from volconv.device import select_device
-from volconv.features import PAIRS, build_features, eigenvalues, expand
-from volconv.separable import SeparableConvolver, make_separable_plan, plan_paths
+from volconv.device.devices import select_device
+from volconv.engines.separable import SeparableConvolver, make_separable_plan, plan_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 AXES = ((1, 0, 0), (0, 1, 0), (0, 0, 1))

@@ -1,12 +1,12 @@
 """A run's host memory against ``[run] host_memory``, for a float volume with and without NaN/Inf.
 
-For each input, one fresh process runs `volconv.pipeline.run` twice: first on a warm-up
+For each input, one fresh process runs `volconv.run.pipeline.run` twice: first on a warm-up
 volume of the same plane and 8 rows holding NaN and Inf (imports, the OpenCL context and
 every program the measured run builds, the non-finite override's counting kernels included),
 then, after resetting the kernel's peak-RSS mark (``/proc/self/clear_refs``), on the measured
 input. ``grown`` = the peak RSS of that run (``VmHWM``) - the RSS before it: what the run
 held for data, which docs/contract.md, "Memory", bounds by ``host_memory``; beside it the
-bytes the plan counted (`volconv.pipeline.host_bytes`) and its slab depth. The inputs:
+bytes the plan counted (`volconv.run.pipeline.host_bytes`) and its slab depth. The inputs:
   - ``finite``: float32 (or ``--dtype``), every voxel finite;
   - ``nonfinite``: the same volume with a NaN background outside a ball (a masked map: every
     slab holds NaN) and a few +-Inf voxels inside, so that the override runs on every slab
@@ -74,7 +74,7 @@ type = "box"
 MEASURE = """
 import gc, json, sys
 from volconv.config import load
-from volconv.pipeline import choose_device, plan_jobs, run
+from volconv.run.pipeline import choose_device, plan_jobs, run
 
 def status(key):
     for line in open("/proc/self/status"):

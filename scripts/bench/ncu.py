@@ -20,9 +20,9 @@ import numpy as np
 import pyopencl as cl
 from tensor import with_fields  # scripts/bench/ (this script's folder)
 
-from volconv.device import select_device
-from volconv.engine import BankConvolver
-from volconv.tensor import TensorConvolver, default_shape, digit_exponents, int8_fragments
+from volconv.device.devices import select_device
+from volconv.engines.direct import BankConvolver
+from volconv.engines.tensor import TensorConvolver, default_shape, digit_exponents, int8_fragments
 
 # NVIDIA's OpenCL reads the group offset, the global offset and the number of groups from
 # environment registers that a CUDA launch leaves unset: here they are the CUDA launch's.

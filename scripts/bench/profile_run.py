@@ -42,7 +42,7 @@ def main() -> None:
     args = p.parse_args()
 
     from volconv.config import load
-    from volconv.pipeline import run
+    from volconv.run.pipeline import run
 
     cfg = load(args.pipeline, args.sets, device=args.device)
     run(cfg, overwrite=True)  # warm

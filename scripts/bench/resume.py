@@ -1,4 +1,4 @@
-"""What resuming inside a volume costs (`volconv.resume`): the same run with its progress
+"""What resuming inside a volume costs (`volconv.run.resume`): the same run with its progress
 recorded (a flush and the CRCs of every slab) and without (``--overwrite`` records none),
 alternated and repeated, minima; and the read-back a rerun does to check the slabs it keeps.
 
@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 
 from volconv.config import dump_toml, load
-from volconv.pipeline import run
+from volconv.run.pipeline import run
 
 FILTERS = [{"type": "gaussian", "name": f"g{i}", "sigma": 1.5, "order": [0, 0, i % 3]}
            for i in range(8)]  # fmt: skip

@@ -36,14 +36,14 @@ import pyopencl as cl
 import scipy
 import scipy.ndimage as ndi
 
-from volconv.bank import build_bank, stack_kernels
+from volconv.bank.filters import build_bank, stack_kernels
 from volconv.bench import device_record
 from volconv.checks import spec_tolerance
-from volconv.device import select_device
-from volconv.engine import BankConvolver
-from volconv.peak import measured_peak, theoretical_peak
-from volconv.programs import context_for
-from volconv.separable import SeparableConvolver, describe_plan, plan_bank
+from volconv.device.devices import select_device
+from volconv.device.peak import measured_peak, theoretical_peak
+from volconv.device.programs import context_for
+from volconv.engines.direct import BankConvolver
+from volconv.engines.separable import SeparableConvolver, describe_plan, plan_bank
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -72,7 +72,7 @@ def main() -> None:
     import pyopencl  # noqa: F401
 
     mark("import pyopencl")
-    from volconv import programs
+    from volconv.device import programs
 
     started = hasattr(programs, "start_driver")  # volconv starts the driver ahead
     if started:

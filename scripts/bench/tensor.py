@@ -36,12 +36,12 @@ import numpy as np
 import pyopencl as cl
 import scipy.ndimage as ndi
 
-import volconv.tensor
-from volconv.device import select_device
-from volconv.engine import BankConvolver
-from volconv.peak import tensor_peak, theoretical_peak
-from volconv.programs import context_for, kernel_source
-from volconv.tensor import (
+import volconv.engines.tensor
+from volconv.device.devices import select_device
+from volconv.device.peak import tensor_peak, theoretical_peak
+from volconv.device.programs import context_for, kernel_source
+from volconv.engines.direct import BankConvolver
+from volconv.engines.tensor import (
     KERNEL_FILE,
     TensorConvolver,
     TensorShape,
@@ -210,7 +210,7 @@ def peers(vol: np.ndarray, bank: np.ndarray, repeats: int) -> dict:
 
 def mixed_row(spec: str, vol: np.ndarray, reference, device, repeats: int) -> dict:
     """A bank of mixed extents as volconv runs it (``spec`` 'k:N,k:N'): each extent's filters
-    one direct group (volconv.separable), on the tensor engine and on the FP32 kernel; the
+    one direct group (volconv.engines.separable), on the tensor engine and on the FP32 kernel; the
     seconds summed over the groups, the error the worst group's."""
     row: dict = {"mixed": spec, "groups": []}
     whole = {"slab_depth": vol.shape[0]}
@@ -260,8 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.define:  # every TensorConvolver's build takes them
         extra = dict(item.split("=") for item in args.define)
-        base = volconv.tensor.tensor_defines
-        volconv.tensor.tensor_defines = lambda *a, **k: {**base(*a, **k), **extra}
+        base = volconv.engines.tensor.tensor_defines
+        volconv.engines.tensor.tensor_defines = lambda *a, **k: {**base(*a, **k), **extra}
 
     device = select_device(args.device)
     vol, source = load_volume(args.size)

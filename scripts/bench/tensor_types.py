@@ -20,11 +20,11 @@ import sys
 import numpy as np
 from tensor import Reference, load_volume, tflops
 
-from volconv import tensor
-from volconv.device import select_device
-from volconv.engine import BankConvolver
+from volconv.device.devices import select_device
+from volconv.engines import tensor
+from volconv.engines.direct import BankConvolver
+from volconv.engines.tensor import DigitConvolver, TensorConvolver
 from volconv.report import write_json
-from volconv.tensor import DigitConvolver, TensorConvolver
 
 
 def log(*args: object) -> None:

@@ -19,10 +19,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from volconv.convert import encode
+from volconv.engines.convert import encode
 from volconv.output import ResponseWriter
 from volconv.report import write_json
-from volconv.resume import Progress
+from volconv.run.resume import Progress
 
 ATTRS = dict.fromkeys(("affine", "voxel_size", "source", "source_sha256", "pipeline", "device",
                        "gflop", "kernel_seconds", "wall_seconds", "gflops", "peak_gflops",
@@ -43,7 +43,7 @@ def main() -> None:
     p.add_argument("--stored-only", action="store_true",
                    help="only the stored type given, as the device makes it")  # fmt: skip
     p.add_argument("--progress", action="store_true",
-                   help="also with resumable progress (volconv.resume: CRCs, a flush and a "
+                   help="also with resumable progress (volconv.run.resume: CRCs, a flush and a "
                         "record every slab)")  # fmt: skip
     p.add_argument("--filters", type=int, default=8)
     p.add_argument("--slab-depth", type=int, default=64)

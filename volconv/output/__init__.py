@@ -52,7 +52,7 @@ from volconv.output.staging import (
 from volconv.output.staging import check_output_path as _check_file_path
 
 if TYPE_CHECKING:
-    from volconv.outputs import Output
+    from volconv.bank.outputs import Output
 
 __all__ = [
     "COMPRESSIONS",
@@ -198,7 +198,7 @@ def open_partial(
     temp: Path, st: os.stat_result, shape: tuple[int, ...], dtype: np.dtype
 ) -> Iterator[object | None]:
     """The partial output at ``temp`` (the entry ``st`` describes, else None) as
-    (N, x, y, z[, t]) values that `volconv.resume` reads back (`stored.PartialView`, or the
+    (N, x, y, z[, t]) values that `volconv.run.resume` reads back (`stored.PartialView`, or the
     HDF5 dataset), in the format its name says."""
     with module(_guess(Path(temp))).partial(Path(temp), st, tuple(shape), np.dtype(dtype)) as view:
         yield view

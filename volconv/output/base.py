@@ -4,7 +4,7 @@ keep on an interrupt, or discard), read back, is complete.
 `SlabWriter` holds what every format shares: the checks, the private folder beside the output
 (`volconv.output.staging`), a background thread that takes slabs in order (so writes and
 compression overlap the device work), the conversion to the stored type on every core, the
-record of each slab written (`volconv.resume`), and the rename into place when complete. A
+record of each slab written (`volconv.run.resume`), and the rename into place when complete. A
 format (`volconv.output.hdf5`, `.nifti`, `.omezarr`) says how its file is laid out
 (`_open`, `_layout`), how a slab's bytes are prepared on the pool and written (`_prepare`,
 `_write`), and how the file is finished (`_commit`) or dropped (`_close_discarded`).
@@ -33,7 +33,7 @@ import numpy as np
 
 from volconv import __version__
 from volconv.checks import check_positive_int
-from volconv.convert import encode
+from volconv.engines.convert import encode
 from volconv.errors import OutputError, OutputExistsError, OutputWriteError
 from volconv.output.codecs import DTYPES, _cores, _pool
 from volconv.output.space import Space
@@ -48,8 +48,8 @@ from volconv.output.staging import (
 )
 
 if TYPE_CHECKING:
-    from volconv.outputs import Output
-    from volconv.resume import Progress
+    from volconv.bank.outputs import Output
+    from volconv.run.resume import Progress
 
 ROOT_ATTRS = (
     "affine", "voxel_size", "source", "source_sha256", "pipeline", "volconv_version", "device",
@@ -74,7 +74,7 @@ class _Slab:
 
 
 class _NoFlush:
-    """What `volconv.resume.Progress.record` flushes for a format whose writes are in the
+    """What `volconv.run.resume.Progress.record` flushes for a format whose writes are in the
     operating system's hands once made (a shared mapping, a chunk file written whole)."""
 
     def flush(self) -> None:
@@ -176,13 +176,13 @@ class SlabWriter:
     extents : (K, 3) array of int, optional
         Each kernel's own extent before zero-padding to the common one; default: the common
         extent for every kernel.
-    progress : volconv.resume.Progress, optional
+    progress : volconv.run.resume.Progress, optional
         Record each slab once written, and continue a dead run's partial output that matches
-        (`volconv.resume`); its ``done`` slabs are then already written.
+        (`volconv.run.resume`); its ``done`` slabs are then already written.
     space : Space, optional
         Where the input lies (affine, codes, units, repetition time); default from the
         ``affine`` given to `finish` (HDF5) or the identity.
-    outputs : list of volconv.outputs.Output, optional
+    outputs : list of volconv.bank.outputs.Output, optional
         What each output is (a response, or a feature's volume and its parameters).
 
     Attributes
@@ -263,7 +263,7 @@ class SlabWriter:
         resumed = self._create((len(self.names), *self.shape))
         try:
             self._layout()
-            if resumed:  # volconv.resume: a dead run's output, its complete slabs checked
+            if resumed:  # volconv.run.resume: a dead run's output, its complete slabs checked
                 self._resumed()
         except OSError as e:  # no room for the file (NIfTI reserves it whole), I/O
             self._discard()
@@ -376,7 +376,7 @@ class SlabWriter:
     def _create(self, shape: tuple[int, ...]) -> bool:
         """Make the private folder and, in it, the output, exclusively, or with a `progress`,
         continue there a dead run's partial output that it claims and checks
-        (`volconv.resume`). Whether the output is a resumed one."""
+        (`volconv.run.resume`). Whether the output is a resumed one."""
         resumed = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -435,7 +435,7 @@ class SlabWriter:
     ) -> None:
         """Queue the outputs ``(N, b - a, y, z)`` of rows ``[a, b)`` for writing.
 
-        ``responses`` of the stored type (converted on the device, `volconv.convert`) are
+        ``responses`` of the stored type (converted on the device, `volconv.engines.convert`) are
         written as they are, with ``counts``, their uint8 NaN and clipped voxels; others
         (float32) are converted here. Blocks while two slabs wait, so the device runs at
         most two slabs ahead of the disk. The writer keeps ``responses`` until it is
@@ -499,7 +499,7 @@ class SlabWriter:
         try:
             stored = responses if responses.dtype == self.dtype else self._encode(responses)
             slab.stored = stored
-            if self.progress is not None:  # volconv.resume: CRCs beside the write
+            if self.progress is not None:  # volconv.run.resume: CRCs beside the write
                 slab.checksums = self.progress.checksums(stored)
             slab.chunks = self._prepare(a, b, frame, stored)
         except BaseException as e:  # raised again in the caller's thread
@@ -514,7 +514,7 @@ class SlabWriter:
         try:
             if slab.stored is not None and self._error is None and not self._stop:
                 self._write(slab)
-                if self.progress is not None:  # written, then counted (volconv.resume)
+                if self.progress is not None:  # written, then counted (volconv.run.resume)
                     self.progress.record(self._sync, slab.a, slab.b, slab.frame,
                                          slab.checksums)  # fmt: skip
         except BaseException as e:  # raised again in the caller's thread
@@ -653,7 +653,7 @@ class SlabWriter:
 
     def keep(self) -> None:
         """Stop writing but keep the temporary output and its progress, for a later run to
-        resume (`volconv.resume`): what Ctrl-C and SIGTERM do. Safe from another thread."""
+        resume (`volconv.run.resume`): what Ctrl-C and SIGTERM do. Safe from another thread."""
         self._keep = self.progress is not None
         self._stop = True
 

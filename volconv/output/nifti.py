@@ -123,7 +123,7 @@ def partial(
     temp: Path, st: os.stat_result, shape: tuple[int, ...], dtype: np.dtype
 ) -> Iterator[PartialView | None]:
     """The uncompressed partial file ``temp`` (the file ``st`` describes, of the size
-    ``shape`` and ``dtype`` make) as `volconv.resume` reads it back."""
+    ``shape`` and ``dtype`` make) as `volconv.run.resume` reads it back."""
     dims = _dims(shape[0], shape[1:])
     named = os.lstat(temp)
     size = HEADER_BYTES + int(np.prod(dims)) * dtype.itemsize
@@ -197,7 +197,7 @@ class NiftiWriter(SlabWriter):
                 f"{self.path}: NIfTI stores float32 or uint8, not {self.dtype.name}; set "
                 "output.dtype or write HDF5 or OME-Zarr"
             )
-        # The uncompressed file is the partial output (`volconv.resume` reads it back under
+        # The uncompressed file is the partial output (`volconv.run.resume` reads it back under
         # the output's name); a .nii.gz is compressed from it into `temp` at the end.
         self._raw = self.temp
         flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -228,7 +228,7 @@ class NiftiWriter(SlabWriter):
                                    HEADER_BYTES)  # fmt: skip
 
     def _resumed(self) -> None:
-        """The rows the resumed file holds, checked by `volconv.resume`, count as written."""
+        """The rows the resumed file holds, checked by `volconv.run.resume`, count as written."""
         self._written |= self._resumed_rows()
 
     def _prepare(

@@ -134,7 +134,7 @@ def _extent(values: np.ndarray) -> tuple[float, float]:
 def partial(
     temp: Path, st: os.stat_result, shape: tuple[int, ...], dtype: np.dtype
 ) -> Iterator[PartialView | None]:
-    """The partial group ``temp`` (the folder ``st`` describes) as `volconv.resume` reads
+    """The partial group ``temp`` (the folder ``st`` describes) as `volconv.run.resume` reads
     it back."""
     zarr = _zarr()
 
@@ -203,7 +203,7 @@ class ZarrWriter(SlabWriter):
         return self._codec
 
     def _resumed(self) -> None:
-        """The slabs the resumed group holds, checked by `volconv.resume`, count as written;
+        """The slabs the resumed group holds, checked by `volconv.run.resume`, count as written;
         their values count in each channel's range."""
         for (frame, a), b in self.progress.done.items():
             at = (frame,) if len(self.shape) == 4 else ()

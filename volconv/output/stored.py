@@ -113,7 +113,7 @@ class Stored:
 
 @dataclass(eq=False)
 class PartialView:
-    """A partial output as `volconv.resume` reads it back: ``view[f, a:b, ..., frame]`` is
+    """A partial output as `volconv.run.resume` reads it back: ``view[f, a:b, ..., frame]`` is
     output ``f``'s rows ``[a, b)`` (of ``frame``, 4D), (b - a, y, z), the bytes written."""
 
     shape: tuple[int, ...]  # (N, x, y, z[, t])

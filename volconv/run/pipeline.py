@@ -28,16 +28,25 @@ import numpy as np
 import pyopencl as cl
 
 import volconv
-from volconv.bank import BankError, Filter, build_bank, stack_kernels
+from volconv.bank.features import Expanded, expand, features_json
+from volconv.bank.filters import BankError, Filter, build_bank, stack_kernels
+from volconv.bank.outputs import Output
 from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
-from volconv.convert import device_encodes, output_scale
-from volconv.device import DeviceError, device_name, select_device
-from volconv.engine import STAGES, frame_bytes
+from volconv.device.devices import DeviceError, device_name, select_device
+from volconv.device.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
+from volconv.engines.convert import device_encodes, output_scale
+from volconv.engines.direct import STAGES, frame_bytes
+from volconv.engines.nonfinite import APPLY_BYTES, OverridePlan
+from volconv.engines.separable import (
+    Choice,
+    SeparableConvolver,
+    SeparablePlan,
+    make_separable_plan,
+    plan_bank,
+    plan_paths,
+)
 from volconv.errors import OutputWriteError
-from volconv.features import Expanded, expand, features_json
-from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, open_volume, split_spec
-from volconv.nonfinite import APPLY_BYTES, OverridePlan
 from volconv.output import (
     OutputError,
     OutputExistsError,
@@ -52,19 +61,17 @@ from volconv.output import (
     writer_for,
 )
 from volconv.output import made as made_with
-from volconv.outputs import Output
-from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
-from volconv.plan import MAX_EXTENT, MAX_FILTERS, MAX_SEPARABLE_FILTERS, make_plan
+from volconv.plan.direct import MAX_EXTENT, MAX_FILTERS, MAX_SEPARABLE_FILTERS, make_plan
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
-from volconv.resume import Progress, fingerprint
-from volconv.separable import (
-    Choice,
-    SeparableConvolver,
-    SeparablePlan,
-    make_separable_plan,
-    plan_bank,
-    plan_paths,
+from volconv.run.inputs import (
+    CorruptInputError,
+    InputError,
+    Volume,
+    expand_inputs,
+    open_volume,
+    split_spec,
 )
+from volconv.run.resume import Progress, fingerprint
 
 # The errors that are the user's: the CLI turns them into exit status 2 and one line.
 USER_ERRORS = (PipelineError, BankError, InputError, OutputError)
@@ -96,7 +103,7 @@ class Job:
     whole_frames: bool = False  # read each frame whole, in the file's order, then slab it
     host_bytes: int = 0  # the most host memory the run holds for it
     device_bytes: int = 0  # the most device memory it holds (`device_bytes`)
-    resumed: int = 0  # slabs an interrupted run's partial output held (volconv.resume)
+    resumed: int = 0  # slabs an interrupted run's partial output held (volconv.run.resume)
     scale: float = 1.0  # uint8's quantisation of this output (`output_scale`)
     offset: float = 0.0
     expanded: Expanded | None = None  # default: the bank alone
@@ -329,7 +336,7 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
 
 
 def tensor_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
-    """The memory the structure tensors (`volconv.features.StructureTensorStage`) take at
+    """The memory the structure tensors (`volconv.bank.features.StructureTensorStage`) take at
     slab depth ``depth``, as ``(host, device)``: on the host the gradients over the product
     rows, a product in float64 and one in float32, the six entries and the eigenvalues of a
     slab (a slab holding NaN or Inf goes through the host); on the device the gradients'
@@ -354,8 +361,8 @@ def tensor_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
 
 
 def override_banks(job: Job) -> list[np.ndarray]:
-    """The banks a run of ``job`` builds a non-finite override for (`volconv.nonfinite`), as
-    `volconv.separable.SeparableConvolver` does: its separable filters' (stacked to their
+    """The banks a run of ``job`` builds a non-finite override for (`volconv.engines.nonfinite`), as
+    `volconv.engines.separable.SeparableConvolver` does: its separable filters' (stacked to their
     common extent), then each direct group's."""
     kernels = [f.kernel for f in job.run_filters]
     if any(max(k.shape) > MAX_EXTENT for k in kernels):  # refused on a non-finite slab
@@ -371,8 +378,8 @@ def nonfinite_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
 
     ``host``: the source rows' finite part and a second copy of them (the override's rows, or
     a direct group's), the separable responses gathered for the override, and the most an
-    override's `~volconv.nonfinite.NonFiniteOverride.apply` holds at a time (bounded, in
-    sub-slabs: `volconv.nonfinite.OverridePlan.host_bytes`). ``buffers``: the counting
+    override's `~volconv.engines.nonfinite.NonFiniteOverride.apply` holds at a time (bounded, in
+    sub-slabs: `volconv.engines.nonfinite.OverridePlan.host_bytes`). ``buffers``: the counting
     convolvers' buffers (uint8 0/1 banks at the slab's depth), on the device; host memory
     too on a CPU device."""
     if np.dtype(job.volume.dtype).kind != "f":
@@ -435,8 +442,8 @@ def device_bytes(job: Job, device: cl.Device, frame_limit: int | None = None) ->
     """The device memory a run of ``job`` holds: its plan's buffers, a float source's
     counting convolvers (`nonfinite_bytes`: the data may hold NaN or Inf), and the whole
     frame where it is read whole and uploads as it is (an integer frame of at most
-    ``frame_limit`` bytes, default `volconv.engine.frame_bytes`: the `Padder` keeps it on the
-    device)."""
+    ``frame_limit`` bytes, default `volconv.engines.direct.frame_bytes`: the `Padder` keeps it
+    on the device)."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
     limit = frame_bytes(device) if frame_limit is None else frame_limit
     kept = job.whole_frames and np.dtype(job.volume.dtype).kind in "iu" and frame <= limit
@@ -458,7 +465,7 @@ def _bank_for(
 ) -> tuple[list[Filter], np.ndarray, Expanded]:
     """The bank for ``volume``: the one validation built, or, where a sigma is in mm, one
     built per voxel size; the kernels stored (one per output) and the bank with its
-    features (`volconv.features.expand`)."""
+    features (`volconv.bank.features.expand`)."""
     voxel = tuple(float(v) for v in volume.voxel_size[:3]) if cfg.bank_in_mm else ()
     if voxel not in banks:
         filters = list(cfg.bank)
@@ -865,7 +872,7 @@ def _stream(
         read_seconds += time.perf_counter() - t0
         return given
 
-    # volconv.resume: a dead run's partial output continues (never with --overwrite)
+    # volconv.run.resume: a dead run's partial output continues (never with --overwrite)
     digest = cache(volume.sha256)
     progress = None if overwrite else Progress(fingerprint(job, cfg, conv), digest)
     writer = writer_for(job.output, cfg.format)(
@@ -932,7 +939,7 @@ def _stream(
             "device": device_name(conv.device),
             **record,
         }
-        if job.expanded.features:  # what each feature output is (volconv.features)
+        if job.expanded.features:  # what each feature output is (volconv.bank.features)
             attrs["features"] = features_json(job.expanded.features)
         path = writer.finish(attrs)
     _OPEN_WRITERS.discard(writer)
@@ -989,7 +996,7 @@ def interruptible(fn: Callable[..., VolumeReport], *args: object, **kwargs: obje
         if _STOP.is_set() and worker.is_alive():
             for writer in list(_OPEN_WRITERS):
                 if writer.progress is not None:
-                    writer.keep()  # volconv.resume: what is on disk stays, for a rerun
+                    writer.keep()  # volconv.run.resume: what is on disk stays, for a rerun
                 else:
                     writer.__exit__(Interrupted, None, None)  # removes its temporary file
             _OPEN_WRITERS.clear()

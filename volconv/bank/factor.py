@@ -3,7 +3,7 @@
 A filter given as such a sum is convolved exactly (in real arithmetic) by 1D passes, one per
 axis and term: scipy's convolve centres each axis at ``k // 2`` on its own, so the 3D
 convolution of an outer product is the product of three 1D convolutions. Generated filters
-carry their factors (`volconv.bank`); any other kernel is tested here for low rank by a CP
+carry their factors (`volconv.bank.filters`); any other kernel is tested here for low rank by a CP
 decomposition (alternating least squares from the unfoldings' singular vectors) and, failing
 that, by the exact rank of its unfoldings. A decomposition is kept only when it reproduces the
 kernel within a quarter of SPEC.md's tolerance in every volume (`reconstruction_ok`) and its

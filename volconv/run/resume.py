@@ -44,13 +44,13 @@ import h5py
 import numpy as np
 
 import volconv
-from volconv.device import device_name
+from volconv.device.devices import device_name
 from volconv.output import _pool, dead_runs, open_partial, private_prefix
 
 if TYPE_CHECKING:
     from volconv.config import Config
-    from volconv.pipeline import Job
-    from volconv.separable import SeparableConvolver
+    from volconv.engines.separable import SeparableConvolver
+    from volconv.run.pipeline import Job
 
 LOG = "progress"  # the log's name in the private folder
 FORMAT = "volconv-progress 1"
@@ -92,7 +92,7 @@ def fingerprint(job: Job, cfg: Config, conv: SeparableConvolver) -> str:
         "device": device_name(conv.device),
         "engines": list(conv.engines),
         "choices": repr(job.plan.choices),
-        "outputs": [[o.name, o.kind, o.params] for o in job.outputs],  # volconv.features
+        "outputs": [[o.name, o.kind, o.params] for o in job.outputs],  # volconv.bank.features
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -23,9 +23,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from volconv.bank.factor import Term, term
 from volconv.checks import closest, fits_float32
-from volconv.factor import Term, term
-from volconv.plan import MAX_EXTENT
+from volconv.plan.direct import MAX_EXTENT
 
 
 class BankError(ValueError):
@@ -55,7 +55,7 @@ class Filter:
         The filter type (a key of `FILTER_TYPES`).
     kernel : (kx, ky, kz) float64 array, read-only
         Exactly the array ``scipy.ndimage.convolve`` is given.
-    factors : tuple of `volconv.factor.Term`, or None
+    factors : tuple of `volconv.bank.factor.Term`, or None
         The kernel as a sum of separable terms, where the filter type knows it (its sum equals
         ``kernel`` up to float64 rounding); None for custom kernels.
     """
@@ -591,7 +591,7 @@ def build_bank(
     units : {'voxels', 'mm'}
         ``[bank].units``: the units of filters that do not set their own.
     voxel_unknown : str
-        Why the input records no voxel size (`volconv.io.Volume.voxel_unknown`); a filter in
+        Why the input records no voxel size (`volconv.run.inputs.Volume.voxel_unknown`); a filter in
         mm is then refused, naming the key that asked for mm.
 
     Returns

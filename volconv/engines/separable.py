@@ -21,7 +21,7 @@ registers, so no intermediate volume is written and each response is written onc
 cost model plans such a bank (`plan_paths`); the pass tree runs the rest and on CPUs.
 
 Non-finite voxels (NaN, +-Inf) are exact as in scipy, as on the direct path: the passes filter
-the slab with them set to 0, and `volconv.nonfinite` sets the outputs they reach.
+the slab with them set to 0, and `volconv.engines.nonfinite` sets the outputs they reach.
 
 In a pipeline, `SeparableConvolver` takes `BankConvolver`'s place: give it the bank's `Filter`
 list (not the zero-padded stack, which would lose each filter's own extent and its factors);
@@ -39,11 +39,22 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyopencl as cl
 
-from volconv.bank import Filter, stack_kernels
-from volconv.boundary import extend_indices, halo, sources
+from volconv.bank.factor import Term, factorise, reconstruction_ok
+from volconv.bank.features import (
+    DeviceFeature,
+    Expanded,
+    Feature,
+    FeatureKernels,
+    StructureTensorStage,
+    expand,
+    host_feature,
+)
+from volconv.bank.filters import Filter, stack_kernels
 from volconv.checks import check_cval, check_mode
-from volconv.device import select_device
-from volconv.engine import (
+from volconv.device.devices import select_device
+from volconv.device.programs import build, context_for, device_seconds
+from volconv.engines.boundary import extend_indices, halo, sources
+from volconv.engines.direct import (
     STAGES,
     BankConvolver,
     Padder,
@@ -54,18 +65,9 @@ from volconv.engine import (
     native_volume,
     slab_rows,
 )
-from volconv.factor import Term, factorise, reconstruction_ok
-from volconv.features import (
-    DeviceFeature,
-    Expanded,
-    Feature,
-    FeatureKernels,
-    StructureTensorStage,
-    expand,
-    host_feature,
-)
-from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
-from volconv.plan import (
+from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
+from volconv.engines.tensor import direct_convolver
+from volconv.plan.direct import (
     CL_TYPES,
     MAX_EXTENT,
     MAX_SEPARABLE_EXTENT,
@@ -74,9 +76,7 @@ from volconv.plan import (
     pad_dtype_for,
     streaming_depth,
 )
-from volconv.programs import build, context_for, device_seconds
 from volconv.report import work_gflop
-from volconv.tensor import direct_convolver
 
 PATHS = ("direct", "separable", "low-rank")
 
@@ -125,7 +125,7 @@ class Choice:
     ----------
     path : {'direct', 'separable', 'low-rank'}
         'separable': the filter's own factors (a generated filter); 'low-rank': terms found by
-        `volconv.factor.factorise` for a custom kernel; 'direct': the k^3 kernel.
+        `volconv.bank.factor.factorise` for a custom kernel; 'direct': the k^3 kernel.
     extent : 3 ints
         The filter's own extent.
     terms : tuple of Term, or None
@@ -413,7 +413,7 @@ class SeparablePlan:
     tile: tuple[int, int, int] = FUSED_TILE  # the fused kernel's (TY, TZ, CX)
     n_stored: int | None = None  # the first n_stored filters are stored (None: all)
     feature_planes: int = 0  # feature outputs kernels/features.cl computes on the device
-    n_tensor: int = 0  # outputs of structure tensors (volconv.features.StructureTensorStage)
+    n_tensor: int = 0  # outputs of structure tensors (volconv.bank.features.StructureTensorStage)
 
     @property
     def stored(self) -> int:
@@ -502,7 +502,7 @@ def make_separable_plan(
     the paths (`plan_bank` unless ``choices`` are given), the common halo, the direct groups
     and the deepest slab whose buffers fit ``memory_budget`` (default: a quarter of the
     device's memory, at most 2 GiB) and the device's largest allocation; ``stream`` caps it
-    so that reading, computing and writing overlap, as `volconv.plan.make_plan` does.
+    so that reading, computing and writing overlap, as `volconv.plan.direct.make_plan` does.
 
     ``fused`` (default: on GPUs) runs the separable filters in one kernel when their tree fits
     it (`fused_fits`); else, or when it is False, as the pass tree (the paths, if not given,
@@ -619,15 +619,15 @@ class SeparableConvolver(SlabConvolver):
         One kernel for the separable filters (default: on GPUs, where the bank fits it), and
         its work-group tile (see `make_separable_plan`).
     engine : {'auto', 'fp32', 'tensor'}, optional
-        The direct groups' engine (`volconv.tensor.direct_convolver`; default
+        The direct groups' engine (`volconv.engines.tensor.direct_convolver`; default
         $VOLCONV_ENGINE or 'auto': the tensor cores where the device and bank allow).
-    expanded : volconv.features.Expanded, optional
+    expanded : volconv.bank.features.Expanded, optional
         Derived features: ``filters`` is then ``expanded.filters`` (the bank's, then those
         only features read), the first ``expanded.n_stored`` responses are given, then each
         feature's outputs (`plan.n_outputs` volumes in all). The filters the device features
         read must be on the separable path (`plan_paths`' ``separable``).
     **overrides
-        Plan knobs for the direct groups (see `volconv.plan.make_plan`).
+        Plan knobs for the direct groups (see `volconv.plan.direct.make_plan`).
     """
 
     def __init__(
@@ -798,7 +798,7 @@ class SeparableConvolver(SlabConvolver):
 
     def pinned_slab(self) -> np.ndarray:
         """A ``(plan.n_outputs, slab_depth, ny, nz)`` array of the stored type in page-locked
-        host memory (see `volconv.engine.SlabConvolver.pinned_slab`)."""
+        host memory (see `volconv.engines.direct.SlabConvolver.pinned_slab`)."""
         plan = self.plan
         shape = (plan.n_outputs, plan.slab_depth, *plan.shape[1:])
         mf = cl.mem_flags
@@ -1165,8 +1165,8 @@ def convolve_separable(
     """Apply a bank (each filter exactly as scipy.ndimage.convolve applies it) through
     `SeparableConvolver`; a 4D volume is filtered as t independent 3D volumes.
 
-    ``features`` (`volconv.features.Feature`s; ``filters`` then a list of `Filter`s, possibly
-    empty) adds their outputs after the bank's responses (`volconv.features.expand`).
+    ``features`` (`volconv.bank.features.Feature`s; ``filters`` then a list of `Filter`s, possibly
+    empty) adds their outputs after the bank's responses (`volconv.bank.features.expand`).
 
     Returns
     -------

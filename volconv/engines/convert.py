@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyopencl as cl
 
-from volconv.programs import build
+from volconv.device.programs import build
 
 if TYPE_CHECKING:
     from volconv.config import Config
-    from volconv.io import Volume
+    from volconv.run.inputs import Volume
 
 STORED = ("float32", "float16", "uint8")
 FLOAT16_MAX = float(np.finfo(np.float16).max)

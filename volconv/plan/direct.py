@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
-from volconv.boundary import halo
-from volconv.cache import cache_folder, device_key, read_cached, say_once
 from volconv.checks import check_positive_int
-from volconv.programs import kernel_source
+from volconv.device.cache import cache_folder, device_key, read_cached, say_once
+from volconv.device.programs import kernel_source
+from volconv.engines.boundary import halo
 
 MAX_FILTERS = 64
 MAX_EXTENT = 31
@@ -122,13 +122,13 @@ class Engine:
     """A way to compute a plan's direct filters, named in the throughput record.
 
     ``convolver`` is ``"module:callable"``, a class or factory with
-    `volconv.engine.BankConvolver`'s constructor, slab interface and ``time_kernel``, imported
-    when used (the engines import this module), which raises ValueError for a bank or type it
-    does not take; ``supported`` is ``"module:function"`` of a device, whether the engine runs
-    there (empty: everywhere); ``knobs``: whether the FP32 kernel's knobs (vector width,
-    unroll, work-group) are its own, for `volconv.tune` to search; ``sources``: its kernels/
-    files. `volconv.tune` times every available engine and caches the winner; untuned,
-    `volconv.tensor.direct_convolver` chooses by rule.
+    `volconv.engines.direct.BankConvolver`'s constructor, slab interface and ``time_kernel``,
+    imported when used (the engines import this module), which raises ValueError for a bank or
+    type it does not take; ``supported`` is ``"module:function"`` of a device, whether the
+    engine runs there (empty: everywhere); ``knobs``: whether the FP32 kernel's knobs (vector width,
+    unroll, work-group) are its own, for `volconv.plan.tune` to search; ``sources``: its kernels/
+    files. `volconv.plan.tune` times every available engine and caches the winner; untuned,
+    `volconv.engines.tensor.direct_convolver` chooses by rule.
     """
 
     name: str
@@ -150,12 +150,13 @@ def _load(name: str) -> Callable:
 
 
 # The engines, the FP32 kernel first (an untuned plan's, and every device's): the tensor cores
-# on NVIDIA cc >= 8.0 (`volconv.tensor`), for 8-bit inputs and, split into 8-bit digits,
+# on NVIDIA cc >= 8.0 (`volconv.engines.tensor`), for 8-bit inputs and, split into 8-bit digits,
 # 16-bit integers and floats.
 ENGINES: tuple[Engine, ...] = (
-    Engine("fp32", "volconv.engine:BankConvolver", sources=("bank_conv.cl",)),
-    Engine("tensor", "volconv.tensor:tensor_convolver", "volconv.tensor:tensor_supported",
-           knobs=False, sources=("tensor_int8.cl", "digits.cl")),
+    Engine("fp32", "volconv.engines.direct:BankConvolver", sources=("bank_conv.cl",)),
+    Engine("tensor", "volconv.engines.tensor:tensor_convolver",
+           "volconv.engines.tensor:tensor_supported", knobs=False,
+           sources=("tensor_int8.cl", "digits.cl")),
 )  # fmt: skip
 
 
@@ -535,7 +536,7 @@ def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> i
 
 
 # -- the tuning cache -----------------------------------------------------------------------
-# `volconv bench --tune` (volconv.tune) writes the knobs that ran fastest for a bank shape on
+# `volconv bench --tune` (volconv.plan.tune) writes the knobs that ran fastest for a bank shape on
 # a device to tune.json beside the FMA probe's peak.json: {device key: {bank key: entry}}.
 # An entry made for other kernels (any engine's), or of another format, is stale.
 
@@ -560,7 +561,7 @@ def tune_keys(
 
 
 def tune_path(cache_dir: Path | None = None) -> Path:
-    """tune.json in the cache folder (`volconv.cache.cache_folder`: under its trust rule)."""
+    """tune.json in the cache folder (`volconv.device.cache.cache_folder`: under its trust rule)."""
     return cache_folder(cache_dir) / TUNE_FILE
 
 

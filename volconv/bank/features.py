@@ -16,7 +16,7 @@ Gaussian truncated as ``scipy.ndimage.gaussian_filter(..., truncate=truncate)`` 
 
 `expand` adds the filters the features read to the bank (deduplicated against the bank's own
 filters and between features); they stay on the device unless the bank names them too. The
-convolver (`volconv.separable.SeparableConvolver`) runs every filter a feature reads on the
+convolver (`volconv.engines.separable.SeparableConvolver`) runs every filter a feature reads on the
 separable path, so the responses are in one device buffer, and kernels/features.cl computes
 the features there (`FeatureKernels`) before the download. The structure tensor smooths the
 products of gradients a second time, with the mode applied to the product field:
@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyopencl as cl
 
-from volconv.bank import BankError, Filter, build_bank, gaussian_kernel1d
-from volconv.boundary import sources
-from volconv.factor import Term, term
-from volconv.outputs import Output, responses
-from volconv.plan import MAX_SEPARABLE_EXTENT
-from volconv.programs import build, device_seconds
+from volconv.bank.factor import Term, term
+from volconv.bank.filters import BankError, Filter, build_bank, gaussian_kernel1d
+from volconv.bank.outputs import Output, responses
+from volconv.device.programs import build, device_seconds
+from volconv.engines.boundary import sources
+from volconv.plan.direct import MAX_SEPARABLE_EXTENT
 
 DEFAULT_TRUNCATE = 4.0  # scipy.ndimage.gaussian_filter's
 
@@ -541,7 +541,7 @@ class Expanded:
         return [o.name for o in self.outputs]
 
     def plan_sizes(self) -> dict[str, int]:
-        """`volconv.separable.make_separable_plan`'s sizes of the outputs."""
+        """`volconv.engines.separable.make_separable_plan`'s sizes of the outputs."""
         return {
             "n_stored": self.n_stored,
             "feature_planes": sum(len(f.at) for f in self.device),
@@ -552,7 +552,7 @@ class Expanded:
         """The ``/kernels`` array and the per-output extents: each response's kernel, and a
         (1, 1, 1) zero kernel for each feature output (the ``features`` attribute describes
         those), stacked to one extent."""
-        from volconv.bank import stack_kernels
+        from volconv.bank.filters import stack_kernels
 
         arrays = [o.kernel if o.is_response else np.zeros((1, 1, 1)) for o in self.outputs]
         extents = np.array([a.shape for a in arrays], np.int64)
@@ -685,8 +685,8 @@ class StructureTensorStage:
     The outer smoothing reads the product field g_a * g_b over the slab widened by rho's
     radius, extended by the bank's mode at the volume's borders (scipy's ``gaussian_filter``
     of the products), so the gradients are computed over the product rows that smoothing
-    reads (`volconv.boundary.extend_indices`), in chunks of at most the slab's depth, and kept
-    on the device; each product is gathered into the outer smoothing's padded slab through
+    reads (`volconv.engines.boundary.extend_indices`), in chunks of at most the slab's depth,
+    and kept on the device; each product is gathered into the outer smoothing's padded slab through
     pad.cl's index maps (kernels/features.cl's product_pad: mode and cval applied to the
     product field), smoothed by the outer convolver's passes, and the six entries give the
     eigenvalues (eigen3); only those are downloaded. A slab whose source holds NaN or Inf
@@ -705,7 +705,7 @@ class StructureTensorStage:
         slab_depth: int,
         kernels: FeatureKernels,
     ) -> None:
-        from volconv.separable import SeparableConvolver, plan_bank
+        from volconv.engines.separable import SeparableConvolver, plan_bank
 
         self.feature, self.shape, self.mode = feature, tuple(shape), mode
         self.kernels = kernels
@@ -751,11 +751,11 @@ class StructureTensorStage:
         """The three eigenvalue volumes (3, b - a, ny, nz) float32 of output rows ``[a, b)``,
         from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its
         whole ``frame``."""
-        from volconv.nonfinite import has_nonfinite
+        from volconv.engines.nonfinite import has_nonfinite
 
         if rows is not None and has_nonfinite(rows):
             return self._compute_host(a, b, rows, needed, frame)
-        from volconv.programs import device_seconds
+        from volconv.device.programs import device_seconds
 
         grad, outer, queue = self.grad, self.outer, self.grad.queue
         ctx = grad.ctx

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pyopencl as cl
 
+from volconv.device.peak import Peak, theoretical_peak
+from volconv.device.programs import driver_started
 from volconv.errors import DeviceError, NoDeviceError
-from volconv.peak import Peak, theoretical_peak
-from volconv.programs import driver_started
 
 __all__ = ["DeviceError", "NoDeviceError", "list_devices", "select_device"]
 

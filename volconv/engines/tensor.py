@@ -31,9 +31,10 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.checks import check_cval, check_mode
-from volconv.device import select_device
-from volconv.engine import BankConvolver, as_kernel_bank, native_volume
-from volconv.plan import (
+from volconv.device.devices import select_device
+from volconv.device.programs import build, build_sm90a
+from volconv.engines.direct import BankConvolver, as_kernel_bank, native_volume
+from volconv.plan.direct import (
     CL_TYPES,
     Plan,
     _deepest_slab,
@@ -42,8 +43,7 @@ from volconv.plan import (
     streaming_depth,
     tuned_knobs,
 )
-from volconv.plan import ENGINES as DIRECT_ENGINES
-from volconv.programs import build, build_sm90a
+from volconv.plan.direct import ENGINES as DIRECT_ENGINES
 
 # cl_nv_device_attribute_query
 CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV = 0x4000
@@ -668,7 +668,7 @@ def auto_engine(
     tuned: bool = True,
 ) -> str:
     """'auto''s engine for a bank: the one ``volconv bench --tune`` cached for this device,
-    driver and bank shape (`volconv.plan.tuned_knobs`; ``tuned`` False skips it), else the
+    driver and bank shape (`volconv.plan.direct.tuned_knobs`; ``tuned`` False skips it), else the
     rule: 'tensor' where the device and bank allow it and `tensor_pays` for the slab's
     digits (`digit_types`: 8-bit slabs, and 16-bit integers from `MIN_SPLIT_TAPS` taps),
     else 'fp32'; the tuner takes any of them where they measure faster."""
@@ -696,7 +696,7 @@ def tensor_convolver(
     device: cl.Device,
     **overrides: object,
 ) -> BankConvolver:
-    """The tensor-core engine as `volconv.plan.ENGINES` offers it to `volconv.tune`:
+    """The tensor-core engine as `volconv.plan.direct.ENGINES` offers it to `volconv.plan.tune`:
     `TensorConvolver` or `DigitConvolver` by the volume's type; a ValueError where the device
     or bank refuse it (`tensor_refusal`). Its error is below the FP32 kernel's at every extent
     (exact int32 sums), so the tuner may take it wherever it is faster."""

@@ -4,7 +4,7 @@ per device and process. The engine, the FMA probe and every other kernel user bu
 Nothing touches OpenCL at import time, so importing volconv before a fork is safe; contexts
 are made on first use, in the process that uses them, or started ahead (`start_driver`,
 `start_context`) by a `volconv run` that knows it will need them. volconv's cache folder
-(program binaries for every kind of device, the FMA probe, the tuning) is `volconv.cache`'s.
+(program binaries for every kind of device, the FMA probe, the tuning) is `volconv.device.cache`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pyopencl as cl
 
-from volconv.cache import (
+from volconv.device.cache import (
     cache_folder,
     device_key,
     is_private,
@@ -43,7 +43,7 @@ def kernel_folder() -> Traversable:
     try:
         return resources.files("volconv.kernels")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "kernels"
+        return Path(__file__).resolve().parents[2] / "kernels"
 
 
 @cache
@@ -217,7 +217,7 @@ def sm90a_ptx(text: str, min_groups: int = 0, threads: int = 0) -> str:
 
 
 # -- the binary cache ----------------------------------------------------------------------
-# programs/<key>.bin in the cache folder (volconv.cache, which applies the trust rule): a
+# programs/<key>.bin in the cache folder (volconv.device.cache, which applies the trust rule): a
 # header line naming the format, then a JSON line with the digest of what the binary was
 # built from (format, device key, source, options), the payload's SHA-256 and the options
 # it is built with, then the driver's binary (a CPU's object code, NVIDIA's PTX).
@@ -266,7 +266,7 @@ def binary_build(
     cache_dir: Path | None = None,
 ) -> cl.Program:
     """The program of ``source`` and ``options`` for ``ctx``'s first device: loaded from the
-    binary cached under the cache folder's programs/ (`volconv.cache.cache_folder`; entries
+    binary cached under the cache folder's programs/ (`volconv.device.cache.cache_folder`; entries
     keyed and checked by `program_digest`), on every kind of device; else built by ``make``
     (default: from source with ``options``), which returns the program and the options its
     binary is built with, and its binary cached.

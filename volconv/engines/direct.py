@@ -4,7 +4,7 @@
 output rows ``[a, b)`` needs the source rows `source_rows(a, b)`; the caller reads them (from an
 array, a memory map, a NIfTI or HDF5 file) and `convolve_slab` returns the N responses.
 `convolve_bank` is the whole-array API on top of it. A slab holding NaN or Inf is filtered as
-scipy filters it (`volconv.nonfinite`); finite slabs take the kernel alone.
+scipy filters it (`volconv.engines.nonfinite`); finite slabs take the kernel alone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from volconv.boundary import extend_indices, sources
 from volconv.checks import (
     as_float32,
     check_cval,
@@ -25,11 +24,12 @@ from volconv.checks import (
     docfiller,
     fits_float32,
 )
-from volconv.convert import DeviceEncoder, encode
-from volconv.device import select_device
-from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
-from volconv.plan import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
-from volconv.programs import build, context_for, device_seconds
+from volconv.device.devices import select_device
+from volconv.device.programs import build, context_for, device_seconds
+from volconv.engines.boundary import extend_indices, sources
+from volconv.engines.convert import DeviceEncoder, encode
+from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
+from volconv.plan.direct import CL_TYPES, MAX_EXTENT, MAX_FILTERS, Plan, make_plan
 from volconv.report import work_gflop
 
 # Device stages each convolver times (OpenCL profiling), in seconds: `timings`.
@@ -285,7 +285,7 @@ class Padder:
 
 
 class SlabConvolver:
-    """What every convolver shares (`BankConvolver`, `volconv.separable.SeparableConvolver`):
+    """What every convolver shares (`BankConvolver`, `separable.SeparableConvolver`):
     slabs along axis 0 of ``plan.slab_depth`` rows, page-locked buffers to download them
     into, and the stored type (`store`) they are converted to on the device before the
     download. Subclasses set ``plan`` (``shape``, ``slab_depth``, ``n_filters``), ``ctx``,
@@ -301,11 +301,11 @@ class SlabConvolver:
     _host_counts = (0, 0)  # NaNs and clipped voxels of the slabs converted on the host
 
     def store(self, dtype: str, scale: float = 1.0, offset: float = 0.0) -> None:
-        """Give the responses as ``dtype`` (float32, float16 or uint8, `volconv.convert`):
+        """Give the responses as ``dtype`` (float32, float16 or uint8, `volconv.engines.convert`):
         `convolve_slab` then takes an ``out`` of that type (or float32) and, by default,
         returns one. The conversion runs on the device after the filtering, before the
         download; a slab whose source holds NaN or Inf is filtered in float32, set as scipy
-        sets it (`volconv.nonfinite`) and converted on the host, to the same bytes."""
+        sets it (`volconv.engines.nonfinite`) and converted on the host, to the same bytes."""
         self.stored = np.dtype(dtype)
         self._scale, self._offset = float(scale), float(offset)
         self._encoder = None
@@ -399,15 +399,15 @@ class BankConvolver(SlabConvolver):
     %(cval)s
     %(device)s
     plan
-        A plan made by `volconv.plan.make_plan` for this bank, shape and type on ``device``
+        A plan made by `volconv.plan.direct.make_plan` for this bank, shape and type on ``device``
         (the pipeline plans each input once and hands the plan over); default: plan here.
     **overrides
         Plan knobs (``slab_depth``, ``memory_budget``, ``unroll``, ``rows``, ``vector_width``,
-        ``local_size``) when planning here; see `volconv.plan.make_plan`.
+        ``local_size``) when planning here; see `volconv.plan.direct.make_plan`.
     """
 
     engine = "fp32"  # the record's name of this engine
-    tensor_gflop = 0.0  # no tensor-core work (`volconv.tensor.TensorConvolver` has some)
+    tensor_gflop = 0.0  # no tensor-core work (`volconv.engines.tensor.TensorConvolver` has some)
 
     def __init__(
         self,

@@ -1,8 +1,8 @@
 """volconv's cache folder and the one rule for what in it is trusted.
 
 The folder (`default_cache_dir`) holds three caches, each keyed by the one `device_key`: the
-program binaries (``programs/``, `volconv.programs`), the FMA probe's rates (``peak.json``,
-`volconv.peak`) and the tuning (``tune.json``, `volconv.tune`). Every read and write of
+program binaries (``programs/``, `volconv.device.programs`), the FMA probe's rates (``peak.json``,
+`volconv.device.peak`) and the tuning (``tune.json``, `volconv.plan.tune`). Every read and write of
 them goes through `read_cached` and `write_cached`, which apply the trust rule:
 
 - a folder (the cache folder, ``programs/``) is used only if it is a real folder, not a

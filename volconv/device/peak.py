@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import pyopencl as cl
 
-from volconv.cache import cache_folder, device_key, read_cached, write_cached
-from volconv.programs import build, context_for, kernel_source
+from volconv.device.cache import cache_folder, device_key, read_cached, write_cached
+from volconv.device.programs import build, context_for, kernel_source
 from volconv.report import format_gflops
 
 log = logging.getLogger(__name__)
@@ -361,7 +361,7 @@ def probe_fma(device: cl.Device) -> dict[str, object]:
 
 
 def _read_cache(folder: Path) -> dict[str, dict]:
-    """peak.json in the cache ``folder``, where it passes the trust rule (`volconv.cache`);
+    """peak.json in the cache ``folder``, where it passes the trust rule (`volconv.device.cache`);
     else empty: measured again."""
     text = read_cached(folder, PEAK_FILE, "measured again")
     try:
@@ -381,7 +381,7 @@ def measured_peak(
     """The FMA probe's FP32 rate of ``device`` in GFLOP/s, or None when the probe fails.
 
     Cached in ``peak.json`` in the cache folder (``cache_dir``, default
-    `volconv.cache.default_cache_dir`, under its trust rule) per device key and probe source;
+    `volconv.device.cache.default_cache_dir`, under its trust rule) per device key and probe source;
     ``refresh`` measures again and replaces the entry. With
     ``probe=False`` only the cache is read (None when it has no entry): `volconv run` records
     the probe's rate when known and never spends seconds measuring it.

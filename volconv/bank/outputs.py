@@ -2,7 +2,7 @@
 
 The bank's filters make responses on the device; an `Output` is one stored volume: a filter's
 response as it is, or one volume of a derived feature computed from several responses
-(`volconv.features`). Everything after the filters (the writer, the memory model, provenance,
+(`volconv.bank.features`). Everything after the filters (the writer, the memory model, provenance,
 resume, the batch key) counts and names outputs, never filters: the file's N is the number of
 outputs.
 """
@@ -47,5 +47,6 @@ class Output:
 
 
 def responses(filters: list) -> list[Output]:
-    """Each filter of a bank (`volconv.bank.Filter`) as the output that stores its response."""
+    """Each filter of a bank (`volconv.bank.filters.Filter`) as the output that stores its
+    response."""
     return [Output(f.name, RESPONSE, f.kernel) for f in filters]

@@ -3,7 +3,7 @@
 
 One input is one task, `process`: in a worker process it takes that worker's device
 (``VOLCONV_DEVICE``, else the pipeline's ``run.device``), plans its one input and runs
-`volconv.pipeline.run_one`, returning the input's record. The worker makes its OpenCL context
+`volconv.run.pipeline.run_one`, returning the input's record. The worker makes its OpenCL context
 and convolvers on its first task and keeps them for the next. A local worker runs two tasks
 at a time: one on its device while the other's last slabs are written (`Turns`). `run_batch`
 plans and checks the whole pipeline once in the client, so a user's mistake exits 2 before
@@ -46,12 +46,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyopencl as cl
 
-from volconv.cache import cache_folder, read_cached, write_cached
 from volconv.config import Config, PipelineError
-from volconv.device import NoDeviceError, device_name, list_devices, select_device
-from volconv.io import InputError, expand_inputs, split_spec
+from volconv.device.cache import cache_folder, read_cached, write_cached
+from volconv.device.devices import NoDeviceError, device_name, list_devices, select_device
+from volconv.device.programs import context_for, start_context
 from volconv.output import remove_stale_temps
-from volconv.pipeline import (
+from volconv.report import VolumeReport
+from volconv.run.inputs import InputError, expand_inputs, split_spec
+from volconv.run.pipeline import (
     Convolvers,
     Interrupted,
     Job,
@@ -64,8 +66,6 @@ from volconv.pipeline import (
     run_overlapped,
     stop_on_ctrl_c,
 )
-from volconv.programs import context_for, start_context
-from volconv.report import VolumeReport
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -165,7 +165,7 @@ def worker_device(default: str, device_spec: str | None = None) -> cl.Device:
 
 
 def plan_one(cfg: Config, spec: str, device: cl.Device, *, overwrite: bool = False) -> Job:
-    """`volconv.pipeline.plan_jobs` for the one input ``spec`` (as `plan_jobs` names it)."""
+    """`volconv.run.pipeline.plan_jobs` for the one input ``spec`` (as `plan_jobs` names it)."""
     name, dataset = split_spec(spec)
     literal = glob.escape(name) + (f":{dataset}" if dataset else "")  # a file, never a glob
     [job] = plan_jobs(replace(cfg, paths=(literal,)), device, overwrite=overwrite)
@@ -183,7 +183,7 @@ def _runner(cfg: Config, device: cl.Device) -> tuple[Convolvers, RunResult]:
 
 def warm_up(cfg: Config, spec: str) -> None:
     """Make this worker ready for ``cfg``'s input ``spec`` before its first task: the
-    device's context, the peaks, the programs of the input's plan (through volconv.programs'
+    device's context, the peaks, the programs of the input's plan (through volconv.device.programs'
     binary cache: a program another process built is loaded, not built) and its first
     page-locked slab buffer."""
     device = worker_device(cfg.device)
@@ -263,7 +263,7 @@ def process(
 
         def on_slab(job: Job) -> None:
             if batch in _STOPPED:
-                raise _Stopped  # the writer keeps its complete slabs (volconv.resume)
+                raise _Stopped  # the writer keeps its complete slabs (volconv.run.resume)
 
         with _TURNS.turn(Convolvers.key(job)) as left:
             convolvers, result = _runner(cfg, device)
@@ -415,7 +415,7 @@ def workers_for(seconds: list[float], devices: int, start: float) -> int:
     return best
 
 
-START_FILE = "batch_start.json"  # in the cache folder (volconv.cache: its trust rule)
+START_FILE = "batch_start.json"  # in the cache folder (volconv.device.cache: its trust rule)
 
 
 def start_cost() -> float:

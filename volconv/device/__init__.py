@@ -1,0 +1,1 @@
+"""OpenCL devices: choosing one, its peaks, the one build path and the cache folder."""

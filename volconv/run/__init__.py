@@ -1,0 +1,1 @@
+"""Running jobs: inputs, planning, streaming slab by slab, resume, batches over devices."""
