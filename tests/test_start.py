@@ -10,12 +10,14 @@ import sys
 import threading
 
 import h5py
+import nibabel as nib
 import numpy as np
 import pyopencl as cl
 import pytest
 from test_pipeline import ROOT, check_output, random_volume, volconv, write_pipeline
 
 from volconv import programs
+from volconv.io import InputError, open_volume
 from volconv.pipeline import PinnedSlabs
 from volconv.separable import SeparableConvolver
 
@@ -110,20 +112,135 @@ def test_an_overwrite_that_fails_keeps_the_old_output_whole(tmp_path, capsys, mo
         assert f.attrs["complete"]
 
 
-def test_a_run_imports_only_what_it_needs(tmp_path) -> None:
-    """nibabel (0.05-0.1 s) for the files it reads only, the progress bar on a terminal
-    only: not for a .npy input written to a pipe."""
-    np.save(tmp_path / "scan.npy", random_volume((5, 4, 3), "uint8"))
-    pipeline = write_pipeline(tmp_path, BOX)
-    code = (
-        "import sys; from volconv.cli import main; sys.argv = ['volconv', 'run', sys.argv[1]]\n"
-        "try: main()\nexcept SystemExit as e: assert not e.code, e.code\n"
-        "print(sorted(m for m in ('nibabel', 'rich.progress', 'scipy') if m in sys.modules))"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(pipeline)], capture_output=True,
-                          text=True, cwd=ROOT, check=True)  # fmt: skip
+RUN_IMPORTS = (
+    "import sys; from volconv.cli import main; names = sys.argv[2:]\n"
+    "sys.argv = ['volconv', 'run', sys.argv[1]]\n"
+    "try: main()\nexcept SystemExit as e: assert not e.code, e.code\n"
+    "print(sorted(m for m in names if m in sys.modules))"
+)
+# Never needed by `volconv run` on a file nibabel need not read (nibabel 0.2-0.3 s of a
+# start on the GPU node; the others are for `show`, `bench --plot`, `--set` and custom
+# kernels); the progress bar on a terminal only.
+NOT_FOR_A_RUN = ("nibabel", "matplotlib", "scipy", "rich.progress", "tomli_w", "distributed")
+
+
+@pytest.mark.parametrize("name", ["scan.npy", "scan.nii"])
+def test_a_run_imports_only_what_it_needs(tmp_path, name) -> None:
+    """A run of a .npy or a plain .nii input, written to a pipe, in a process of its own."""
+    data = random_volume((5, 4, 3), "uint8")
+    if name.endswith(".nii"):
+        nib.save(nib.Nifti1Image(data, np.diag([2.0, 1.5, 1.0, 1.0])), tmp_path / name)
+    else:
+        np.save(tmp_path / name, data)
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": [name]})
+    done = subprocess.run([sys.executable, "-c", RUN_IMPORTS, str(pipeline), *NOT_FOR_A_RUN],
+                          capture_output=True, text=True, cwd=ROOT, check=True)  # fmt: skip
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
-    assert (tmp_path / "out" / "scan.h5").is_file()
+    check_output(tmp_path / "out" / "scan.h5", data).close()
+
+
+def test_a_run_of_a_scaled_nifti_imports_nibabel(tmp_path) -> None:
+    """The guard above can fail: a NIfTI nibabel must read (scl_slope 2) imports it."""
+    _scaled(tmp_path / "scan.nii", random_volume((5, 4, 3), "int16"))
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.nii"]})
+    done = subprocess.run([sys.executable, "-c", RUN_IMPORTS, str(pipeline), "nibabel"],
+                          capture_output=True, text=True, cwd=ROOT, check=True)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "['nibabel']", done.stdout + done.stderr
+
+
+AFFINE = np.array([[-1.5, 0.1, 0, 90], [0, 2, 0.2, -126], [0, 0, 2.5, -72], [0, 0, 0, 1]])
+
+
+def _plain(path, data, **header):
+    img = nib.Nifti1Image(data, AFFINE)
+    for key, value in header.items():
+        img.header[key] = value
+    nib.save(img, path)
+
+
+def _slope_inter(path, slope, inter):  # in the file: nibabel's save sets its own
+    raw = bytearray(path.read_bytes())
+    raw[112:120] = np.array([slope, inter], "<f4").tobytes()
+    path.write_bytes(bytes(raw))
+
+
+def _scaled(path, data):
+    _plain(path, data)
+    _slope_inter(path, 0.5, -3.0)
+
+
+def _qform_only(path, data):
+    img = nib.Nifti1Image(data, None)
+    img.set_qform(np.diag([1.2, 0.9, 2.0, 1.0]), code=1)
+    img.set_sform(None, code=0)
+    nib.save(img, path)
+
+
+def _big_endian(path, data):
+    header = nib.Nifti1Header(endianness=">")
+    img = nib.Nifti1Image(data, AFFINE, header=header)
+    img.set_data_dtype(data.dtype.newbyteorder(">"))
+    nib.save(img, path)
+
+
+def _extension(path, data):
+    img = nib.Nifti1Image(data, AFFINE)
+    img.header.extensions.append(nib.nifti1.Nifti1Extension("comment", b"a comment"))
+    nib.save(img, path)
+
+
+def _slope_one(path, data):  # nibabel's proxy leaves slope 1, inter 0 unscaled
+    _plain(path, data)
+    _slope_inter(path, 1.0, 0.0)
+
+
+ZERO = [1, 0, 1, 1, 1, 1, 1, 1]  # pixdim: no voxel size along x
+NIFTIS = {  # (shape, dtype, writer): the plain ones open without nibabel, the rest with it
+    "uint8 3D": ((9, 8, 7), "uint8", _plain),
+    "float32 4D": ((9, 8, 7, 3), "float32", _plain),
+    "int16 4D of one frame": ((6, 5, 4, 1), "int16", _plain),
+    "uint16 5D with a trailing 1": ((6, 5, 4, 2, 1), "uint16", _plain),
+    "float64, zero voxel size": ((6, 5, 4), "float64", lambda p, d: _plain(p, d, pixdim=ZERO)),
+    "int8, slope 1 inter 0 in the file": ((6, 5, 4), "int8", _slope_one),
+    "scaled": ((6, 5, 4), "int16", _scaled),
+    "qform only": ((6, 5, 4), "int16", _qform_only),
+    "big-endian": ((6, 5, 4), "int16", _big_endian),
+    "with an extension": ((6, 5, 4), "uint8", _extension),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", NIFTIS)
+def test_a_nifti_opens_as_nibabel_reads_it(tmp_path, case) -> None:
+    """Whether or not nibabel reads it, a .nii input is what nibabel gives: voxels (whole
+    frames and rows), type after scaling, affine, voxel size and whether it has one."""
+    shape, dtype, write = NIFTIS[case]
+    data = random_volume(shape, dtype)
+    path = tmp_path / "scan.nii"
+    write(path, data)
+    vol = open_volume(path)
+    img = nib.load(path)
+    want = np.asanyarray(img.dataobj)
+    want = want.reshape(want.shape[:4]) if want.ndim > 4 else want
+    assert vol.dtype == want.dtype.newbyteorder("=") and vol.shape == want.shape
+    np.testing.assert_array_equal(vol.affine, img.affine)
+    raw_zooms = nib.Nifti1Header.from_fileobj(path.open("rb"), check=False).get_zooms()[:3]
+    assert vol.voxel_size == tuple(float(z) for z in img.header.get_zooms()[:3])
+    assert (vol.voxel_unknown == "") == all(z > 0 for z in raw_zooms)
+    rows = np.array([4, 0, 1, 2, 5])
+    for t in range(vol.n_frames):
+        frame = want[..., t] if want.ndim == 4 else want
+        np.testing.assert_array_equal(vol.read_frame(t), frame)
+        np.testing.assert_array_equal(vol.read_rows(rows, t), frame[rows])
+    # mapped (read as used): a 3D file that is neither scaled nor in the other byte order
+    assert vol.mapped == (len(shape) == 3 and case not in ("scaled", "big-endian"))
+
+
+def test_a_cut_plain_nifti_is_refused_as_before(tmp_path) -> None:
+    path = tmp_path / "cut.nii"
+    _plain(path, random_volume((9, 8, 7), "int16"))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(InputError, match="truncated"):
+        open_volume(path)
 
 
 def test_every_user_error_is_a_value_error() -> None:

@@ -488,11 +488,14 @@ def _open_nibabel(path: str, file: Path) -> Volume:
 # NIfTI-1 datatype codes nibabel reads as these types (bool and complex: nibabel's path).
 _NIFTI_TYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2",
                 768: "u4", 1024: "i8", 1280: "u8"}  # fmt: skip
-_NIFTI_FIELDS = [("sizeof_hdr", "i4"), ("_1", "V36"), ("dim", "i2", 8), ("_2", "V14"),
-                 ("datatype", "i2"), ("bitpix", "i2"), ("_3", "V2"), ("pixdim", "f4", 8),
-                 ("vox_offset", "f4"), ("scl_slope", "f4"), ("scl_inter", "f4"),
-                 ("_4", "V132"), ("qform_code", "i2"), ("sform_code", "i2"), ("_5", "V24"),
-                 ("srow", "f4", (3, 4)), ("_6", "V16"), ("magic", "S4"), ("ext", "u1", 4)]  # fmt: skip
+# The 348-byte header and the 4 bytes after it (nonzero: extensions follow), native order.
+_NIFTI_FIELDS = [
+    ("sizeof_hdr", "i4"), ("_1", "V36"), ("dim", "i2", 8), ("_2", "V14"), ("datatype", "i2"),
+    ("bitpix", "i2"), ("_3", "V2"), ("pixdim", "f4", 8), ("vox_offset", "f4"),
+    ("scl_slope", "f4"), ("scl_inter", "f4"), ("_4", "V132"), ("qform_code", "i2"),
+    ("sform_code", "i2"), ("_5", "V24"), ("srow", "f4", (3, 4)), ("_6", "V16"),
+    ("magic", "S4"), ("ext", "u1", 4),
+]  # fmt: skip
 
 
 def _open_plain_nifti(path: str, file: Path) -> Volume | None:
@@ -513,13 +516,14 @@ def _open_plain_nifti(path: str, file: Path) -> Volume | None:
     dtype = _NIFTI_TYPES.get(int(h["datatype"]))
     offset = float(h["vox_offset"])
     slope = float(h["scl_slope"])
+    unscaled = slope == 0 or not math.isfinite(slope) or (slope, float(h["scl_inter"])) == (1, 0)
     pixdim = h["pixdim"]
     if not (
         h["sizeof_hdr"] == 348 and h["magic"] == b"n+1" and not h["ext"][0]
         and ndim in (3, 4) and min(h["dim"][1 : ndim + 1]) >= 1 and dtype is not None
         and h["bitpix"] == 8 * np.dtype(dtype).itemsize and pixdim[0] in (-1, 1)
         and all(math.isfinite(v) and v > 0 for v in pixdim[1 : ndim + 1])
-        and 352 <= offset == int(offset) and (slope == 0 or not math.isfinite(slope) or (slope, h["scl_inter"]) == (1, 0))
+        and 352 <= offset == int(offset) and unscaled
         and 0 < h["sform_code"] <= 5 and 0 <= h["qform_code"] <= 5
     ):  # fmt: skip
         return None
