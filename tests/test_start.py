@@ -5,9 +5,12 @@ in the background while the old file stays whole until the new one is complete
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import h5py
 import nibabel as nib
@@ -81,6 +84,31 @@ def test_overwrite_replaces_the_output_and_leaves_nothing_beside_it(tmp_path, ca
     assert volconv("run", pipeline, "--overwrite", capsys=capsys)[0] == 0
     assert out.stat().st_ino != first and list(out.parent.iterdir()) == [out]
     check_output(out, volume).close()
+
+
+def test_a_process_leaves_the_replaced_output_to_an_rm_process(tmp_path, capsys) -> None:
+    """`volconv run --overwrite` as a process of its own returns without waiting for the
+    file system to free the output it replaced (a slow ``rm`` here): that process frees it
+    after; the new output is complete when the command returns."""
+    volume = random_volume((9, 7, 6), "uint8")
+    np.save(tmp_path / "scan.npy", volume)
+    pipeline = write_pipeline(tmp_path, BOX, run={"slab_depth": 3})
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    out = tmp_path / "out" / "scan.h5"
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "rm").write_text(f'#!/bin/sh\nsleep 2\nexec {shutil.which("rm")} "$@"\n')
+    (slow / "rm").chmod(0o755)
+    env = {**os.environ, "PATH": f"{slow}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([sys.executable, "-m", "volconv", "run", str(pipeline), "--overwrite"],
+                   cwd=ROOT, env=env, check=True, capture_output=True)  # fmt: skip
+    assert len(list(out.parent.iterdir())) == 2  # the old file's folder, still there
+    check_output(out, volume).close()
+    for _ in range(100):
+        if list(out.parent.iterdir()) == [out]:
+            break
+        time.sleep(0.1)
+    assert list(out.parent.iterdir()) == [out]
 
 
 def test_an_overwrite_that_fails_keeps_the_old_output_whole(tmp_path, capsys, monkeypatch):

@@ -78,7 +78,7 @@ class UserError(Exception):
     """A mistake of the user's: exit status 2 and one line naming the file, key or value."""
 
 
-_state: dict[str, float | bool | None] = {"debug": False, "t0": None}
+_state: dict[str, float | bool | None] = {"debug": False, "t0": None, "leaving": False}
 
 
 @app.callback()
@@ -447,9 +447,11 @@ def entry_point() -> None:
 
     Every output is closed and renamed, and the report written, before a command returns, so
     the interpreter's teardown (freeing pinned memory, the OpenCL driver's clean-up: 0.1 s
-    here, more on a GPU node) is skipped.
+    here, more on a GPU node) is skipped; so is the wait for the file system to free the
+    outputs ``--overwrite`` replaced, which an ``rm`` process finishes on its own
+    (`volconv.writer.remove_later`).
     """
-    _state["t0"] = _process_start()
+    _state["t0"], _state["leaving"] = _process_start(), True
     try:
         main()
     except SystemExit as e:
@@ -485,10 +487,11 @@ def main() -> None:
     try:
         _main_app()
     finally:
-        # replaced outputs freed in the background (volconv.writer.remove_later), joined
-        # here: after the table and the report, before the process leaves
+        # replaced outputs freed in the background (volconv.writer.remove_later), waited
+        # for here, after the table and the report: by a process that leaves (entry_point),
+        # only where a thread of its own frees them, not an rm process (which goes on)
         if (writer := sys.modules.get("volconv.writer")) is not None:
-            writer.wait_for_removals()
+            writer.wait_for_removals(processes=not _state["leaving"])
 
 
 def _main_app() -> None:
