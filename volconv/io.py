@@ -524,7 +524,7 @@ def _open_plain_nifti(path: str, file: Path) -> Volume | None:
         and h["bitpix"] == 8 * np.dtype(dtype).itemsize and pixdim[0] in (-1, 1)
         and all(math.isfinite(v) and v > 0 for v in pixdim[1 : ndim + 1])
         and 352 <= offset == int(offset) and unscaled
-        and 0 < h["sform_code"] <= 5 and 0 <= h["qform_code"] <= 5
+        and 0 < h["sform_code"] <= 4 and 0 <= h["qform_code"] <= 4  # codes every nibabel knows
     ):  # fmt: skip
         return None
     shape = tuple(int(n) for n in h["dim"][1 : ndim + 1])
