@@ -19,7 +19,7 @@ import pyopencl as cl
 import pytest
 from test_pipeline import ROOT, check_output, random_volume, volconv, write_pipeline
 
-from volconv import programs
+from volconv import cli, programs
 from volconv.io import InputError, open_volume
 from volconv.pipeline import PinnedSlabs
 from volconv.separable import SeparableConvolver
@@ -269,6 +269,27 @@ def test_a_cut_plain_nifti_is_refused_as_before(tmp_path) -> None:
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(InputError, match="truncated"):
         open_volume(path)
+
+
+BLAS_CHECK = (
+    "import os, sys\nfrom volconv import cli\n"
+    "cli.main = lambda: print(os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules,"
+    " flush=True)\ncli.entry_point()"
+)
+
+
+BLAS_CASES = [({}, "1 False"), ({"OMP_NUM_THREADS": "3"}, "None False"),
+              ({"OPENBLAS_NUM_THREADS": "4"}, "4 False")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("env", "want"), BLAS_CASES)
+def test_the_program_asks_for_one_blas_thread_before_numpy_loads(env, want) -> None:
+    """OpenBLAS starts its threads as numpy loads: `volconv` asks for one first, unless the
+    user set a count."""
+    base = {k: v for k, v in os.environ.items() if k not in cli._BLAS_THREADS}
+    done = subprocess.run([sys.executable, "-c", BLAS_CHECK], env={**base, **env}, cwd=ROOT,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.strip() == want, done.stdout + done.stderr
 
 
 def test_every_user_error_is_a_value_error() -> None:

@@ -452,6 +452,7 @@ def entry_point() -> None:
     (`volconv.writer.remove_later`).
     """
     _state["t0"], _state["leaving"] = _process_start(), True
+    _one_blas_thread()
     try:
         main()
     except SystemExit as e:
@@ -465,6 +466,19 @@ def entry_point() -> None:
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to say
             stream.flush()
     os._exit(status or 0)
+
+
+# What OpenBLAS reads for its thread count, in that order.
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def _one_blas_thread() -> None:
+    """One OpenBLAS thread unless the user says otherwise, set before numpy is imported:
+    numpy's OpenBLAS starts a thread per core as it loads (a share of the start on a node of
+    many cores), and volconv computes on the device, not with BLAS (small SVDs at most). The
+    worker processes of a batch inherit it."""
+    if not any(os.environ.get(name) for name in _BLAS_THREADS):
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
 def _process_start() -> float:
