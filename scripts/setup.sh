@@ -40,4 +40,11 @@ if [ "$(platforms)" = 0 ]; then
   echo "setup: no OpenCL device; installing PoCL (pocl-opencl-icd)"
   apt_install pocl-opencl-icd
 fi
+
+# The SLURM test (tests/test_slurm.py) starts a real slurmctld, slurmd and munged on
+# 127.0.0.1: installed with the test extras where missing, never required (it skips without).
+if [[ ",$extras," == *",test,"* ]] && ! command -v slurmctld >/dev/null; then
+  echo "setup: installing SLURM and munge for tests/test_slurm.py"
+  apt_install slurmctld slurmd slurm-client munge || echo "setup: SLURM not installed; its test skips"
+fi
 .venv/bin/volconv devices

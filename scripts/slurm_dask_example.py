@@ -1,7 +1,9 @@
 """Run a volconv pipeline on SLURM GPU nodes: dask-jobqueue submits one job per GPU, each
 job one Dask worker that owns its GPU, and `volconv run --scheduler` sends it the inputs.
+The cluster is `volconv.batch.slurm_cluster`, the path tests/test_slurm.py runs against a
+real slurmctld and slurmd (a job cancelled mid-batch, the batch still complete).
 
-    pip install -e ".[batch]" dask-jobqueue
+    pip install -e ".[batch]"          # distributed and dask-jobqueue
     python scripts/slurm_dask_example.py pipelines/demo.toml --gpus 8 --partition gpu
     python scripts/slurm_dask_example.py pipelines/demo.toml --gpus 8 --dry-run  # the job script
 
@@ -9,8 +11,10 @@ Run it where the compute nodes can reach this process (a login node), with the i
 outputs on a file system every node sees at the same paths. SLURM gives each job one GPU
 (``--gres=gpu:1``, so ``CUDA_VISIBLE_DEVICES`` shows it alone): ``VOLCONV_DEVICE=gpu`` names
 it. Each worker has two threads and the resource ``GPU=2``: two inputs at a time per GPU,
-one on the device while the other's last slabs are written (volconv orders them).
-Adapt the partition, account, memory and time limit to your site.
+one on the device while the other's last slabs are written (volconv orders them). A job that
+is cancelled or ends mid-batch loses its worker; its input runs again on another. Adapt the
+partition, account, memory and time limit to your site. Arguments after the pipeline that
+this script does not know go to ``volconv run`` (``--set``, ``--overwrite``, ``--report``).
 """
 
 from __future__ import annotations
@@ -31,25 +35,20 @@ def main() -> int:
     parser.add_argument("--memory", default="32GB", help="memory per job")
     parser.add_argument("--walltime", default="02:00:00", help="time limit per job")
     parser.add_argument("--interface", default=None, help="network interface, e.g. ib0")
+    parser.add_argument("--device", default="gpu", help="VOLCONV_DEVICE in each job")
+    parser.add_argument("--no-gres", action="store_true", help="ask for no GPU (CPU nodes)")
     parser.add_argument("--dry-run", action="store_true", help="print the job script only")
     args, volconv_args = parser.parse_known_args()  # the rest goes to volconv run
 
-    from dask_jobqueue import SLURMCluster
     from distributed import Client
 
-    cluster = SLURMCluster(
-        queue=args.partition,
-        account=args.account,
-        cores=2,  # two inputs: one on the device, one written (volconv makes its own threads)
-        processes=1,  # one worker per job, so one per GPU
-        job_cpu=args.cpus,
-        memory=args.memory,
-        walltime=args.walltime,
+    from volconv.batch import slurm_cluster
+
+    cluster = slurm_cluster(
+        device=args.device, gres=None if args.no_gres else "gpu:1", partition=args.partition,
+        account=args.account, cpus=args.cpus, memory=args.memory, walltime=args.walltime,
         interface=args.interface,
-        job_extra_directives=["--gres=gpu:1"],
-        job_script_prologue=["export VOLCONV_DEVICE=gpu"],
-        worker_extra_args=["--resources", "GPU=2"],
-    )
+    )  # fmt: skip
     with cluster:
         if args.dry_run:
             print(cluster.job_script())

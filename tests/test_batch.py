@@ -6,6 +6,7 @@ with SIGKILL mid-task. Every output is compared with the one-device run's, bit f
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -22,9 +23,18 @@ import pytest
 from test_cli import assert_one_line_error, says_complete
 from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
 
+from volconv.device import device_name, select_device
 from volconv.io import split_spec
 
 distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(autouse=True)
+def workers_start_free(monkeypatch):
+    """Workers assumed ready at once (`volconv.batch.workers_for` then always takes them, even
+    for inputs this small); the tests of the small-batch rule set their own cost."""
+    monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "0")
+
 
 FILTERS = [
     {"name": "smooth", "type": "gaussian", "sigma": 1.0},
@@ -87,10 +97,16 @@ def test_devices_cpu_cpu_equals_one_device_and_resumes(tmp_path, capsys):
     assert code == 0, err
     assert "started 2 worker(s)" in out
     assert lines(out, "done") == len(SHAPES) and "inputs/minute" in out
+    assert f"{len(SHAPES)} input(s): {len(SHAPES)} done in " in out
     assert_same_outputs(tmp_path / "out", reference, list(SHAPES))
     doc = json.loads(report.read_text())
     assert len(doc["workers"]) == 2 and doc["batch_seconds"] > 0
+    assert doc["worker_ready_seconds"] > 0 and not doc["in_process"]
     assert set(statuses(report).values()) == {("done", "")}
+    # each entry names the worker and the device that ran it
+    name = device_name(select_device(DEVICE))
+    assert {r["device"] for r in doc["inputs"]} == {name}
+    assert {re.sub(r" \(.*", "", r["worker"]) for r in doc["inputs"]} <= {"volconv-0", "volconv-1"}
     with check_output(tmp_path / "out" / "c.h5", np.load(tmp_path / "c.npy").astype(float)):
         pass  # and the batch's output is scipy's convolution
 
@@ -104,7 +120,12 @@ def test_devices_cpu_cpu_equals_one_device_and_resumes(tmp_path, capsys):
     assert_same_outputs(tmp_path / "out", reference, list(SHAPES))
     code, out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}", capsys=capsys)
     assert code == 0, err
-    assert lines(out, "skipped") == len(SHAPES) and "started" not in out  # no worker
+    assert lines(out, "skipped") == len(SHAPES) and "started 2" not in out  # no worker
+    # the last line: a total, and the workers (none started, the devices it had)
+    assert out.rstrip().splitlines()[-1] == (
+        f"{len(SHAPES)} input(s): {len(SHAPES)} skipped; nothing to run: no worker started "
+        f"(devices: {name} x2)"
+    )
 
 
 def test_batch_mistakes_exit_2_before_any_task(tmp_path, scan_pipeline, capsys):
@@ -167,6 +188,7 @@ def test_local_cluster_and_a_failing_input(tmp_path, capsys):
     assert status == "failed" and "OSError" in reason, reason
     assert {statuses(report)[f"{k}.npy"] for k in "abc"} == {("done", "")}
     assert_same_outputs(tmp_path / "out", reference, list("abc"))  # and no bad.h5
+    assert re.search(r"^4 input\(s\): 3 done, 1 failed in .* on 2 worker\(s\)", out, re.M), out
 
 
 # -- a dask scheduler and two dask workers; one killed mid-task ---------------------------
@@ -300,22 +322,26 @@ def test_ctrl_c_stops_every_worker_keeps_their_slabs_and_a_rerun_resumes(tmp_pat
 
 
 def test_a_worker_writes_one_input_while_the_next_is_on_its_device(tmp_path, capsys):
-    """One local worker, three inputs of one shape (gzip-9: slow last slabs): two inputs in
-    flight at once, outputs bit for bit the one-device run's."""
-    shapes = {n: (40, 36, 33) for n in ("p", "q", "r")}
+    """Two local workers, five inputs of one shape (gzip-9: slow last slabs): on one worker
+    two inputs in flight at once, outputs bit for bit the one-device run's."""
+    shapes = {n: (40, 36, 33) for n in ("p", "q", "r", "s", "t")}
     for name, shape in shapes.items():
         np.save(tmp_path / f"{name}.npy", random_volume(shape, "uint8"))
     pipeline = write_pipeline(tmp_path, FILTERS, output={"compression": "gzip-9"},
                               run={"slab_depth": 8})  # fmt: skip
     reference = one_device(pipeline, capsys)
     report = tmp_path / "report.json"
-    code, _out, err = volconv("run", pipeline, "--devices", DEVICE, "--report", report,
-                             capsys=capsys)  # fmt: skip
+    code, _out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}", "--report",
+                             report, capsys=capsys)  # fmt: skip
     assert code == 0, err
     assert_same_outputs(tmp_path / "out", reference, list(shapes))
-    spans = sorted((r["started_at"], r["started_at"] + r["wall_seconds"])
-                   for r in json.loads(report.read_text())["inputs"])  # fmt: skip
-    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans)), spans
+    inputs = json.loads(report.read_text())["inputs"]
+    overlaps = []
+    for worker in {r["worker"] for r in inputs}:
+        spans = sorted((r["started_at"], r["started_at"] + r["wall_seconds"])
+                       for r in inputs if r["worker"] == worker)  # fmt: skip
+        overlaps += [b[0] < a[1] for a, b in itertools.pairwise(spans)]
+    assert any(overlaps), inputs
 
 
 def test_turns_give_the_device_to_one_input_and_writing_to_one_convolver():
@@ -355,3 +381,216 @@ def test_turns_give_the_device_to_one_input_and_writing_to_one_convolver():
     other.join(10)
     a.join(10)
     assert log == ["first on device", "k on device", "first written", "other on device"]
+
+
+# -- how many workers: the small-batch rule -----------------------------------------------
+def test_workers_for_is_never_slower_than_one_device():
+    """The model's choice never ends after one device would, and takes workers where their
+    start pays: two inputs of 0.1 s against a 1 s start stay in this process, 48 of 0.3 s go
+    to both devices, 8 inputs of 0.09 s wait for no worker."""
+    from volconv.batch import workers_for
+
+    assert workers_for([0.1, 0.1], 2, 1.0) == 0
+    assert workers_for([0.3] * 48, 2, 1.0) == 2
+    assert workers_for([0.09] * 8, 2, 1.0) == 0
+    assert workers_for([0.09] * 8, 2, 0.1) == 2
+    assert workers_for([5.0, 5.0, 5.0], 8, 1.0) == 3  # no more workers than inputs
+    assert workers_for([0.3] * 48, 1, 0.0) == 0  # one device: this process
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        seconds = list(rng.exponential(rng.uniform(0.01, 3), rng.integers(2, 60)))
+        start, devices = float(rng.uniform(0, 5)), int(rng.integers(1, 9))
+        k = workers_for(seconds, devices, start)
+        assert k == 0 or 2 <= k <= min(devices, len(seconds))
+        if k:  # the model's own estimate of the batch on k workers beats one device's
+            assert start + max(max(seconds), sum(seconds) / k) < sum(seconds)
+
+
+def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
+    """Two small inputs, workers costing 30 s to start: no worker starts, the batch runs in
+    this process on the first device, as one device would, and says why."""
+    monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "30")
+    pipeline = make_inputs(tmp_path, {k: SHAPES[k] for k in "ab"})
+    reference = one_device(pipeline, capsys)
+    report = tmp_path / "report.json"
+    code, out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}",
+                             "--report", report, capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    assert "started" not in out and lines(out, "done") == 2
+    name = device_name(select_device(DEVICE))
+    assert re.search(rf"^2 input\(s\): 2 done in .* on this process: {re.escape(name)}: .* "
+                     r"less than workers ready in 30\.0 s would save", out, re.M), out  # fmt: skip
+    assert_same_outputs(tmp_path / "out", reference, list("ab"))
+    doc = json.loads(report.read_text())
+    assert doc["in_process"] and doc["workers"] == [name]
+    assert {(r["worker"].split(" (")[0], r["device"]) for r in doc["inputs"]} == {
+        ("this process", name)
+    }
+
+
+def test_a_worker_is_warm_before_its_first_task(tmp_path):
+    """`warm_up` makes the worker's convolver for the input (programs and pinned buffers),
+    and the task then runs on that very convolver, building nothing again."""
+    from volconv import batch
+    from volconv.config import load
+
+    np.save(tmp_path / "w.npy", random_volume((24, 16, 16), "uint8"))
+    cfg = load(write_pipeline(tmp_path, FILTERS))
+    batch._RUNNER.clear()
+    batch.warm_up(cfg, str(tmp_path / "w.npy"))
+    [(convolvers, _)] = batch._RUNNER.values()
+    [(conv, slabs)] = convolvers._cache.values()
+    assert not slabs._free.empty()  # the first page-locked buffer is made
+    record = batch.process(cfg, str(tmp_path / "w.npy"))
+    assert record.status == "done", record.reason
+    assert list(batch._RUNNER.values()) == [(convolvers, _)]
+    assert list(convolvers._cache.values()) == [(conv, slabs)]
+    with check_output(tmp_path / "out" / "w.h5", np.load(tmp_path / "w.npy").astype(float)):
+        pass
+    batch._RUNNER.clear()
+
+
+# -- a wrong scheduler address; SIGTERM ----------------------------------------------------
+@pytest.fixture
+def silent_port():
+    """A port on 127.0.0.1 that accepts connections and never answers."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                accepted.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    for conn in [*accepted, server]:
+        conn.close()
+
+
+def test_a_scheduler_address_that_never_answers_fails_in_seconds(scan_pipeline, silent_port,
+                                                                   capsys):  # fmt: skip
+    import dask.config
+
+    from volconv.batch import CONNECT_SECONDS, connect_seconds
+
+    assert connect_seconds() == CONNECT_SECONDS  # Dask's default, 30 s, bounded by ours
+    address = f"tcp://127.0.0.1:{silent_port}"
+    t0 = time.monotonic()
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):  # a test's patience
+        code, out, err = volconv("run", scan_pipeline, "--scheduler", address, capsys=capsys)
+    assert time.monotonic() - t0 < 2 + 5
+    assert_one_line_error(code, out, err, address, "no Dask scheduler answered within 2 s")
+    # nothing listening at all: the scheduler may be down, not the user's mistake: exit 1
+    with socket_closed_port() as port:
+        t0 = time.monotonic()
+        code, out, err = volconv("run", scan_pipeline, "--scheduler", f"tcp://127.0.0.1:{port}",
+                                 capsys=capsys)  # fmt: skip
+    assert time.monotonic() - t0 < 5
+    assert code == 1 and f"cannot reach the scheduler tcp://127.0.0.1:{port}" in err, (out, err)
+    assert len(err.strip().splitlines()) == 1
+
+
+@contextlib.contextmanager
+def socket_closed_port():
+    """A port of 127.0.0.1 nobody listens on (bound, never listening)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+def test_sigterm_to_a_batch_exits_143_keeps_partials_and_a_rerun_resumes(tmp_path, capsys):
+    """SIGTERM to the client alone (as a job scheduler sends it): its workers stop at their
+    next slab, keep their complete slabs and are gone; exit 143, as a one-device run."""
+    pipeline = make_inputs(tmp_path, {k: (600, 24, 24) for k in "abcd"})
+    out = tmp_path / "out"
+    reference = one_device(pipeline, capsys)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "volconv", "run", str(pipeline), "--devices", f"{DEVICE},{DEVICE}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not recorded_slabs(out) and time.monotonic() < deadline:
+            assert run.poll() is None, run.communicate()
+            time.sleep(0.01)
+        os.kill(run.pid, signal.SIGTERM)
+        text, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 143, (text, err)
+    assert "interrupted" in err and len(err.strip().splitlines()) == 1, err
+    partials = list(out.glob(".*.partial-*"))
+    assert partials
+    pids = {int(re.search(r"-(\d+)-[^-]*$", p.name).group(1)) for p in partials}
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)  # no worker left behind
+    report = tmp_path / "report.json"
+    code, text, err = volconv("run", pipeline, "--report", report, capsys=capsys)
+    assert code == 0, err
+    inputs = json.loads(report.read_text())["inputs"]
+    assert any(r.get("resumed_slabs", 0) > 0 for r in inputs), inputs
+    assert_same_outputs(out, reference, list("abcd"))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie is gone, whatever its parent does
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    return False
+
+
+def test_workers_warming_at_once_build_in_turn(tmp_path, monkeypatch):
+    """`_one_builder`: a second builder waits while the first holds the cache's build lock
+    (then loads what it built), and builds anyway after its wait; a link planted at the
+    lock's path is neither followed nor written."""
+    import threading
+
+    from volconv.batch import _one_builder
+
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
+    held, release, order = threading.Event(), threading.Event(), []
+
+    def first() -> None:
+        with _one_builder():
+            held.set()
+            release.wait(10)
+            order.append("first built")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert held.wait(10)
+    t0 = time.monotonic()
+    with _one_builder(wait=0.3):
+        order.append("second after its wait")
+    assert time.monotonic() - t0 >= 0.3
+    release.set()
+    thread.join(10)
+    with _one_builder(wait=10):  # free again
+        order.append("third at once")
+    assert order == ["second after its wait", "first built", "third at once"]
+
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / "batch-build.lock").unlink()
+    (tmp_path / "batch-build.lock").symlink_to(target)
+    with _one_builder(wait=0.1):
+        pass
+    assert target.read_text() == "keep"

@@ -14,10 +14,10 @@ from test_writer import attrs
 from volconv.config import load
 from volconv.convert import CALL, DeviceEncoder, device_encodes, encode
 from volconv.engine import BankConvolver
+from volconv.output import ResponseWriter
 from volconv.pipeline import plan_jobs, run
 from volconv.programs import context_for
 from volconv.separable import SeparableConvolver
-from volconv.writer import ResponseWriter
 
 RNG = np.random.default_rng(2026_11_23)
 STORED = [("float16", 1.0, 0.0), ("uint8", 1.0, 0.0), ("uint8", 0.37, -12.5), ("uint8", 3.0, 1e3)]

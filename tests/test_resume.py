@@ -24,9 +24,9 @@ import pytest
 from test_pipeline import DEVICE, ROOT, random_volume
 
 from volconv.config import dump_toml, load
+from volconv.output import ROOT_ATTRS
 from volconv.pipeline import Interrupted
 from volconv.pipeline import run as volconv_run
-from volconv.writer import ROOT_ATTRS
 
 # Many slabs of one or two rows: seconds on a CPU, so a signal lands mid-volume.
 FILTERS = [{"type": "gaussian", "name": f"g{i}", "sigma": 1.5, "order": [0, 0, i % 3]}
@@ -391,7 +391,7 @@ import sys, time
 from concurrent.futures import Future
 import numpy as np
 from volconv.resume import Progress
-from volconv.writer import ResponseWriter
+from volconv.output import ResponseWriter
 path = sys.argv[1]
 data = np.load(sys.argv[2])
 progress = Progress("key", lambda: "0" * 64)
@@ -412,8 +412,8 @@ def test_a_writer_with_slabs_in_flight_killed_resumes_bit_for_bit(tmp_path):
     still recorded only once all its chunks are written and flushed: a writer killed at any
     moment resumes from exactly the slabs recorded, each read back whole, and the finished
     file is bitwise what one uninterrupted writer makes."""
+    from volconv.output import ResponseWriter
     from volconv.resume import Progress
-    from volconv.writer import ResponseWriter
 
     rng = np.random.default_rng(7)
     data = (rng.standard_normal((3, 120, 32, 24)) * 50).astype(np.float16)

@@ -5,6 +5,7 @@ in the background while the old file stays whole until the new one is complete
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from test_pipeline import ROOT, check_output, random_volume, volconv, write_pipe
 
 from volconv import cli, programs
 from volconv.io import InputError, open_volume
+from volconv.output.space import Space
 from volconv.pipeline import PinnedSlabs
 from volconv.separable import SeparableConvolver
 
@@ -197,6 +199,13 @@ def _scaled(path, data):
     _slope_inter(path, 0.5, -3.0)
 
 
+def _units(path, data):  # microns and a repetition time of 2.5 ms
+    img = nib.Nifti1Image(data, AFFINE)
+    img.header.set_xyzt_units("micron", "msec")
+    img.header["pixdim"][4] = 2.5
+    nib.save(img, path)
+
+
 def _qform_only(path, data):
     img = nib.Nifti1Image(data, None)
     img.set_qform(np.diag([1.2, 0.9, 2.0, 1.0]), code=1)
@@ -226,6 +235,7 @@ ZERO = [1, 0, 1, 1, 1, 1, 1, 1]  # pixdim: no voxel size along x
 NIFTIS = {  # (shape, dtype, writer): the plain ones open without nibabel, the rest with it
     "uint8 3D": ((9, 8, 7), "uint8", _plain),
     "float32 4D": ((9, 8, 7, 3), "float32", _plain),
+    "int16 4D in microns and ms": ((6, 5, 4, 3), "int16", _units),
     "int16 4D of one frame": ((6, 5, 4, 1), "int16", _plain),
     "uint16 5D with a trailing 1": ((6, 5, 4, 2, 1), "uint16", _plain),
     "float64, zero voxel size": ((6, 5, 4), "float64", lambda p, d: _plain(p, d, pixdim=ZERO)),
@@ -261,6 +271,18 @@ def test_a_nifti_opens_as_nibabel_reads_it(tmp_path, case) -> None:
         np.testing.assert_array_equal(vol.read_rows(rows, t), frame[rows])
     # mapped (read as used): a 3D file that is neither scaled nor in the other byte order
     assert vol.mapped == (len(shape) == 3 and case not in ("scaled", "big-endian"))
+    # read without nibabel where the file is plain (the others: nibabel's)
+    plain = ("uint8 3D", "float32 4D", "int16 4D of one frame", "int16 4D in microns and ms",
+             "int8, slope 1 inter 0 in the file")  # fmt: skip
+    assert (vol.nifti_header is not None) == (case in plain)
+    # and the space the outputs record, as from nibabel's header
+    got, want = Space.of(vol), Space.of(dataclasses.replace(vol, nifti_header=None))
+    for name in ("affine", "sform", "qform"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None and b is None) or np.array_equal(a, b), name
+    for name in ("voxel_size", "sform_code", "qform_code", "space_unit", "time_unit",
+                 "repetition_time"):  # fmt: skip
+        assert getattr(got, name) == getattr(want, name), name
 
 
 def test_a_cut_plain_nifti_is_refused_as_before(tmp_path) -> None:

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from volconv import writer as writer_module
-from volconv.writer import (
+from volconv.output import (
     ROOT_ATTRS,
     OutputError,
     OutputExistsError,
@@ -30,7 +29,9 @@ from volconv.writer import (
     holds,
     is_complete,
     private_prefix,
+    staging,
 )
+from volconv.output import base as writer_module
 
 NAMES = ["smooth", "dx", "blob"]
 SHAPE = (10, 6, 5)
@@ -152,7 +153,12 @@ def test_xarray_opens_named_dimensions(tmp_path: Path) -> None:
     with xr.open_dataset(path, engine="h5netcdf") as ds:
         assert ds.responses.dims == ("filter", "x", "y", "z", "t")
         assert list(ds["filter"].values) == NAMES
-        assert ds.sizes["t"] == 2 and list(ds["x"].values) == list(range(SHAPE[0]))
+        # world coordinates in mm from the affine (diag 1.5, 2, 3); no repetition time
+        # given, so t counts frames
+        assert ds.sizes["t"] == 2 and list(ds["t"].values) == [0, 1]
+        for axis, step, n in zip("xyz", (1.5, 2.0, 3.0), SHAPE, strict=True):
+            np.testing.assert_allclose(ds[axis].values, step * np.arange(n))
+            assert ds[axis].attrs["units"] == "mm"
         np.testing.assert_array_equal(ds.responses.sel(filter="dx").values, data[1])
         assert ds.kernels.dims == ("filter", "kx", "ky", "kz")
         assert ds.attrs["source"] == "scans/a.nii.gz" and bool(ds.attrs["complete"])
@@ -281,12 +287,12 @@ def test_a_replaced_file_stays_whole_until_the_new_one_is_complete(tmp_path, mon
     with h5py.File(folder / "out.h5.replaced") as f:
         np.testing.assert_array_equal(f["responses"][()], old)
     monkeypatch.undo()
-    writer_module.remove_later(folder)
-    writer_module.wait_for_removals()
+    staging.remove_later(folder)
+    staging.wait_for_removals()
     assert list(tmp_path.iterdir()) == [path]
 
     write(path, old, overwrite=True)  # the real thing: nothing left once joined
-    writer_module.wait_for_removals()
+    staging.wait_for_removals()
     assert list(tmp_path.iterdir()) == [path]
 
 
@@ -504,7 +510,7 @@ def small_fs(tmp_path: Path):
 DISK_FULL_SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    from volconv.writer import OutputWriteError, ResponseWriter
+    from volconv.output import OutputWriteError, ResponseWriter
     path, chunked = sys.argv[1], sys.argv[2] == "big-chunks"
     shape = (64, 64, 64)
     kernels = np.ones((3, 3, 3, 3), np.float32)

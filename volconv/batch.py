@@ -11,43 +11,61 @@ any task starts; then it starts one worker process per device of this machine (`
 "all"`` or a list of specs) or connects to an existing scheduler (``scheduler = ADDRESS``),
 submits the inputs largest first and gathers every record: done, skipped or failed.
 
+On one machine the workers start in the background while the client plans, and each makes
+its context, programs and first pinned buffer for the first input before its first task
+(`warm_up`). How many workers a batch gets is a model's choice (`workers_for`): a batch too
+small to pay for starting them runs in this process on the first device, as one device would.
+
 Tasks are safe to run twice: an output is written under a temporary name and renamed when
 complete, so the scheduler's rerun of a task whose worker died is correct by construction.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import glob
+import json
 import logging
+import math
 import os
+import pickle
 import signal
+import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from concurrent.futures import Future
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyopencl as cl
 
+from volconv.cache import cache_folder, read_cached, write_cached
 from volconv.config import Config, PipelineError
 from volconv.device import NoDeviceError, device_name, list_devices, select_device
-from volconv.io import split_spec
+from volconv.io import InputError, expand_inputs, split_spec
+from volconv.output import remove_stale_temps
 from volconv.pipeline import (
     Convolvers,
     Interrupted,
     Job,
     RunResult,
     choose_device,
+    interruptible,
     peaks,
     plan_jobs,
     run_one,
+    run_overlapped,
+    stop_on_ctrl_c,
 )
+from volconv.programs import context_for, start_context
 from volconv.report import VolumeReport
-from volconv.writer import remove_stale_temps
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -61,8 +79,27 @@ RESOURCES = {"GPU": 1}
 LOCAL_WORKER = {"nthreads": 2, "resources": {"GPU": 2}}
 # Reruns of a task whose worker died (beyond the scheduler's own allowed-failures).
 RETRIES = 2
-CONNECT_TIMEOUT = "20s"
+# A scheduler that has not answered within this many seconds is taken as not there (Dask's
+# own connect can wait forever on a port that accepts and never answers).
+CONNECT_SECONDS = 10.0
 STOP_WAIT = 10.0  # seconds Ctrl-C waits for the running tasks to stop at a slab's end
+# The model that sizes a local batch (`workers_for`): what starting the workers costs until
+# this machine has measured it (`start_cost`), and what one input costs on one device: a
+# fixed share of host work, the output's bytes at a local disk's rate, the filtering at a
+# fraction of the device's peak.
+WORKER_START_SECONDS = 2.0
+INPUT_SECONDS = 0.03
+WRITE_BYTES_PER_SECOND = 2e9
+PEAK_SHARE = 0.3
+# Worker processes per device (more where the host, not the device, is what limits).
+PROCESSES_ENV = "VOLCONV_PROCESSES_PER_DEVICE"
+# The start cost the model assumes, in seconds, over the measured one (0: always workers).
+START_ENV = "VOLCONV_WORKER_START_SECONDS"
+# Why a task finds its output complete though the client planned it: a run of it on a worker
+# lost after finishing it (a cancelled job), the scheduler's rerun of it, or another command.
+MEANWHILE = "a lost worker finished it, or another run"
+# What a local worker warms up for (a pickled (Config, input spec)), set by `run_batch`.
+WARM_ENV = "VOLCONV_WARM"
 
 
 # -- in the worker --------------------------------------------------------------------------
@@ -75,6 +112,9 @@ class _Stopped(Interrupted):
 # made on the first task (never in a parent before a fork); the batches stopped by Ctrl-C.
 _RUNNER: dict[tuple[object, ...], tuple[Convolvers, RunResult]] = {}
 _STOPPED: set[str] = set()
+# The warm-up of this worker process (`warm_up`), and the Unix time it was done.
+_WARM: list[Future[None]] = []
+_READY_AT: list[float] = []
 
 
 class Turns:
@@ -132,6 +172,73 @@ def plan_one(cfg: Config, spec: str, device: cl.Device, *, overwrite: bool = Fal
     return job
 
 
+def _runner(cfg: Config, device: cl.Device) -> tuple[Convolvers, RunResult]:
+    """This process's convolvers and peaks for ``cfg``'s settings on ``device``."""
+    key = (device, cfg.boundary, cfg.cval, cfg.slab_depth, cfg.dtype, cfg.scale, cfg.offset)
+    if key not in _RUNNER:
+        _RUNNER.clear()  # the pinned buffers of another pipeline's convolvers go
+        _RUNNER[key] = Convolvers(cfg, device), RunResult(device, *peaks(device))
+    return _RUNNER[key]
+
+
+def warm_up(cfg: Config, spec: str) -> None:
+    """Make this worker ready for ``cfg``'s input ``spec`` before its first task: the
+    device's context, the peaks, the programs of the input's plan (through volconv.programs'
+    binary cache: a program another process built is loaded, not built) and its first
+    page-locked slab buffer."""
+    device = worker_device(cfg.device)
+    convolvers, _ = _runner(cfg, device)
+    job = plan_one(cfg, spec, device)
+    context_for(device)
+    with _one_builder():  # the local workers build in turn: the second loads the first's
+        _, slabs = convolvers.get(job)
+    slabs.put(slabs.get())  # the first pinned buffer made
+
+
+@contextmanager
+def _one_builder(wait: float = 60.0) -> Iterator[None]:
+    """Hold the cache folder's build lock (at most ``wait`` seconds waited for it; then, or
+    where it cannot be taken, build anyway): of workers warming up at once on a machine
+    whose cache lacks the programs, one builds them and the others load its binaries."""
+    import fcntl
+
+    fd = -1
+    with suppress(OSError):  # never through a link, never truncating what is there
+        folder = cache_folder()  # made private where missing; the trust rule's
+        fd = os.open(folder / "batch-build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    deadline = time.monotonic() + wait
+    try:
+        while fd >= 0 and time.monotonic() < deadline:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.02)
+            except OSError:
+                break
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # and the lock with it
+
+
+def _warm_from_env() -> None:
+    try:
+        cfg, spec = pickle.loads(base64.b64decode(os.environ[WARM_ENV]))
+        warm_up(cfg, spec)
+    except Exception:
+        pass  # the first task makes what is missing, and reports why it cannot
+    finally:
+        _READY_AT.append(time.time())
+
+
+def ready_at() -> float | None:
+    """When this worker's warm-up was done, in Unix time (`Client.run`); None: none ran."""
+    if _WARM:
+        _WARM[0].exception()
+    return _READY_AT[0] if _READY_AT else None
+
+
 def process(
     cfg: Config,
     spec: str,
@@ -147,6 +254,8 @@ def process(
     can stop its tasks at their next slab (`stop`).
     """
     try:
+        if _WARM:
+            _WARM[0].exception()  # the warm-up's programs and buffers, not a second build
         if batch in _STOPPED:
             raise _Stopped
         device = worker_device(cfg.device, device_spec)
@@ -157,24 +266,42 @@ def process(
                 raise _Stopped  # the writer keeps its complete slabs (volconv.resume)
 
         with _TURNS.turn(Convolvers.key(job)) as left:
-            key = (device, cfg.boundary, cfg.cval, cfg.slab_depth, cfg.dtype, cfg.scale,
-                   cfg.offset)  # fmt: skip
-            if key not in _RUNNER:
-                _RUNNER.clear()  # the pinned buffers of another pipeline's convolvers go
-                _RUNNER[key] = Convolvers(cfg, device), RunResult(device, *peaks(device))
-            convolvers, result = _RUNNER[key]
-            return run_one(cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab,
-                           on_device_done=left)  # fmt: skip
+            convolvers, result = _runner(cfg, device)
+            record = run_one(cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab,
+                             on_device_done=left)  # fmt: skip
+            return replace(record, worker=_worker_name(), device=device_name(device))
     except _Stopped:
         return VolumeReport.failed(spec, "", (), 0, "stopped (Ctrl-C)")
     except Exception as e:
         return VolumeReport.failed(spec, "", (), 0, f"{type(e).__name__}: {e}")
 
 
+def _worker_name() -> str:
+    """This Dask worker's name, and its address where the name is not it."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return f"pid {os.getpid()}"
+    name, address = str(worker.name), str(worker.address)
+    return address if name == address else f"{name} ({address})"
+
+
 def dask_setup(worker: object) -> None:
     """Preloaded in the worker processes of a local cluster: Ctrl-C at the terminal reaches
-    the whole process group, and the client alone answers it, stopping the tasks in order."""
+    the whole process group, and the client alone answers it, stopping the tasks in order;
+    the warm-up for the batch's first input starts at once, in the background."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if WARM_ENV in os.environ and not _WARM:
+        future: Future[None] = Future()
+
+        def warm() -> None:
+            _warm_from_env()
+            future.set_result(None)
+
+        _WARM.append(future)
+        threading.Thread(target=warm, name="volconv-warm-up", daemon=True).start()
 
 
 def stop(batch: str) -> None:
@@ -192,10 +319,15 @@ def describe(default: str = "auto") -> str:
 class BatchResult:
     """Every input's record, in the pipeline's order, and where and how fast they ran."""
 
-    workers: list[str]  # each worker's device, in words
+    workers: list[str]  # each worker's device, in words ([] where none started)
     reports: list[VolumeReport] = field(default_factory=list)
     start_seconds: float = 0.0  # to start the local workers, or to connect to the scheduler
     seconds: float = 0.0  # from the first task submitted to the last record
+    ready_seconds: float | None = None  # until the last local worker was warm (`warm_up`)
+    devices: list[str] = field(default_factory=list)  # the devices the batch could use
+    in_process: bool = False  # run in this process on the first device (`workers_for`)
+    why: str = ""  # the model's reason for the workers used
+    scheduler: str = ""  # the scheduler's address, where the batch went to one
 
     @property
     def failed(self) -> list[VolumeReport]:
@@ -203,29 +335,195 @@ class BatchResult:
 
     @property
     def label(self) -> str:
-        """``2 workers: NVIDIA H200 (NVIDIA CUDA) x2``."""
-        names = sorted(set(self.workers))
-        each = ", ".join(f"{n} x{self.workers.count(n)}" for n in names)
-        return f"{len(self.workers)} worker(s): {each or 'none'}"
+        """``2 worker(s): NVIDIA H200 (NVIDIA CUDA) x2``, or where the batch ran without."""
+        if self.in_process:
+            return f"this process: {self.workers[0]}"
+        if not self.workers and self.scheduler:
+            return f"scheduler {self.scheduler}: no worker asked"
+        if not self.workers:
+            devices = _count(self.devices)
+            return f"no worker started{f' (devices: {devices})' if devices else ''}"
+        return f"{len(self.workers)} worker(s): {_count(self.workers)}"
+
+    def summary(self) -> str:
+        """The batch's last line: what became of every input, the time and the workers."""
+        counts = collections.Counter(r.status for r in self.reports)
+        parts = [f"{counts[s]} {s}" for s in ("done", "skipped", "failed") if counts[s]]
+        head = f"{len(self.reports)} input(s): {', '.join(parts) or 'none'}"
+        if not counts["done"] and not counts["failed"]:
+            return f"{head}; nothing to run: {self.label}"
+        line = f"{head} in {self.seconds:.1f} s on {self.label}"
+        if counts["done"] and self.seconds > 0:
+            line += f": {60 * counts['done'] / self.seconds:.1f} inputs/minute"
+        if self.in_process:
+            return f"{line} ({self.why})" if self.why else line
+        ready = f", ready {self.ready_seconds:.1f} s" if self.ready_seconds is not None else ""
+        return f"{line} (and {self.start_seconds:.1f} s to start{ready})"
+
+
+def _count(names: list[str]) -> str:
+    return ", ".join(f"{n} x{names.count(n)}" for n in sorted(set(names)))
 
 
 def local_devices(cfg: Config) -> tuple[str, ...]:
     """The device spec of each local worker: ``devices = "all"`` is every GPU or accelerator
-    of this machine (every device where it has none), a list is taken as it is."""
+    of this machine (every device where it has none), a list is taken as it is; each repeated
+    ``$VOLCONV_PROCESSES_PER_DEVICE`` times (default 1), the devices' first workers first."""
     if cfg.devices == "all":
         found = list_devices()
         if not found:
             select_device("auto")  # raises NoDeviceError with what to install
         gpus = [d for d in found if d.kind in ("GPU", "accelerator")]
-        return tuple(d.spec for d in gpus or found)
-    for spec in cfg.devices:
+        specs = tuple(d.spec for d in gpus or found)
+    else:
+        for spec in cfg.devices:
+            try:
+                select_device(spec)
+            except NoDeviceError as e:
+                if not list_devices():
+                    raise
+                raise PipelineError(f"{cfg.source}: devices: {spec!r}: {e}") from None
+        specs = tuple(cfg.devices)
+    text = os.environ.get(PROCESSES_ENV, "1")
+    if not text.isdigit() or int(text) < 1:
+        raise PipelineError(f"{PROCESSES_ENV}={text!r}: give a whole number of 1 or more")
+    return specs * int(text)
+
+
+# -- how many workers: the model --------------------------------------------------------------
+def input_seconds(job: Job, cfg: Config, peak_gflops: float | None) -> float:
+    """What one input costs on one device, as the model sees it (`workers_for`)."""
+    voxels = math.prod(int(s) for s in job.volume.shape)
+    stored = np.dtype(cfg.dtype).itemsize
+    seconds = INPUT_SECONDS + voxels * len(job.filters) * stored / WRITE_BYTES_PER_SECOND
+    if peak_gflops:
+        seconds += job.gflop / (PEAK_SHARE * peak_gflops)
+    return seconds
+
+
+def workers_for(seconds: list[float], devices: int, start: float) -> int:
+    """How many local workers a batch of inputs costing ``seconds`` each on one device
+    should use when workers are ready ``start`` seconds from now: the count whose batch
+    (``start`` plus the larger of the largest input and the inputs' sum shared out) ends
+    first, or 0, to run in this process, where no count of workers ends before one device
+    would (the sum of ``seconds``) -- so a batch is never slower than one device."""
+    best, best_seconds = 0, sum(seconds)
+    for k in range(2, min(devices, len(seconds)) + 1):
+        ends = start + max(max(seconds), sum(seconds) / k)
+        if ends < best_seconds:
+            best, best_seconds = k, ends
+    return best
+
+
+START_FILE = "batch_start.json"  # in the cache folder (volconv.cache: its trust rule)
+
+
+def start_cost() -> float:
+    """Seconds until local workers are ready: ``$VOLCONV_WORKER_START_SECONDS``, else what
+    this machine's last batch measured (cached), else `WORKER_START_SECONDS`."""
+    if (text := os.environ.get(START_ENV)) is not None:
         try:
-            select_device(spec)
-        except NoDeviceError as e:
-            if not list_devices():
-                raise
-            raise PipelineError(f"{cfg.source}: devices: {spec!r}: {e}") from None
-    return tuple(cfg.devices)
+            return max(0.0, float(text))
+        except ValueError:
+            raise PipelineError(f"{START_ENV}={text!r}: give seconds, e.g. 1.5") from None
+    try:
+        data = read_cached(cache_folder(), START_FILE, "the default start cost applies")
+        value = float(json.loads(data)["ready_seconds"]) if data and len(data) < 4096 else None
+    except (OSError, ValueError, KeyError, TypeError):
+        value = None
+    if value is not None and math.isfinite(value) and 0 <= value < 600:
+        return value
+    return WORKER_START_SECONDS
+
+
+def _remember_start(seconds: float) -> None:
+    with suppress(OSError):  # a read-only cache: the next batch assumes the default
+        write_cached(cache_folder(), START_FILE,
+                     json.dumps({"ready_seconds": round(seconds, 3)}).encode())  # fmt: skip
+
+
+class _LocalStart:
+    """A cluster of this machine, one worker process per spec, started in a background
+    thread (`_local_cluster`) from the moment it is made; ``warm`` (cfg, input spec) is
+    what each worker makes ready before its first task."""
+
+    def __init__(self, specs: tuple[str, ...], warm: tuple[Config, str] | None) -> None:
+        self.specs = specs
+        self.began = time.perf_counter()
+        self.began_at = time.time()
+        self._future: Future = Future()
+        self._stack: list[object] = []
+        self._closing: threading.Thread | None = None
+        env = {WARM_ENV: base64.b64encode(pickle.dumps(warm)).decode()} if warm else {}
+
+        def start() -> None:
+            try:
+                cm = _local_cluster(specs, env)
+                self._stack.append(cm)
+                self._future.set_result(cm.__enter__())
+            except BaseException as e:
+                self._future.set_exception(e)
+
+        threading.Thread(target=start, name="volconv-cluster", daemon=True).start()
+
+    def client(self) -> Client:
+        return self._future.result()
+
+    def close(self, wait: bool = True) -> None:
+        """Close the cluster, once; without ``wait``, in the background (nothing runs on it),
+        and a later ``close()`` waits for that. A worker left when the command exits exits
+        with it, but says so on stderr: the cluster is closed before."""
+        if self._closing is None:
+
+            def close() -> None:
+                with suppress(BaseException):
+                    self._future.exception()
+                    if self._stack:
+                        self._stack.pop().__exit__(None, None, None)
+
+            self._closing = threading.Thread(target=close, name="volconv-cluster-close",
+                                             daemon=True)  # fmt: skip
+            self._closing.start()
+        if wait:
+            self._closing.join()
+
+
+def _input_specs(cfg: Config) -> list[str]:
+    """The inputs' names, without opening them ([] where they are wrong: planning says)."""
+    try:
+        return expand_inputs(list(cfg.paths), cfg.base_dir)
+    except (InputError, OSError, ValueError):
+        return []
+
+
+class _Signal(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) in the batch's client: stop as Ctrl-C does, exit 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = signal.Signals(signum)
+
+
+@contextmanager
+def _signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM raise `_Signal` in the main thread while the batch runs (a second
+    one falls back to the handler before)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = (signal.SIGINT, signal.SIGTERM)
+
+    def handler(signum: int, frame: object) -> None:
+        for s, old in zip(signums, previous, strict=True):
+            signal.signal(s, old)
+        raise _Signal(signum)
+
+    previous = [signal.signal(s, handler) for s in signums]
+    try:
+        yield
+    finally:
+        for s, old in zip(signums, previous, strict=True):
+            signal.signal(s, old)
 
 
 def run_batch(
@@ -241,70 +539,310 @@ def run_batch(
 
     The whole pipeline is planned and checked here first (a `PipelineError` before any task);
     complete outputs are skipped without a task; the others are submitted largest first, one
-    task each. ``on_plan`` sees the jobs, ``on_volume`` each record as it comes (skipped ones
+    task each. On this machine the workers start while the client plans, as many as
+    `workers_for` finds worth their start (none: this process runs the batch on the first
+    device). ``on_plan`` sees the jobs, ``on_volume`` each record as it comes (skipped ones
     first), ``say`` a line about the workers.
     """
-    specs = () if cfg.scheduler else local_devices(cfg)
-    # The client plans on any device, only to check: each worker plans again for its own.
-    planner = select_device(specs[0]) if specs else choose_device(cfg)
-    jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
-    if on_plan:
-        on_plan(jobs)
+    with _signals():
+        if cfg.scheduler:
+            return _remote_batch(cfg, overwrite, report, on_plan, on_volume, say)
+        return _local_batch(cfg, overwrite, report, on_plan, on_volume, say)
+
+
+def _to_run(jobs: list[Job], overwrite: bool) -> bool:
+    """Whether any of ``jobs`` is not skipped as complete (`_skip_complete`)."""
+    return any(overwrite or not job.complete for job in jobs)
+
+
+def _skip_complete(
+    jobs: list[Job], overwrite: bool, on_volume: Callable[[VolumeReport], None] | None
+) -> dict[str, VolumeReport]:
     records: dict[str, VolumeReport] = {}
     for job in jobs:
         if job.complete and not overwrite:
             records[job.spec] = job.skipped()
             if on_volume:
                 on_volume(records[job.spec])
-    todo = sorted((j for j in jobs if j.spec not in records), key=lambda j: -j.gflop)
-    result = BatchResult(workers=[device_name(select_device(s)) for s in specs[: len(todo)]])
-    if todo:
-        start = time.perf_counter()
-        try:
-            with _client(cfg, specs[: len(todo)]) as client:
-                if cfg.scheduler:
-                    result.workers = _remote_workers(client, cfg, say)
-                elif say:
-                    say(f"started {result.label}")
-                result.start_seconds = time.perf_counter() - start
-                _gather(client, cfg, todo, records, overwrite, on_volume)
-                result.seconds = time.perf_counter() - start - result.start_seconds
-        finally:
-            # Files of workers killed with the cluster: with --overwrite nothing resumes them;
-            # otherwise their complete slabs are kept for the rerun (which removes a stale one).
-            if not cfg.scheduler and overwrite:
-                for job in todo:
-                    if job.spec not in records:
-                        remove_stale_temps(job.output)
+    return records
+
+
+OnPlan = Callable[[list[Job]], None] | None
+OnVolume = Callable[[VolumeReport], None] | None
+Say = Callable[[str], None] | None
+
+
+def _local_batch(
+    cfg: Config,
+    overwrite: bool,
+    report: str | Path | None,
+    on_plan: OnPlan,
+    on_volume: OnVolume,
+    say: Say,
+) -> BatchResult:
+    specs = local_devices(cfg)
+    planner = select_device(specs[0])  # the client plans on the first device
+    names = [device_name(select_device(s)) for s in specs]
+    cost = start_cost()
+    # Before planning, from the first input alone: start the workers now, if worth it.
+    starter: _LocalStart | None = None
+    inputs = _input_specs(cfg)
+    if len(inputs) >= 2 and len(specs) >= 2:
+        with suppress(Exception):  # a mistake: the whole plan below says it
+            first = plan_one(cfg, inputs[0], planner, overwrite=overwrite)
+            seconds = input_seconds(first, cfg, peaks(planner)[0])
+            if first.complete and not overwrite:
+                seconds = 0.0
+            if k := workers_for([seconds] * len(inputs), len(specs), cost):
+                starter = _LocalStart(specs[:k], (cfg, inputs[0]))
+    if starter is None:  # likely run here: the context made meanwhile, as a one-device run's
+        with suppress(Exception):
+            start_context(planner)
+    try:
+        jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
+        if on_plan:
+            on_plan(jobs)
+        records = _skip_complete(jobs, overwrite, on_volume)
+        todo = sorted((j for j in jobs if j.spec not in records), key=lambda j: -j.gflop)
+        result = BatchResult(workers=[], devices=names)
+        peak = peaks(planner)[0]
+        left = cost - (time.perf_counter() - starter.began) if starter else cost
+        k = workers_for([input_seconds(j, cfg, peak) for j in todo], len(specs), max(0, left))
+        if starter and len(starter.specs) < k:  # the plan found more work than the first input
+            k = len(starter.specs)
+        if todo and k == 0:
+            if starter:
+                starter.close(wait=False)  # while this process runs the batch
+            result.in_process, result.workers = True, names[:1]
+            alone = sum(input_seconds(j, cfg, peak) for j in todo)
+            result.why = (
+                f"{len(todo)} input(s), about {alone:.1f} s on one device: less than workers "
+                f"ready in {cost:.1f} s would save" if len(specs) > 1 else "one device"
+            )  # fmt: skip
+            _run_here(cfg, jobs, planner, records, overwrite, on_volume, result)
+        elif todo:
+            starter = starter or _LocalStart(specs[:k], (cfg, todo[0].spec))
+            _run_on_workers(cfg, todo, records, overwrite, on_volume, say, starter, names, result)
+        result.reports = [records[j.spec] for j in jobs]
+        return result
+    finally:
+        if starter:
+            starter.close()  # or the wait for the one closing meanwhile (`_LocalStart.close`)
+
+
+def _run_here(
+    cfg: Config,
+    jobs: list[Job],
+    device: cl.Device,
+    records: dict[str, VolumeReport],
+    overwrite: bool,
+    on_volume: OnVolume,
+    result: BatchResult,
+) -> None:
+    """The inputs of ``jobs`` not yet in ``records``, in this process, on ``device``: as a
+    one-device run (Ctrl-C and SIGTERM keep the partials), each record naming this process
+    and its device."""
+    name = device_name(device)
+
+    def named(r: VolumeReport) -> VolumeReport:
+        return replace(r, worker=f"this process (pid {os.getpid()})", device=name)
+
+    def seen(r: VolumeReport) -> None:
+        records[r.source] = named(r)
+        if on_volume:
+            on_volume(records[r.source])
+
+    run = RunResult(device, *peaks(device))
+    ordered = [j for j in jobs if j.spec not in records]  # the pipeline's order, as one device
+    start = time.perf_counter()
+    with stop_on_ctrl_c(run.reports, resumable=not overwrite):
+        interruptible(run_overlapped, cfg, ordered, Convolvers(cfg, device), run,
+                      overwrite=overwrite, on_volume=seen)  # fmt: skip
+    result.seconds = time.perf_counter() - start
+    for job, r in zip(ordered, run.reports, strict=True):
+        records[job.spec] = named(r)
+
+
+def _run_on_workers(
+    cfg: Config,
+    todo: list[Job],
+    records: dict[str, VolumeReport],
+    overwrite: bool,
+    on_volume: OnVolume,
+    say: Say,
+    starter: _LocalStart,
+    names: list[str],
+    result: BatchResult,
+) -> None:
+    """The batch on ``starter``'s workers (waiting for their start)."""
+    try:
+        client = starter.client()
+        result.workers = names[: len(starter.specs)]
+        result.start_seconds = time.perf_counter() - starter.began
+        if say:
+            say(f"started {result.label} in {result.start_seconds:.1f} s")
+        begun = time.perf_counter()
+        _gather(client, cfg, todo, records, overwrite, on_volume)
+        result.seconds = time.perf_counter() - begun
+        with suppress(Exception):
+            ready = [t for t in client.run(ready_at).values() if t is not None]
+            if ready:
+                result.ready_seconds = max(ready) - starter.began_at
+                if START_ENV not in os.environ:  # the model's input, for this machine's next
+                    _remember_start(result.ready_seconds)
+    finally:
+        # Files of workers killed with the cluster: with --overwrite nothing resumes them;
+        # otherwise their complete slabs are kept for the rerun (which removes a stale one).
+        if overwrite:
+            for job in todo:
+                if job.spec not in records:
+                    remove_stale_temps(job.output)
+
+
+def _remote_batch(
+    cfg: Config,
+    overwrite: bool,
+    report: str | Path | None,
+    on_plan: OnPlan,
+    on_volume: OnVolume,
+    say: Say,
+) -> BatchResult:
+    # The client plans on any device, only to check: each worker plans again for its own.
+    jobs = plan_jobs(cfg, choose_device(cfg), overwrite=overwrite, report=report)
+    result = BatchResult(workers=[], scheduler=cfg.scheduler)
+    start = time.perf_counter()
+    with ExitStack() as stack:
+        # a wrong address is found before any work (exit 2): connect first, then begin
+        client = stack.enter_context(connect(cfg)) if _to_run(jobs, overwrite) else None
+        if on_plan:
+            on_plan(jobs)
+        records = _skip_complete(jobs, overwrite, on_volume)
+        todo = sorted((j for j in jobs if j.spec not in records), key=lambda j: -j.gflop)
+        if client is not None:
+            result.workers = _remote_workers(client, cfg, say)
+            result.start_seconds = time.perf_counter() - start
+            _gather(client, cfg, todo, records, overwrite, on_volume)
+            result.seconds = time.perf_counter() - start - result.start_seconds
     result.reports = [records[j.spec] for j in jobs]
     return result
 
 
+def connect_seconds() -> float:
+    """How long a scheduler may take to answer: Dask's connect timeout
+    (``distributed.comm.timeouts.connect``), at most `CONNECT_SECONDS`."""
+    import dask.config
+    from dask.utils import parse_timedelta
+
+    try:
+        dask_seconds = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
+    except (KeyError, TypeError, ValueError):
+        return CONNECT_SECONDS
+    return min(CONNECT_SECONDS, float(dask_seconds))
+
+
 @contextmanager
-def _client(cfg: Config, specs: tuple[str, ...]) -> Iterator[Client]:
-    """A client of the scheduler at ``cfg.scheduler``, or of a cluster of this machine with
-    one worker process per spec (spawned: each makes its own OpenCL context)."""
+def connect(cfg: Config) -> Iterator[Client]:
+    """A client of the scheduler at ``cfg.scheduler``, within `connect_seconds`.
+
+    Nothing listening there (refused, an unknown host, no route: perhaps a scheduler not up
+    yet) is a `ConnectionError` (exit 1); something that accepts the connection but does not
+    answer as a Dask scheduler within the bound is the address's mistake (`PipelineError`,
+    exit 2); both name the address in one line."""
+    from distributed import Client
+    from distributed.comm import parse_address
+    from distributed.comm.addressing import parse_host_port
+
+    address = cfg.scheduler
+    bound = connect_seconds()
+    try:
+        scheme, location = parse_address(address)
+        host, port = parse_host_port(location) if scheme in ("tcp", "tls") else (None, None)
+    except ValueError as e:  # an address it cannot parse
+        raise PipelineError(f"{cfg.source}: scheduler {address!r}: {e}") from None
+    if host is not None:
+        try:
+            socket.create_connection((host, port), timeout=bound).close()
+        except OSError as e:
+            raise ConnectionError(f"cannot reach the scheduler {address}: {e}") from None
+    made: Future = Future()
+
+    def make() -> None:
+        try:
+            made.set_result(Client(address, timeout=f"{bound}s"))
+        except BaseException as e:
+            made.set_exception(e)
+
+    threading.Thread(target=make, name="volconv-connect", daemon=True).start()
+    try:
+        client = made.result(timeout=bound + 2)
+    except TimeoutError:
+        if made.done():  # Dask's own timeout
+            raise ConnectionError(f"cannot reach the scheduler {address}: timed out") from None
+        raise PipelineError(
+            f"{cfg.source}: scheduler {address}: accepts connections but no Dask scheduler "
+            f"answered within {bound:g} s; check the address (the scheduler's "
+            "port, 8786 by default, not its dashboard's)"
+        ) from None
+    except OSError as e:
+        raise ConnectionError(f"cannot reach the scheduler {address}: {e}") from None
+    except ValueError as e:
+        raise PipelineError(f"{cfg.source}: scheduler {address!r}: {e}") from None
+    with client:
+        yield client
+
+
+def slurm_cluster(
+    *,
+    device: str = "gpu",
+    gres: str | None = "gpu:1",
+    partition: str | None = None,
+    account: str | None = None,
+    cpus: int = 8,
+    memory: str = "32GB",
+    walltime: str = "02:00:00",
+    interface: str | None = None,
+    host: str | None = None,
+    python: str | None = None,
+    log_directory: str | None = None,
+) -> object:
+    """A dask-jobqueue ``SLURMCluster`` whose every job is one volconv worker owning one
+    device: ``gres`` (one GPU, so ``CUDA_VISIBLE_DEVICES`` shows it alone; None: no gres),
+    ``VOLCONV_DEVICE=device``, two threads and the resource ``GPU=2`` (one input on the
+    device while the one before is written). ``cluster.scale(jobs=n)`` submits n jobs;
+    `volconv run --scheduler cluster.scheduler_address` sends them the inputs.
+    ``scripts/slurm_dask_example.py`` runs it; tests/test_slurm.py against a real SLURM."""
+    from dask_jobqueue import SLURMCluster
+
+    return SLURMCluster(
+        queue=partition, account=account,
+        cores=2,  # worker threads: two inputs, one on the device, one written
+        processes=1,  # one worker per job, so one per device
+        job_cpu=cpus, memory=memory, walltime=walltime, interface=interface,
+        scheduler_options={"host": host} if host else {},
+        python=python or sys.executable, log_directory=log_directory,
+        job_extra_directives=[f"--gres={gres}"] if gres else [],
+        job_script_prologue=[f"export {DEVICE_ENV}={device}"],
+        worker_extra_args=["--resources", "GPU=2"],
+    )  # fmt: skip
+
+
+@contextmanager
+def _local_cluster(specs: tuple[str, ...], env: dict[str, str]) -> Iterator[Client]:
+    """A client of a cluster of this machine with one worker process per spec (spawned:
+    each makes its own OpenCL context), ``env`` in each worker's environment."""
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
-    if cfg.scheduler:
-        try:
-            client = Client(cfg.scheduler, timeout=CONNECT_TIMEOUT)
-        except (OSError, TimeoutError) as e:
-            raise ConnectionError(f"cannot reach the scheduler {cfg.scheduler}: {e}") from None
-        except ValueError as e:  # an address it cannot parse
-            raise PipelineError(f"{cfg.source}: scheduler {cfg.scheduler!r}: {e}") from None
-        with client:
-            yield client
-        return
-    quiet = logging.ERROR
+    # what goes wrong reaches the records (a task's failure, a lost worker); a worker's log
+    # lines about the connection closed under it as the batch stops are noise on stderr
+    quiet = logging.CRITICAL
     workers = {
         f"volconv-{i}": {
             "cls": Nanny,
             "options": {
-                **LOCAL_WORKER, "env": {DEVICE_ENV: spec},
+                **LOCAL_WORKER, "env": {DEVICE_ENV: spec, **env},
                 # volconv bounds its host memory itself (host_memory per device)
                 "memory_limit": 0, "silence_logs": quiet, "host": "127.0.0.1",
-                "preload": [__name__],  # dask_setup: Ctrl-C is the client's
+                "preload": [__name__],  # dask_setup: Ctrl-C is the client's; the warm-up
             },
         }
         for i, spec in enumerate(specs)
@@ -361,9 +899,11 @@ def _gather(
         for i, job in enumerate(todo)
     }  # fmt: skip
     try:
-        for future in as_completed(futures):
+        # each record fetched as its task ends: a worker lost after that (a cancelled job)
+        # does not make the scheduler's rerun of the task the record the batch reports
+        for future, value in as_completed(futures, with_results=True, raise_errors=False):
             job = futures[future]
-            records[job.spec] = record = _record(future, job)
+            records[job.spec] = record = _record(value, job)
             if on_volume:
                 on_volume(record)
     except KeyboardInterrupt as e:
@@ -377,18 +917,23 @@ def _gather(
         with suppress(Exception):
             client.cancel(list(futures))
         done = sum(r.status != "failed" for r in records.values())
-        raise Interrupted(
+        error = Interrupted(
             f"interrupted: {done} output(s) complete and kept; those in progress keep their "
             "complete slabs (hidden partial files); run the same command again to resume"
-        ) from e
+        )
+        error.signum = getattr(e, "signum", signal.SIGINT)  # exit 130, or 143 for SIGTERM
+        raise error from e
 
 
-def _record(future: object, job: Job) -> VolumeReport:
+def _record(value: object, job: Job) -> VolumeReport:
     """The task's record, with the client's knowledge of the input where it failed."""
-    try:
-        record = future.result()  # type: ignore[attr-defined]
-    except Exception as e:  # the task was lost more often than allowed (KilledWorker)
+    if isinstance(value, VolumeReport):
+        record = value
+    else:  # the task was lost more often than allowed (KilledWorker), or its result
+        e = value if isinstance(value, BaseException) else TypeError(repr(value))
         record = VolumeReport.failed(job.spec, "", (), 0, f"{type(e).__name__}: {e}")
+    if record.status == "skipped" and not record.reason:  # planned as to do: done since
+        record = replace(record, reason=f"became complete meanwhile ({MEANWHILE})")
     if record.status == "failed":
         record = replace(
             record, output=str(job.output), shape=tuple(int(s) for s in job.volume.shape),

@@ -449,7 +449,7 @@ def entry_point() -> None:
     the interpreter's teardown (freeing pinned memory, the OpenCL driver's clean-up: 0.1 s
     here, more on a GPU node) is skipped; so is the wait for the file system to free the
     outputs ``--overwrite`` replaced, which an ``rm`` process finishes on its own
-    (`volconv.writer.remove_later`).
+    (`volconv.output.staging.remove_later`).
     """
     _state["t0"], _state["leaving"] = _process_start(), True
     _one_blas_thread()
@@ -501,11 +501,11 @@ def main() -> None:
     try:
         _main_app()
     finally:
-        # replaced outputs freed in the background (volconv.writer.remove_later), waited
+        # replaced outputs freed in the background (volconv.output.remove_later), waited
         # for here, after the table and the report: by a process that leaves (entry_point),
         # only where a thread of its own frees them, not an rm process (which goes on)
-        if (writer := sys.modules.get("volconv.writer")) is not None:
-            writer.wait_for_removals(processes=not _state["leaving"])
+        if (staging := sys.modules.get("volconv.output.staging")) is not None:
+            staging.wait_for_removals(processes=not _state["leaving"])
 
 
 def _main_app() -> None:

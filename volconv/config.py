@@ -29,7 +29,7 @@ from volconv.checks import (
     parse_bytes,
     suggest,
 )
-from volconv.writer import COMPRESSIONS, DTYPES, OutputError, compression_options
+from volconv.output import COMPRESSIONS, DTYPES, OutputError, check_compression, format_of
 
 
 class PipelineError(ValueError):
@@ -40,7 +40,7 @@ class PipelineError(ValueError):
 SCHEMA: dict[str, tuple[str, ...]] = {
     "input": ("paths", "external"),
     "bank": ("size", "boundary", "cval", "units", "filter"),
-    "output": ("path", "dtype", "compression", "scale", "offset"),
+    "output": ("path", "format", "dtype", "compression", "scale", "offset"),
     "run": ("device", "devices", "scheduler", "host_memory", "slab_depth"),
 }
 REQUIRED_SECTIONS = ("input", "bank")
@@ -85,6 +85,7 @@ class Config:
     external: bool = False
     # [output] scale = "auto": each uint8 output's scale and offset from the bank's bound
     scale_auto: bool = False
+    format: str = "hdf5"  # [output] format: hdf5, nifti or zarr (default from the path)
 
 
 # -- reading and --set --------------------------------------------------------------------
@@ -321,9 +322,16 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         raise fail(f"output.compression must be one of {', '.join(COMPRESSIONS)}; "
                    f"got {compression!r}")  # fmt: skip
     try:
-        compression_options(compression)
+        fmt = format_of(template, out.get("format"))
+    except OutputError as e:
+        raise fail(f"output.{'format' if 'format' in out else 'path'}: {e}") from None
+    try:
+        check_compression(fmt, compression)
     except OutputError as e:
         raise fail(f"output.compression: {e}") from None
+    if fmt == "nifti" and dtype == "float16":
+        raise fail('output.dtype = "float16": NIfTI stores float32 or uint8; set output.dtype '
+                   "or write HDF5 or OME-Zarr")  # fmt: skip
     scale_auto = out.get("scale") == "auto"
     if scale_auto and "offset" in out:
         raise fail('output.scale = "auto" chooses the offset too; remove output.offset')
@@ -373,7 +381,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         offset=float(out.get("offset", 0.0)), external=external, scale_auto=scale_auto,
         device=device.strip(), slab_depth=slab_depth,
         host_memory=host_memory, bank=tuple(bank), bank_in_mm=in_mm, devices=devices,
-        scheduler=scheduler.strip(),
+        scheduler=scheduler.strip(), format=fmt,
     )  # fmt: skip
 
 

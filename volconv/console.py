@@ -188,16 +188,14 @@ def batch_and_report(
                           width=table_width(console), run_seconds=result.seconds,
                           start_seconds=start)  # fmt: skip
     say(table)
-    if done:
-        say(f"{len(done)} input(s) in {result.seconds:.1f} s on {result.label}: "
-            f"{60 * len(done) / result.seconds:.1f} inputs/minute (and "
-            f"{result.start_seconds:.1f} s to start)")  # fmt: skip
+    say(result.summary())  # what became of every input, the time and the workers
     if report is not None:
         meta = {
             "pipeline": str(cfg.source), "volconv_version": volconv.__version__,
             "device": result.label, "workers": result.workers, "peak_gflops": peak,
             "measured_peak_gflops": measured, "batch_seconds": result.seconds,
             "batch_start_seconds": result.start_seconds, "start_seconds": start,
+            "worker_ready_seconds": result.ready_seconds, "in_process": result.in_process,
         }  # fmt: skip
         report_json(result.reports, meta, report)
     return result

@@ -115,6 +115,8 @@ class Volume:
     # The data is read from other files too (an allowed VDS, external storage or link): the
     # SHA-256 covers the data read as well as the container.
     _digest_data: bool = field(default=False, repr=False, compare=False)
+    # The NIfTI header where io read it without nibabel (`volconv.output.space` reads it).
+    nifti_header: Any = field(default=None, repr=False, compare=False)
 
     def read_rows(self, rows: np.ndarray, frame: int = 0) -> np.ndarray:
         """The volume at ``rows`` along axis 0, reading only those rows.
@@ -492,8 +494,9 @@ _NIFTI_TYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "
 _NIFTI_FIELDS = [
     ("sizeof_hdr", "i4"), ("_1", "V36"), ("dim", "i2", 8), ("_2", "V14"), ("datatype", "i2"),
     ("bitpix", "i2"), ("_3", "V2"), ("pixdim", "f4", 8), ("vox_offset", "f4"),
-    ("scl_slope", "f4"), ("scl_inter", "f4"), ("_4", "V132"), ("qform_code", "i2"),
-    ("sform_code", "i2"), ("_5", "V24"), ("srow", "f4", (3, 4)), ("_6", "V16"),
+    ("scl_slope", "f4"), ("scl_inter", "f4"), ("_4", "V3"), ("xyzt_units", "u1"),
+    ("_5", "V128"), ("qform_code", "i2"),
+    ("sform_code", "i2"), ("_6", "V24"), ("srow", "f4", (3, 4)), ("_7", "V16"),
     ("magic", "S4"), ("ext", "u1", 4),
 ]  # fmt: skip
 
@@ -535,8 +538,42 @@ def _open_plain_nifti(path: str, file: Path) -> Volume | None:
     def opener() -> AbstractContextManager:  # a fresh map per read, as for a .npy
         return nullcontext(_NiftiData(np.memmap(file, dtype, "c", int(offset), shape, order="F")))
 
-    return _volume(path, file, shape, np.dtype(dtype), affine,
-                   tuple(float(v) for v in pixdim[1:4]), opener, 0, mapped=True)  # fmt: skip
+    volume = _volume(path, file, shape, np.dtype(dtype), affine,
+                     tuple(float(v) for v in pixdim[1:4]), opener, 0, mapped=True)  # fmt: skip
+    units = int(h["xyzt_units"])
+    if h["qform_code"] == 0 and units % 8 in _UNITS and units - units % 8 in _UNITS:
+        volume.nifti_header = _PlainHeader(h, ndim)
+    return volume
+
+
+# NIfTI's unit codes, as nibabel names them.
+_UNITS = {0: "unknown", 1: "meter", 2: "mm", 3: "micron", 8: "sec", 16: "msec", 24: "usec",
+          32: "hz", 40: "ppm", 48: "rads"}  # fmt: skip
+
+
+class _PlainHeader:
+    """What `volconv.output.space` reads of a NIfTI header, as nibabel's gives it, for a
+    plain NIfTI-1 (`_open_plain_nifti`) without a qform."""
+
+    def __init__(self, h: np.void, ndim: int) -> None:
+        self._h, self._ndim = h, ndim
+
+    def get_sform(self, coded: bool = False) -> Any:
+        out = np.eye(4)
+        out[:3] = self._h["srow"]
+        return (out, int(self._h["sform_code"])) if coded else out
+
+    def get_qform(self, coded: bool = True) -> tuple[None, int]:
+        if not coded:  # the matrix of a qform code 0 is nibabel's to make
+            raise NotImplementedError("only get_qform(coded=True)")
+        return None, 0
+
+    def get_xyzt_units(self) -> tuple[str, str]:
+        code = int(self._h["xyzt_units"])
+        return _UNITS[code % 8], _UNITS[code - code % 8]
+
+    def get_zooms(self) -> tuple[np.float32, ...]:
+        return tuple(self._h["pixdim"][1 : self._ndim + 1])
 
 
 class _NiftiData:

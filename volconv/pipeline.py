@@ -24,7 +24,6 @@ from functools import cache, partial
 from pathlib import Path
 from queue import Empty, SimpleQueue
 
-import h5py
 import numpy as np
 import pyopencl as cl
 
@@ -38,6 +37,20 @@ from volconv.engine import STAGES, frame_bytes
 from volconv.errors import OutputWriteError
 from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, open_volume, split_spec
 from volconv.nonfinite import APPLY_BYTES, OverridePlan
+from volconv.output import (
+    OutputError,
+    OutputExistsError,
+    ResponseWriter,
+    Space,
+    backlog_bytes,
+    check_output_path,
+    holds,
+    is_complete,
+    is_regular,
+    slabs_in_flight,
+    writer_for,
+)
+from volconv.output import made as made_with
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
 from volconv.plan import MAX_FILTERS, make_plan
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
@@ -48,17 +61,6 @@ from volconv.separable import (
     SeparablePlan,
     make_separable_plan,
     plan_paths,
-)
-from volconv.writer import (
-    OutputError,
-    OutputExistsError,
-    ResponseWriter,
-    backlog_bytes,
-    check_output_path,
-    holds,
-    is_complete,
-    is_regular,
-    slabs_in_flight,
 )
 
 # The errors that are the user's: the CLI turns them into exit status 2 and one line.
@@ -268,7 +270,7 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     pinned slab buffers (of the stored type where the device converts, else float32), a
     float32 slab converted on the host (every slab where the device does not convert; where
     it does, a slab whose source holds NaN or Inf) for each slab the writer has in flight, the
-    writer's compressed chunks (`volconv.writer.backlog_bytes`), the last slab padded to whole
+    writer's compressed chunks (`volconv.output.backlog_bytes`), the last slab padded to whole
     chunks where it is shorter, two slabs of source rows (one read ahead), the whole frame if
     it is read whole, the responses of a direct group whose filters are not neighbours in the
     bank (gathered into place), a float source's NaN and Inf override (`nonfinite_bytes`:
@@ -421,20 +423,8 @@ def differences(job: Job, cfg: Config) -> str:
     would make it (SPEC.md: the same input, SHA-256, and the same bank, boundary, cval and
     output type), as words for a message; empty when nothing does."""
     try:
-        with h5py.File(job.output, "r") as f:
-            responses, kernels = f["responses"], f["kernels"]
-            made = {
-                "filter names": [n.decode() if isinstance(n, bytes) else str(n)
-                                 for n in f["filter"][()]],
-                "bank": np.asarray(kernels[()], np.float32),
-                "boundary": str(responses.attrs.get("boundary", "")),
-                "cval": float(responses.attrs.get("cval", np.nan)),
-                "output dtype": str(responses.dtype),
-                "scale": float(responses.attrs.get("scale", 1.0)),
-                "offset": float(responses.attrs.get("offset", 0.0)),
-                "input": str(f.attrs.get("source_sha256", "")),
-            }  # fmt: skip
-    except (OSError, KeyError) as e:
+        made = made_with(job.output)  # volconv.output: whatever the format
+    except (OSError, KeyError, ValueError) as e:
         return f"layout ({e})"
     wanted = {
         "filter names": job.names,
@@ -808,11 +798,11 @@ def _stream(
     # volconv.resume: a dead run's partial output continues (never with --overwrite)
     digest = cache(volume.sha256)
     progress = None if overwrite else Progress(fingerprint(job, cfg, conv), digest)
-    writer = ResponseWriter(
+    writer = writer_for(job.output, cfg.format)(
         job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,
         compression=cfg.compression, scale=job.scale, offset=job.offset, boundary=cfg.boundary,
         cval=cfg.cval, slab_depth=conv.plan.slab_depth, overwrite=overwrite,
-        extents=np.array(job.extents), progress=progress,
+        extents=np.array(job.extents), progress=progress, space=Space.of(volume),
     )  # fmt: skip
     _OPEN_WRITERS.add(writer)
     with writer, ThreadPoolExecutor(2, thread_name_prefix="volconv-read") as pool:

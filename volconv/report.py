@@ -170,6 +170,8 @@ class VolumeReport:
     # from then to its last slab written. Inputs of a run overlap (one is read and computed
     # while the one before is written), so walls overlap; the run's own is `run_seconds`.
     started_at: float = math.nan
+    worker: str = ""  # in a batch: the worker that ran it
+    device: str = ""  # in a batch: that worker's device, in words
 
     @classmethod
     def skipped(

@@ -1,11 +1,11 @@
 """Resume inside a volume: a rerun continues an interrupted output from its slabs complete.
 
-An output is written in a private folder (`volconv.writer.private_prefix`, mode 0700) that
+An output is written in a private folder (`volconv.output.private_prefix`, mode 0700) that
 also holds this module's progress log, ``progress``. After a slab is written, the HDF5 file
 is flushed and only then is the slab recorded, with a CRC-32 of each filter's stored bytes:
 a slab written but not flushed when the process dies (SIGKILL, a lost node) is never
 counted. A rerun (`Progress.open`) takes over the folder of a run of this host that no longer
-runs (`volconv.writer.dead_runs`), or of one this process stopped (`leftovers`), when it is
+runs (`volconv.output.dead_runs`), or of one this process stopped (`leftovers`), when it is
 this user's real folder, not open to others, its
 log names the same fingerprint (`fingerprint`: bank, boundary, cval, output type and layout,
 device, path; and the input's SHA-256), and its file is this user's regular file; the folder is
@@ -14,7 +14,7 @@ the other starts afresh. Every slab the log counts is read back and its CRCs che
 is kept, and its chunks must be stored in the file (an unwritten one reads as the fill value,
 whose CRC a forged log could give): what the file holds is what counts, whatever the log
 says. Nothing here ever makes a file look complete: ``complete = True`` and the final name
-come from `volconv.writer.ResponseWriter.finish` alone.
+come from `volconv.output.SlabWriter.finish` alone.
 
 The log is text, one record a line, each line ending in its own CRC-32 (a line cut short by a
 kill is ignored)::
@@ -45,7 +45,7 @@ import numpy as np
 
 import volconv
 from volconv.device import device_name
-from volconv.writer import _pool, dead_runs, private_prefix
+from volconv.output import _pool, dead_runs, open_partial, private_prefix
 
 if TYPE_CHECKING:
     from volconv.config import Config
@@ -63,7 +63,7 @@ _OPEN: set[Path] = set()
 
 def leftovers(path: Path) -> list[Path]:
     """Where a partial output of ``path`` may be: what runs that no longer run left
-    (`volconv.writer.dead_runs`), and this process's own folders that no run has open."""
+    (`volconv.output.dead_runs`), and this process's own folders that no run has open."""
     prefix = private_prefix(path)
     try:
         own = [path.parent / n for n in os.listdir(path.parent) if n.startswith(prefix)]
@@ -108,6 +108,11 @@ def _records(text: bytes) -> list[list[str]]:
         if crc == f"{zlib.crc32(body.encode()):08x}":
             records.append(body.split(" "))
     return records
+
+
+def _partial_kind(mode: int) -> bool:
+    """A partial output is a file (HDF5, NIfTI) or a folder (OME-Zarr)."""
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
 
 
 def _ours(st: os.stat_result, kind: Callable[[int], bool], private: bool = False) -> bool:
@@ -181,7 +186,7 @@ class Progress:
                 if not _ours(os.lstat(entry), stat.S_ISDIR, private=True):
                     continue
                 records = self._read_log(entry / LOG)
-                if not _ours(os.lstat(entry / path.name), stat.S_ISREG):
+                if not _ours(os.lstat(entry / path.name), _partial_kind):
                     continue
             except OSError:  # gone meanwhile (another run claimed it), or no log
                 continue
@@ -228,14 +233,11 @@ class Progress:
             return False
         try:
             st = os.fstat(fd)
-            if not _ours(st, stat.S_ISREG) or st.st_nlink != 1:
+            if not _ours(st, _partial_kind) or (stat.S_ISREG(st.st_mode) and st.st_nlink != 1):
                 return False
-            with h5py.File(temp, "r", locking=False) as f:
-                opened = os.fstat(f.id.get_vfd_handle())
-                if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
-                    return False
-                responses = f["responses"]
-                if responses.shape != shape or responses.dtype != dtype:
+            # (N, x, y, z[, t]) of the partial, whatever its format; None: not the one checked
+            with open_partial(temp, st, shape, dtype) as responses:
+                if responses is None or responses.shape != shape or responses.dtype != dtype:
                     return False
                 for record in records:
                     if record[0] == "slab" and len(record) == 5:
@@ -335,9 +337,13 @@ class Progress:
             _OPEN.discard(self._folder)
 
 
-def _on_disk(responses: h5py.Dataset, a: int, b: int, frame: int) -> bool:
+def _on_disk(responses: object, a: int, b: int, frame: int) -> bool:
     """Whether every chunk of rows ``[a, b)`` of ``frame`` (every filter) is stored in the
-    file: only those were written (the writer writes whole chunks; the rerun copies them)."""
+    file: only those were written (the writer writes whole chunks; the rerun copies them).
+    Other formats' partials (a NIfTI's reserved file, a Zarr group) are taken as their CRCs
+    say."""
+    if not isinstance(responses, h5py.Dataset):
+        return True
     if responses.chunks is None:
         return False  # volconv writes chunks only
     index = (slice(None), slice(a, b), slice(None), slice(None))

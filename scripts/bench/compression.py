@@ -43,7 +43,7 @@ if cores == "one":
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 import h5py
 import numpy as np
-from volconv.writer import ResponseWriter, _direct_codec, _pool, compression_options
+from volconv.output import ResponseWriter, _direct_codec, _pool, compression_options
 data = np.load(data_path)
 n, nx = data.shape[:2]
 depth = int(depth)

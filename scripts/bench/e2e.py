@@ -39,8 +39,8 @@ import h5py
 import nibabel as nib
 import numpy as np
 
+from volconv.output import compression_options
 from volconv.report import write_json
-from volconv.writer import compression_options
 
 
 def read_floor(path: Path) -> float:

@@ -20,9 +20,9 @@ import h5py
 import numpy as np
 
 from volconv.convert import encode
+from volconv.output import ResponseWriter
 from volconv.report import write_json
 from volconv.resume import Progress
-from volconv.writer import ResponseWriter
 
 ATTRS = dict.fromkeys(("affine", "voxel_size", "source", "source_sha256", "pipeline", "device",
                        "gflop", "kernel_seconds", "wall_seconds", "gflops", "peak_gflops",

@@ -3,7 +3,7 @@
 the programs built once and loaded after, one 'building kernels' line the first time only,
 no pyopencl CompilerWarning. JSON to --json (e.g. $OUT/cache_check.json).
 
-    python scripts/cache_check.py --device nvidia --json $OUT/cache_check.json
+    python scripts/bench/run.py cache_check --device nvidia --json $OUT/cache_check.json
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import json, os, sys, time

@@ -1,17 +1,20 @@
-"""Batch throughput: N inputs through a pipeline on every device (``--devices``) against one
-device, in one command, beside the floor the disk sets: as many raw h5py writer processes as
-workers, writing the same bytes at once into the same folder.
+"""Batch throughput as the user times it: N inputs through a pipeline on every device
+(``--devices``) against one device, each a whole command timed from outside (process start,
+worker start and all), beside the floor the disk sets: as many raw h5py writer processes as
+workers, writing the same bytes at once into the same folder (and one writer).
 
-    python scripts/bench_batch.py --out /local/scratch/vb --devices all --inputs 16 \\
-        --json benchmarks/results/batch.json
-    python scripts/bench_batch.py --out /tmp/vb --size 64 --inputs 4 --devices cpu,cpu  # a CPU
+    python scripts/bench/run.py batch --out /tmp/vb --devices all --inputs 48,8,2 \\
+        --json $OUT/batch.json
+    python scripts/bench/run.py batch --out /tmp/vb --size 64 --inputs 4,2 --devices cpu,cpu  # CPU
 
-Inputs are ``--size``^3 uint8 NIfTI files (smoothed noise, one seed each) made in ``--out``;
-each run writes its outputs there (put it on the node's local disk) and they are deleted
-before the next. For every output type of ``--dtypes`` it prints inputs per minute, of the
-whole command (process and worker start included) and of the run itself (the batch's first
-task to its last record; the one device's summed wall), their ratios, the floor, and where the
-time goes (seconds per stage per input, from ``--report``).
+Inputs are ``--size``^3 uint8 NIfTI files (smoothed noise, one seed each) made once in
+``--out``; each count runs on the first N of them (hard links in a folder of their own).
+Each run writes its outputs there (put it on the node's local disk) and they are deleted
+before the next. A first untimed run builds the programs (so no timed run compiles). For
+every count and output type of ``--dtypes`` it records inputs per minute of the whole command
+and of the run itself (the batch's first task to its last record; one device's run), the
+process's start (command - run), the workers' start and ready time and whether the batch ran
+in the client's process (the small-batch rule), the ratios all/one, and the floor.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("read", "upload", "pad", "kernel", "convert", "download", "write", "wall")
 
 
@@ -76,8 +79,14 @@ def run_volconv(pipeline: Path, inputs: Path, out: Path, dtype: str, device_args
     run_seconds = (doc.get("batch_seconds") or doc.get("run_seconds")
                    or sum(r["stages"]["wall"] for r in done_inputs))  # fmt: skip
     per_input = {s: sum(r["stages"][s] for r in done_inputs) / n for s in STAGES}
+    # the batch's own start (workers, or the client's plan where it ran in its process)
+    start = doc.get("batch_start_seconds") or 0.0
     return {
         "command": cmd, "inputs": n, "command_seconds": seconds, "run_seconds": run_seconds,
+        # what the command spent outside its run: process start, imports, planning, workers
+        "process_start_seconds": seconds - run_seconds,
+        "worker_start_seconds": start, "worker_ready_seconds": doc.get("worker_ready_seconds"),
+        "in_process": doc.get("in_process"),
         "inputs_per_minute_command": 60 * n / seconds,
         "inputs_per_minute_run": 60 * n / run_seconds,
         "device": doc.get("device"), "workers": doc.get("workers"),
@@ -120,11 +129,20 @@ def writer_floor(folder: Path, n: int, writers: int, shape: tuple[int, ...], dty
     }  # fmt: skip
 
 
+def subset(inputs: list[Path], n: int, folder: Path) -> Path:
+    """A folder holding the first ``n`` inputs (hard links)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for path in inputs[:n]:
+        os.link(path, folder / path.name)
+    return folder
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="work folder (the local disk)")
     p.add_argument("--pipeline", type=Path, default=ROOT / "pipelines" / "demo.toml")
-    p.add_argument("--inputs", type=int, default=16)
+    p.add_argument("--inputs", default="48,8,2", help="input counts, one batch each")
     p.add_argument("--size", type=int, default=256, help="edge of the cubic uint8 inputs")
     p.add_argument("--devices", default="all", help="as volconv run --devices takes it")
     p.add_argument(
@@ -142,54 +160,67 @@ def main() -> int:
 
     specs = local_devices(load(args.pipeline, devices=args.devices))
     one = args.one_device or (specs[0] if args.devices != "all" else "auto")
-    inputs = make_inputs(args.out / "inputs", args.inputs, args.size)
+    counts = [int(n) for n in args.inputs.split(",")]
+    inputs = make_inputs(args.out / "inputs", max(counts), args.size)
     for path in inputs:  # the inputs in the page cache for every run alike
         path.read_bytes()
     result: dict = {
         "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
         "opencl_devices": [f"{d.spec} {d.name} ({d.platform})" for d in list_devices()],
-        "pipeline": str(args.pipeline), "inputs": args.inputs, "size": args.size,
+        "pipeline": str(args.pipeline), "inputs": counts, "size": args.size,
         "devices": args.devices, "worker_devices": list(specs), "one_device": one,
         "out": str(args.out), "runs": {},
     }  # fmt: skip
+    report = args.out / "report.json"
+    # untimed: every program built (and cached) for each output type, on one device
     for dtype in args.dtypes.split(","):
-        report = args.out / "report.json"
-        runs = {
-            "one": run_volconv(args.pipeline, args.out / "inputs", args.out / "one", dtype,
-                               ["--device", one], report),
-            "all": run_volconv(args.pipeline, args.out / "inputs", args.out / "all", dtype,
-                               ["--devices", args.devices], report),
-        }  # fmt: skip
-        shape = (runs["one"]["n_filters"], *runs["one"]["shape"])
-        floor = writer_floor(args.out / "raw", args.inputs, len(specs), shape, dtype)
-        floor_one = writer_floor(args.out / "raw", args.inputs, 1, shape, dtype)
-        entry = {
-            **runs, "floor": floor, "floor_one_writer": floor_one,
-            "one_over_one_writer": runs["one"]["inputs_per_minute_run"]
-            / floor_one["inputs_per_minute"],
-            "ratio_command": runs["all"]["inputs_per_minute_command"]
-            / runs["one"]["inputs_per_minute_command"],
-            "ratio_run": runs["all"]["inputs_per_minute_run"]
-            / runs["one"]["inputs_per_minute_run"],
-            "all_over_floor": runs["all"]["inputs_per_minute_run"] / floor["inputs_per_minute"],
-        }  # fmt: skip
-        result["runs"][dtype] = entry
-        print(f"\n{dtype}: {args.inputs} inputs of {args.size}^3 uint8, "
-              f"{len(specs)} workers ({args.devices}) vs one device ({one})")  # fmt: skip
-        for name, r in runs.items():
-            per = ", ".join(f"{s} {v:.3f}" for s, v in r["seconds_per_input"].items())
-            print(f"  {name:<4} {r['inputs_per_minute_command']:7.1f} inputs/min (command, "
-                  f"{r['command_seconds']:.1f} s)  {r['inputs_per_minute_run']:7.1f} (run, "
-                  f"{r['run_seconds']:.1f} s)  s/input: {per}")  # fmt: skip
-        print(f"  ratio all/one: {entry['ratio_command']:.2f}x (command), "
-              f"{entry['ratio_run']:.2f}x (run)")  # fmt: skip
-        print(f"  floor: {floor['writers']} raw h5py writers, {floor['gb_per_s']:.2f} GB/s, "
-              f"{floor['inputs_per_minute']:.1f} inputs/min; all/floor "
-              f"{entry['all_over_floor']:.2f}; one raw writer {floor_one['gb_per_s']:.2f} GB/s, "
-              f"one device/one writer {entry['one_over_one_writer']:.2f}")  # fmt: skip
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(result, indent=1) + "\n")  # after every type
+        run_volconv(args.pipeline, subset(inputs, 1, args.out / "in-1"), args.out / "warm",
+                    dtype, ["--device", one], report)  # fmt: skip
+    for n in counts:
+        folder = subset(inputs, n, args.out / f"in-{n}")
+        for dtype in args.dtypes.split(","):
+            runs = {
+                "one": run_volconv(args.pipeline, folder, args.out / "one", dtype,
+                                   ["--device", one], report),
+                "all": run_volconv(args.pipeline, folder, args.out / "all", dtype,
+                                   ["--devices", args.devices], report),
+            }  # fmt: skip
+            shape = (runs["one"]["n_filters"], *runs["one"]["shape"])
+            floor = writer_floor(args.out / "raw", n, len(specs), shape, dtype)
+            floor_one = writer_floor(args.out / "raw", n, 1, shape, dtype)
+            entry = {
+                **runs, "floor": floor, "floor_one_writer": floor_one,
+                "one_over_one_writer": runs["one"]["inputs_per_minute_run"]
+                / floor_one["inputs_per_minute"],
+                "ratio_command": runs["all"]["inputs_per_minute_command"]
+                / runs["one"]["inputs_per_minute_command"],
+                "ratio_run": runs["all"]["inputs_per_minute_run"]
+                / runs["one"]["inputs_per_minute_run"],
+                "all_command_over_floor": runs["all"]["inputs_per_minute_command"]
+                / floor["inputs_per_minute"],
+            }  # fmt: skip
+            result["runs"][f"{n}-{dtype}"] = entry
+            print(f"\n{dtype}: {n} inputs of {args.size}^3 uint8, {len(specs)} devices "
+                  f"({args.devices}) vs one device ({one})")  # fmt: skip
+            for name, r in runs.items():
+                ready = r["worker_ready_seconds"]
+                ready = "?" if ready is None else f"{ready:.2f}"
+                how = ("in the client's process" if r["in_process"] else
+                       f"workers started {r['worker_start_seconds']:.2f} s, ready {ready} s"
+                       ) if name == "all" else ""  # fmt: skip
+                print(f"  {name:<4} {r['inputs_per_minute_command']:7.1f} inputs/min (command, "
+                      f"{r['command_seconds']:.2f} s)  {r['inputs_per_minute_run']:7.1f} (run, "
+                      f"{r['run_seconds']:.2f} s)  process start "
+                      f"{r['process_start_seconds']:.2f} s  {how}")  # fmt: skip
+            print(f"  ratio all/one: {entry['ratio_command']:.2f}x (command), "
+                  f"{entry['ratio_run']:.2f}x (run)")  # fmt: skip
+            print(f"  floor: {floor['writers']} raw h5py writers, {floor['gb_per_s']:.2f} GB/s, "
+                  f"{floor['inputs_per_minute']:.1f} inputs/min; all (command)/floor "
+                  f"{entry['all_command_over_floor']:.2f}; one raw writer "
+                  f"{floor_one['gb_per_s']:.2f} GB/s")  # fmt: skip
+            if args.json:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(result, indent=1) + "\n")  # after every run
     if args.json:
         print(f"wrote {args.json}")
     return 0
