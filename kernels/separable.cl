@@ -16,9 +16,19 @@
  * pass_out (pass_mid) also computes U (UM) outputs along the axis it sums, so that each vector
  * it loads feeds up to U of them (the loops are unrolled: the tap conditions vanish).
  *
+ * Factors longer than the direct kernel's 31 taps (a Gaussian of sigma 16 has 129) run the
+ * same passes with their tap loops rolled: fully unrolled, their code takes PoCL seconds to
+ * compile per extent.
+ *
  * Build options (-D): K taps, V outputs per work-item along axis 2 (1, 2, 4, 8, 16), U outputs
  * (UM) along the axis pass_out (pass_mid) sums, IN_T the padded slab's element type.
  */
+
+#if K > 31
+#define TAP_LOOP _Pragma("unroll 4")
+#else
+#define TAP_LOOP _Pragma("unroll")
+#endif
 
 #define CAT(a, b) a##b
 #define XCAT(a, b) CAT(a, b)
@@ -50,12 +60,22 @@ __kernel void pass_fast(__global const IN_T *restrict src,  /* (P0, P1, P2) */
     const long row = (long)(x + X0) * P1 + (y + Y0);
     const __global IN_T *p = src + row * P2 + z + off;
     floatv acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < K; ++j) acc += w[j] * LOAD_IN(p + j);
+    TAP_LOOP for (int j = 0; j < K; ++j) acc += w[j] * LOAD_IN(p + j);
     STORE(acc, dst + row * R + z);
 }
 
-/* acc[u] = sum_j w[j] row(u + j) for u < n: each of the K + n - 1 rows loaded once. */
+/* acc[u] = sum_j w[j] row(u + j) for u < n: each of the K + n - 1 rows loaded once (long
+ * factors: each row n times, from cache, in a rolled loop). */
+#if K > 31
+#define SUM_ROWS(acc, row, n)                                                \
+    {                                                                        \
+        _Pragma("unroll") for (int u = 0; u < n; ++u) acc[u] = 0.0f;         \
+        for (int j = 0; j < K; ++j) {                                        \
+            const float wj = w[j];                                           \
+            _Pragma("unroll") for (int u = 0; u < n; ++u) acc[u] += wj * row(u + j); \
+        }                                                                    \
+    }
+#else
 #define SUM_ROWS(acc, row, n)                                                \
     {                                                                        \
         _Pragma("unroll") for (int u = 0; u < n; ++u) acc[u] = 0.0f;         \
@@ -66,6 +86,7 @@ __kernel void pass_fast(__global const IN_T *restrict src,  /* (P0, P1, P2) */
             }                                                                \
         }                                                                    \
     }
+#endif
 
 /* Axis 1: out[x, y, z] = sum_j w[j] A[x, y + off + j, z], for x in [X0, X0 + NX), y < NY. */
 __kernel void pass_mid(__global const float *restrict src,  /* (P0, P1, R) */

@@ -31,6 +31,7 @@ from volconv.bank import build_bank
 from volconv.checks import spec_tolerance
 from volconv.config import dump_toml
 from volconv.engine import frame_bytes
+from volconv.features import build_features, expand
 from volconv.tensor import TENSOR_ENGINE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,6 +149,21 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
     assert "of peak" in out and "kernel" in out
     cfg = tomllib.loads(pipeline.read_text())
     boundary = cfg["bank"].get("boundary", "reflect")
+    bank = cfg["bank"]
+    if "feature" in bank or "preset" in bank:  # test_features checks the features' values
+        feats = build_features(
+            bank.get("feature"),
+            size=bank.get("size", 7),
+            preset=bank.get("preset"),
+            scales=bank.get("scales"),
+        )
+        filters = build_bank(bank["filter"], bank.get("size", 7)) if "filter" in bank else []
+        with h5py.File(tmp_path / "out" / "scan.h5") as f:
+            names = [n.decode() for n in f["filter"][()]]
+            assert names == expand(filters, feats).names
+            assert np.isfinite(f["responses"][()]).all()
+            assert [d["name"] for d in json.loads(f.attrs["features"])] == [x.name for x in feats]
+        return
     with check_output(tmp_path / "out" / "scan.h5", volume.astype(np.float64), boundary) as f:
         names = [n.decode() for n in f["filter"][()]]
         assert len(names) == len(f["kernels"]) == len(set(names))
@@ -481,3 +497,58 @@ def test_a_corrupt_gzip_input_fails_alone_and_leaves_no_output(tmp_path, capsys)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.h5"]  # b: nothing left
     with check_output(tmp_path / "out" / "a.h5", data.astype(float)):
         pass
+
+
+def test_features_are_stored_after_the_responses_and_resume_by_their_parameters(tmp_path, capsys):
+    """N counts the outputs (responses, then features); the responses only features read are
+    not stored; a complete output made with other feature parameters is refused."""
+    volume = random_volume((14, 11, 9), "float32")
+    np.save(tmp_path / "v.npy", volume)
+    filters = [{"type": "gaussian", "sigma": 1.0, "order": [1, 0, 0], "size": 9, "name": "dx"}]
+    bank = {"boundary": "nearest", "feature": [
+        {"type": "gradient_magnitude", "sigma": 1.0, "name": "gm"},
+        {"type": "hessian_eigenvalues", "sigma": 0.8, "name": "h"},
+        {"type": "structure_tensor_eigenvalues", "sigma": 0.7, "rho": 1.2, "name": "st"},
+    ]}  # fmt: skip
+    path = write_pipeline(tmp_path, filters, bank=bank, run={"slab_depth": 4})
+    code, out, err = volconv("validate", path, capsys=capsys)
+    assert code == 0, err
+    assert "bank     N = 8" in out
+    assert "feature  h: hessian_eigenvalues(sigma=0.8, truncate=4) -> h_0, h_1, h_2" in out
+    code, out, err = volconv("run", path, capsys=capsys)
+    assert code == 0, err
+    with h5py.File(tmp_path / "out" / "v.h5") as f:
+        names = [n.decode() for n in f["filter"][()]]
+        stored = f["responses"][()]
+        described = json.loads(f.attrs["features"])
+    assert names == ["dx", "gm", "h_0", "h_1", "h_2", "st_0", "st_1", "st_2"]
+    assert [d["name"] for d in described] == ["gm", "h", "st"]
+    assert described[2]["rho"] == [1.2, 1.2, 1.2]
+    v = volume.astype(np.float64)
+    m = float(np.abs(v).max())
+    dx = ndi.gaussian_filter(v, 1.0, (1, 0, 0), mode="nearest")
+    assert np.abs(stored[0] - dx).max() <= 1e-5 * m
+    gm = ndi.gaussian_gradient_magnitude(v, 1.0, mode="nearest")
+    assert np.abs(stored[1] - gm).max() <= 3e-5 * m
+    hess = np.empty((*v.shape, 3, 3))
+    for a in range(3):
+        for b in range(3):
+            order = [0, 0, 0]
+            order[a] += 1
+            order[b] += 1
+            hess[..., a, b] = ndi.gaussian_filter(v, 0.8, order, mode="nearest")
+    ref = np.moveaxis(np.linalg.eigvalsh(hess)[..., ::-1], -1, 0)
+    assert np.abs(stored[2:5] - ref).max() <= 1e-4 * m
+    g = [ndi.gaussian_filter(v, 0.7, o, mode="nearest") for o in np.eye(3, dtype=int)]
+    st = np.empty((*v.shape, 3, 3))
+    for a in range(3):
+        for b in range(3):
+            st[..., a, b] = ndi.gaussian_filter(g[a] * g[b], 1.2, mode="nearest")
+    ref = np.moveaxis(np.linalg.eigvalsh(st)[..., ::-1], -1, 0)
+    assert np.abs(stored[5:] - ref).max() <= 1e-4 * float(np.abs(ref).max())
+    code, out, err = volconv("run", path, capsys=capsys)  # the same: skipped
+    assert code == 0 and "skipped" in (out + err).lower(), out + err
+    bank["feature"][1]["sigma"] = 0.9
+    path = write_pipeline(tmp_path, filters, bank=bank, run={"slab_depth": 4})
+    code, out, err = volconv("run", path, capsys=capsys)
+    assert code == 2 and "features" in err, err

@@ -937,6 +937,6 @@ def _record(value: object, job: Job) -> VolumeReport:
     if record.status == "failed":
         record = replace(
             record, output=str(job.output), shape=tuple(int(s) for s in job.volume.shape),
-            n_filters=len(job.filters),
+            n_filters=len(job.outputs),
         )  # fmt: skip
     return record

@@ -29,6 +29,7 @@ from volconv.checks import (
     parse_bytes,
     suggest,
 )
+from volconv.features import Feature, build_features
 from volconv.output import COMPRESSIONS, DTYPES, OutputError, check_compression, format_of
 
 
@@ -39,7 +40,7 @@ class PipelineError(ValueError):
 # Every valid key of every section; `validate_config` suggests the closest for a typo.
 SCHEMA: dict[str, tuple[str, ...]] = {
     "input": ("paths", "external"),
-    "bank": ("size", "boundary", "cval", "units", "filter"),
+    "bank": ("size", "boundary", "cval", "units", "filter", "feature", "preset", "scales"),
     "output": ("path", "format", "dtype", "compression", "scale", "offset"),
     "run": ("device", "devices", "scheduler", "host_memory", "slab_depth"),
 }
@@ -86,6 +87,7 @@ class Config:
     # [output] scale = "auto": each uint8 output's scale and offset from the bank's bound
     scale_auto: bool = False
     format: str = "hdf5"  # [output] format: hdf5, nifti or zarr (default from the path)
+    features: tuple[Feature, ...] = ()  # [[bank.feature]] and [bank] preset (volconv.features)
 
 
 # -- reading and --set --------------------------------------------------------------------
@@ -300,11 +302,16 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
     filters = bank.get("filter", [])
     if not isinstance(filters, list) or not all(isinstance(f, dict) for f in filters):
         raise fail("bank.filter must be an array of tables: [[bank.filter]]")
-    if not filters:
+    try:
+        features = build_features(bank.get("feature"), size=size, units=units,
+                                  preset=bank.get("preset"), scales=bank.get("scales"))  # fmt: skip
+    except BankError as e:
+        raise fail(str(e)) from None
+    if not filters and not features:
         raise fail("bank.filter: the bank is empty; add at least one [[bank.filter]] table")
     try:  # every filter, at unit voxel size (inputs in mm are built again by plan_jobs)
         bank = build_bank([dict(f) for f in filters], size, base_dir=source.resolve().parent,
-                          units=units)  # fmt: skip
+                          units=units) if filters else []  # fmt: skip
     except BankError as e:
         raise fail(str(e)) from None
     in_mm = units == "mm" or any(f.get("units") == "mm" for f in filters)
@@ -333,6 +340,9 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         raise fail('output.dtype = "float16": NIfTI stores float32 or uint8; set output.dtype '
                    "or write HDF5 or OME-Zarr")  # fmt: skip
     scale_auto = out.get("scale") == "auto"
+    if scale_auto and (data["bank"].get("feature") or data["bank"].get("preset")):
+        raise fail('output.scale = "auto" bounds filter responses only; with bank.feature or '
+                   "bank.preset give output.scale and output.offset")  # fmt: skip
     if scale_auto and "offset" in out:
         raise fail('output.scale = "auto" chooses the offset too; remove output.offset')
     for key in ("scale", "offset"):
@@ -381,7 +391,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
         offset=float(out.get("offset", 0.0)), external=external, scale_auto=scale_auto,
         device=device.strip(), slab_depth=slab_depth,
         host_memory=host_memory, bank=tuple(bank), bank_in_mm=in_mm, devices=devices,
-        scheduler=scheduler.strip(), format=fmt,
+        scheduler=scheduler.strip(), format=fmt, features=tuple(features),
     )  # fmt: skip
 
 

@@ -234,9 +234,11 @@ def show_plan(cfg: Config, console: Console, *, overwrite: bool = False) -> list
     say(f"pipeline {cfg.source}")
     say(f"device   {device_name(device)}, FP32 peak {format_gflops(peak)} ({how})")
     cval = f" (cval {cfg.cval:g})" if cfg.boundary == "constant" else ""
-    say(f"bank     N = {len(first.filters)}, boundary {cfg.boundary}{cval}")
-    names = [f"{f.name} ({f.type})" for f in first.filters]
+    say(f"bank     N = {len(first.outputs)}, boundary {cfg.boundary}{cval}")
+    names = [f"{f.name} ({f.type})" for f in first.run_filters]
     say(describe_plan(first.plan.choices, names, first.plan.fused))
+    for feature in first.expanded.features:  # volconv.features: each with its parameters
+        say(f"feature  {feature.describe()}")
     scaled = f", value = stored * {cfg.scale:g} + {cfg.offset:g}" if cfg.dtype == "uint8" else ""
     if cfg.scale_auto:  # each input's own, from its type's range and the bank
         scaled = ", scale auto (each input's below)"

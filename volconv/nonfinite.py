@@ -120,8 +120,11 @@ class OverridePlan:
         return len(self.pos)
 
     def _cut(self, supports: np.ndarray) -> list[np.ndarray]:
-        """``supports`` as 0/1 banks of at most `n_filters`, one per counting convolver."""
-        n = self.n_filters
+        """``supports`` as 0/1 banks of at most `n_filters` (and the direct kernel's
+        MAX_FILTERS), one per counting convolver."""
+        from volconv.plan import MAX_FILTERS
+
+        n = min(self.n_filters, MAX_FILTERS)
         return [supports[i : i + n] for i in range(0, len(supports), n)]
 
     @property

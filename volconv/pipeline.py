@@ -35,6 +35,7 @@ from volconv.convert import device_encodes, output_scale
 from volconv.device import DeviceError, device_name, select_device
 from volconv.engine import STAGES, frame_bytes
 from volconv.errors import OutputWriteError
+from volconv.features import Expanded, expand, features_json
 from volconv.io import CorruptInputError, InputError, Volume, expand_inputs, open_volume, split_spec
 from volconv.nonfinite import APPLY_BYTES, OverridePlan
 from volconv.output import (
@@ -51,8 +52,9 @@ from volconv.output import (
     writer_for,
 )
 from volconv.output import made as made_with
+from volconv.outputs import Output
 from volconv.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
-from volconv.plan import MAX_FILTERS, make_plan
+from volconv.plan import MAX_EXTENT, MAX_FILTERS, MAX_SEPARABLE_FILTERS, make_plan
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
 from volconv.resume import Progress, fingerprint
 from volconv.separable import (
@@ -60,6 +62,7 @@ from volconv.separable import (
     SeparableConvolver,
     SeparablePlan,
     make_separable_plan,
+    plan_bank,
     plan_paths,
 )
 
@@ -77,12 +80,16 @@ class Interrupted(KeyboardInterrupt):
 # -- planning: headers, banks, plans, outputs; no compute ---------------------------------
 @dataclass
 class Job:
-    """One input: its volume (header open), bank, plan and output."""
+    """One input: its volume (header open), bank, plan and output.
+
+    ``filters`` is the bank as written; ``expanded`` adds the filters only derived features
+    read (`run_filters`, what the plan covers) and names the file's outputs (`outputs`: the
+    bank's responses, then the features')."""
 
     spec: str
     volume: Volume
     filters: list[Filter]
-    kernels: np.ndarray  # (N, sx, sy, sz) float64, as applied (and stored)
+    kernels: np.ndarray  # (N, sx, sy, sz) float64, as stored: one per output (`stored_kernels`)
     plan: SeparablePlan  # each filter's path (direct, separable, low-rank) and the slabs
     output: Path
     complete: bool  # the output exists, is complete and was made from this input and bank
@@ -92,15 +99,31 @@ class Job:
     resumed: int = 0  # slabs an interrupted run's partial output held (volconv.resume)
     scale: float = 1.0  # uint8's quantisation of this output (`output_scale`)
     offset: float = 0.0
+    expanded: Expanded | None = None  # default: the bank alone
+
+    def __post_init__(self) -> None:
+        if self.expanded is None:
+            self.expanded = expand(self.filters, ())
+
+    @property
+    def outputs(self) -> list[Output]:
+        """The volumes the file stores, in order: N is their count."""
+        return self.expanded.outputs
+
+    @property
+    def run_filters(self) -> list[Filter]:
+        """Every filter the device runs: the bank's, then those only features read."""
+        return self.expanded.filters
 
     @property
     def names(self) -> list[str]:
-        return [f.name for f in self.filters]
+        return [o.name for o in self.outputs]
 
     @property
     def extents(self) -> list[tuple[int, ...]]:
-        """Each filter's own extent, before padding to the bank's common one."""
-        return [tuple(int(e) for e in f.kernel.shape) for f in self.filters]
+        """Each output's own extent, before padding to the common one: a response's kernel's,
+        (1, 1, 1) for a feature's."""
+        return [tuple(int(e) for e in k) for k in self.expanded.stored_kernels()[1]]
 
     @property
     def shape3(self) -> tuple[int, int, int]:
@@ -112,16 +135,18 @@ class Job:
 
     @property
     def gflop(self) -> float:
-        """The useful work of the whole input (`volconv.report.work_gflop`)."""
-        return work_gflop(self.extents, int(np.prod(self.volume.shape)))
+        """The useful work of the whole input (`volconv.report.work_gflop`): every filter
+        the device runs, at its own extent."""
+        extents = [f.kernel.shape for f in self.run_filters]
+        return work_gflop(extents, int(np.prod(self.volume.shape)))
 
     def skipped(self, reason: str = "") -> VolumeReport:
         return VolumeReport.skipped(self.spec, str(self.output), self.volume.shape,
-                                    len(self.filters), reason)  # fmt: skip
+                                    len(self.outputs), reason)  # fmt: skip
 
     def failed(self, reason: str) -> VolumeReport:
         return VolumeReport.failed(self.spec, str(self.output), self.volume.shape,
-                                   len(self.filters), reason)  # fmt: skip
+                                   len(self.outputs), reason)  # fmt: skip
 
 
 def choose_device(cfg: Config) -> cl.Device:
@@ -161,19 +186,21 @@ def plan_jobs(
     taken = (
         {**claimed, Path(report).resolve(): f"the --report file {report}"} if report else claimed
     )
-    banks: dict[tuple[float, ...], tuple[list[Filter], np.ndarray]] = {}
+    banks: dict[tuple[float, ...], tuple[list[Filter], np.ndarray, Expanded]] = {}
     choices: dict[int, list[Choice]] = {}
     jobs: list[Job] = []
     seen: dict[Path, str] = {}
     for spec in specs:
         volume = open_volume(spec, external=cfg.external)
-        filters, kernels = _bank_for(cfg, volume, spec, banks)
+        filters, kernels, expanded = _bank_for(cfg, volume, spec, banks)
         if id(filters) not in choices:  # the path of each filter: once per bank
-            choices[id(filters)] = plan_paths(filters, device)
+            choices[id(filters)] = plan_paths(expanded.filters, device,
+                                              separable=expanded.separable)  # fmt: skip
         try:
             plan = make_separable_plan(
-                filters, spatial_shape(volume), volume.dtype, cfg.boundary, cfg.cval, device,
-                choices=choices[id(filters)], slab_depth=cfg.slab_depth, stream=True,
+                expanded.filters, spatial_shape(volume), volume.dtype, cfg.boundary, cfg.cval,
+                device, choices=choices[id(filters)], slab_depth=cfg.slab_depth, stream=True,
+                **expanded.plan_sizes(),
             )  # fmt: skip
         except ValueError as e:
             raise PipelineError(f"{spec}: {e}") from None
@@ -186,7 +213,7 @@ def plan_jobs(
             )
         seen[out] = spec
         check_output(cfg, out, taken)
-        job = Job(spec, volume, filters, kernels, plan, out, complete=False)
+        job = Job(spec, volume, filters, kernels, plan, out, complete=False, expanded=expanded)
         job.scale, job.offset = output_scale(cfg, volume, kernels)
         fit_host_memory(job, cfg, device)
         if out.exists() and not overwrite:
@@ -276,7 +303,7 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     bank (gathered into place), a float source's NaN and Inf override (`nonfinite_bytes`:
     the data may hold them), and on a CPU device its buffers, which are host memory too."""
     ny, nz = job.shape3[1:]
-    slab = len(job.filters) * depth * ny * nz
+    slab = len(job.outputs) * depth * ny * nz
     stored = np.dtype(cfg.dtype).itemsize
     item = np.dtype(job.volume.dtype).itemsize
     on_device = device_encodes(device, cfg.dtype)
@@ -294,16 +321,45 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
     total += max(scattered, default=0) * depth * ny * nz * 4
     on_host, on_cpu = nonfinite_bytes(job, depth, device)
     total += on_host
+    tensor_host, tensor_device = tensor_bytes(job, depth, device)
+    total += tensor_host
     if device.type & cl.device_type.CPU:
-        total += replace(job.plan, slab_depth=depth).device_bytes + on_cpu
+        total += replace(job.plan, slab_depth=depth).device_bytes + on_cpu + tensor_device
     return total
+
+
+def tensor_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
+    """The memory the structure tensors (`volconv.features.StructureTensorStage`) take at
+    slab depth ``depth``, as ``(host, device)``: on the host the gradients over the product
+    rows, a product in float64 and one in float32, the six entries and the eigenvalues of a
+    slab (a slab holding NaN or Inf goes through the host); on the device the gradients'
+    and the second smoothing's convolvers, the gradients over the product rows, S's entries
+    and the eigenvalues."""
+    n0, ny, nz = job.shape3
+    host = device_total = 0
+    for feat, _ in job.expanded.tensors:
+        r = (feat.rho_filter.kernel.shape[0] - 1) // 2
+        rows = min(n0, depth + 2 * r)
+        host += (3 * rows + 3 * rows + 9 * depth) * ny * nz * 4
+        for filters, dtype in ((feat.inputs, job.volume.dtype), ((feat.rho_filter,), np.float32)):
+            plan = make_separable_plan(
+                list(filters), job.shape3, dtype, job.plan.mode, job.plan.cval, device,
+                choices=plan_bank(list(filters), force="separable"), slab_depth=depth,
+                fused=False,
+            )  # fmt: skip
+            device_total += plan.device_bytes
+        device_total += (9 * depth + 3 * rows) * ny * nz * 4  # S and eigenvalues; gradients
+        host += 2 * min(n0, rows + feat.inputs[0].kernel.shape[0]) * ny * nz * 4  # overrides
+    return host, device_total
 
 
 def override_banks(job: Job) -> list[np.ndarray]:
     """The banks a run of ``job`` builds a non-finite override for (`volconv.nonfinite`), as
     `volconv.separable.SeparableConvolver` does: its separable filters' (stacked to their
     common extent), then each direct group's."""
-    kernels = [f.kernel for f in job.filters]
+    kernels = [f.kernel for f in job.run_filters]
+    if any(max(k.shape) > MAX_EXTENT for k in kernels):  # refused on a non-finite slab
+        return []
     slots = [f for f, c in enumerate(job.plan.choices) if c.path != "direct"]
     banks = [stack_kernels([kernels[f] for f in slots])] if slots else []
     return banks + [np.stack([kernels[f] for f in g]) for g in job.plan.groups]
@@ -326,6 +382,8 @@ def nonfinite_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
     rows = min(n0, depth + job.plan.extents[0] - 1)
     host = rows * ny * nz * (2 * item + 1)
     host += job.plan.n_separable * depth * ny * nz * 4
+    # the features of such a slab on the host, in float64: H's 9 entries and 3 eigenvalues
+    host += 12 * 8 * depth * ny * nz * bool(job.expanded.device)
     buffers, applies = 0, [0]
     for kernels in override_banks(job):
         plan = OverridePlan.of(kernels)
@@ -348,7 +406,7 @@ def fit_host_memory(job: Job, cfg: Config, device: cl.Device) -> None:
     """Whether ``job`` reads whole frames, and its slab depth made to fit ``host_memory``."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
     job.whole_frames = job.volume.mapped or frame * WHOLE_FRAME_SHARE <= cfg.host_memory
-    row = len(job.filters) * math.prod(job.shape3[1:]) * pinned_itemsize(cfg, device)
+    row = len(job.outputs) * math.prod(job.shape3[1:]) * pinned_itemsize(cfg, device)
     depth = job.plan.slab_depth
     if cfg.slab_depth is None:  # an expert's slab_depth is taken as given, if it fits
         depth = min(depth, max(1, MAX_PINNED_BYTES // row))
@@ -383,7 +441,8 @@ def device_bytes(job: Job, device: cl.Device, frame_limit: int | None = None) ->
     limit = frame_bytes(device) if frame_limit is None else frame_limit
     kept = job.whole_frames and np.dtype(job.volume.dtype).kind in "iu" and frame <= limit
     counting = nonfinite_bytes(job, job.plan.slab_depth, device)[1]
-    return job.plan.device_bytes + counting + (frame if kept else 0)
+    tensors = tensor_bytes(job, job.plan.slab_depth, device)[1]
+    return job.plan.device_bytes + counting + tensors + (frame if kept else 0)
 
 
 def spatial_shape(volume: Volume) -> tuple[int, int, int]:
@@ -395,10 +454,11 @@ def _bank_for(
     cfg: Config,
     volume: Volume,
     spec: str,
-    banks: dict[tuple[float, ...], tuple[list[Filter], np.ndarray]],
-) -> tuple[list[Filter], np.ndarray]:
+    banks: dict[tuple[float, ...], tuple[list[Filter], np.ndarray, Expanded]],
+) -> tuple[list[Filter], np.ndarray, Expanded]:
     """The bank for ``volume``: the one validation built, or, where a sigma is in mm, one
-    built per voxel size."""
+    built per voxel size; the kernels stored (one per output) and the bank with its
+    features (`volconv.features.expand`)."""
     voxel = tuple(float(v) for v in volume.voxel_size[:3]) if cfg.bank_in_mm else ()
     if voxel not in banks:
         filters = list(cfg.bank)
@@ -414,7 +474,14 @@ def _bank_for(
                 f"{cfg.source}: bank.filter: {len(filters)} filters; one run takes at most "
                 f"{MAX_FILTERS} (a gabor entry makes two): split the bank into two pipelines"
             )
-        banks[voxel] = filters, stack_kernels(filters)
+        expanded = expand(filters, cfg.features)
+        if len(expanded.filters) > MAX_SEPARABLE_FILTERS:
+            raise PipelineError(
+                f"{cfg.source}: bank.feature: the bank and the filters its features read make "
+                f"{len(expanded.filters)} filters; one run takes at most "
+                f"{MAX_SEPARABLE_FILTERS}: split the features into two pipelines"
+            )
+        banks[voxel] = filters, expanded.stored_kernels()[0], expanded
     return banks[voxel]
 
 
@@ -434,6 +501,7 @@ def differences(job: Job, cfg: Config) -> str:
         "output dtype": cfg.dtype,
         "scale": job.scale,
         "offset": job.offset,
+        "features": features_json(job.expanded.features),
     }
     for what, value in wanted.items():
         old = made[what]
@@ -443,7 +511,8 @@ def differences(job: Job, cfg: Config) -> str:
             else old == value
         )
         if not same:
-            shown = "" if what in ("bank", "filter names") else f" ({old!r}, now {value!r})"
+            quiet = ("bank", "filter names", "features")
+            shown = "" if what in quiet else f" ({old!r}, now {value!r})"
             return f"{what}{shown}"
     if made["input"] != job.volume.sha256():  # last: it reads the whole input
         return f"input (SHA-256 of {job.spec} changed)"
@@ -495,7 +564,7 @@ class Convolvers:
     @staticmethod
     def _shared(job: Job) -> tuple[object, ...]:
         return (job.shape3, np.dtype(job.volume.dtype).str, job.kernels.shape,
-                job.kernels.tobytes())  # fmt: skip
+                job.kernels.tobytes(), features_json(job.expanded.features))  # fmt: skip
 
     def get(self, job: Job) -> tuple[SeparableConvolver, PinnedSlabs]:
         # one convolver for inputs that differ in their uint8 scale alone (scale = "auto" on
@@ -504,8 +573,9 @@ class Convolvers:
         key, stored = self._shared(job), (job.scale, job.offset)
         if key not in self._cache:
             conv = SeparableConvolver(
-                job.filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
+                job.run_filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
                 device=self.device, choices=job.plan.choices, slab_depth=job.plan.slab_depth,
+                expanded=job.expanded,
             )  # fmt: skip
             if device_encodes(self.device, self.cfg.dtype):  # first: buffers of that type
                 conv.store(self.cfg.dtype, *stored)
@@ -862,12 +932,14 @@ def _stream(
             "device": device_name(conv.device),
             **record,
         }
+        if job.expanded.features:  # what each feature output is (volconv.features)
+            attrs["features"] = features_json(job.expanded.features)
         path = writer.finish(attrs)
     _OPEN_WRITERS.discard(writer)
     stages = {"read": read_seconds, **stages, "write": writer.write_seconds, "wall": wall}
     return VolumeReport(
         source=job.spec, output=str(path), shape=tuple(int(s) for s in volume.shape),
-        dtype=str(np.dtype(volume.dtype)), n_filters=len(job.filters),
+        dtype=str(np.dtype(volume.dtype)), n_filters=len(job.outputs),
         extents=tuple(int(e) for e in job.kernels.shape[1:]), slab_depth=conv.plan.slab_depth,
         n_slabs=job.n_slabs, status="done", stages=stages, clipped=writer.clipped + writer.nans,
         resumed_slabs=kept, started_at=started_at, **record,

@@ -28,6 +28,13 @@ from volconv.programs import kernel_source
 
 MAX_FILTERS = 64
 MAX_EXTENT = 31
+# Generated filters the separable path runs as 1D passes may be wider (a Gaussian of sigma 16
+# at truncate 4 is 129 taps): the passes take any extent, the direct kernel 1..MAX_EXTENT.
+MAX_SEPARABLE_EXTENT = 257
+# ... and a bank with derived features may run more filters than the direct kernel's floatN
+# accumulators hold (ilastik's preset at its seven default scales runs 84): the passes keep
+# one plane per response, the direct groups stay at MAX_FILTERS each.
+MAX_SEPARABLE_FILTERS = 256
 VECTOR_WIDTHS = (1, 2, 4, 8, 16)
 MAX_UNROLL = 32
 MAX_ROWS = 8  # bank_conv.cl's ROWS: outputs per work-item along axis 1

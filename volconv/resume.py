@@ -92,6 +92,7 @@ def fingerprint(job: Job, cfg: Config, conv: SeparableConvolver) -> str:
         "device": device_name(conv.device),
         "engines": list(conv.engines),
         "choices": repr(job.plan.choices),
+        "outputs": [[o.name, o.kind, o.params] for o in job.outputs],  # volconv.features
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -55,11 +55,21 @@ from volconv.engine import (
     slab_rows,
 )
 from volconv.factor import Term, factorise, reconstruction_ok
+from volconv.features import (
+    DeviceFeature,
+    Expanded,
+    Feature,
+    FeatureKernels,
+    StructureTensorStage,
+    expand,
+    host_feature,
+)
 from volconv.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.plan import (
     CL_TYPES,
     MAX_EXTENT,
-    MAX_FILTERS,
+    MAX_SEPARABLE_EXTENT,
+    MAX_SEPARABLE_FILTERS,
     make_plan,
     pad_dtype_for,
     streaming_depth,
@@ -174,18 +184,17 @@ def _entries(filters: object) -> list[tuple[np.ndarray, tuple[Term, ...] | None]
         items = list(filters) if filters.ndim == 4 else [filters]
     else:
         items = list(filters)
-    if not 1 <= len(items) <= MAX_FILTERS:
-        raise ValueError(f"filters: N must be 1..{MAX_FILTERS}; got {len(items)}")
+    if not 1 <= len(items) <= MAX_SEPARABLE_FILTERS:
+        raise ValueError(f"filters: N must be 1..{MAX_SEPARABLE_FILTERS}; got {len(items)}")
     out = []
     for i, item in enumerate(items):
         terms = item.factors if isinstance(item, Filter) else None
         k = np.asarray(item.kernel if isinstance(item, Filter) else item)
         if k.dtype.kind not in "biuf":
             raise TypeError(f"filter {i}: kernel must be real numbers; got dtype {k.dtype}")
-        if k.ndim != 3 or not all(1 <= e <= MAX_EXTENT for e in k.shape):
-            raise ValueError(
-                f"filter {i}: kernel must be 3D with extents 1..{MAX_EXTENT}; got {k.shape}"
-            )
+        most = MAX_SEPARABLE_EXTENT if terms is not None else MAX_EXTENT  # passes: wider
+        if k.ndim != 3 or not all(1 <= e <= most for e in k.shape):
+            raise ValueError(f"filter {i}: kernel must be 3D with extents 1..{most}; got {k.shape}")
         if not np.all(np.isfinite(k)):
             raise ValueError(f"filter {i}: kernel must be finite (no NaN or inf)")
         out.append((k.astype(np.float64), terms))
@@ -229,6 +238,9 @@ def plan_bank(filters: object, force: str | None = None, kind: str = "cpu") -> l
                 path = "low-rank"
         cost = separable_cost(terms, kind) if terms else math.inf
         take = terms is not None and (force == "separable" or (force is None and cost < direct))
+        if max(extent) > MAX_EXTENT and not take:
+            raise ValueError(f"filter {len(choices)}: extent {extent} takes the separable path "
+                             "only, and its factors do not reproduce it")  # fmt: skip
         choices.append(Choice(path if take else "direct", extent, terms, direct, cost))
     return choices
 
@@ -239,17 +251,28 @@ def plan_paths(
     *,
     fused: bool | None = None,
     tile: tuple[int, int, int] | None = None,
+    separable: Sequence[int] = (),
 ) -> list[Choice]:
     """`plan_bank` by the cost model of the kernels that will run on ``device``: on a GPU the
     fused kernel's, when the bank's separable filters then fit it (``fused`` None or True),
-    else the pass tree's."""
+    else the pass tree's. The filters at indices ``separable`` (those derived features read
+    on the device) take the separable path whatever the cost."""
+
+    def forced(choices: list[Choice]) -> list[Choice]:
+        for i in separable:
+            if choices[i].path == "direct":
+                choices[i] = plan_bank([filters[i]], force="separable")[0]
+                if choices[i].path == "direct":
+                    raise ValueError(f"filter {i}: a feature reads it and it has no factors")
+        return choices
+
     kind = device_kind(device)
     if kind == "gpu" and fused is not False:
-        choices = plan_bank(filters, kind="gpu-fused")
+        choices = forced(plan_bank(filters, kind="gpu-fused"))
         lo, _ = _bank_halo(_entries(filters))
         if fused_fits(fused_tree(choices, lo), tile or FUSED_TILE, device):
             return choices
-    return plan_bank(filters, kind=kind)
+    return forced(plan_bank(filters, kind=kind))
 
 
 def _bank_halo(entries: list) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -388,6 +411,19 @@ class SeparablePlan:
     direct_bytes: tuple[tuple[int, int], ...]  # per group: (fixed, per output row)
     fused: bool = False  # one kernel (kernels/fused.cl) rather than the pass tree
     tile: tuple[int, int, int] = FUSED_TILE  # the fused kernel's (TY, TZ, CX)
+    n_stored: int | None = None  # the first n_stored filters are stored (None: all)
+    feature_planes: int = 0  # feature outputs kernels/features.cl computes on the device
+    n_tensor: int = 0  # outputs of structure tensors (volconv.features.StructureTensorStage)
+
+    @property
+    def stored(self) -> int:
+        """Filters whose responses are stored (the first ones)."""
+        return self.n_filters if self.n_stored is None else self.n_stored
+
+    @property
+    def n_outputs(self) -> int:
+        """Volumes per voxel the convolver gives: stored responses, then features."""
+        return self.stored + self.feature_planes + self.n_tensor
 
     @property
     def extents(self) -> tuple[int, int, int]:
@@ -433,6 +469,7 @@ class SeparablePlan:
             "fast": (rows * p1 + MID_ROWS) * self.row * 4,
             "mid": (rows + self.rows) * ny * self.row * 4,
             "responses": self.n_separable * depth * ny * nz * 4,
+            "features": self.feature_planes * depth * ny * nz * 4,
         }
         if self.fused:  # no intermediates
             del sizes["fast"], sizes["mid"]
@@ -456,6 +493,9 @@ def make_separable_plan(
     fused: bool | None = None,
     tile: tuple[int, int, int] | None = None,
     stream: bool = False,
+    n_stored: int | None = None,
+    feature_planes: int = 0,
+    n_tensor: int = 0,
     **overrides: object,
 ) -> SeparablePlan:
     """Plan a bank on the separable path without building anything (``volconv validate``):
@@ -514,7 +554,7 @@ def make_separable_plan(
     plan = SeparablePlan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
-        want, tile,
+        want, tile, n_stored, int(feature_planes), int(n_tensor),
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
@@ -531,8 +571,8 @@ def make_separable_plan(
                 f"memory_budget: {budget} bytes hold no slab of a {shape} volume "
                 f"(one output row needs {per_row} bytes)"
             )
-        if stream:
-            slab_depth = min(slab_depth, streaming_depth(shape[0]))
+        if stream:  # at least the halo deep: wide filters would redo it more than once
+            slab_depth = min(slab_depth, max(streaming_depth(shape[0]), lo[0] + hi[0]))
     return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
 
 
@@ -581,6 +621,11 @@ class SeparableConvolver(SlabConvolver):
     engine : {'auto', 'fp32', 'tensor'}, optional
         The direct groups' engine (`volconv.tensor.direct_convolver`; default
         $VOLCONV_ENGINE or 'auto': the tensor cores where the device and bank allow).
+    expanded : volconv.features.Expanded, optional
+        Derived features: ``filters`` is then ``expanded.filters`` (the bank's, then those
+        only features read), the first ``expanded.n_stored`` responses are given, then each
+        feature's outputs (`plan.n_outputs` volumes in all). The filters the device features
+        read must be on the separable path (`plan_paths`' ``separable``).
     **overrides
         Plan knobs for the direct groups (see `volconv.plan.make_plan`).
     """
@@ -603,16 +648,24 @@ class SeparableConvolver(SlabConvolver):
         engine: str | None = None,
         fused: bool | None = None,
         tile: tuple[int, int, int] | None = None,
+        expanded: Expanded | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
         self.ctx, self.queue = context_for(self.device)
+        sizes: dict[str, int] = {}
+        if expanded is not None:
+            if choices is None:
+                choices = plan_paths(filters, self.device, fused=fused, tile=tile,
+                                     separable=expanded.separable)  # fmt: skip
+            sizes = expanded.plan_sizes()
         self.plan = make_separable_plan(
             filters, shape, dtype, mode, cval, self.device, choices=choices,
             slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
-            rows=rows, block_rows=block_rows, fused=fused, tile=tile, **overrides,
+            rows=rows, block_rows=block_rows, fused=fused, tile=tile, **sizes, **overrides,
         )  # fmt: skip
         plan = self.plan
+        self.expanded = expanded
         self.kernels = [k for k, _ in _entries(filters)]
         self._groups = [list(g) for g in plan.groups]
         self._direct = [
@@ -632,6 +685,19 @@ class SeparableConvolver(SlabConvolver):
         self.timings = dict.fromkeys(STAGES, 0.0)
         self._slots = [f for f, c in enumerate(plan.choices) if c.path != "direct"]
         self._override: NonFiniteOverride | None = None
+        if any(f >= plan.stored for idx in self._groups for f in idx):
+            raise ValueError("expanded: every filter only features read must be separable")
+        self._features: list[DeviceFeature] = list(expanded.device) if expanded else []
+        self._feature_kernels: FeatureKernels | None = None
+        self._tensors: list[tuple[StructureTensorStage, tuple[int, ...]]] = []
+        if expanded is not None and (self._features or expanded.tensors):
+            self._feature_kernels = FeatureKernels(self.ctx, self.queue)
+            for feat, at in expanded.tensors:
+                stage = StructureTensorStage(
+                    feat, plan.shape, dtype, plan.mode, plan.cval, self.device,
+                    plan.slab_depth, self._feature_kernels,
+                )  # fmt: skip
+                self._tensors.append((stage, at))
         if self._slots:
             self._setup()
 
@@ -647,6 +713,8 @@ class SeparableConvolver(SlabConvolver):
         sizes = plan.slab_bytes(plan.slab_depth)
         self._padded = cl.Buffer(ctx, mf.READ_WRITE, sizes["padded"])
         self._out = cl.Buffer(ctx, mf.READ_WRITE, sizes["responses"])
+        if sizes["features"]:
+            self._feat = cl.Buffer(ctx, mf.READ_WRITE, sizes["features"])
         self._roots: dict = {}
         self._tree = fused_tree(plan.choices, lo)
         if plan.fused:
@@ -723,7 +791,22 @@ class SeparableConvolver(SlabConvolver):
         self._mid = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
 
     def _planes(self) -> int:
-        return len(self._slots)  # the direct groups download their own
+        # the direct groups download their own; the stored separable responses, then the
+        # feature planes, are converted one download after the other
+        stored = sum(f < self.plan.stored for f in self._slots)
+        return max(stored, self.plan.feature_planes)
+
+    def pinned_slab(self) -> np.ndarray:
+        """A ``(plan.n_outputs, slab_depth, ny, nz)`` array of the stored type in page-locked
+        host memory (see `volconv.engine.SlabConvolver.pinned_slab`)."""
+        plan = self.plan
+        shape = (plan.n_outputs, plan.slab_depth, *plan.shape[1:])
+        mf = cl.mem_flags
+        size = self.stored.itemsize * math.prod(shape)
+        buf = cl.Buffer(self.ctx, mf.READ_WRITE | mf.ALLOC_HOST_PTR, size)
+        flags = cl.map_flags.READ | cl.map_flags.WRITE
+        array, _ = cl.enqueue_map_buffer(self.queue, buf, flags, 0, shape, self.stored)
+        return array
 
     def store(self, dtype: str, scale: float = 1.0, offset: float = 0.0) -> None:
         super().store(dtype, scale, offset)
@@ -746,7 +829,15 @@ class SeparableConvolver(SlabConvolver):
 
     # -- slabs -------------------------------------------------------------------------
     def source_rows(self, a: int, b: int) -> np.ndarray:
-        """Sorted source rows (axis 0) that output rows ``[a, b)`` read, for every filter."""
+        """Sorted source rows (axis 0) that output rows ``[a, b)`` read, for every filter (and
+        structure tensor)."""
+        rows = self._own_rows(a, b)
+        if self._tensors:
+            parts = [rows] + [stage.source_rows(a, b) for stage, _ in self._tensors]
+            rows = sources(np.concatenate(parts))
+        return rows
+
+    def _own_rows(self, a: int, b: int) -> np.ndarray:
         plan = self.plan
         m0 = extend_indices(plan.shape[0], a - plan.halo_lo[0], b + plan.halo_hi[0], plan.mode)
         return sources(m0)
@@ -760,7 +851,8 @@ class SeparableConvolver(SlabConvolver):
         *,
         frame: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Responses ``(N, b - a, ny, nz)`` of output rows ``[a, b)``, in bank order.
+        """Responses ``(N, b - a, ny, nz)`` of output rows ``[a, b)``, in bank order, then
+        the features' outputs (``N = plan.n_outputs``).
 
         ``rows`` holds the volume at `source_rows(a, b)`, in that order; or ``frame`` the whole
         3D volume (see `BankConvolver.convolve_slab`). ``out``, if given, is a float32 array of
@@ -777,11 +869,12 @@ class SeparableConvolver(SlabConvolver):
             )
         needed = self.source_rows(a, b)
         rows = slab_rows(a, b, needed, plan.shape, plan.src_dtype, rows, frame)
-        shape = (plan.n_filters, depth, ny, nz)
+        shape = (plan.n_outputs, depth, ny, nz)
         out = np.empty(shape, self.stored) if out is None else check_out(out, shape, self.stored)
         nonfinite = rows is not None and has_nonfinite(rows)
-        if nonfinite and out.dtype != np.float32:
-            return self._store_on_host(a, b, out, rows=rows)
+        if (nonfinite or self._tensors) and out.dtype != np.float32:
+            given = {"frame": frame} if rows is None else {"rows": rows}
+            return self._store_on_host(a, b, out, **given)
         # the direct groups correct non-finite voxels themselves; the passes get them as 0
         raw, nonfinite = rows, bool(self._slots) and nonfinite
         for idx, conv in zip(self._groups, self._direct, strict=True):
@@ -797,27 +890,81 @@ class SeparableConvolver(SlabConvolver):
                 out[idx] = conv.convolve_slab(a, b, **given)
             for stage, seconds in conv.timings.items():
                 self.timings[stage] += seconds - before[stage]
-        if not self._slots:
-            return out
+        if self._slots:
+            self._separable_slab(a, b, raw, needed, frame, nonfinite, out)
+        for stage, at in self._tensors:
+            before = [dict(c.timings) for c in (stage.grad, stage.outer)]
+            t0 = stage.seconds
+            out[at[0] : at[-1] + 1] = stage.compute(a, b, raw, needed, frame)
+            for conv, was in zip((stage.grad, stage.outer), before, strict=True):
+                for name, seconds in conv.timings.items():
+                    self.timings[name] += seconds - was[name]
+            self.timings["kernel"] += stage.seconds - t0
+        return out
+
+    def _separable_slab(
+        self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray,
+        frame: np.ndarray | None, nonfinite: bool, out: np.ndarray,
+    ) -> None:  # fmt: skip
+        """The separable responses of ``[a, b)`` and the features computed from them, into
+        ``out``."""
+        plan = self.plan
+        ny, nz = plan.shape[1:]
+        depth = b - a
+        n = depth * ny * nz
         if rows is None:
             t_up, t_pad = self.padder(a, b, self._padded, frame=frame)
         else:
-            t_up, t_pad = self.padder(a, b, self._padded, rows=finite_part(rows) if nonfinite
-                                      else rows)  # fmt: skip
+            own = rows if not self._tensors else rows[np.searchsorted(needed, self._own_rows(a, b))]
+            t_up, t_pad = self.padder(a, b, self._padded, rows=finite_part(own) if nonfinite
+                                      else own)  # fmt: skip
         t_pass = self._launch_passes(depth)
-        t_down = self._download(self._out, out, list(enumerate(self._slots)), depth * ny * nz)
+        stored = [(s, f) for s, f in enumerate(self._slots) if f < plan.stored]
+        slot_of = {f: s for s, f in enumerate(self._slots)}
+        if nonfinite:  # every separable response to the host, set as scipy sets it there
+            resp = np.empty((len(self._slots), depth, ny, nz), np.float32)
+            t_down = self._download(self._out, resp, [(s, s) for s in range(len(resp))], n)
+            self._correct(a, b, rows, needed, resp)
+            for s, f in stored:
+                out[f] = resp[s]
+            for feat in self._features:
+                values = host_feature(feat.kernel, [resp[slot_of[i]] for i in feat.inputs])
+                for o, v in zip(feat.at, values, strict=True):
+                    out[o] = v
+        else:
+            t_pass += self._launch_features(n)
+            t_down = self._download(self._out, out, stored, n) if stored else []
+            if self._features:
+                targets = list(enumerate(o for feat in self._features for o in feat.at))
+                t_down += self._download(self._feat, out, targets, n)
+        cl.wait_for_events(t_pass)  # where nothing of them is downloaded
         for stage, events in (("upload", t_up), ("pad", [t_pad]), ("kernel", t_pass),
                               ("download", t_down)):  # fmt: skip
             self.timings[stage] += device_seconds(events)
-        if nonfinite:
-            self._correct(a, b, raw, needed, out)
-        return out
 
-    def _correct(self, a: int, b: int, rows: np.ndarray, needed: np.ndarray, out: np.ndarray):
-        """Set the outputs of the separable filters that non-finite voxels reach, as scipy
-        does; the counts run on the direct engine over the slots' own common halo."""
+    def _launch_features(self, n: int) -> list[cl.Event]:
+        """Enqueue the device features over the ``n`` voxels of the slab's responses."""
+        slot_of = {f: s for s, f in enumerate(self._slots)}
+        events, o = [], 0
+        for feat in self._features:
+            slots = [slot_of[i] for i in feat.inputs]
+            events.append(self._feature_kernels.launch(feat.kernel, self._out, slots,
+                                                       self._feat, o, n))  # fmt: skip
+            o += len(feat.at)
+        return events
+
+    def _correct(self, a: int, b: int, rows: np.ndarray, needed: np.ndarray, slots: np.ndarray):
+        """Set the responses ``slots`` (one per separable filter) that non-finite voxels
+        reach, as scipy does; the counts run on the direct engine over the slots' own common
+        halo."""
         if self._override is None:
             plan = self.plan
+            if any(max(self.kernels[f].shape) > MAX_EXTENT for f in self._slots):
+                raise ValueError(
+                    f"non-finite voxels (NaN, Inf) in rows [{a}, {b}): their reach is counted "
+                    f"for filters of at most {MAX_EXTENT} taps per axis; this bank has wider "
+                    "ones (replace the non-finite voxels first)"
+                )
             kernels = stack_kernels([self.kernels[f] for f in self._slots])
             self._override_lo = tuple(halo(e)[0] for e in kernels.shape[1:])
             self._override_hi = tuple(halo(e)[1] for e in kernels.shape[1:])
@@ -830,10 +977,8 @@ class SeparableConvolver(SlabConvolver):
         m0 = extend_indices(self.plan.shape[0], a - self._override_lo[0],
                             b + self._override_hi[0], self.plan.mode)  # fmt: skip
         sub = rows[np.searchsorted(needed, sources(m0))]
-        slots = out[self._slots]
         for stage, seconds in self._override.apply(a, b, sub, slots).items():
             self.timings[stage] += seconds
-        out[self._slots] = slots
 
     def _launch_passes(self, depth: int) -> list[cl.Event]:
         """Enqueue the pass tree (or the fused kernel) over the padded slab of ``depth``
@@ -904,8 +1049,9 @@ class SeparableConvolver(SlabConvolver):
         for conv in self._direct:
             seconds += conv.time_kernel(a, b, repeats)
         if self._slots:
+            n = (b - a) * math.prod(self.plan.shape[1:])
             for r in range(repeats):
-                events = self._launch_passes(b - a)
+                events = self._launch_passes(b - a) + self._launch_features(n)
                 cl.wait_for_events(events)
                 seconds[r] += device_seconds(events)
         return seconds
@@ -1013,10 +1159,14 @@ def convolve_separable(
     cval: float = 0.0,
     *,
     device: cl.Device | str | None = None,
+    features: Sequence[Feature] = (),
     **options: object,
 ) -> np.ndarray:
     """Apply a bank (each filter exactly as scipy.ndimage.convolve applies it) through
     `SeparableConvolver`; a 4D volume is filtered as t independent 3D volumes.
+
+    ``features`` (`volconv.features.Feature`s; ``filters`` then a list of `Filter`s, possibly
+    empty) adds their outputs after the bank's responses (`volconv.features.expand`).
 
     Returns
     -------
@@ -1027,10 +1177,13 @@ def convolve_separable(
     check_volume_dtype(volume.dtype)
     if volume.ndim not in (3, 4):
         raise ValueError(f"volume must be 3D or 4D; got shape {volume.shape}")
+    if features:
+        expanded = expand(list(filters), features)
+        filters, options = expanded.filters, {**options, "expanded": expanded}
     conv = SeparableConvolver(
         filters, volume.shape[:3], volume.dtype, mode, cval, device=device, **options
     )
-    out = np.empty((conv.plan.n_filters, *volume.shape), np.float32)
+    out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
     frames = [volume] if volume.ndim == 3 else [volume[..., t] for t in range(volume.shape[3])]
     for t, frame in enumerate(frames):
         for a, b in conv.slabs():

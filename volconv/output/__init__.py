@@ -212,8 +212,8 @@ def is_complete(path: Path) -> bool:
 def made(path: Path) -> dict:
     """How the complete output at ``path`` was made: ``filter names``, ``bank`` (the kernels
     of its responses, float32), ``boundary``, ``cval``, ``output dtype``, ``scale``,
-    ``offset``, ``input`` (the source's SHA-256), ``format``. Raises OSError or KeyError
-    where the output does not hold them."""
+    ``offset``, ``input`` (the source's SHA-256), ``features`` (JSON), ``format``. Raises
+    OSError or KeyError where the output does not hold them."""
     return {**module(_guess(Path(path))).made(Path(path)), "format": _guess(Path(path))}
 
 

@@ -112,6 +112,7 @@ def made(record: dict) -> dict:
         "scale": float(record.get("scale", 1.0)),
         "offset": float(record.get("offset", 0.0)),
         "input": str(record.get("source_sha256", "")),
+        "features": str(record.get("features", "[]")),
     }
 
 

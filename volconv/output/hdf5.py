@@ -319,6 +319,7 @@ def made(path: Path) -> dict:
             "scale": float(responses.attrs.get("scale", 1.0)),
             "offset": float(responses.attrs.get("offset", 0.0)),
             "input": str(f.attrs.get("source_sha256", "")),
+            "features": str(f.attrs.get("features", "[]")),
         }
 
 

@@ -1,0 +1,462 @@
+"""Derived features against their float64 definitions: scipy.ndimage's Gaussian filters and
+numpy.linalg.eigvalsh, within the bound the entries' tolerances imply (Weyl's inequality for
+eigenvalues, the triangle inequality for magnitudes)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.ndimage as ndi
+from conftest import reference
+
+from volconv.bank import BankError, build_bank
+from volconv.checks import SPEC_ATOL, SPEC_RTOL
+from volconv.features import (
+    PAIRS,
+    FeatureKernels,
+    build_features,
+    expand,
+)
+from volconv.programs import context_for
+from volconv.separable import SeparableConvolver, convolve_separable
+
+MODES = ["reflect", "mirror", "nearest", "constant", "wrap"]
+AXES = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
+
+
+def scene(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Flat regions, a ball, a tube along axis 2 and a noisy corner: where eigenvalues
+    coincide (flat: all three; ball centre: all three; tube: two) and where they do not."""
+    rng = np.random.default_rng(seed)
+    x = np.indices(shape[:3]).astype(np.float64)
+    c = [s / 2 for s in shape[:3]]
+    v = np.zeros(shape[:3])
+    r2 = sum((x[i] - c[i]) ** 2 for i in range(3))
+    v[r2 <= (min(shape[:3]) / 4) ** 2] = 100.0
+    v[((x[0] - 3) ** 2 + (x[1] - 3) ** 2) <= 2.5] = 60.0
+    v[-4:, -4:, :] += rng.standard_normal((4, 4, shape[2])) * 10
+    if len(shape) == 4:
+        v = np.stack([v * (t + 1) for t in range(shape[3])], axis=-1)
+    return v.astype(np.float32)
+
+
+def gauss(v: np.ndarray, sigma: float, order, mode: str, cval: float, truncate=4.0):
+    """The response of a Gaussian (derivative) as a filter of the bank defines it: the volume
+    convolved in constant mode with the border at cval (scipy's gaussian_filter applies cval
+    at every 1D pass instead; the two agree for cval = 0)."""
+    v = np.asarray(v, np.float64)
+    if mode != "constant":
+        return ndi.gaussian_filter(v, sigma, order, mode=mode, truncate=truncate)
+    inner = ndi.gaussian_filter(v - cval, sigma, order, mode="constant", truncate=truncate)
+    flat = ndi.gaussian_filter(np.full(v.shape, cval), sigma, order, mode="nearest",
+                               truncate=truncate)  # fmt: skip
+    return inner + flat
+
+
+def kernel_l1(sigma: float, order, truncate=4.0) -> float:
+    """sum |k| of a 3D Gaussian (derivative) kernel: the product of its 1D factors' sums."""
+    r = int(truncate * sigma + 0.5)
+    total = 1.0
+    for o in order:
+        e = np.zeros(2 * r + 1)
+        e[r] = 1
+        total *= np.abs(ndi.gaussian_filter1d(e, sigma, order=o, truncate=truncate)).sum()
+    return total
+
+
+def tol(l1: float, m: float) -> float:
+    return SPEC_RTOL * l1 * m + SPEC_ATOL
+
+
+def eig_ref(entries) -> np.ndarray:
+    m = np.empty((*entries[0].shape, 3, 3))
+    for v, (a, b) in zip(entries, PAIRS, strict=True):
+        m[..., a, b] = m[..., b, a] = v
+    return np.moveaxis(np.linalg.eigvalsh(m)[..., ::-1], -1, 0)
+
+
+def weyl(tols: list[float]) -> float:
+    """||E||_F of a symmetric error matrix with tolerances (00, 11, 22, 01, 02, 12)."""
+    return math.sqrt(sum(t * t for t in tols[:3]) + 2 * sum(t * t for t in tols[3:]))
+
+
+def run(volume, filters, features, mode, cval, device, **options):
+    return convolve_separable(volume, filters, mode, cval, device=device, features=features,
+                              **options)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hessian_eigenvalues_and_gradient_magnitude(device, mode):
+    """Every mode (constant with cval != 0), an even extent, slab seams every 3 rows."""
+    volume = scene((17, 16, 14))
+    cval = 7.5 if mode == "constant" else 0.0
+    sigma = 1.5
+    feats = build_features([
+        {"type": "hessian_eigenvalues", "sigma": sigma, "name": "hess"},
+        {"type": "gradient_magnitude", "sigma": 1.0, "name": "gm", "truncate": 3.0},
+    ])  # fmt: skip
+    out = run(volume, [], feats, mode, cval, device, slab_depth=3)
+    assert out.shape == (4, *volume.shape)
+    m = max(float(np.abs(volume).max()), abs(cval))
+    orders = [tuple(x + y for x, y in zip(AXES[a], AXES[b], strict=True)) for a, b in PAIRS]
+    entries = [gauss(volume, sigma, o, mode, cval) for o in orders]
+    ref = eig_ref(entries)
+    bound = weyl([tol(kernel_l1(sigma, o), m) for o in orders])
+    err = np.abs(out[:3] - ref).max()
+    assert err <= bound, (err, bound)
+    assert np.all(out[0] >= out[1]) and np.all(out[1] >= out[2])
+    grads = [gauss(volume, 1.0, o, mode, cval, truncate=3.0) for o in AXES]
+    gm = np.sqrt(sum(g * g for g in grads))
+    bound = math.sqrt(sum(tol(kernel_l1(1.0, o, 3.0), m) ** 2 for o in AXES))
+    assert np.abs(out[3] - gm).max() <= bound
+    if mode != "constant":
+        np.testing.assert_allclose(  # scipy's own function, for the definition
+            gm, ndi.gaussian_gradient_magnitude(volume.astype(np.float64), 1.0, mode=mode,
+                                                truncate=3.0), atol=1e-9)  # fmt: skip
+
+
+@pytest.mark.parametrize("jacobi", [False, True])
+def test_eigenvalues_where_they_coincide(device, jacobi):
+    """Matrices with repeated and nearly repeated eigenvalues, of every scale: within a few
+    float32 roundings of ||A||_F, where a float32 closed form loses sqrt(eps)."""
+    rng = np.random.default_rng(3)
+    n = 4000
+    q, _ = np.linalg.qr(rng.standard_normal((n, 3, 3)))
+    base = rng.standard_normal(n)[:, None] * np.ones(3)
+    gaps = rng.standard_normal((n, 3)) * 10.0 ** rng.integers(-9, 0, (n, 1))
+    gaps[: n // 4] = 0  # exactly repeated: flat regions, ball centres
+    gaps[n // 4 : n // 2, 1:] = 0  # a tube: two equal
+    lam = (base + gaps) * 10.0 ** rng.integers(-20, 20, (n, 1))
+    a = np.einsum("nij,nj,nkj->nik", q, lam, q)
+    entries = np.stack([a[:, i, j] for i, j in PAIRS]).astype(np.float32)
+    ctx, queue = context_for(device)
+    values, _ = FeatureKernels(ctx, queue, jacobi).eigen(entries)
+    ref = eig_ref(list(entries.astype(np.float64)))
+    fro = np.sqrt((entries.astype(np.float64) ** 2).sum(0) + (entries[3:] ** 2).sum(0))
+    err = np.abs(values - ref) / fro
+    assert err.max() <= 1e-6, err.max()
+
+
+@pytest.mark.parametrize("jacobi", [False, True])
+def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, jacobi):
+    entries = np.zeros((6, 5), np.float32)
+    entries[:3, 1] = 2.0  # 2 I
+    entries[0, 2] = np.nan
+    entries[4, 3] = np.inf
+    entries[:, 4] = [1e-40, 0, 0, 0, 0, 0]  # subnormal
+    ctx, queue = context_for(device)
+    values, _ = FeatureKernels(ctx, queue, jacobi).eigen(entries)
+    np.testing.assert_array_equal(values[:, 0], 0)
+    np.testing.assert_array_equal(values[:, 1], 2)
+    assert np.isnan(values[:, 2:4]).all()
+    np.testing.assert_array_equal(values[:, 4], [np.float32(1e-40), 0, 0])
+
+
+@pytest.mark.parametrize("mode", ["reflect", "constant", "wrap"])
+def test_structure_tensor_eigenvalues(device, mode):
+    """The outer smoothing takes the bank's mode (and cval) on the product field; seams every
+    4 rows, rho's radius past the slab and, along axis 2, past the axis."""
+    volume = scene((18, 13, 6), seed=1)
+    cval = 3.0 if mode == "constant" else 0.0
+    sigma, rho = 1.0, 1.6
+    feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": sigma,
+                             "rho": rho, "name": "st"}])  # fmt: skip
+    out = run(volume, [], feats, mode, cval, device, slab_depth=4)
+    assert out.shape == (3, *volume.shape)
+    m = max(float(np.abs(volume).max()), abs(cval))
+    g = [gauss(volume, sigma, o, mode, cval) for o in AXES]
+    entries = [ndi.gaussian_filter(g[a] * g[b], rho, mode=mode, cval=cval) for a, b in PAIRS]
+    ref = eig_ref(entries)
+    t = [tol(kernel_l1(sigma, o), m) for o in AXES]
+    gmax = [float(np.abs(x).max()) for x in g]
+    entry_tol = [
+        gmax[a] * t[b] + gmax[b] * t[a] + t[a] * t[b]
+        + SPEC_RTOL * (gmax[a] * gmax[b] + abs(cval)) + SPEC_ATOL
+        for a, b in PAIRS
+    ]  # fmt: skip
+    bound = weyl(entry_tol)
+    err = np.abs(out - ref).max()
+    assert err <= bound, (err, bound)
+
+
+def test_gabor_energy_and_dedup_with_the_bank(device):
+    """A bank filter equal to a feature's input is computed once and stored; the feature's
+    other inputs are not stored; a Gabor pair's energy."""
+    bank = build_bank(
+        [{"type": "gaussian", "sigma": 1.0, "order": [1, 0, 0], "size": 9, "name": "dx"},
+         {"type": "box", "size": 3, "name": "mean"}],
+        7,
+    )  # fmt: skip
+    feats = build_features([
+        {"type": "gradient_magnitude", "sigma": 1.0, "name": "gm"},
+        {"type": "gabor_energy", "sigma": 2.0, "frequency": 0.2, "orientation": [30, 10],
+         "name": "tex", "size": 9},
+        {"type": "hessian_eigenvalues", "sigma": 1.0, "name": "h"},
+    ])  # fmt: skip
+    ex = expand(bank, feats)
+    # dx is the gradient's first input; the Hessian's six and the other two gradients added
+    assert len(ex.filters) == 2 + 2 + 2 + 6
+    assert ex.names == ["dx", "mean", "gm", "tex", "h_0", "h_1", "h_2"]
+    assert [o.kind for o in ex.outputs][:3] == ["response", "response", "gradient_magnitude"]
+    volume = scene((15, 12, 11), seed=2)
+    out = run(volume, bank, feats, "mirror", 0.0, device, slab_depth=5)
+    assert out.shape == (7, *volume.shape)
+    m = float(np.abs(volume).max())
+    ref = reference(volume, [f.kernel for f in bank], "mirror")
+    for i, f in enumerate(bank):
+        assert np.abs(out[i] - ref[i]).max() <= tol(np.abs(f.kernel).sum(), m)
+    real, imag = feats[1].inputs
+    re, im = reference(volume, [real.kernel, imag.kernel], "mirror")
+    bound = math.hypot(tol(np.abs(real.kernel).sum(), m), tol(np.abs(imag.kernel).sum(), m))
+    assert np.abs(out[3] - np.hypot(re, im)).max() <= bound
+
+
+def test_4d_and_float16_and_nonfinite(device):
+    """4D frames; NaN and Inf as the float64 definition gives them; the stored type."""
+    volume = scene((12, 10, 9, 2), seed=4)
+    volume[5, 4, 4, 0] = np.nan
+    volume[2, 7, 1, 1] = np.inf
+    feats = build_features(
+        [
+            {"type": "hessian_eigenvalues", "sigma": 1.0, "name": "h"},
+            {"type": "gradient_magnitude", "sigma": 0.8, "name": "g"},
+        ]
+    )
+    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4)
+    for t in range(2):
+        v = volume[..., t]
+        finite = np.isfinite(v)
+        m = float(np.abs(v[finite]).max())
+        ex = expand([], feats)
+        resp = reference(v, [f.kernel for f in ex.filters], "reflect")
+        with np.errstate(invalid="ignore"):
+            m3 = np.stack([resp[i] for i in ex.device[0].inputs])
+            bad = ~np.isfinite(m3).all(0)
+            m3[:, bad] = 0
+            ref = eig_ref(list(m3))
+            ref[:, bad] = np.nan
+            grads = np.stack([resp[i] for i in ex.device[1].inputs])
+            gm = np.sqrt((grads * grads).sum(0))
+        got = out[:3, ..., t]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        ok = ~np.isnan(ref)
+        bound = weyl([tol(np.abs(ex.filters[i].kernel).sum(), m) for i in ex.device[0].inputs])
+        assert np.abs(got[ok] - ref[ok]).max() <= bound
+        np.testing.assert_array_equal(np.isnan(out[3, ..., t]), np.isnan(gm))
+        np.testing.assert_array_equal(np.isposinf(out[3, ..., t]), np.isposinf(gm))
+        assert bad.any()  # the test reaches them
+    # float16 on the device (finite slabs) and on the host (non-finite ones): the same as
+    # the float32 outputs rounded
+    v = volume[..., 0]
+    ex = expand([], feats)
+    conv = SeparableConvolver(ex.filters, v.shape, v.dtype, "reflect", 0.0, device=device,
+                              slab_depth=4, expanded=ex)  # fmt: skip
+    conv.store("float16")
+    half = np.empty((4, *v.shape), np.float16)
+    for a, b in conv.slabs():
+        conv.convolve_slab(a, b, v[conv.source_rows(a, b)], half[:, a:b])
+    np.testing.assert_array_equal(half, out[..., 0].astype(np.float16))
+
+
+def test_feature_tables_are_validated():
+    def fails(tables, match):
+        with pytest.raises(BankError, match=match):
+            build_features(tables)
+
+    fails([{"type": "hessian_eigenvalue", "sigma": 1}], r"bank\.feature\[0\]\.type.*did you")
+    fails([{"type": "gradient_magnitude"}], r"bank\.feature\[0\]\.sigma: missing")
+    fails([{"type": "hessian_eigenvalues", "sigma": 1},
+           {"type": "structure_tensor_eigenvalues", "sigma": 1}],
+          r"bank\.feature\[1\]\.rho: missing")  # fmt: skip
+    fails([{"type": "gradient_magnitude", "sigma": -1}], r"bank\.feature\[0\]\.sigma: must")
+    fails([{"type": "gradient_magnitude", "sigma": 1, "truncate": 0}], r"\.truncate: must")
+    fails([{"type": "gradient_magnitude", "sigma": 1, "rho": 2}], r"\.rho: unknown key")
+    fails([{"type": "gabor_energy", "sigma": 2, "frequency": 0.9}],
+          r"bank\.feature\[0\]\.frequency")  # fmt: skip
+    fails(
+        [
+            {"type": "gradient_magnitude", "sigma": 1, "name": "a"},
+            {"type": "gradient_magnitude", "sigma": 2, "name": "a"},
+        ],
+        "duplicate output name",
+    )
+    feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": 1, "rho": 2.5,
+                             "name": "st"}])  # fmt: skip
+    assert feats[0].output_names == ["st_0", "st_1", "st_2"]
+    assert feats[0].describe() == (
+        "st: structure_tensor_eigenvalues(sigma=1, rho=2.5, truncate=4) -> st_0, st_1, st_2"
+    )
+    assert feats[0].inputs[0].kernel.shape == (9, 9, 9)  # radius int(4 * 1 + 0.5)
+
+
+def test_the_ilastik_preset_names_parameters_and_values(device):
+    """ilastik's channels, names and conventions (lazyflow's OpPixelFeaturesPresmoothed and
+    filterOperators): presmoothing by sqrt(s^2 - 1) (s <= 1: by s) with window 3.5, features
+    at min(s, 1) with window 2, DoG's second sigma 0.66 of the first, the structure tensor's
+    outer scale 0.5 of its inner one; computed as ilastik chains them (wrap mode: the chained
+    filters equal the one composite filter everywhere)."""
+    scales = [0.7, 1.6]
+    feats = build_features(None, preset="ilastik", scales=scales)
+    titles = ["Gaussian Smoothing", "Laplacian of Gaussian", "Gaussian Gradient Magnitude",
+              "Difference of Gaussians", "Structure Tensor Eigenvalues",
+              "Hessian of Gaussian Eigenvalues"]  # fmt: skip
+    names = []
+    for t in titles:
+        for s in scales:
+            base = f"{t} (\N{GREEK SMALL LETTER SIGMA}={s})"
+            multi = "Eigenvalues" in t
+            names += [f"{base} [{i}]" for i in range(3)] if multi else [base]
+    ex = expand([], feats)
+    assert ex.names == names
+    st = feats[9]  # scale 1.6
+    assert st.params["rho"] == 0.5 and st.params["presmooth"] == pytest.approx(math.sqrt(1.56))
+    assert feats[7].params["sigma2"] == pytest.approx(0.66)  # DoG at 1.6
+    volume = scene((16, 15, 14), seed=5)
+    out = run(volume, [], feats, "wrap", 0.0, device, slab_depth=6)
+    v = volume.astype(np.float64)
+    m = float(np.abs(v).max())
+    i = 0
+    for t in titles:
+        for s in scales:
+            inner = min(s, 1.0)
+            pre = ndi.gaussian_filter(v, math.sqrt(s * s - 1) if s > 1 else s, mode="wrap",
+                                      truncate=3.5)  # fmt: skip
+
+            def g(order=(0, 0, 0), sigma=inner, pre=pre):
+                return ndi.gaussian_filter(pre, sigma, order, mode="wrap", truncate=2.0)
+
+            if t == "Gaussian Smoothing":
+                ref = [g()]
+            elif t == "Laplacian of Gaussian":
+                ref = [ndi.gaussian_laplace(pre, inner, mode="wrap", truncate=2.0)]
+            elif t == "Gaussian Gradient Magnitude":
+                ref = [np.sqrt(sum(g(o) ** 2 for o in AXES))]
+            elif t == "Difference of Gaussians":
+                ref = [g() - g(sigma=0.66 * inner)]
+            elif t == "Structure Tensor Eigenvalues":
+                grads = [g(o) for o in AXES]
+                ref = eig_ref([ndi.gaussian_filter(grads[a] * grads[b], 0.5 * inner, mode="wrap",
+                                                   truncate=2.0) for a, b in PAIRS])  # fmt: skip
+            else:
+                orders = [tuple(x + y for x, y in zip(AXES[a], AXES[b], strict=True))
+                          for a, b in PAIRS]  # fmt: skip
+                ref = eig_ref([g(o) for o in orders])
+            got = out[i : i + len(ref)]
+            scale = max(float(np.abs(np.asarray(ref)).max()), 1e-3 * m)
+            err = float(np.abs(got - np.asarray(ref)).max())
+            assert err <= 2e-5 * (m if "Tensor" not in t else scale), (t, s, err)
+            i += len(ref)
+    assert i == len(names)
+
+
+def test_presets_are_validated():
+    with pytest.raises(BankError, match=r"bank\.scales: must be a list of numbers > 0"):
+        build_features(None, preset="ilastik", scales=[0.7, -1])
+    with pytest.raises(BankError, match=r"bank\.preset: must be one of ilastik, skimage"):
+        build_features(None, preset="ilastk")
+    with pytest.raises(BankError, match=r"bank\.scales: applies to a preset only"):
+        build_features([], scales=[1.0])
+    # ilastik's dialog's scales by default; 5.0 is wider than the direct kernel's 31 taps
+    feats = build_features(None, preset="ilastik")
+    assert len(feats) == 6 * 7
+    assert max(f.inputs[0].kernel.shape[0] for f in feats) > 31
+
+
+def test_more_filters_than_the_direct_kernel_holds(device):
+    """ilastik's preset at its seven default scales reads 84 filters (the direct kernel holds
+    64): the passes take them, each output as it would be in a smaller bank."""
+    feats = build_features(None, preset="ilastik")
+    ex = expand([], feats)
+    assert len(ex.filters) == 84 and len(ex.outputs) == 70
+    volume = scene((6, 7, 5), seed=9)
+    out = run(volume, [], feats, "wrap", 0.0, device)
+    small = [f for f in feats if f.params["scale"] == 0.7]
+    alone = run(volume, [], small, "wrap", 0.0, device)
+    at = [i for i, n in enumerate(ex.names) if "=0.7)" in n]
+    np.testing.assert_allclose(out[at], alone, rtol=0, atol=1e-5 * float(np.abs(alone).max()))
+
+
+def test_the_skimage_preset_channel_for_channel(device):
+    """skimage.feature.multiscale_basic_features with its defaults: 30 channels, sigma up to
+    16 (129-tap Gaussians, overhangs longer than every axis); equal to its definition (scipy
+    in float64, stage by stage as skimage runs them) and to skimage's own float32 result,
+    except on the outermost two voxel layers, where skimage's Sobel reflects the smoothed
+    volume and np.gradient takes one-sided differences (volconv: the bank's mode)."""
+    skimage_feature = pytest.importorskip("skimage.feature")
+    feats = build_features(None, preset="skimage")
+    volume = scene((14, 12, 11), seed=6) / 100
+    out = run(volume, [], feats, "nearest", 0.0, device, slab_depth=5)
+    assert out.shape == (30, *volume.shape)
+    theirs = np.moveaxis(skimage_feature.multiscale_basic_features(volume), -1, 0)
+    inner = (slice(None), slice(2, -2), slice(2, -2), slice(2, -2))
+    v = volume.astype(np.float64)
+    m = float(np.abs(v).max())
+    ref = []
+    for s in (0.5, 1, 2, 4, 8, 16):
+        g = ndi.gaussian_filter(v, s, mode="nearest", truncate=4.0)
+        sob = []
+        for a in range(3):
+            k = np.ones((1, 1, 1))
+            for d in range(3):
+                w = np.array([1.0, 0, -1]) if d == a else np.array([1.0, 2, 1]) / 4
+                k = k * w.reshape([3 if i == d else 1 for i in range(3)])
+            sob.append(ndi.convolve(g, k, mode="reflect"))
+        ref += [g, np.sqrt(sum(x * x for x in sob) / 3)]
+        grads = np.gradient(g)
+        ref += list(eig_ref([np.gradient(grads[a], axis=b) for a, b in PAIRS]))
+    ref = np.stack(ref)
+    assert np.abs(out - ref)[inner].max() <= 4e-5 * m
+    assert np.abs(out - theirs)[inner].max() <= 1e-4 * m
+    assert feats[-1].output_names == ["texture_s16_0", "texture_s16_1", "texture_s16_2"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_long_passes_with_overhangs_longer_than_an_axis(device, mode):
+    """A 41-tap Gaussian derivative and an 81-tap Gaussian (past the direct kernel's 31) on
+    axes of 6 and 9 voxels, through the separable passes, equal scipy's gaussian_filter."""
+    from volconv.features import gaussian_filter_of
+
+    cval = -2.0 if mode == "constant" else 0.0
+    filters = [gaussian_filter_of("wide", (10.0, 10.0, 10.0), (0, 0, 0), 4.0),
+               gaussian_filter_of("d1", (5.0, 2.0, 5.0), (0, 1, 0), 4.0)]  # fmt: skip
+    assert filters[0].kernel.shape == (81, 81, 81)
+    volume = scene((9, 20, 6), seed=7)
+    out = run(volume, filters, [], mode, cval, device, slab_depth=4)
+    m = max(float(np.abs(volume).max()), abs(cval))
+    for f, (sigma, order) in zip(filters, [(10.0, (0, 0, 0)), ((5.0, 2.0, 5.0), (0, 1, 0))],
+                                 strict=True):  # fmt: skip
+        ref = gauss(volume, sigma, order, mode, cval)
+        assert np.abs(out[filters.index(f)] - ref).max() <= tol(np.abs(f.kernel).sum(), m)
+
+
+def test_nonfinite_voxels_under_wide_filters_are_refused(device):
+    volume = scene((10, 9, 8))
+    volume[4, 4, 4] = np.nan
+    feats = build_features([{"type": "gradient_magnitude", "sigma": 8.0, "name": "g"}])
+    with pytest.raises(ValueError, match="non-finite voxels"):
+        run(volume, [], feats, "reflect", 0.0, device)
+
+
+def test_structure_tensor_with_nonfinite_voxels(device):
+    """A slab holding NaN goes through the host: NaN where the float64 definition has it
+    (the gradients by scipy's rules, the products smoothed by scipy), the rest as before."""
+    volume = scene((16, 14, 13), seed=8)
+    volume[3, 3, 3] = np.nan
+    feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": 0.5,
+                             "rho": 0.5, "name": "st"}])  # fmt: skip
+    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4)
+    grads = reference(volume, [f.kernel for f in feats[0].inputs], "reflect")
+    with np.errstate(invalid="ignore"):
+        entries = [ndi.convolve(grads[a] * grads[b], feats[0].rho_filter.kernel, mode="reflect")
+                   for a, b in PAIRS]  # fmt: skip
+        bad = ~np.isfinite(np.stack(entries)).all(0)
+        for e in entries:
+            e[bad] = 0
+        ref = eig_ref(entries)
+    ref[:, bad] = np.nan
+    assert bad.any() and (~bad).any()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    assert np.abs(out[ok] - ref[ok]).max() <= 1e-4 * float(np.abs(ref[ok]).max())
