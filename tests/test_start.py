@@ -5,18 +5,26 @@ in the background while the old file stays whole until the new one is complete
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import h5py
+import nibabel as nib
 import numpy as np
 import pyopencl as cl
 import pytest
 from test_pipeline import ROOT, check_output, random_volume, volconv, write_pipeline
 
+from volconv import cli
 from volconv.device import programs
 from volconv.engines.separable import SeparableConvolver
+from volconv.output.space import Space
+from volconv.run.inputs import InputError, open_volume
 from volconv.run.pipeline import PinnedSlabs
 
 BOX = [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]
@@ -81,6 +89,31 @@ def test_overwrite_replaces_the_output_and_leaves_nothing_beside_it(tmp_path, ca
     check_output(out, volume).close()
 
 
+def test_a_process_leaves_the_replaced_output_to_an_rm_process(tmp_path, capsys) -> None:
+    """`volconv run --overwrite` as a process of its own returns without waiting for the
+    file system to free the output it replaced (a slow ``rm`` here): that process frees it
+    after; the new output is complete when the command returns."""
+    volume = random_volume((9, 7, 6), "uint8")
+    np.save(tmp_path / "scan.npy", volume)
+    pipeline = write_pipeline(tmp_path, BOX, run={"slab_depth": 3})
+    assert volconv("run", pipeline, capsys=capsys)[0] == 0
+    out = tmp_path / "out" / "scan.h5"
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "rm").write_text(f'#!/bin/sh\nsleep 2\nexec {shutil.which("rm")} "$@"\n')
+    (slow / "rm").chmod(0o755)
+    env = {**os.environ, "PATH": f"{slow}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run([sys.executable, "-m", "volconv", "run", str(pipeline), "--overwrite"],
+                   cwd=ROOT, env=env, check=True, capture_output=True)  # fmt: skip
+    assert len(list(out.parent.iterdir())) == 2  # the old file's folder, still there
+    check_output(out, volume).close()
+    for _ in range(100):
+        if list(out.parent.iterdir()) == [out]:
+            break
+        time.sleep(0.1)
+    assert list(out.parent.iterdir()) == [out]
+
+
 def test_an_overwrite_that_fails_keeps_the_old_output_whole(tmp_path, capsys, monkeypatch):
     """A run with --overwrite that fails before its new file is complete (here the device,
     at the second slab) leaves the old output as it was, and nothing beside it."""
@@ -110,20 +143,176 @@ def test_an_overwrite_that_fails_keeps_the_old_output_whole(tmp_path, capsys, mo
         assert f.attrs["complete"]
 
 
-def test_a_run_imports_only_what_it_needs(tmp_path) -> None:
-    """nibabel (0.05-0.1 s) for the files it reads only, the progress bar on a terminal
-    only: not for a .npy input written to a pipe."""
-    np.save(tmp_path / "scan.npy", random_volume((5, 4, 3), "uint8"))
-    pipeline = write_pipeline(tmp_path, BOX)
-    code = (
-        "import sys; from volconv.cli import main; sys.argv = ['volconv', 'run', sys.argv[1]]\n"
-        "try: main()\nexcept SystemExit as e: assert not e.code, e.code\n"
-        "print(sorted(m for m in ('nibabel', 'rich.progress', 'scipy') if m in sys.modules))"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(pipeline)], capture_output=True,
-                          text=True, cwd=ROOT, check=True)  # fmt: skip
+RUN_IMPORTS = (
+    "import sys; from volconv.cli import main; names = sys.argv[2:]\n"
+    "sys.argv = ['volconv', 'run', sys.argv[1]]\n"
+    "try: main()\nexcept SystemExit as e: assert not e.code, e.code\n"
+    "print(sorted(m for m in names if m in sys.modules))"
+)
+# Never needed by `volconv run` on a file nibabel need not read (nibabel 0.2-0.3 s of a
+# start on the GPU node; the others are for `show`, `bench --plot`, `--set` and custom
+# kernels); the progress bar on a terminal only.
+NOT_FOR_A_RUN = ("nibabel", "matplotlib", "scipy", "rich.progress", "tomli_w", "distributed")
+
+
+@pytest.mark.parametrize("name", ["scan.npy", "scan.nii"])
+def test_a_run_imports_only_what_it_needs(tmp_path, name) -> None:
+    """A run of a .npy or a plain .nii input, written to a pipe, in a process of its own."""
+    data = random_volume((5, 4, 3), "uint8")
+    if name.endswith(".nii"):
+        nib.save(nib.Nifti1Image(data, np.diag([2.0, 1.5, 1.0, 1.0])), tmp_path / name)
+    else:
+        np.save(tmp_path / name, data)
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": [name]})
+    done = subprocess.run([sys.executable, "-c", RUN_IMPORTS, str(pipeline), *NOT_FOR_A_RUN],
+                          capture_output=True, text=True, cwd=ROOT, check=True)  # fmt: skip
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
-    assert (tmp_path / "out" / "scan.h5").is_file()
+    check_output(tmp_path / "out" / "scan.h5", data).close()
+
+
+def test_a_run_of_a_scaled_nifti_imports_nibabel(tmp_path) -> None:
+    """The guard above can fail: a NIfTI nibabel must read (scl_slope 2) imports it."""
+    _scaled(tmp_path / "scan.nii", random_volume((5, 4, 3), "int16"))
+    pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["scan.nii"]})
+    done = subprocess.run([sys.executable, "-c", RUN_IMPORTS, str(pipeline), "nibabel"],
+                          capture_output=True, text=True, cwd=ROOT, check=True)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "['nibabel']", done.stdout + done.stderr
+
+
+AFFINE = np.array([[-1.5, 0.1, 0, 90], [0, 2, 0.2, -126], [0, 0, 2.5, -72], [0, 0, 0, 1]])
+
+
+def _plain(path, data, **header):
+    img = nib.Nifti1Image(data, AFFINE)
+    for key, value in header.items():
+        img.header[key] = value
+    nib.save(img, path)
+
+
+def _slope_inter(path, slope, inter):  # in the file: nibabel's save sets its own
+    raw = bytearray(path.read_bytes())
+    raw[112:120] = np.array([slope, inter], "<f4").tobytes()
+    path.write_bytes(bytes(raw))
+
+
+def _scaled(path, data):
+    _plain(path, data)
+    _slope_inter(path, 0.5, -3.0)
+
+
+def _units(path, data):  # microns and a repetition time of 2.5 ms
+    img = nib.Nifti1Image(data, AFFINE)
+    img.header.set_xyzt_units("micron", "msec")
+    img.header["pixdim"][4] = 2.5
+    nib.save(img, path)
+
+
+def _qform_only(path, data):
+    img = nib.Nifti1Image(data, None)
+    img.set_qform(np.diag([1.2, 0.9, 2.0, 1.0]), code=1)
+    img.set_sform(None, code=0)
+    nib.save(img, path)
+
+
+def _big_endian(path, data):
+    header = nib.Nifti1Header(endianness=">")
+    img = nib.Nifti1Image(data, AFFINE, header=header)
+    img.set_data_dtype(data.dtype.newbyteorder(">"))
+    nib.save(img, path)
+
+
+def _extension(path, data):
+    img = nib.Nifti1Image(data, AFFINE)
+    img.header.extensions.append(nib.nifti1.Nifti1Extension("comment", b"a comment"))
+    nib.save(img, path)
+
+
+def _slope_one(path, data):  # nibabel's proxy leaves slope 1, inter 0 unscaled
+    _plain(path, data)
+    _slope_inter(path, 1.0, 0.0)
+
+
+ZERO = [1, 0, 1, 1, 1, 1, 1, 1]  # pixdim: no voxel size along x
+NIFTIS = {  # (shape, dtype, writer): the plain ones open without nibabel, the rest with it
+    "uint8 3D": ((9, 8, 7), "uint8", _plain),
+    "float32 4D": ((9, 8, 7, 3), "float32", _plain),
+    "int16 4D in microns and ms": ((6, 5, 4, 3), "int16", _units),
+    "int16 4D of one frame": ((6, 5, 4, 1), "int16", _plain),
+    "uint16 5D with a trailing 1": ((6, 5, 4, 2, 1), "uint16", _plain),
+    "float64, zero voxel size": ((6, 5, 4), "float64", lambda p, d: _plain(p, d, pixdim=ZERO)),
+    "int8, slope 1 inter 0 in the file": ((6, 5, 4), "int8", _slope_one),
+    "scaled": ((6, 5, 4), "int16", _scaled),
+    "qform only": ((6, 5, 4), "int16", _qform_only),
+    "big-endian": ((6, 5, 4), "int16", _big_endian),
+    "with an extension": ((6, 5, 4), "uint8", _extension),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", NIFTIS)
+def test_a_nifti_opens_as_nibabel_reads_it(tmp_path, case) -> None:
+    """Whether or not nibabel reads it, a .nii input is what nibabel gives: voxels (whole
+    frames and rows), type after scaling, affine, voxel size and whether it has one."""
+    shape, dtype, write = NIFTIS[case]
+    data = random_volume(shape, dtype)
+    path = tmp_path / "scan.nii"
+    write(path, data)
+    vol = open_volume(path)
+    img = nib.load(path)
+    want = np.asanyarray(img.dataobj)
+    want = want.reshape(want.shape[:4]) if want.ndim > 4 else want
+    assert vol.dtype == want.dtype.newbyteorder("=") and vol.shape == want.shape
+    np.testing.assert_array_equal(vol.affine, img.affine)
+    raw_zooms = nib.Nifti1Header.from_fileobj(path.open("rb"), check=False).get_zooms()[:3]
+    assert vol.voxel_size == tuple(float(z) for z in img.header.get_zooms()[:3])
+    assert (vol.voxel_unknown == "") == all(z > 0 for z in raw_zooms)
+    rows = np.array([4, 0, 1, 2, 5])
+    for t in range(vol.n_frames):
+        frame = want[..., t] if want.ndim == 4 else want
+        np.testing.assert_array_equal(vol.read_frame(t), frame)
+        np.testing.assert_array_equal(vol.read_rows(rows, t), frame[rows])
+    # mapped (read as used): a 3D file that is neither scaled nor in the other byte order
+    assert vol.mapped == (len(shape) == 3 and case not in ("scaled", "big-endian"))
+    # read without nibabel where the file is plain (the others: nibabel's)
+    plain = ("uint8 3D", "float32 4D", "int16 4D of one frame", "int16 4D in microns and ms",
+             "int8, slope 1 inter 0 in the file")  # fmt: skip
+    assert (vol.nifti_header is not None) == (case in plain)
+    # and the space the outputs record, as from nibabel's header
+    got, want = Space.of(vol), Space.of(dataclasses.replace(vol, nifti_header=None))
+    for name in ("affine", "sform", "qform"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None and b is None) or np.array_equal(a, b), name
+    for name in ("voxel_size", "sform_code", "qform_code", "space_unit", "time_unit",
+                 "repetition_time"):  # fmt: skip
+        assert getattr(got, name) == getattr(want, name), name
+
+
+def test_a_cut_plain_nifti_is_refused_as_before(tmp_path) -> None:
+    path = tmp_path / "cut.nii"
+    _plain(path, random_volume((9, 8, 7), "int16"))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(InputError, match="truncated"):
+        open_volume(path)
+
+
+BLAS_CHECK = (
+    "import os, sys\nfrom volconv import cli\n"
+    "cli.main = lambda: print(os.environ.get('OPENBLAS_NUM_THREADS'), 'numpy' in sys.modules,"
+    " flush=True)\ncli.entry_point()"
+)
+
+
+BLAS_CASES = [({}, "1 False"), ({"OMP_NUM_THREADS": "3"}, "None False"),
+              ({"OPENBLAS_NUM_THREADS": "4"}, "4 False")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("env", "want"), BLAS_CASES)
+def test_the_program_asks_for_one_blas_thread_before_numpy_loads(env, want) -> None:
+    """OpenBLAS starts its threads as numpy loads: `volconv` asks for one first, unless the
+    user set a count."""
+    base = {k: v for k, v in os.environ.items() if k not in cli._BLAS_THREADS}
+    done = subprocess.run([sys.executable, "-c", BLAS_CHECK], env={**base, **env}, cwd=ROOT,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.strip() == want, done.stdout + done.stderr
 
 
 def test_every_user_error_is_a_value_error() -> None:

@@ -78,7 +78,7 @@ class UserError(Exception):
     """A mistake of the user's: exit status 2 and one line naming the file, key or value."""
 
 
-_state: dict[str, float | bool | None] = {"debug": False, "t0": None}
+_state: dict[str, float | bool | None] = {"debug": False, "t0": None, "leaving": False}
 
 
 @app.callback()
@@ -447,9 +447,12 @@ def entry_point() -> None:
 
     Every output is closed and renamed, and the report written, before a command returns, so
     the interpreter's teardown (freeing pinned memory, the OpenCL driver's clean-up: 0.1 s
-    here, more on a GPU node) is skipped.
+    here, more on a GPU node) is skipped; so is the wait for the file system to free the
+    outputs ``--overwrite`` replaced, which an ``rm`` process finishes on its own
+    (`volconv.output.staging.remove_later`).
     """
-    _state["t0"] = _process_start()
+    _state["t0"], _state["leaving"] = _process_start(), True
+    _one_blas_thread()
     try:
         main()
     except SystemExit as e:
@@ -463,6 +466,19 @@ def entry_point() -> None:
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to say
             stream.flush()
     os._exit(status or 0)
+
+
+# What OpenBLAS reads for its thread count, in that order.
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def _one_blas_thread() -> None:
+    """One OpenBLAS thread unless the user says otherwise, set before numpy is imported:
+    numpy's OpenBLAS starts a thread per core as it loads (a share of the start on a node of
+    many cores), and volconv computes on the device, not with BLAS (small SVDs at most). The
+    worker processes of a batch inherit it."""
+    if not any(os.environ.get(name) for name in _BLAS_THREADS):
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
 
 def _process_start() -> float:
@@ -485,10 +501,11 @@ def main() -> None:
     try:
         _main_app()
     finally:
-        # replaced outputs freed in the background (volconv.output.remove_later), joined
-        # here: after the table and the report, before the process leaves
-        if (writer := sys.modules.get("volconv.output.staging")) is not None:
-            writer.wait_for_removals()
+        # replaced outputs freed in the background (volconv.output.remove_later), waited
+        # for here, after the table and the report: by a process that leaves (entry_point),
+        # only where a thread of its own frees them, not an rm process (which goes on)
+        if (staging := sys.modules.get("volconv.output.staging")) is not None:
+            staging.wait_for_removals(processes=not _state["leaving"])
 
 
 def _main_app() -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tomli_w
 
 from volconv.bank.features import Feature, build_features
 from volconv.bank.filters import UNITS, BankError, Filter, build_bank
@@ -239,6 +238,8 @@ def _dotted(keys: Iterable[str | int]) -> str:
 
 def dump_toml(data: dict[str, Any]) -> str:
     """TOML text that `tomllib` reads back as ``data``."""
+    import tomli_w  # for the files volconv writes, not for a run
+
     return tomli_w.dumps(data)
 
 

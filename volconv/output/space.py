@@ -61,7 +61,7 @@ class Space:
         """The space of ``volume``: from its NIfTI header where it has one (codes, units,
         repetition time), else from its affine."""
         space = cls.from_affine(volume.affine, volume.voxel_size)
-        header = _nifti_header(volume.file)
+        header = getattr(volume, "nifti_header", None) or _nifti_header(volume.file)
         if header is None:
             return space
         sform, scode = header.get_sform(coded=True)

@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import stat
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -175,27 +176,53 @@ def _swap(a: Path, b: Path) -> bool:
     return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
 
 
-# Private folders being removed in the background (`remove_later`).
-_REMOVALS: list[threading.Thread] = []
+# Private folders being removed in the background (`remove_later`): by an ``rm`` process, or
+# a thread where there is none.
+_REMOVALS: list[threading.Thread | subprocess.Popen] = []
 
 
 def remove_later(folder: Path) -> None:
     """Remove ``folder`` (a finished output's private folder, holding the file it replaced)
-    in a background thread, while the run goes on; `wait_for_removals` joins it. Not a
-    daemon: the interpreter waits for it at exit. Should the process die first, the folder
+    in the background, while the run goes on; `wait_for_removals` waits for it. Freeing a
+    large file takes the file system a while, and a process cannot leave before a thread of
+    its own is out of that call: ``rm -rf`` in a process of its own does it where there is
+    one (a ``volconv run`` then leaves without waiting), else a thread, which is not a
+    daemon: the interpreter waits for it at exit. Should the removal die first, the folder
     is a dead run's, removed by the next run that writes the same output
     (`remove_stale_temps`); it never looks like a partial output to resume (`temp` is gone).
     """
+    # those done are let go (a long-lived worker replaces many outputs)
+    _REMOVALS[:] = [r for r in _REMOVALS if (r.is_alive() if isinstance(r, threading.Thread)
+                                             else r.poll() is None)]  # fmt: skip
+    if (rm := _rm()) is not None:
+        try:
+            _REMOVALS.append(subprocess.Popen(
+                [rm, "-rf", "--", os.fspath(folder)], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            ))  # fmt: skip
+            return
+        except OSError:  # no process to be had (a limit): a thread
+            pass
     thread = threading.Thread(target=shutil.rmtree, args=(folder, True), name="volconv-remove")
     thread.start()
     _REMOVALS.append(thread)
 
 
-def wait_for_removals() -> None:
-    """Wait until the folders `remove_later` was given are gone (before a process leaves
-    through ``os._exit``)."""
+@cache
+def _rm() -> str | None:
+    return shutil.which("rm") if os.name == "posix" else None
+
+
+def wait_for_removals(processes: bool = True) -> None:
+    """Wait until the folders `remove_later` was given are gone. ``processes`` False leaves
+    those an ``rm`` process removes to it, for a process about to leave through
+    ``os._exit``."""
     while _REMOVALS:
-        _REMOVALS.pop().join()
+        removal = _REMOVALS.pop()
+        if isinstance(removal, threading.Thread):
+            removal.join()
+        elif processes:
+            removal.wait()
 
 
 def _running(pid: int) -> bool:

@@ -115,6 +115,8 @@ class Volume:
     # The data is read from other files too (an allowed VDS, external storage or link): the
     # SHA-256 covers the data read as well as the container.
     _digest_data: bool = field(default=False, repr=False, compare=False)
+    # The NIfTI header where io read it without nibabel (`volconv.output.space` reads it).
+    nifti_header: Any = field(default=None, repr=False, compare=False)
 
     def read_rows(self, rows: np.ndarray, frame: int = 0) -> np.ndarray:
         """The volume at ``rows`` along axis 0, reading only those rows.
@@ -318,6 +320,8 @@ def open_volume(spec: str | Path, *, external: bool = False) -> Volume:
             return _open_hdf5(path, file, dataset, external)
         if file.suffix.lower() == ".npy":
             return _open_npy(path, file)
+        if file.suffix.lower() == ".nii" and (volume := _open_plain_nifti(path, file)):
+            return volume
         return _open_nibabel(path, file)
 
 
@@ -481,6 +485,108 @@ def _open_nibabel(path: str, file: Path) -> Volume:
     )
     return _volume(path, file, shape, dtype, img.affine, zooms[:3], lambda: nullcontext(proxy),
                    extra, axes, mapped, _unknown_zooms(img, zooms[:3]))  # fmt: skip
+
+
+# NIfTI-1 datatype codes nibabel reads as these types (bool and complex: nibabel's path).
+_NIFTI_TYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2",
+                768: "u4", 1024: "i8", 1280: "u8"}  # fmt: skip
+# The 348-byte header and the 4 bytes after it (nonzero: extensions follow), native order.
+_NIFTI_FIELDS = [
+    ("sizeof_hdr", "i4"), ("_1", "V36"), ("dim", "i2", 8), ("_2", "V14"), ("datatype", "i2"),
+    ("bitpix", "i2"), ("_3", "V2"), ("pixdim", "f4", 8), ("vox_offset", "f4"),
+    ("scl_slope", "f4"), ("scl_inter", "f4"), ("_4", "V3"), ("xyzt_units", "u1"),
+    ("_5", "V128"), ("qform_code", "i2"),
+    ("sform_code", "i2"), ("_6", "V24"), ("srow", "f4", (3, 4)), ("_7", "V16"),
+    ("magic", "S4"), ("ext", "u1", 4),
+]  # fmt: skip
+
+
+def _open_plain_nifti(path: str, file: Path) -> Volume | None:
+    """A plain single-file NIfTI-1 (``.nii``) read without nibabel (whose import costs more
+    than the rest of a small run's start), or None where nibabel must read it: the volume
+    is the one nibabel gives for such a file, which this accepts only where nibabel would
+    fix nothing in the header and scale nothing (a scl_slope of 0, NaN or 1 with scl_inter
+    0): native byte order (sizeof_hdr reads 348), no extensions, 3D or 4D, a known integer
+    or float type, positive voxel sizes, an sform (a qform, or no transform, is nibabel's),
+    the data after the header."""
+    header = np.dtype(_NIFTI_FIELDS)
+    with open(file, "rb") as f:
+        raw = f.read(header.itemsize)
+    if len(raw) < header.itemsize:
+        return None
+    h = np.frombuffer(raw, header)[0]
+    ndim = int(h["dim"][0])
+    dtype = _NIFTI_TYPES.get(int(h["datatype"]))
+    offset = float(h["vox_offset"])
+    slope = float(h["scl_slope"])
+    unscaled = slope == 0 or not math.isfinite(slope) or (slope, float(h["scl_inter"])) == (1, 0)
+    pixdim = h["pixdim"]
+    if not (
+        h["sizeof_hdr"] == 348 and h["magic"] == b"n+1" and not h["ext"][0]
+        and ndim in (3, 4) and min(h["dim"][1 : ndim + 1]) >= 1 and dtype is not None
+        and h["bitpix"] == 8 * np.dtype(dtype).itemsize and pixdim[0] in (-1, 1)
+        and all(math.isfinite(v) and v > 0 for v in pixdim[1 : ndim + 1])
+        and 352 <= offset == int(offset) and unscaled
+        and 0 < h["sform_code"] <= 4 and 0 <= h["qform_code"] <= 4  # codes every nibabel knows
+    ):  # fmt: skip
+        return None
+    shape = tuple(int(n) for n in h["dim"][1 : ndim + 1])
+    _check_size(path, file, int(offset) + math.prod(shape) * np.dtype(dtype).itemsize)
+    affine = np.eye(4)
+    affine[:3] = h["srow"]
+
+    def opener() -> AbstractContextManager:  # a fresh map per read, as for a .npy
+        return nullcontext(_NiftiData(np.memmap(file, dtype, "c", int(offset), shape, order="F")))
+
+    volume = _volume(path, file, shape, np.dtype(dtype), affine,
+                     tuple(float(v) for v in pixdim[1:4]), opener, 0, mapped=True)  # fmt: skip
+    units = int(h["xyzt_units"])
+    if h["qform_code"] == 0 and units % 8 in _UNITS and units - units % 8 in _UNITS:
+        volume.nifti_header = _PlainHeader(h, ndim)
+    return volume
+
+
+# NIfTI's unit codes, as nibabel names them.
+_UNITS = {0: "unknown", 1: "meter", 2: "mm", 3: "micron", 8: "sec", 16: "msec", 24: "usec",
+          32: "hz", 40: "ppm", 48: "rads"}  # fmt: skip
+
+
+class _PlainHeader:
+    """What `volconv.output.space` reads of a NIfTI header, as nibabel's gives it, for a
+    plain NIfTI-1 (`_open_plain_nifti`) without a qform."""
+
+    def __init__(self, h: np.void, ndim: int) -> None:
+        self._h, self._ndim = h, ndim
+
+    def get_sform(self, coded: bool = False) -> Any:
+        out = np.eye(4)
+        out[:3] = self._h["srow"]
+        return (out, int(self._h["sform_code"])) if coded else out
+
+    def get_qform(self, coded: bool = True) -> tuple[None, int]:
+        if not coded:  # the matrix of a qform code 0 is nibabel's to make
+            raise NotImplementedError("only get_qform(coded=True)")
+        return None, 0
+
+    def get_xyzt_units(self) -> tuple[str, str]:
+        code = int(self._h["xyzt_units"])
+        return _UNITS[code % 8], _UNITS[code - code % 8]
+
+    def get_zooms(self) -> tuple[np.float32, ...]:
+        return tuple(self._h["pixdim"][1 : self._ndim + 1])
+
+
+class _NiftiData:
+    """Slices as nibabel's proxy does: the whole volume as the memory map itself (read as
+    used), any part of it as an array of its own."""
+
+    def __init__(self, mapped: np.memmap) -> None:
+        self._mapped = mapped
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if index is Ellipsis:
+            return self._mapped
+        return np.array(self._mapped[index])
 
 
 def _unknown_zooms(img: Any, zooms: tuple[float, ...]) -> str:
