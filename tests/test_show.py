@@ -7,12 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import h5py
 import nibabel as nib
 import numpy as np
 import pytest
 from test_pipeline import random_volume, volconv, write_pipeline
 
+from volconv.output import read
 from volconv.show import MAX_PIXELS, central_slices, figure, grid, slice_aspects
 
 
@@ -48,7 +48,7 @@ def test_48_responses_make_a_bounded_grid_titled_above_it(outputs):
     rows, groups = grid(48)
     assert (rows, groups) == (12, 4)
     output = outputs["t48"]
-    with h5py.File(output) as f:
+    with read(output) as f:
         fig = figure(f, output.name)
         fig.canvas.draw()  # as show() saves it, at its DPI
         width, height = fig.canvas.get_width_height()
@@ -68,29 +68,45 @@ def test_48_responses_make_a_bounded_grid_titled_above_it(outputs):
 
 def test_a_4d_output_says_which_frame(outputs, tmp_path, capsys):
     output = outputs["t4"]
-    with h5py.File(output) as f:
+    with read(output) as f:
         assert figure(f, output.name)._suptitle.get_text().endswith("frame 1 of 3")  # middle
         fig = figure(f, output.name, frame=2)
         assert fig._suptitle.get_text().endswith("frame 2 of 3")
         # the frame drawn is the one named: the slices of frame 2, decoded
-        planes = central_slices(f["responses"], 0, frame=2)
-        np.testing.assert_array_equal(planes[0], f["responses"][0, 7, :, :, 2])
+        planes = central_slices(f, 0, frame=2)
+        np.testing.assert_array_equal(planes[0], np.asarray(f.outputs[0])[7, :, :, 2])
     code, _, err = volconv("show", output, "--frame", "3", "--png", tmp_path / "x.png",
                              capsys=capsys)  # fmt: skip
     assert code == 2 and "--frame 3" in err and "3 frames (0..2)" in err
     code, _, err = volconv("show", outputs["s4"], "--frame", "0", "--png",
                              tmp_path / "y.png", capsys=capsys)  # fmt: skip
     assert code == 2 and "is 3D" in err
-    with h5py.File(outputs["s4"]) as f:
+    with read(outputs["s4"]) as f:
         assert "frame" not in figure(f, "s.h5")._suptitle.get_text()
 
 
 def test_slices_keep_the_voxel_size_aspect(outputs):
-    with h5py.File(outputs["t4"]) as f:
-        np.testing.assert_allclose(f.attrs["voxel_size"][:3], [1.0, 2.0, 3.0])
+    with read(outputs["t4"]) as f:
+        np.testing.assert_allclose(f.voxel_size[:3], [1.0, 2.0, 3.0])
         fig = figure(f, "t.h5")
         drawn = [ax for ax in fig.axes if ax.axison]
         # x slice: y across, z up (3/2); y slice: x across, z up (3/1); z slice: y up (2/1)
         assert [ax.get_aspect() for ax in drawn[:3]] == pytest.approx([1.5, 3.0, 2.0])
     assert slice_aspects([2.0, 2.0, 2.0]) == (1.0, 1.0, 1.0)
     assert slice_aspects(None) == slice_aspects([0.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("suffix", [".nii.gz", ".zarr"])
+def test_show_reads_every_format(tmp_path, capsys, suffix):
+    if suffix == ".zarr":
+        pytest.importorskip("zarr")
+    np.save(tmp_path / "s.npy", random_volume((10, 9, 8), "uint8"))
+    pipeline = write_pipeline(tmp_path, _bank(2), input={"paths": ["s.npy"]},
+                              output={"path": f"out/{{stem}}{suffix}"})  # fmt: skip
+    assert _run(pipeline) == 0
+    output = tmp_path / "out" / f"s{suffix}"
+    code, _, err = volconv("show", output, "--png", tmp_path / "s.png", capsys=capsys)
+    assert code == 0, err
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with read(output) as f:
+        assert figure(f, output.name)._suptitle.get_text().startswith(f"s{suffix}")

@@ -267,17 +267,20 @@ def validate(
 
 @app.command()
 def show(
-    output: str = typer.Argument(..., metavar="OUTPUT.h5", help="A volconv output file."),
+    output: str = typer.Argument(
+        ..., metavar="OUTPUT", help="A volconv output: .h5, .nii, .nii.gz or a .zarr folder."
+    ),
     png: str | None = typer.Option(None, "--png", help="Where to write (default OUTPUT.png)."),
     frame: int | None = typer.Option(
         None, "--frame", min=0, help="The frame of a 4D output to draw (default: the middle one)."
     ),
     debug: bool = _DEBUG,
 ) -> None:
-    """A PNG of the central slices of every response, with names and value ranges."""
+    """A PNG of the central slices of every output, with names and value ranges."""
     from volconv.show import show as draw
 
-    if not os.path.isfile(output):
+    zarr = output.rstrip("/").lower().endswith(".zarr") and os.path.isdir(output)
+    if not (os.path.isfile(output) or zarr):
         from volconv.checks import file_kind  # numpy: not for --help
 
         kind = file_kind(output)

@@ -1,5 +1,5 @@
-"""`volconv show OUTPUT.h5`: a PNG of the central slices of every response, the first look a
-user wants after a run.
+"""`volconv show OUTPUT`: a PNG of the central slices of every output, the first look a user
+wants after a run, in any format volconv writes (HDF5, NIfTI, OME-Zarr: `volconv.output.read`).
 
 Each filter gets three orthogonal central slices side by side, titled with its name and value
 range; the filters run down in rows and wrap into as many groups across as keep the picture
@@ -15,30 +15,30 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import h5py
 import numpy as np
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from volconv.output.stored import Stored
 
 MAX_PIXELS = 2400  # the most pixels a side of the picture
 DPI = 80
 PANEL_INCHES = 2.3  # a slice's side, where the cap allows
 
 
-def central_slices(responses: h5py.Dataset, index: int, frame: int = 0) -> list[np.ndarray]:
-    """The planes through the centre of response ``index`` (frame ``frame`` of a 4D output),
+def central_slices(stored: Stored, index: int, frame: int = 0) -> list[np.ndarray]:
+    """The planes through the centre of output ``index`` (frame ``frame`` of a 4D output),
     across x, y and z, as float32 values (uint8 decoded with its scale and offset)."""
-    nx, ny, nz = responses.shape[1:4]
-    t = (frame,) if responses.ndim == 5 else ()
+    values = stored.outputs[index]
+    nx, ny, nz = values.shape[:3]
+    t = (frame,) if len(values.shape) == 4 else ()
     planes = [
-        responses[(index, nx // 2, slice(None), slice(None), *t)],
-        responses[(index, slice(None), ny // 2, slice(None), *t)],
-        responses[(index, slice(None), slice(None), nz // 2, *t)],
+        values[(nx // 2, slice(None), slice(None), *t)],
+        values[(slice(None), ny // 2, slice(None), *t)],
+        values[(slice(None), slice(None), nz // 2, *t)],
     ]
-    scale = float(responses.attrs.get("scale", 1.0))
-    offset = float(responses.attrs.get("offset", 0.0))
-    return [p.astype(np.float32) * np.float32(scale) + np.float32(offset) for p in planes]
+    return [stored.decode(p) for p in planes]
 
 
 def slice_aspects(voxel_size: object) -> tuple[float, float, float]:
@@ -61,23 +61,23 @@ def grid(n: int) -> tuple[int, int]:
     return math.ceil(n / groups), groups
 
 
-def figure(f: h5py.File, name: str, frame: int | None = None) -> Figure:
-    """The picture of the open output ``f`` (``name`` for its title)."""
+def figure(stored: Stored, name: str, frame: int | None = None) -> Figure:
+    """The picture of the open output ``stored`` (``name`` for its title)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    responses = f["responses"]
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in f["filter"][()]]
-    n_frames = responses.shape[4] if responses.ndim == 5 else 1
+    names = stored.names
+    four_d = bool(stored.outputs) and len(stored.outputs[0].shape) == 4
+    n_frames = stored.outputs[0].shape[3] if four_d else 1
     if frame is None:
         frame = n_frames // 2
-    elif responses.ndim != 5:
+    elif not four_d:
         raise ValueError(f"--frame {frame}: {name} is 3D (no frames)")
     elif not 0 <= frame < n_frames:
         raise ValueError(f"--frame {frame}: {name} has {n_frames} frames (0..{n_frames - 1})")
-    aspects = slice_aspects(f.attrs.get("voxel_size"))
+    aspects = slice_aspects(stored.voxel_size)
     rows, groups = grid(len(names))
     # inches: above the grid (the title), above each row (a filter's title), below (labels)
     top, above, below, gap = 0.6, 0.3, 0.2, 0.08
@@ -95,7 +95,7 @@ def figure(f: h5py.File, name: str, frame: int | None = None) -> Figure:
         ax.set_axis_off()
     for i, filt in enumerate(names):
         row, group = i % rows, i // rows
-        planes = central_slices(responses, i, frame if responses.ndim == 5 else 0)
+        planes = central_slices(stored, i, frame if four_d else 0)
         finite = np.concatenate([p[np.isfinite(p)] for p in planes])
         lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
         trio = axes[row][3 * group : 3 * group + 3]
@@ -106,8 +106,8 @@ def figure(f: h5py.File, name: str, frame: int | None = None) -> Figure:
             ax.set_yticks([])
             ax.set_xlabel(f"{axis} = centre", fontsize=6)
         trio[1].set_title(f"{filt}: {lo:.4g} .. {hi:.4g}", fontsize=8)
-    source = f.attrs.get("source", "")
-    when = f", frame {frame} of {n_frames}" if responses.ndim == 5 else ""
+    source = stored.attrs.get("source", "")
+    when = f", frame {frame} of {n_frames}" if four_d else ""
     fig.suptitle(f"{name} ({source}){when}", fontsize=10, y=1 - 0.1 / height, va="top")
     return fig
 
@@ -134,10 +134,10 @@ def show(output: str | Path, png: str | Path | None = None, frame: int | None = 
         raise ValueError(f"--png {png}: give a name ending in .png")
     if png.exists() and not _is_png(png):  # never write over anything but an earlier picture
         raise ValueError(f"--png {png}: exists and is not a PNG; give another name")
-    with h5py.File(output, "r") as f:
-        if "responses" not in f or not f.attrs.get("complete", False):
-            raise ValueError(f"{output}: not a complete volconv output")
-        fig = figure(f, output.name, frame)
+    from volconv.output import read
+
+    with read(output) as stored:  # an OutputError (not complete, hdf5plugin missing) says why
+        fig = figure(stored, output.name, frame)
         fig.savefig(png, dpi=DPI, format="png")
         plt.close(fig)
     return png
