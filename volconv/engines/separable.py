@@ -628,6 +628,10 @@ class SeparableConvolver(SlabConvolver):
         read must be on the separable path (`plan_paths`' ``separable``).
     **overrides
         Plan knobs for the direct groups (see `volconv.plan.direct.make_plan`).
+    plan : SeparablePlan, optional
+        The plan `make_separable_plan` made for these filters, shape and type (a pipeline's
+        job holds it): taken as it is, with its mode, cval, paths and slab depth, instead of
+        planning again from the arguments above.
     """
 
     def __init__(
@@ -649,22 +653,24 @@ class SeparableConvolver(SlabConvolver):
         fused: bool | None = None,
         tile: tuple[int, int, int] | None = None,
         expanded: Expanded | None = None,
+        plan: SeparablePlan | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
         self.ctx, self.queue = context_for(self.device)
-        sizes: dict[str, int] = {}
-        if expanded is not None:
-            if choices is None:
-                choices = plan_paths(filters, self.device, fused=fused, tile=tile,
-                                     separable=expanded.separable)  # fmt: skip
-            sizes = expanded.plan_sizes()
-        self.plan = make_separable_plan(
-            filters, shape, dtype, mode, cval, self.device, choices=choices,
-            slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
-            rows=rows, block_rows=block_rows, fused=fused, tile=tile, **sizes, **overrides,
-        )  # fmt: skip
-        plan = self.plan
+        if plan is None:  # else the plan the pipeline made once (`make_separable_plan`)
+            sizes: dict[str, int] = {}
+            if expanded is not None:
+                if choices is None:
+                    choices = plan_paths(filters, self.device, fused=fused, tile=tile,
+                                         separable=expanded.separable)  # fmt: skip
+                sizes = expanded.plan_sizes()
+            plan = make_separable_plan(
+                filters, shape, dtype, mode, cval, self.device, choices=choices,
+                slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
+                rows=rows, block_rows=block_rows, fused=fused, tile=tile, **sizes, **overrides,
+            )  # fmt: skip
+        self.plan = plan
         self.expanded = expanded
         self.kernels = [k for k, _ in _entries(filters)]
         self._groups = [list(g) for g in plan.groups]

@@ -579,10 +579,9 @@ class Convolvers:
         # (different keys never overlap)
         key, stored = self._shared(job), (job.scale, job.offset)
         if key not in self._cache:
-            conv = SeparableConvolver(
-                job.run_filters, job.shape3, job.volume.dtype, self.cfg.boundary, self.cfg.cval,
-                device=self.device, choices=job.plan.choices, slab_depth=job.plan.slab_depth,
-                expanded=job.expanded,
+            conv = SeparableConvolver(  # the job's plan, made once in `plan_jobs`
+                job.run_filters, job.shape3, job.volume.dtype, device=self.device,
+                expanded=job.expanded, plan=job.plan,
             )  # fmt: skip
             if device_encodes(self.device, self.cfg.dtype):  # first: buffers of that type
                 conv.store(self.cfg.dtype, *stored)
