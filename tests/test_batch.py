@@ -604,7 +604,7 @@ def test_this_process_and_a_worker_share_the_inputs_a_killed_worker_is_replaced(
     second device's worker takes inputs from the same queue once ready (each record says
     which); the worker killed mid-task, its input runs again elsewhere; every input exactly
     once, every output the one-device run's."""
-    names = [f"v{i}" for i in range(6)]
+    names = [f"v{i}" for i in range(8)]
     pipeline = make_inputs(tmp_path, {n: (400, 24, 24) for n in names})
     reference = one_device(pipeline, capsys)
     out, report = tmp_path / "out", tmp_path / "report.json"
@@ -636,5 +636,5 @@ def test_this_process_and_a_worker_share_the_inputs_a_killed_worker_is_replaced(
     assert {r["status"] for r in doc["inputs"]} == {"done"}
     who = [r["worker"].split(" (")[0] for r in doc["inputs"]]
     assert "this process" in who and "volconv-1" in who, who
-    assert re.search(r"^6 input\(s\): 6 done in .* on this process and 1 worker\(s\)", text,
+    assert re.search(r"^8 input\(s\): 8 done in .* on this process and 1 worker\(s\)", text,
                      re.M), text  # fmt: skip

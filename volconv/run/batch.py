@@ -7,14 +7,15 @@ One input is one task, `process`: in a worker process it takes that worker's dev
 and convolvers on its first task and keeps them for the next. A local worker runs two tasks
 at a time: one on its device while the other's last slabs are written (`Turns`). `run_batch`
 plans and checks the whole pipeline once in the client, so a user's mistake exits 2 before
-any task starts; then it starts one worker process per device of this machine (``devices =
-"all"`` or a list of specs) or connects to an existing scheduler (``scheduler = ADDRESS``),
-submits the inputs largest first and gathers every record: done, skipped or failed.
-
-On one machine the workers start in the background while the client plans, and each makes
-its context, programs and first pinned buffer for the first input before its first task
-(`warm_up`). How many workers a batch gets is a model's choice (`workers_for`): a batch too
-small to pay for starting them runs in this process on the first device, as one device would.
+any task starts. On one machine (``devices = "all"`` or a list of specs) this process then
+filters on the first device from the start, taking the inputs largest first from one queue
+(`_Pending`), while one worker process per other device starts in the background (from
+before the plan) and makes its context, programs and first pinned buffer for the first input
+(`warm_up`); each worker, once ready, is fed from the same queue (`_Submitter`). With an
+existing scheduler (``scheduler = ADDRESS``) every input is submitted, largest first. Every
+record is gathered: done, skipped or failed. How many workers start is a model's choice
+(`workers_for`): a batch too small to pay for starting them runs in this process alone, as one
+device would.
 
 Tasks are safe to run twice: an output is written under a temporary name and renamed when
 complete, so the scheduler's rerun of a task whose worker died is correct by construction.
@@ -360,6 +361,8 @@ class BatchResult:
             line += f": {60 * counts['done'] / self.seconds:.1f} inputs/minute"
         if self.in_process:
             return f"{line} ({self.why})" if self.why else line
+        if self.here and len(self.workers) == 1:  # its workers were not ready before the end
+            return f"{line} (no worker ready before the last input)"
         ready = f", ready {self.ready_seconds:.1f} s" if self.ready_seconds is not None else ""
         return f"{line} (and {self.start_seconds:.1f} s to start{ready})"
 
@@ -391,6 +394,11 @@ def local_devices(cfg: Config) -> tuple[str, ...]:
     if not text.isdigit() or int(text) < 1:
         raise PipelineError(f"{PROCESSES_ENV}={text!r}: give a whole number of 1 or more")
     return specs * int(text)
+
+
+def first_device(cfg: Config) -> cl.Device:
+    """The device this process filters a local batch on: the first of `local_devices`."""
+    return select_device(local_devices(cfg)[0])
 
 
 # -- how many workers: the model --------------------------------------------------------------
@@ -544,10 +552,11 @@ def run_batch(
 
     The whole pipeline is planned and checked here first (a `PipelineError` before any task);
     complete outputs are skipped without a task; the others are submitted largest first, one
-    task each. On this machine the workers start while the client plans, as many as
-    `workers_for` finds worth their start (none: this process runs the batch on the first
-    device). ``on_plan`` sees the jobs, ``on_volume`` each record as it comes (skipped ones
-    first), ``say`` a line about the workers.
+    task each. On this machine this process filters on the first device and the other
+    devices' workers, started while it plans, as many as `workers_for` finds worth their
+    start, take inputs from the same queue once ready. ``on_plan`` sees the jobs,
+    ``on_volume`` each record as it comes (skipped ones first), ``say`` a line about the
+    workers.
     """
     with _signals():
         if cfg.scheduler:
@@ -587,7 +596,7 @@ def _local_batch(
 ) -> BatchResult:
     specs = local_devices(cfg)
     planner = select_device(specs[0])  # this process plans, and filters, on the first device
-    with suppress(Exception):  # its context made meanwhile, as a one-device run's
+    with suppress(Exception):  # its context made meanwhile (the command started it sooner)
         start_context(planner)
     names = [device_name(select_device(s)) for s in specs]
     cost = start_cost()
