@@ -95,18 +95,17 @@ def test_devices_cpu_cpu_equals_one_device_and_resumes(tmp_path, capsys):
     code, out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}",
                              "--report", report, capsys=capsys)  # fmt: skip
     assert code == 0, err
-    assert "started 2 worker(s)" in out
     assert lines(out, "done") == len(SHAPES) and "inputs/minute" in out
     assert f"{len(SHAPES)} input(s): {len(SHAPES)} done in " in out
     assert_same_outputs(tmp_path / "out", reference, list(SHAPES))
     doc = json.loads(report.read_text())
-    assert len(doc["workers"]) == 2 and doc["batch_seconds"] > 0
-    assert doc["worker_ready_seconds"] > 0 and not doc["in_process"]
+    assert doc["batch_seconds"] > 0 and not doc["in_process"]
     assert set(statuses(report).values()) == {("done", "")}
-    # each entry names the worker and the device that ran it
+    # each entry names the process or worker and the device that ran it: this process owns
+    # the first device, one worker the second
     name = device_name(select_device(DEVICE))
     assert {r["device"] for r in doc["inputs"]} == {name}
-    assert {re.sub(r" \(.*", "", r["worker"]) for r in doc["inputs"]} <= {"volconv-0", "volconv-1"}
+    assert {r["worker"].split(" (")[0] for r in doc["inputs"]} <= {"this process", "volconv-1"}
     with check_output(tmp_path / "out" / "c.h5", np.load(tmp_path / "c.npy").astype(float)):
         pass  # and the batch's output is scipy's convolution
 
@@ -386,24 +385,27 @@ def test_turns_give_the_device_to_one_input_and_writing_to_one_convolver():
 # -- how many workers: the small-batch rule -----------------------------------------------
 def test_workers_for_is_never_slower_than_one_device():
     """The model's choice never ends after one device would, and takes workers where their
-    start pays: two inputs of 0.1 s against a 1 s start stay in this process, 48 of 0.3 s go
-    to both devices, 8 inputs of 0.09 s wait for no worker."""
+    start pays: this process filters on the first device from the start, so two inputs of
+    0.1 s against a 1 s start stay in this process, 48 of 0.3 s get a worker for each other
+    device, 8 inputs of 0.09 s wait for no worker."""
     from volconv.run.batch import workers_for
 
     assert workers_for([0.1, 0.1], 2, 1.0) == 0
-    assert workers_for([0.3] * 48, 2, 1.0) == 2
+    assert workers_for([0.3] * 48, 2, 1.0) == 1  # the second device's worker
+    assert workers_for([0.3] * 48, 4, 1.0) == 3
     assert workers_for([0.09] * 8, 2, 1.0) == 0
-    assert workers_for([0.09] * 8, 2, 0.1) == 2
-    assert workers_for([5.0, 5.0, 5.0], 8, 1.0) == 3  # no more workers than inputs
+    assert workers_for([0.09] * 8, 2, 0.1) == 1
+    assert workers_for([5.0, 5.0, 5.0], 8, 1.0) == 2  # this process and 2: one per input
     assert workers_for([0.3] * 48, 1, 0.0) == 0  # one device: this process
     rng = np.random.default_rng(0)
     for _ in range(500):
         seconds = list(rng.exponential(rng.uniform(0.01, 3), rng.integers(2, 60)))
         start, devices = float(rng.uniform(0, 5)), int(rng.integers(1, 9))
-        k = workers_for(seconds, devices, start)
-        assert k == 0 or 2 <= k <= min(devices, len(seconds))
-        if k:  # the model's own estimate of the batch on k workers beats one device's
-            assert start + max(max(seconds), sum(seconds) / k) < sum(seconds)
+        w = workers_for(seconds, devices, start)
+        assert 0 <= w <= min(devices, len(seconds)) - 1
+        if w:  # this process from 0 s, w workers from start: the model's end beats one device
+            ends = max(max(seconds), (sum(seconds) + w * start) / (w + 1))
+            assert ends < sum(seconds) and start < sum(seconds)
 
 
 def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
@@ -594,3 +596,45 @@ def test_workers_warming_at_once_build_in_turn(tmp_path, monkeypatch):
     with _one_builder(wait=0.1):
         pass
     assert target.read_text() == "keep"
+
+
+# -- this process and the workers share the inputs ----------------------------------------
+def test_this_process_and_a_worker_share_the_inputs_a_killed_worker_is_replaced(tmp_path, capsys):
+    """``--devices cpu,cpu``: this process filters on the first device from the start and the
+    second device's worker takes inputs from the same queue once ready (each record says
+    which); the worker killed mid-task, its input runs again elsewhere; every input exactly
+    once, every output the one-device run's."""
+    names = [f"v{i}" for i in range(8)]
+    pipeline = make_inputs(tmp_path, {n: (400, 24, 24) for n in names})
+    reference = one_device(pipeline, capsys)
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "volconv", "run", str(pipeline), "--devices", f"{DEVICE},{DEVICE}",
+         "--report", str(report)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # The private folder's name holds the pid of the process writing in it: a worker's
+        deadline, pid = time.monotonic() + 120, None
+        while pid is None and time.monotonic() < deadline and run.poll() is None:
+            pids = {int(re.search(r"-(\d+)-[^-]*$", p.name).group(1))
+                    for p in out.glob(".*.partial-*")}  # fmt: skip
+            pid = next(iter(pids - {run.pid}), None)
+            time.sleep(0.01)
+        assert pid is not None, run.communicate()
+        os.kill(pid, signal.SIGKILL)
+        text, err = run.communicate(timeout=180)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, (text, err)
+    assert lines(text, "done") == len(names)
+    assert_same_outputs(out, reference, names)
+    doc = json.loads(report.read_text())
+    assert sorted(Path(split_spec(r["source"])[0]).stem for r in doc["inputs"]) == names
+    assert {r["status"] for r in doc["inputs"]} == {"done"}
+    who = [r["worker"].split(" (")[0] for r in doc["inputs"]]
+    assert "this process" in who and "volconv-1" in who, who
+    assert re.search(r"^8 input\(s\): 8 done in .* on this process and 1 worker\(s\)", text,
+                     re.M), text  # fmt: skip

@@ -207,6 +207,11 @@ def run(
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
         if cfg.devices != "one" or cfg.scheduler:
             _need_batch_extra(cfg.devices, cfg.scheduler)
+            if not cfg.scheduler:  # this process filters on the batch's first device
+                from volconv.run.batch import first_device
+
+                with contextlib.suppress(Exception):  # a wrong spec: the batch says so
+                    start_context(first_device(cfg))
         else:
             with contextlib.suppress(Exception):  # a spec naming no device: the run says so
                 start_context(select_device(cfg.device))

@@ -7,14 +7,15 @@ One input is one task, `process`: in a worker process it takes that worker's dev
 and convolvers on its first task and keeps them for the next. A local worker runs two tasks
 at a time: one on its device while the other's last slabs are written (`Turns`). `run_batch`
 plans and checks the whole pipeline once in the client, so a user's mistake exits 2 before
-any task starts; then it starts one worker process per device of this machine (``devices =
-"all"`` or a list of specs) or connects to an existing scheduler (``scheduler = ADDRESS``),
-submits the inputs largest first and gathers every record: done, skipped or failed.
-
-On one machine the workers start in the background while the client plans, and each makes
-its context, programs and first pinned buffer for the first input before its first task
-(`warm_up`). How many workers a batch gets is a model's choice (`workers_for`): a batch too
-small to pay for starting them runs in this process on the first device, as one device would.
+any task starts. On one machine (``devices = "all"`` or a list of specs) this process then
+filters on the first device from the start, taking the inputs largest first from one queue
+(`_Pending`), while one worker process per other device starts in the background (from
+before the plan) and makes its context, programs and first pinned buffer for the first input
+(`warm_up`); each worker, once ready, is fed from the same queue (`_Submitter`). With an
+existing scheduler (``scheduler = ADDRESS``) every input is submitted, largest first. Every
+record is gathered: done, skipped or failed. How many workers start is a model's choice
+(`workers_for`): a batch too small to pay for starting them runs in this process alone, as one
+device would.
 
 Tasks are safe to run twice: an output is written under a temporary name and renamed when
 complete, so the scheduler's rerun of a task whose worker died is correct by construction.
@@ -325,7 +326,8 @@ class BatchResult:
     seconds: float = 0.0  # from the first task submitted to the last record
     ready_seconds: float | None = None  # until the last local worker was warm (`warm_up`)
     devices: list[str] = field(default_factory=list)  # the devices the batch could use
-    in_process: bool = False  # run in this process on the first device (`workers_for`)
+    in_process: bool = False  # run in this process alone, on the first device (`workers_for`)
+    here: bool = False  # this process filtered on the first device (a local batch)
     why: str = ""  # the model's reason for the workers used
     scheduler: str = ""  # the scheduler's address, where the batch went to one
 
@@ -336,8 +338,10 @@ class BatchResult:
     @property
     def label(self) -> str:
         """``2 worker(s): NVIDIA H200 (NVIDIA CUDA) x2``, or where the batch ran without."""
-        if self.in_process:
+        if self.in_process or (self.here and len(self.workers) == 1):
             return f"this process: {self.workers[0]}"
+        if self.here:
+            return f"this process and {len(self.workers) - 1} worker(s): {_count(self.workers)}"
         if not self.workers and self.scheduler:
             return f"scheduler {self.scheduler}: no worker asked"
         if not self.workers:
@@ -357,6 +361,8 @@ class BatchResult:
             line += f": {60 * counts['done'] / self.seconds:.1f} inputs/minute"
         if self.in_process:
             return f"{line} ({self.why})" if self.why else line
+        if self.here and len(self.workers) == 1:  # its workers were not ready before the end
+            return f"{line} (no worker ready before the last input)"
         ready = f", ready {self.ready_seconds:.1f} s" if self.ready_seconds is not None else ""
         return f"{line} (and {self.start_seconds:.1f} s to start{ready})"
 
@@ -390,6 +396,11 @@ def local_devices(cfg: Config) -> tuple[str, ...]:
     return specs * int(text)
 
 
+def first_device(cfg: Config) -> cl.Device:
+    """The device this process filters a local batch on: the first of `local_devices`."""
+    return select_device(local_devices(cfg)[0])
+
+
 # -- how many workers: the model --------------------------------------------------------------
 def input_seconds(job: Job, cfg: Config, peak_gflops: float | None) -> float:
     """What one input costs on one device, as the model sees it (`workers_for`)."""
@@ -402,16 +413,18 @@ def input_seconds(job: Job, cfg: Config, peak_gflops: float | None) -> float:
 
 
 def workers_for(seconds: list[float], devices: int, start: float) -> int:
-    """How many local workers a batch of inputs costing ``seconds`` each on one device
-    should use when workers are ready ``start`` seconds from now: the count whose batch
-    (``start`` plus the larger of the largest input and the inputs' sum shared out) ends
-    first, or 0, to run in this process, where no count of workers ends before one device
-    would (the sum of ``seconds``) -- so a batch is never slower than one device."""
+    """How many local worker processes a batch of inputs costing ``seconds`` each on one
+    device should start besides this process, which filters on the first device from the
+    start, when they are ready ``start`` seconds from now: the count whose batch ends first
+    (this process's share of the work from time 0, each worker's from ``start``: the sum plus
+    ``start`` per worker, shared out; at least the largest input), or 0 where no count ends
+    before this process alone would (the sum of ``seconds``) -- so a batch is never slower
+    than one device by the model."""
     best, best_seconds = 0, sum(seconds)
-    for k in range(2, min(devices, len(seconds)) + 1):
-        ends = start + max(max(seconds), sum(seconds) / k)
+    for w in range(1, min(devices, len(seconds))):
+        ends = max(max(seconds), (sum(seconds) + w * start) / (w + 1))
         if ends < best_seconds:
-            best, best_seconds = k, ends
+            best, best_seconds = w, ends
     return best
 
 
@@ -539,10 +552,11 @@ def run_batch(
 
     The whole pipeline is planned and checked here first (a `PipelineError` before any task);
     complete outputs are skipped without a task; the others are submitted largest first, one
-    task each. On this machine the workers start while the client plans, as many as
-    `workers_for` finds worth their start (none: this process runs the batch on the first
-    device). ``on_plan`` sees the jobs, ``on_volume`` each record as it comes (skipped ones
-    first), ``say`` a line about the workers.
+    task each. On this machine this process filters on the first device and the other
+    devices' workers, started while it plans, as many as `workers_for` finds worth their
+    start, take inputs from the same queue once ready. ``on_plan`` sees the jobs,
+    ``on_volume`` each record as it comes (skipped ones first), ``say`` a line about the
+    workers.
     """
     with _signals():
         if cfg.scheduler:
@@ -581,48 +595,52 @@ def _local_batch(
     say: Say,
 ) -> BatchResult:
     specs = local_devices(cfg)
-    planner = select_device(specs[0])  # the client plans on the first device
+    planner = select_device(specs[0])  # this process plans, and filters, on the first device
+    with suppress(Exception):  # its context made meanwhile (the command started it sooner)
+        start_context(planner)
     names = [device_name(select_device(s)) for s in specs]
     cost = start_cost()
-    # Before planning, from the first input alone: start the workers now, if worth it.
+    peak = peaks(planner)[0]
+    # Before planning, from the first input alone: start the other devices' workers now, if
+    # worth it.
     starter: _LocalStart | None = None
     inputs = _input_specs(cfg)
     if len(inputs) >= 2 and len(specs) >= 2:
         with suppress(Exception):  # a mistake: the whole plan below says it
             first = plan_one(cfg, inputs[0], planner, overwrite=overwrite)
-            seconds = input_seconds(first, cfg, peaks(planner)[0])
+            seconds = input_seconds(first, cfg, peak)
             if first.complete and not overwrite:
                 seconds = 0.0
-            if k := workers_for([seconds] * len(inputs), len(specs), cost):
-                starter = _LocalStart(specs[:k], (cfg, inputs[0]))
-    if starter is None:  # likely run here: the context made meanwhile, as a one-device run's
-        with suppress(Exception):
-            start_context(planner)
+            if w := workers_for([seconds] * len(inputs), len(specs), cost):
+                starter = _LocalStart(specs[1 : 1 + w], (cfg, inputs[0]))
     try:
         jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
         if on_plan:
             on_plan(jobs)
         records = _skip_complete(jobs, overwrite, on_volume)
-        todo = sorted((j for j in jobs if j.spec not in records), key=lambda j: -j.gflop)
+        todo = [j for j in jobs if j.spec not in records]  # the pipeline's order
         result = BatchResult(workers=[], devices=names)
-        peak = peaks(planner)[0]
         left = cost - (time.perf_counter() - starter.began) if starter else cost
-        k = workers_for([input_seconds(j, cfg, peak) for j in todo], len(specs), max(0, left))
-        if starter and len(starter.specs) < k:  # the plan found more work than the first input
-            k = len(starter.specs)
-        if todo and k == 0:
-            if starter:
-                starter.close(wait=False)  # while this process runs the batch
-            result.in_process, result.workers = True, names[:1]
-            alone = sum(input_seconds(j, cfg, peak) for j in todo)
-            result.why = (
-                f"{len(todo)} input(s), about {alone:.1f} s on one device: less than workers "
-                f"ready in {cost:.1f} s would save" if len(specs) > 1 else "one device"
-            )  # fmt: skip
-            _run_here(cfg, jobs, planner, records, overwrite, on_volume, result)
-        elif todo:
-            starter = starter or _LocalStart(specs[:k], (cfg, todo[0].spec))
-            _run_on_workers(cfg, todo, records, overwrite, on_volume, say, starter, names, result)
+        w = workers_for([input_seconds(j, cfg, peak) for j in todo], len(specs), max(0, left))
+        if starter and w == 0:
+            starter.close(wait=False)  # while this process runs the batch
+            starter = None
+        elif w and starter is None:
+            starter = _LocalStart(specs[1 : 1 + w], (cfg, todo[0].spec))
+        if todo:
+            result.workers, result.here = names[:1], True
+            if starter is None:
+                result.in_process = True
+                alone = sum(input_seconds(j, cfg, peak) for j in todo)
+                result.why = (
+                    f"{len(todo)} input(s), about {alone:.1f} s on one device: less than "
+                    f"workers ready in {cost:.1f} s would save" if len(specs) > 1 else
+                    "one device"
+                )  # fmt: skip
+            else:  # largest first: the last input to start is a small one
+                todo.sort(key=lambda j: -j.gflop)
+            _run_shared(cfg, todo, planner, records, overwrite, on_volume, say, starter, names,
+                        result)  # fmt: skip
         result.reports = [records[j.spec] for j in jobs]
         return result
     finally:
@@ -630,73 +648,213 @@ def _local_batch(
             starter.close()  # or the wait for the one closing meanwhile (`_LocalStart.close`)
 
 
-def _run_here(
-    cfg: Config,
-    jobs: list[Job],
-    device: cl.Device,
-    records: dict[str, VolumeReport],
-    overwrite: bool,
-    on_volume: OnVolume,
-    result: BatchResult,
-) -> None:
-    """The inputs of ``jobs`` not yet in ``records``, in this process, on ``device``: as a
-    one-device run (Ctrl-C and SIGTERM keep the partials), each record naming this process
-    and its device."""
-    name = device_name(device)
+class _Pending:
+    """The inputs not yet taken by a device, in the order they are taken: this process's
+    runner and the workers' submitter take from it; an input whose worker was lost comes
+    back to its front. It counts the inputs out on workers: until those end, one may come
+    back."""
 
-    def named(r: VolumeReport) -> VolumeReport:
-        return replace(r, worker=f"this process (pid {os.getpid()})", device=name)
+    def __init__(self, jobs: list[Job]) -> None:
+        self._jobs = collections.deque(jobs)
+        self._changed = threading.Condition()
+        self._out = 0  # inputs taken for a worker, not yet ended
 
-    def seen(r: VolumeReport) -> None:
-        records[r.source] = named(r)
-        if on_volume:
-            on_volume(records[r.source])
+    def take(self, for_worker: bool = False) -> Job | None:
+        with self._changed:
+            if not self._jobs:
+                return None
+            self._out += for_worker
+            return self._jobs.popleft()
 
-    run = RunResult(device, *peaks(device))
-    ordered = [j for j in jobs if j.spec not in records]  # the pipeline's order, as one device
-    start = time.perf_counter()
-    with stop_on_ctrl_c(run.reports, resumable=not overwrite):
-        interruptible(run_overlapped, cfg, ordered, Convolvers(cfg, device), run,
-                      overwrite=overwrite, on_volume=seen)  # fmt: skip
-    result.seconds = time.perf_counter() - start
-    for job, r in zip(ordered, run.reports, strict=True):
-        records[job.spec] = named(r)
+    def ended(self, job: Job, back: bool = False) -> None:
+        """A worker's input ended: recorded, or (``back``) to be taken again."""
+        with self._changed:
+            if back:
+                self._jobs.appendleft(job)
+            self._out -= 1
+            self._changed.notify_all()
+
+    def more(self) -> bool:
+        """Wait until an input is pending (True) or none can come back (False)."""
+        with self._changed:
+            while not self._jobs and self._out:
+                self._changed.wait(0.05)  # Ctrl-C reaches this (the main) thread meanwhile
+            return bool(self._jobs)
 
 
-def _run_on_workers(
-    cfg: Config,
-    todo: list[Job],
-    records: dict[str, VolumeReport],
-    overwrite: bool,
-    on_volume: OnVolume,
-    say: Say,
-    starter: _LocalStart,
-    names: list[str],
-    result: BatchResult,
-) -> None:
-    """The batch on ``starter``'s workers (waiting for their start)."""
-    try:
-        client = starter.client()
-        result.workers = names[: len(starter.specs)]
+class _Submitter(threading.Thread):
+    """Feeds the local workers from the pending inputs as each becomes ready: at most two
+    tasks in flight per worker (one on its device, one written), the next taken as one
+    ends; a task whose worker was lost too often goes back to the pending inputs, once."""
+
+    def __init__(self, cfg: Config, pending: _Pending, starter: _LocalStart, overwrite: bool,
+                 record: Callable[[Job, VolumeReport], None], say: Say, names: list[str],
+                 result: BatchResult) -> None:  # fmt: skip
+        super().__init__(name="volconv-submitter", daemon=True)
+        self.cfg, self.pending, self.starter, self.overwrite = cfg, pending, starter, overwrite
+        self.record, self.say, self.names, self.result = record, say, names, result
+        self.batch = uuid.uuid4().hex[:12]
+        self.stopping = threading.Event()
+        self.in_flight: dict[object, Job] = {}
+        self._lock = threading.Lock()
+        self.client: Client | None = None
+
+    def run(self) -> None:
+        try:
+            self._feed()
+        except BaseException as e:  # workers that did not start: this process runs the rest
+            with self._lock:
+                lost, self.in_flight = list(self.in_flight.values()), {}
+            for job in lost:
+                self.pending.ended(job, back=True)
+            if self.say and not self.stopping.is_set():
+                self.say(f"workers lost ({type(e).__name__}: {e}); this process goes on")
+
+    def _feed(self) -> None:
+        from distributed import as_completed
+
+        self.client = client = self.starter.client()
+        result, starter = self.result, self.starter
         result.start_seconds = time.perf_counter() - starter.began
-        if say:
-            say(f"started {result.label} in {result.start_seconds:.1f} s")
-        begun = time.perf_counter()
-        _gather(client, cfg, todo, records, overwrite, on_volume)
-        result.seconds = time.perf_counter() - begun
+        result.workers = self.names[: 1 + len(starter.specs)]
+        if self.say:
+            self.say(f"started {len(starter.specs)} worker(s) in {result.start_seconds:.1f} s "
+                     f"beside this process: {result.label}")  # fmt: skip
+        finished = as_completed()
+        given_back: set[str] = set()
+        n = 0
+
+        def fill() -> None:
+            nonlocal n
+            while not self.stopping.is_set() and len(self.in_flight) < 2 * len(starter.specs):
+                if (job := self.pending.take(for_worker=True)) is None:
+                    return
+                future = client.submit(process, self.cfg, job.spec, None, self.overwrite,
+                                       self.batch, key=f"volconv-{self.batch}-{n}",
+                                       resources=RESOURCES, retries=RETRIES)  # fmt: skip
+                n += 1
+                with self._lock:
+                    self.in_flight[future] = job
+                finished.add(future)
+
+        fill()
+        for future in finished:
+            with self._lock:
+                job = self.in_flight.pop(future)
+            try:
+                value: object = future.result()
+            except BaseException as e:  # lost more often than the scheduler allows
+                value = e
+            back = (not isinstance(value, VolumeReport) and not self.stopping.is_set()
+                    and job.spec not in given_back)  # fmt: skip
+            if back:  # to this process or another worker
+                given_back.add(job.spec)
+            elif not self.stopping.is_set():
+                self.record(job, _record(value, job))
+            self.pending.ended(job, back)
+            fill()
         with suppress(Exception):
             ready = [t for t in client.run(ready_at).values() if t is not None]
             if ready:
                 result.ready_seconds = max(ready) - starter.began_at
                 if START_ENV not in os.environ:  # the model's input, for this machine's next
                     _remember_start(result.ready_seconds)
+
+    def stop_tasks(self) -> None:
+        """Ctrl-C: the running tasks stop at their next slab, keeping their complete slabs
+        for a rerun (with --overwrite: removing their files); nothing more is submitted."""
+        from distributed import wait
+
+        self.stopping.set()
+        with self._lock:
+            futures = list(self.in_flight)
+        if self.client is None or not futures:
+            return
+        with suppress(Exception):
+            self.client.run(stop, self.batch, on_error="ignore")
+        with suppress(Exception):
+            wait(futures, timeout=STOP_WAIT)
+        with suppress(Exception):
+            self.client.cancel(futures)
+
+
+def _run_shared(
+    cfg: Config,
+    todo: list[Job],
+    device: cl.Device,
+    records: dict[str, VolumeReport],
+    overwrite: bool,
+    on_volume: OnVolume,
+    say: Say,
+    starter: _LocalStart | None,
+    names: list[str],
+    result: BatchResult,
+) -> None:
+    """The inputs of ``todo``, taken in order by this process on ``device`` (from the start,
+    as a one-device run: Ctrl-C and SIGTERM keep the partials) and by ``starter``'s workers
+    as each is ready, each record naming the process or worker and its device."""
+    pending = _Pending(todo)
+    lock = threading.Lock()  # records and on_volume: this process's runner and the submitter
+    here, name = f"this process (pid {os.getpid()})", device_name(device)
+    mine: list[Job] = []  # the inputs this process took, in order
+
+    def record(job: Job, r: VolumeReport) -> None:
+        with lock:
+            records[job.spec] = r
+            if on_volume:
+                on_volume(r)
+
+    def taken() -> Iterator[Job]:
+        while (job := pending.take()) is not None:
+            mine.append(job)
+            yield job
+
+    def seen(r: VolumeReport) -> None:
+        record(mine[len(run.reports) - 1], replace(r, worker=here, device=name))
+
+    submitter = None
+    if starter is not None:
+        submitter = _Submitter(cfg, pending, starter, overwrite, record, say, names, result)
+        submitter.start()
+    run = RunResult(device, *peaks(device))
+    convolvers = Convolvers(cfg, device)
+    start = time.perf_counter()
+    try:
+        while True:
+            with stop_on_ctrl_c(run.reports, resumable=not overwrite):
+                interruptible(run_overlapped, cfg, taken(), convolvers, run,
+                              overwrite=overwrite, on_volume=seen)  # fmt: skip
+            if not pending.more():
+                break
+        # nothing pending or out on a worker: the batch is done; a submitter still waiting
+        # for its workers submits nothing, one with workers measures when they were ready
+        if submitter is not None:
+            submitter.stopping.set()
+            while submitter.client is not None and submitter.is_alive():
+                submitter.join(0.05)  # Ctrl-C reaches this (the main) thread meanwhile
+    except BaseException as e:
+        if submitter is not None:
+            submitter.stop_tasks()
+        if not isinstance(e, KeyboardInterrupt):
+            raise
+        done = sum(r.status != "failed" for r in records.values())
+        error = Interrupted(
+            f"interrupted: {done} output(s) complete and kept; those in progress keep their "
+            "complete slabs (hidden partial files); run the same command again to resume"
+            if not overwrite else
+            f"interrupted: {done} output(s) complete and kept; those in progress were "
+            "removed (--overwrite)"
+        )  # fmt: skip
+        error.signum = getattr(e, "signum", signal.SIGINT)  # exit 130, or 143 for SIGTERM
+        raise error from e
     finally:
         # Files of workers killed with the cluster: with --overwrite nothing resumes them;
         # otherwise their complete slabs are kept for the rerun (which removes a stale one).
-        if overwrite:
+        if overwrite and submitter is not None:
             for job in todo:
                 if job.spec not in records:
                     remove_stale_temps(job.output)
+    result.seconds = time.perf_counter() - start
 
 
 def _remote_batch(
@@ -836,7 +994,7 @@ def _local_cluster(specs: tuple[str, ...], env: dict[str, str]) -> Iterator[Clie
     # lines about the connection closed under it as the batch stops are noise on stderr
     quiet = logging.CRITICAL
     workers = {
-        f"volconv-{i}": {
+        f"volconv-{i + 1}": {  # this process filters on device 0
             "cls": Nanny,
             "options": {
                 **LOCAL_WORKER, "env": {DEVICE_ENV: spec, **env},

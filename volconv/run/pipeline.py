@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -683,7 +683,7 @@ STOPS_THE_RUN = (*USER_ERRORS, OutputWriteError, _Aborted)
 
 def run_overlapped(
     cfg: Config,
-    jobs: list[Job],
+    jobs: Iterable[Job],
     convolvers: Convolvers,
     result: RunResult,
     *,
@@ -694,7 +694,9 @@ def run_overlapped(
     """Run ``jobs`` in order, overlapping: input i+1's first frame is read while input i is
     on the device (where it is read whole and does not map), and input i+1 goes to the
     device as soon as input i has handed its last slab to its writer, while that writer
-    still writes. Records go into ``result.reports`` in order.
+    still writes. Records go into ``result.reports`` in order. ``jobs`` may be an iterator
+    (a batch's queue shared with other devices): input i+1 is taken from it when input i's
+    first slab is done (to read it ahead), else when input i leaves the device.
 
     Memory stays within ``host_memory``: inputs that overlap share one convolver and its
     pinned buffers (the same shape, type and bank), which input i's writer gives back as it
@@ -710,8 +712,8 @@ def run_overlapped(
         if abort.is_set():
             raise _Aborted("another input of the run failed")
         i = index[id(job)]
-        if i + 1 < len(jobs) and i + 1 not in ahead and reads_ahead(job, jobs[i + 1]):
-            ahead[i + 1] = reader.submit(read_frame, jobs[i + 1], 0)  # job's frame is up
+        if i + 1 not in ahead and has(i + 1) and reads_ahead(job, taken[i + 1]):
+            ahead[i + 1] = reader.submit(read_frame, taken[i + 1], 0)  # job's frame is up
         if on_slab:
             on_slab(job)
 
@@ -753,13 +755,26 @@ def run_overlapped(
         if on_volume:
             on_volume(record)
 
-    index = {id(job): i for i, job in enumerate(jobs)}
+    source, taking = iter(jobs), threading.Lock()
+    taken: list[Job] = []  # the inputs taken from ``jobs`` so far, in order
+    index: dict[int, int] = {}  # id of a job -> its place in ``taken``
+
+    def has(i: int) -> bool:
+        """Whether input i exists, taking it from ``jobs`` where not yet taken."""
+        with taking:
+            while len(taken) <= i and (job := next(source, None)) is not None:
+                index[id(job)] = len(taken)
+                taken.append(job)
+            return i < len(taken)
+
     previous: tuple[Future[VolumeReport], Job] | None = None
     with (
         ThreadPoolExecutor(2, thread_name_prefix="volconv-input") as pool,
         ThreadPoolExecutor(1, thread_name_prefix="volconv-read-ahead") as reader,
     ):
-        for job in jobs:
+        i = 0
+        while has(i):
+            job, i = taken[i], i + 1
             # done already (a failure raises before the next input starts), or with another
             # convolver: two convolvers' buffers at once could pass host_memory
             if previous and (previous[0].done() or Convolvers.key(previous[1]) !=
