@@ -41,6 +41,7 @@ defines = {
                  ("WX", "0.5f,0.5f,0.5f"), ("IN_T", "uchar")),
     "convert.cl": (),
     "digits.cl": (("SRC_T", "float"), ("DIGITS", 3), ("FIXED_POINT", 1)),
+    "features.cl": (),
 }
 options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
 for name in names:
