@@ -428,9 +428,10 @@ def bench(
 
 
 def _fail(message: str, status: int) -> None:
-    # Messages name keys such as [input]: print them as text, never as rich markup, and on
-    # one line whatever the width, so logs and tests read them whole.
-    err.print(f"error: {one_line(message)}", markup=False, highlight=False, soft_wrap=True)
+    # Plain text on one line whatever the width (messages name keys such as [input]), and
+    # without rich: a process out of descriptors cannot import what rich loads lazily.
+    sys.stderr.write(f"error: {one_line(message)}\n")
+    sys.stderr.flush()
     sys.exit(status)
 
 
