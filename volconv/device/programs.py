@@ -54,7 +54,7 @@ def kernel_source(name: str) -> str:
 
 # -- starting the driver ahead, in the background -----------------------------------------
 # pyopencl holds the GIL in clGetPlatformIDs and clCreateContext, where NVIDIA's driver starts
-# CUDA (0.12 s and 0.10 s on the H100 node); through ctypes the same calls release it, so that
+# CUDA (benchmarks/README.md); through ctypes the same calls release it, so that
 # a `volconv run` imports its modules and reads its pipeline meanwhile.
 _DRIVER: list[Future[None]] = []  # the platforms' start, once a process
 _CONTEXTS: dict[int, Future[int | None]] = {}  # device pointer -> context pointer, or None
@@ -271,10 +271,10 @@ def binary_build(
     (default: from source with ``options``), which returns the program and the options its
     binary is built with, and its binary cached.
 
-    A cache hit skips the compiler's front end: on PoCL 40-80 ms a program against 3 ms, on
-    NVIDIA the whole OpenCL C compile. An entry that fails the trust rule is ignored with a
-    warning; one that is stale or damaged, or that the driver refuses, is built again and
-    replaced. pyopencl's CompilerWarning about a non-empty build log is kept from the user.
+    A cache hit skips the compiler's front end (on NVIDIA the whole OpenCL C compile). An
+    entry that fails the trust rule is ignored with a warning; one that is stale or damaged,
+    or that the driver refuses, is built again and replaced. pyopencl's CompilerWarning about
+    a non-empty build log is kept from the user.
     """
     device = ctx.devices[0]
     if make is None:

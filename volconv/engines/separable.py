@@ -82,37 +82,24 @@ PATHS = ("direct", "separable", "low-rank")
 
 # Cost model per output voxel, in units of one tap of the direct kernel: a 1D pass costs
 # PASS_FIXED (reading and writing a float per output) plus PASS_PER_TAP a tap; only the ratios
-# matter for the choice. Fitted by scripts/bench_separable.py (its "cost_model"), rounded:
-#   CPUs: PoCL, 2-core EPYC, 128^3 uint8 (benchmarks/results/pocl-separable.json): a direct
-#     tap 0.019 ns, a pass 0.37 ns at 3 taps .. 2.3-2.6 at 23-31 -> 12 + 3 per tap.
-#   GPUs: H100, OpenCL (benchmarks/results/h100-separable.json): a direct tap 0.046 ps, a pass
-#     6.4 ps + 0.69 ps per tap -> 140 + 15 per tap. The direct kernel runs near the FP32 peak
-#     while the passes are bound by memory, so a GPU takes them for wider filters than a CPU.
-#     Those passes ran at V = 16; at the GPU's own V = 2, U = 4 they are 2.9x faster (the
-#     sweep above), so the GPU's constants are the fit divided by 2.9: 48 + 5.2 per tap.
+# matter. Fitted by scripts/bench/separable.py ("cost_model") on PoCL and the H100: the
+# figures and the fit are in benchmarks/README.md, "The measurements behind the defaults".
 PASS_COSTS = {"cpu": (12.0, 3.0), "gpu": (48.0, 5.2)}  # (PASS_FIXED, PASS_PER_TAP)
 # The fused kernel (kernels/fused.cl, a small bank's whole tree in one kernel) costs a filter
-# its response's write plus the taps of its distinct passes (`separable_cost`). H100, banks of
-# 4 distinct Gaussians (bench_separable's "fused_model_in_direct_taps"): a Gaussian 4.1 ps
-# per output at 3^3 .. 8.4 at 11^3 -> 45 + 3.9 per tap.
+# its response's write plus the taps of its distinct passes (`separable_cost`), fitted alike.
 FUSED_COSTS = {"gpu": (45.0, 3.9)}  # (per response, per tap)
 MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 
 # Outputs per work-item of the passes along axis 2 (the vector width V) and along axis 0 in
-# pass_out (rows U), per kind of device. CPUs (PoCL): V = 16 beat 8 by 20 %, U = 4 beat 1, 2
-# and 8. GPUs (H100, benchmarks/results/h100-separable-sweep.json): V = 2, U = 4 ran the
-# ilastik bank in 8.9 ms against 25.5 ms at V = 16 (wide vectors do not coalesce there).
+# pass_out (rows U), per kind of device, as measured fastest (benchmarks/README.md).
 PASS_SHAPE = {"cpu": (16, 4), "gpu": (2, 4)}  # (V, U)
-MID_ROWS = 2  # ... and along axis 1 in pass_mid (1 and 4 were no faster on PoCL)
-BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab (blocks of 8..64: slower)
+MID_ROWS = 2  # ... and along axis 1 in pass_mid
+BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab
 
 # The fused kernel (kernels/fused.cl): a work-group's tile (TY, TZ) of output columns and its
 # CX output rows along axis 0. GPUs take it by default for banks whose values held across a
 # plane fit in registers: N_OUT responses x KX axis-0 taps of partial sums plus the N_MIDS
-# mids' values at most MAX_FUSED_VALUES (H100: 11 responses x 11 taps + 6 ran unspilled, 0.93
-# ms against the tree's 1.38; h100-separable-fused-sweep.json). H100
-# (benchmarks/results/h100-separable-sweep.json): the demo bank in 0.40 ms at 8 x 16, 32 rows
-# (0.40 .. 0.57 over tiles of 64 .. 256 work-items and 16 .. 64 rows; the pass tree 1.69 ms).
+# mids' values at most MAX_FUSED_VALUES (measured: benchmarks/README.md).
 FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
 MAX_FUSED_VALUES = 128
 

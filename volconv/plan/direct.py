@@ -40,58 +40,34 @@ MAX_UNROLL = 32
 MAX_ROWS = 8  # bank_conv.cl's ROWS: outputs per work-item along axis 1
 MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must fit
 
-# Fraction of the FMA probe one pass of each vector width reaches at its own block (each
-# pass of a plan runs its width's block, `Block`): H100, 256^3 uint8, 7^3 filters
-# (benchmarks/results/h100-fp32-4-pass-k7.json; width 16 from h100-fp32-sweep*). Choosing
-# passes by cost = width / efficiency keeps wide vectors for big banks and avoids zero
-# filters: 3 filters run as 2 + 1 in 0.777 ms against 1.006 as one pass of 4.
+# The defaults below were measured on an H100 and PoCL: benchmarks/README.md, "The measurements
+# behind the defaults", holds the figures and their result files.
+# Fraction of the FMA probe one pass of each vector width reaches at its own block (`Block`):
+# passes are chosen by cost = width / efficiency.
 PASS_EFFICIENCY = {1: 0.638, 2: 0.680, 4: 0.684, 8: 0.749, 16: 0.60}
-# CPUs (PoCL on the 2-core EPYC, AVX-512 on 256-bit units, 96^3 uint8, 7^3 filters, fraction
-# of the FMA probe: benchmarks/results/pocl-cpu-widths.json): a pass of width 4 costs what a
-# pass of 8 costs (one FMA instruction per tap and output either way), so 13 filters run as
-# 8 + 8 in 46.5 ms against 56 ms for passes of 8, 4 and 1 (23.5 + 21.9 + 10.8 ms).
+# CPUs: a pass of width 4 costs what a pass of 8 costs.
 PASS_EFFICIENCY_CPU = {1: 0.24, 2: 0.25, 4: 0.47, 8: 0.88, 16: 0.88}
-# GPUs: outputs per work-item along z (unroll) and y (rows) by vector width. H100, 256^3
-# uint8, 7^3 (benchmarks/results/h100-fp32-sweep*.json): narrow vectors need the 2D block to
-# reuse each input value and coefficient enough (width 1 at 8 x 4: 64 % of the FMA probe
-# against 37 % at 16 x 1); wider vectors spill at more unroll.
+# GPUs: outputs per work-item along z (unroll) and y (rows) by vector width: narrow vectors
+# need the 2D block to reuse each value enough; wider ones spill at more unroll.
 DEFAULT_UNROLL = {1: 8, 2: 4, 4: 4, 8: 8, 16: 2}
 DEFAULT_ROWS = {1: 4, 2: 4, 4: 2, 8: 1, 16: 2}
-# With rows > 1 the kernel unrolls its loop over input rows whole: per filter plane
-# rows * unroll * ky * kz * width FMA instructions. At 1568 (7^3) they ran at 64-68 % of the
-# probe; at 3136-3872 (7^3 unrolled whole at width 8, 11^3 at these blocks) at 17-57 %: the
-# code outgrows the instruction cache. Past this budget width 1 keeps its block with the
-# loop over filter rows (bank_conv.cl's ROLL) unrolled `rows` times: 9^3 0.587 ms against
-# 0.657 at 8 x 2, 11^3 1.175 against 1.354 at 16 x 1; wider vectors halve the rows, and at
-# one row take the unroll that one row ran best at (DEFAULT_UNROLL_1D): rolled, width 2 ran
-# 1.083 / 2.142 ms at 9^3 / 11^3 against 1.112 / 2.022, width 4 2.145 / 3.925 against
-# 2.101 / 3.577, width 16 at 7^3 4.469 against 4.276 (h100-fp32-4-pass-k*.json).
+# With rows > 1 the kernel unrolls its loop over input rows whole; past this many FMA
+# instructions per filter plane the code outgrows the instruction cache, and width 1 rolls
+# its loop over filter rows (bank_conv.cl's ROLL).
 MAX_UNROLLED_FMAS = 1600
 ROLL_MAX_WIDTH = 1
 DEFAULT_UNROLL_1D = {1: 16, 2: 16, 4: 16, 8: 8, 16: 4}
-# GPUs, rows 1 at width 8 or more: how the loop over rows runs, by kz (H100, 256^3 uint8,
-# N = 8, h100-fp32-4-*.json). 5^3, 7^3: over input rows unrolled twice (0.762, 1.844 ms;
-# left to NVIDIA's compiler 0.768, 2.01; over filter rows 0.843, 1.97). 9^3, 11^3: the
-# compiler's choice (3.859 ms against 4.112 unrolled twice; 11^3 within 1 %). 3^3: over
-# filter rows, not unrolled (0.314 ms against 0.374).
+# GPUs, rows 1 at width 8 or more: how the loop over rows runs, by kz.
 GPU_ROW_UNROLL = 2
 GPU_ROW_UNROLL_MAX_KZ = 7
 GPU_ROLL_MAX_KZ = 3
 # GPUs: the work-group stages its input planes in local memory as floats (bank_conv.cl's
 # INPUT_LOCAL) for passes of these widths whose block has this unroll, from this kz on, where
-# two tiles fit. H100, 256^3 uint8 (benchmarks/results/h100-fp32-tile-*.json): width 2 at
-# 4 x 4 and width 4 at 4 x 2 ran 2-3 % faster at 7^3 (0.495 / 0.986 ms against 0.508 /
-# 1.019), width 2 1.3 % at 9^3; slower at 5^3 (width 2 0.222 against 0.206 ms), at unroll
-# 16 (9^3-11^3 width 4 2.567 / 3.838 against 2.116 / 3.606) and for width 8 (7^3 2.0-2.2
-# ms against 1.855) and width 1 (7^3 0.276 against 0.271), where the tile's registers
-# (150-170 against 128 at width 8) cost a warp per scheduler.
+# two tiles fit.
 INPUT_LOCAL_WIDTHS: tuple[int, ...] = (2, 4)
 INPUT_LOCAL_UNROLL = 4
 INPUT_LOCAL_MIN_KZ = 7
-# CPUs (PoCL) have no register file to spill from: unroll 16 at width 8 ran at 50 % of peak
-# against 43 % at 8 (2-core Xeon, 256^3 uint8, benchmarks/results/pocl-*); on the 2-core EPYC
-# 16 ran at 88 % of the probe against 87.7 at 12, 79.5 at 8 and 67 at 24, and the work-group
-# shape mattered by 3 % at most (96^3, benchmarks/results/pocl-cpu-kernel.json).
+# CPUs (PoCL) have no register file to spill from: deep unrolls.
 DEFAULT_UNROLL_CPU = {1: 16, 2: 16, 4: 16, 8: 16, 16: 8}
 DEFAULT_ROWS_CPU = {1: 1, 2: 1, 4: 1, 8: 1, 16: 1}
 

@@ -285,11 +285,10 @@ def check_report_path(report: Path, claimed: dict[Path, str]) -> None:
 
 # Page-locked slab buffers per convolver: one the device downloads into while the writer
 # holds up to two (its queue), so downloads run at the bus's speed rather than page-faulting
-# fresh memory (2.5 GB/s on the H100 node).
+# fresh memory (benchmarks/README.md, "The measurements behind the defaults").
 PINNED_BUFFERS = 3
-# Bytes of one pinned slab buffer at most: page-locking costs ~0.45 ms per MiB at start (57 ms
-# for 128 MiB on the H100 node) and a deeper slab makes neither the bus nor the disk faster;
-# at 1024^3 x 8 float16 a slab of 8 rows, not 19, keeps the run's RSS near 1.9 GiB, not 2.45.
+# Bytes of one pinned slab buffer at most: page-locking costs time at the start, a deeper slab
+# makes neither the bus nor the disk faster, and a shallower one keeps the run's memory down.
 MAX_PINNED_BYTES = 128 * 2**20
 # A frame is read whole, once, in the file's own layout, and goes to the device as it is (a
 # NIfTI is x-fastest: reading slabs along x would stride through the file, and transposing on
@@ -599,10 +598,10 @@ class PinnedSlabs:
     """At most ``most`` page-locked slab buffers (``make()`` makes one), made as a run needs
     them: the first in a background thread from the start, another only when none is free.
 
-    Page-locking takes 45-60 ms per 128 MiB on the H100 node, in the driver's map, which
-    releases the GIL: the first buffer is made while the input is read and goes to the
-    device, the others while the writer writes the slabs before (the device is ahead of
-    the disk), rather than all before the run starts. `get` takes one, `put` gives it back.
+    Page-locking takes time in the driver's map, which releases the GIL: the first buffer is
+    made while the input is read and goes to the device, the others while the writer writes
+    the slabs before (the device is ahead of the disk), rather than all before the run
+    starts. `get` takes one, `put` gives it back.
     """
 
     def __init__(self, make: Callable[[], np.ndarray], most: int) -> None:
