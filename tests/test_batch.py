@@ -236,6 +236,20 @@ def dask_cluster(tmp_path):
         stop_cluster(procs)
 
 
+def kill_a_writer(run: subprocess.Popen, out: Path, wait: float, spare: int = -1) -> Path:
+    """SIGKILL the first process (not ``spare``) found writing a partial output in ``out``
+    (the private folder's name holds its pid) within ``wait`` seconds; that partial's path."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and run.poll() is None:
+        for temp in out.glob(".*.partial-*"):
+            pid = int(re.search(r"-(\d+)-[^-]*$", temp.name).group(1))
+            if pid != spare:
+                os.kill(pid, signal.SIGKILL)
+                return temp
+        time.sleep(0.01)
+    raise AssertionError(f"no process but {spare} wrote in {out}: {run.communicate()}")
+
+
 def test_dask_workers_one_killed_mid_task_then_resume(tmp_path, dask_cluster, capsys):
     pipeline = make_inputs(tmp_path)
     reference = one_device(pipeline, capsys)
@@ -245,14 +259,7 @@ def test_dask_workers_one_killed_mid_task_then_resume(tmp_path, dask_cluster, ca
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        # The private folder's name holds the pid of the worker process writing in it.
-        deadline, temps = time.monotonic() + 90, []
-        while not temps and time.monotonic() < deadline and run.poll() is None:
-            temps = list(out.glob(".*.partial-*"))
-            time.sleep(0.01)
-        assert temps, run.communicate()
-        pid = int(re.search(r"-(\d+)-[^-]*$", temps[0].name).group(1))
-        os.kill(pid, signal.SIGKILL)
+        temp = kill_a_writer(run, out, 90)
         text, err = run.communicate(timeout=120)
     finally:
         if run.poll() is None:
@@ -260,7 +267,7 @@ def test_dask_workers_one_killed_mid_task_then_resume(tmp_path, dask_cluster, ca
             run.wait()
     assert run.returncode == 0, (text, err)
     assert lines(text, "done") == len(SHAPES)
-    assert not temps[0].exists()  # removed when the task ran again elsewhere
+    assert not temp.exists()  # removed when the task ran again elsewhere
     assert_same_outputs(out, reference, list(SHAPES))
 
     # resume across the cluster: complete outputs skipped, a missing one made again
@@ -614,15 +621,7 @@ def test_this_process_and_a_worker_share_the_inputs_a_killed_worker_is_replaced(
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        # The private folder's name holds the pid of the process writing in it: a worker's
-        deadline, pid = time.monotonic() + 120, None
-        while pid is None and time.monotonic() < deadline and run.poll() is None:
-            pids = {int(re.search(r"-(\d+)-[^-]*$", p.name).group(1))
-                    for p in out.glob(".*.partial-*")}  # fmt: skip
-            pid = next(iter(pids - {run.pid}), None)
-            time.sleep(0.01)
-        assert pid is not None, run.communicate()
-        os.kill(pid, signal.SIGKILL)
+        kill_a_writer(run, out, 120, spare=run.pid)  # a worker's, not this process's
         text, err = run.communicate(timeout=180)
     finally:
         if run.poll() is None:
