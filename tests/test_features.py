@@ -11,15 +11,11 @@ import pytest
 import scipy.ndimage as ndi
 from conftest import reference
 
-from volconv.bank.features import (
-    PAIRS,
-    FeatureKernels,
-    build_features,
-    expand,
-)
+from volconv.bank.features import PAIRS, build_features, expand
 from volconv.bank.filters import BankError, build_bank
 from volconv.checks import SPEC_ATOL, SPEC_RTOL
 from volconv.device.programs import context_for
+from volconv.engines.features import FeatureKernels
 from volconv.engines.separable import SeparableConvolver, convolve_separable
 
 MODES = ["reflect", "mirror", "nearest", "constant", "wrap"]

@@ -48,9 +48,10 @@ from pathlib import Path
 import numpy as np
 import scipy.ndimage as ndi
 
-from volconv.bank.features import PAIRS, build_features, eigenvalues, expand
+from volconv.bank.features import PAIRS, build_features, expand
 from volconv.bench import device_record
 from volconv.device.devices import select_device
+from volconv.engines.features import eigenvalues
 from volconv.engines.separable import SeparableConvolver, make_separable_plan, plan_paths
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -40,15 +40,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.bank.factor import Term, factorise, reconstruction_ok
-from volconv.bank.features import (
-    DeviceFeature,
-    Expanded,
-    Feature,
-    FeatureKernels,
-    StructureTensorStage,
-    expand,
-    host_feature,
-)
+from volconv.bank.features import DeviceFeature, Expanded, Feature, expand
 from volconv.bank.filters import Filter, stack_kernels
 from volconv.checks import check_cval, check_mode
 from volconv.device.devices import select_device
@@ -65,6 +57,7 @@ from volconv.engines.direct import (
     native_volume,
     slab_rows,
 )
+from volconv.engines.features import FeatureKernels, StructureTensorStage, host_feature
 from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.engines.tensor import direct_convolver
 from volconv.plan.direct import (
@@ -400,7 +393,7 @@ class SeparablePlan:
     tile: tuple[int, int, int] = FUSED_TILE  # the fused kernel's (TY, TZ, CX)
     n_stored: int | None = None  # the first n_stored filters are stored (None: all)
     feature_planes: int = 0  # feature outputs kernels/features.cl computes on the device
-    n_tensor: int = 0  # outputs of structure tensors (volconv.bank.features.StructureTensorStage)
+    n_tensor: int = 0  # outputs of structure tensors (engines.features.StructureTensorStage)
 
     @property
     def stored(self) -> int:

@@ -335,7 +335,7 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
 
 
 def tensor_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
-    """The memory the structure tensors (`volconv.bank.features.StructureTensorStage`) take at
+    """The memory the structure tensors (`volconv.engines.features.StructureTensorStage`) take at
     slab depth ``depth``, as ``(host, device)``: on the host the gradients over the product
     rows, a product in float64 and one in float32, the six entries and the eigenvalues of a
     slab (a slab holding NaN or Inf goes through the host); on the device the gradients'
