@@ -1,6 +1,6 @@
 """Run a volconv pipeline on SLURM GPU nodes: dask-jobqueue submits one job per GPU, each
 job one Dask worker that owns its GPU, and `volconv run --scheduler` sends it the inputs.
-The cluster is `volconv.run.batch.slurm_cluster`, the path tests/test_slurm.py runs against a
+The cluster is `volconv.run.cluster.slurm_cluster`, the path tests/test_slurm.py runs against a
 real slurmctld and slurmd (a job cancelled mid-batch, the batch still complete).
 
     pip install -e ".[batch]"          # distributed and dask-jobqueue
@@ -42,7 +42,7 @@ def main() -> int:
 
     from distributed import Client
 
-    from volconv.run.batch import slurm_cluster
+    from volconv.run.cluster import slurm_cluster
 
     cluster = slurm_cluster(
         device=args.device, gres=None if args.no_gres else "gpu:1", partition=args.partition,

@@ -355,7 +355,7 @@ def test_turns_give_the_device_to_one_input_and_writing_to_one_convolver():
     has left it (still writing); an input of another convolver waits for that writing."""
     from threading import Event, Thread
 
-    from volconv.run.batch import Turns
+    from volconv.run.workers import Turns
 
     turns, log = Turns(), []
     left_device, finish_first = Event(), Event()
@@ -441,22 +441,22 @@ def test_a_worker_is_warm_before_its_first_task(tmp_path):
     """`warm_up` makes the worker's convolver for the input (programs and pinned buffers),
     and the task then runs on that very convolver, building nothing again."""
     from volconv.config import load
-    from volconv.run import batch
+    from volconv.run import workers
 
     np.save(tmp_path / "w.npy", random_volume((24, 16, 16), "uint8"))
     cfg = load(write_pipeline(tmp_path, FILTERS))
-    batch._RUNNER.clear()
-    batch.warm_up(cfg, str(tmp_path / "w.npy"))
-    [(convolvers, _)] = batch._RUNNER.values()
+    workers._RUNNER.clear()
+    workers.warm_up(cfg, str(tmp_path / "w.npy"))
+    [(convolvers, _)] = workers._RUNNER.values()
     [(conv, slabs)] = convolvers._cache.values()
     assert not slabs._free.empty()  # the first page-locked buffer is made
-    record = batch.process(cfg, str(tmp_path / "w.npy"))
+    record = workers.process(cfg, str(tmp_path / "w.npy"))
     assert record.status == "done", record.reason
-    assert list(batch._RUNNER.values()) == [(convolvers, _)]
+    assert list(workers._RUNNER.values()) == [(convolvers, _)]
     assert list(convolvers._cache.values()) == [(conv, slabs)]
     with check_output(tmp_path / "out" / "w.h5", np.load(tmp_path / "w.npy").astype(float)):
         pass
-    batch._RUNNER.clear()
+    workers._RUNNER.clear()
 
 
 # -- a wrong scheduler address; SIGTERM ----------------------------------------------------
@@ -489,7 +489,7 @@ def test_a_scheduler_address_that_never_answers_fails_in_seconds(scan_pipeline, 
                                                                    capsys):  # fmt: skip
     import dask.config
 
-    from volconv.run.batch import CONNECT_SECONDS, connect_seconds
+    from volconv.run.cluster import CONNECT_SECONDS, connect_seconds
 
     assert connect_seconds() == CONNECT_SECONDS  # Dask's default, 30 s, bounded by ours
     address = f"tcp://127.0.0.1:{silent_port}"
@@ -572,7 +572,7 @@ def test_workers_warming_at_once_build_in_turn(tmp_path, monkeypatch):
     lock's path is neither followed nor written."""
     import threading
 
-    from volconv.run.batch import _one_builder
+    from volconv.run.workers import _one_builder
 
     monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
     held, release, order = threading.Event(), threading.Event(), []

@@ -1,7 +1,7 @@
 """A batch through a real SLURM: ``munged``, ``slurmctld`` and ``slurmd`` started on
 127.0.0.1 by this test (Debian's slurmctld, slurmd, slurm-client and munge, which
 ``scripts/setup.sh test`` installs), dask-jobqueue's ``SLURMCluster`` from
-`volconv.run.batch.slurm_cluster` submitting one job per worker, and ``volconv run --scheduler``
+`volconv.run.cluster.slurm_cluster` submitting one job per worker, and ``volconv run --scheduler``
 sending it the inputs. One job is cancelled (``scancel``) while its worker writes an input:
 the batch still completes, bit for bit the one-device run's. Skipped, with the reason, where
 SLURM is not installed or cannot start here.
@@ -175,7 +175,8 @@ def test_a_batch_through_slurm_survives_a_cancelled_job(slurm, tmp_path, capsys)
 
     from distributed import Client
 
-    from volconv.run.batch import MEANWHILE, slurm_cluster
+    from volconv.run.cluster import slurm_cluster
+    from volconv.run.pool import MEANWHILE
 
     pipeline = make_inputs(tmp_path)
     reference = one_device(pipeline, capsys)
