@@ -415,6 +415,60 @@ def test_workers_for_is_never_slower_than_one_device():
             assert ends < sum(seconds) and start < sum(seconds)
 
 
+def test_two_processes_per_device_only_where_writing_limits():
+    """`processes_per_device`: one process per device where the device's work is as long as
+    the writing or longer, two where the writing is longer and the host has the cores (four
+    per process), never more than the host carries."""
+    from volconv.run.batch import CORES_PER_PROCESS, processes_per_device
+
+    assert processes_per_device(0.05, 0.27, 2, 32) == 2  # 256^3 float32 on two H100s
+    assert processes_per_device(0.05, 0.13, 2, 32) == 2  # float16
+    assert processes_per_device(0.5, 0.27, 2, 32) == 1  # the device limits
+    assert processes_per_device(0.05, 0.27, 2, 2) == 1  # a 2-core host
+    assert processes_per_device(0.05, 0.27, 8, 32) == 1  # 8 devices, 32 cores
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        work, write = rng.uniform(0.001, 2, 2)
+        devices, cpus = int(rng.integers(1, 9)), int(rng.integers(1, 129))
+        per = processes_per_device(work, write, devices, cpus)
+        assert per == 1 or (write > work and per * devices * CORES_PER_PROCESS <= cpus)
+
+
+def test_the_process_count_is_the_users_where_set(tmp_path, capsys, monkeypatch):
+    """``VOLCONV_PROCESSES_PER_DEVICE=2`` on one device: this process and a second one on the
+    same device share the inputs, each within half of host_memory; a wrong count exits 2."""
+    monkeypatch.setenv("VOLCONV_PROCESSES_PER_DEVICE", "2")
+    pipeline = make_inputs(tmp_path, {k: (300, 24, 24) for k in "abcd"})  # outlast a start
+    reference = one_device(pipeline, capsys)
+    report = tmp_path / "report.json"
+    code, out, err = volconv("run", pipeline, "--devices", DEVICE, "--report", report,
+                             capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    assert_same_outputs(tmp_path / "out", reference, list("abcd"))
+    doc = json.loads(report.read_text())
+    name = device_name(select_device(DEVICE))
+    assert {r["worker"].split(" (")[0] for r in doc["inputs"]} == {"this process", "volconv-1"}
+    assert doc["workers"] == [name, name] and not doc["in_process"], out
+    monkeypatch.setenv("VOLCONV_PROCESSES_PER_DEVICE", "two")
+    code, out, err = volconv("run", pipeline, "--devices", DEVICE, capsys=capsys)
+    assert_one_line_error(code, out, err, "VOLCONV_PROCESSES_PER_DEVICE")
+
+
+def test_a_failed_task_names_its_worker_and_device(tmp_path, monkeypatch):
+    """`process` never raises for an input's sake: an input gone since the client planned
+    comes back failed, naming the local worker and its device, as a done one does."""
+    from volconv.config import load
+    from volconv.run import workers
+
+    monkeypatch.setenv("VOLCONV_WORKER_NAME", "volconv-3")
+    np.save(tmp_path / "w.npy", random_volume((24, 16, 16), "uint8"))
+    cfg = load(write_pipeline(tmp_path, FILTERS))
+    record = workers.process(cfg, str(tmp_path / "gone.npy"), DEVICE)
+    assert record.status == "failed" and "gone.npy" in record.reason, record
+    assert record.worker == f"volconv-3 (pid {os.getpid()})"
+    assert record.device == device_name(select_device(DEVICE))
+
+
 def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
     """Two small inputs, workers costing 30 s to start: no worker starts, the batch runs in
     this process on the first device, as one device would, and says why."""

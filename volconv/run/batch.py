@@ -186,16 +186,25 @@ def _processes_asked() -> int | None:
     return int(text)
 
 
-def process_specs(devices: tuple[str, ...], job: Job, cfg: Config,
-                  peak_gflops: float | None) -> tuple[str, ...]:  # fmt: skip
-    """The device spec of each process of a local batch (this one first): ``devices``, each
-    `processes_per_device` times (or ``$VOLCONV_PROCESSES_PER_DEVICE``), for inputs like
-    ``job``; the devices' first processes first."""
+def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.Device,
+                  peak_gflops: float | None) -> tuple[Config, tuple[str, ...]]:  # fmt: skip
+    """The device spec of each process of a local batch (this one first) for inputs like
+    ``job``: ``devices``, each `processes_per_device` times (or
+    ``$VOLCONV_PROCESSES_PER_DEVICE``), the devices' first processes first; and the
+    pipeline each process runs, its ``host_memory`` shared among a device's processes (one
+    process per device where a share holds no slab of ``job``)."""
     per = _processes_asked()
     if per is None:
         work, write = input_costs(job, cfg, peak_gflops)
         per = processes_per_device(work, write, len(devices), os.cpu_count() or 1)
-    return devices * per
+    if per == 1:
+        return cfg, devices
+    shared = replace(cfg, host_memory=cfg.host_memory // per)
+    try:
+        plan_one(shared, job.spec, device)
+    except (PipelineError, OSError, ValueError):
+        return cfg, devices
+    return shared, devices * per
 
 
 def workers_for(seconds: list[float], devices: int, start: float) -> int:
@@ -328,8 +337,6 @@ OnVolume = Callable[[VolumeReport], None] | None
 Say = Callable[[str], None] | None
 
 
-
-
 def _local_batch(
     cfg: Config,
     overwrite: bool,
@@ -353,7 +360,7 @@ def _local_batch(
     if len(inputs) >= 2:
         with suppress(Exception):  # a mistake: the whole plan below says it
             first = plan_one(cfg, inputs[0], planner, overwrite=overwrite)
-            specs = process_specs(devices, first, cfg, peak)
+            cfg, specs = process_specs(cfg, devices, first, planner, peak)
             seconds = input_seconds(first, cfg, peak)
             if first.complete and not overwrite:
                 seconds = 0.0
@@ -366,9 +373,7 @@ def _local_batch(
         records = skip_complete(jobs, overwrite, on_volume)
         todo = [j for j in jobs if j.spec not in records]  # the pipeline's order
         result = BatchResult(workers=[], devices=[device_names[s] for s in devices])
-        if todo and specs is None:
-            specs = process_specs(devices, todo[0], cfg, peak)
-        specs = specs or devices
+        specs = specs or devices  # decided with the first input (and its plan)
         left = cost - (time.perf_counter() - pool.began) if pool else cost
         w = workers_for([input_seconds(j, cfg, peak) for j in todo], len(specs), max(0, left))
         if pool and w == 0:

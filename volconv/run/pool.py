@@ -96,6 +96,7 @@ class Worker:
     def __init__(self, name: str, spec: str) -> None:
         self.name, self.spec = name, spec
         self.ready_at: float | None = None  # Unix time its warm-up was done
+        self.device = ""  # its device in words, as its records say
         self.in_flight: dict[int, Job] = {}
         self.starts = 0
         self._start()
@@ -106,8 +107,10 @@ class Worker:
         to_worker, from_client = os.pipe()
         to_client, from_worker = os.pipe()
         # the OpenCL driver starts in the background while the worker's modules import
-        code = ("from volconv.device.programs import start_driver; start_driver(); "
-                f"from volconv.run.workers import serve; serve({to_worker}, {from_worker})")
+        code = (
+            "from volconv.device.programs import start_driver; start_driver(); "
+            f"from volconv.run.workers import serve; serve({to_worker}, {from_worker})"
+        )
         env = {**os.environ, DEVICE_ENV: self.spec, NAME_ENV: self.name}
         # its own session: Ctrl-C at the terminal is this process's to answer (it stops the
         # worker's tasks at a slab's end); a worker's output would be noise on the command's
@@ -209,6 +212,7 @@ class Pool:
                     self.on_ready(w)
             elif message[0] == "record":
                 job = w.in_flight.pop(message[1])
+                w.device = w.device or getattr(message[2], "device", "")
                 if not self.stopping.is_set():  # a task stopped by Ctrl-C is not a record
                     self.record(job, task_record(message[2], job))
                 self.pending.ended(job)
@@ -223,9 +227,9 @@ class Pool:
             self._losses[job.spec] += 1
             if self._losses[job.spec] > RETRIES or self.stopping.is_set():
                 if not self.stopping.is_set():
-                    self.record(job, task_record(
-                        RuntimeError(f"its worker died {self._losses[job.spec]} times ({why})"),
-                        job))  # fmt: skip
+                    died = RuntimeError(f"its worker died {self._losses[job.spec]} times ({why})")
+                    self.record(job, replace(task_record(died, job), device=w.device,
+                                             worker=f"{w.name} (pid {w.proc.pid})"))  # fmt: skip
                 self.pending.ended(job)
             else:
                 self.pending.ended(job, back=True)  # to this process or another worker

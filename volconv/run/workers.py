@@ -177,6 +177,7 @@ def process(
     with its reason, so that the other inputs go on. ``batch`` names the client's run, which
     can stop its tasks at their next slab (`stop`).
     """
+    device: cl.Device | None = None
     try:
         if _stopped(batch):
             raise _Stopped
@@ -191,11 +192,13 @@ def process(
             convolvers, result = _runner(cfg, device)
             record = run_one(cfg, job, convolvers, result, overwrite=overwrite, on_slab=on_slab,
                              on_device_done=left)  # fmt: skip
-            return replace(record, worker=_worker_name(), device=device_name(device))
     except _Stopped:
-        return VolumeReport.failed(spec, "", (), 0, "stopped (Ctrl-C)")
+        record = VolumeReport.failed(spec, "", (), 0, "stopped (Ctrl-C)")
     except Exception as e:
-        return VolumeReport.failed(spec, "", (), 0, f"{type(e).__name__}: {e}")
+        record = VolumeReport.failed(spec, "", (), 0, f"{type(e).__name__}: {e}")
+    # every record names who ran it, a failed one too
+    where = device_name(device) if device is not None else record.device
+    return replace(record, worker=_worker_name(), device=where)
 
 
 def _worker_name() -> str:
