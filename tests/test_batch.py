@@ -1,7 +1,8 @@
-"""Batches on Dask distributed (docs/contract.md, "Batches"), on real
-components: worker processes spawned by ``--devices cpu,cpu``, a `distributed.LocalCluster`,
-and a ``dask scheduler`` with two ``dask worker`` processes on 127.0.0.1, one of them killed
-with SIGKILL mid-task. Every output is compared with the one-device run's, bit for bit.
+"""Batches (docs/contract.md, "Batches"), on real components: the plain worker processes
+``--devices cpu,cpu`` starts (one killed with SIGKILL mid-task, Ctrl-C, SIGTERM), a
+`distributed.LocalCluster`, and a ``dask scheduler`` with two ``dask worker`` processes on
+127.0.0.1, one of them killed with SIGKILL mid-task. Every output is compared with the
+one-device run's, bit for bit.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Batch throughput as the user times it: N inputs through a pipeline on every device
 (``--devices``) against one device, each a whole command timed from outside (process start,
-worker start and all), beside the floor the disk sets: as many raw h5py writer processes as
-workers, writing the same bytes at once into the same folder (and one writer).
+worker start and all), beside the floor the disk sets: raw h5py writer processes writing the
+same bytes at once into the same folder (one, one per device, two per device).
 
     python scripts/bench/run.py batch --out /tmp/vb --devices all --inputs 48,8,2 \\
         --json $OUT/batch.json
@@ -14,7 +14,11 @@ before the next. A first untimed run builds the programs (so no timed run compil
 every count and output type of ``--dtypes`` it records inputs per minute of the whole command
 and of the run itself (the batch's first task to its last record; one device's run), the
 process's start (command - run), the workers' start and ready time and whether the batch ran
-in the client's process (the small-batch rule), the ratios all/one, and the floor.
+in the client's process (the small-batch rule), how many processes filtered, the ratios
+all/one, and the floors. For the counts of ``--one-process`` it also runs ``--devices`` with
+one process per device (``VOLCONV_PROCESSES_PER_DEVICE=1``: against the default rule's
+count). ``worker_ready`` is a local worker's start to ready (context, programs, first pinned
+buffer), measured alone, each device's worker at once, ``--ready-repeats`` times.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ def make_inputs(folder: Path, n: int, size: int) -> list[Path]:
 
 
 def run_volconv(pipeline: Path, inputs: Path, out: Path, dtype: str, device_args: list[str],
-                report: Path) -> dict:  # fmt: skip
+                report: Path, env: dict[str, str] | None = None) -> dict:  # fmt: skip
     """One ``volconv run``: the command's wall seconds and its ``--report``."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [
@@ -66,7 +70,8 @@ def run_volconv(pipeline: Path, inputs: Path, out: Path, dtype: str, device_args
     print("$", " ".join(cmd), flush=True)
     os.sync()  # the writeback of what ran before stays out of this run
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})  # fmt: skip
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"volconv failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr}")
@@ -89,7 +94,9 @@ def run_volconv(pipeline: Path, inputs: Path, out: Path, dtype: str, device_args
         "in_process": doc.get("in_process"),
         "inputs_per_minute_command": 60 * n / seconds,
         "inputs_per_minute_run": 60 * n / run_seconds,
-        "device": doc.get("device"), "workers": doc.get("workers"),
+        "device": doc.get("device"), "workers": doc.get("workers"), "env": env or {},
+        "processes": len(doc.get("workers") or []) or None,
+        "last_line": done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "",
         "seconds_per_input": per_input, "n_filters": done_inputs[0]["n_filters"],
         "shape": done_inputs[0]["shape"],
     }  # fmt: skip
@@ -129,6 +136,46 @@ def writer_floor(folder: Path, n: int, writers: int, shape: tuple[int, ...], dty
     }  # fmt: skip
 
 
+def _ready_once(cfg: object, spec: str, specs: tuple[str, ...]) -> list[float | None]:
+    """One start of a worker per spec; each one's seconds to its ready message."""
+    import threading
+
+    from volconv.run.pool import Pending, Pool
+
+    t0 = time.time()
+    pool = Pool(specs, (cfg, spec))
+    all_ready, lock, seen = threading.Event(), threading.Lock(), []
+
+    def on_ready(worker: object) -> None:
+        with lock:
+            seen.append(worker)
+            if len(seen) == len(pool.workers):
+                all_ready.set()
+
+    pool.feed(cfg, Pending([]), True, "bench", lambda job, r: None, None, on_ready)
+    all_ready.wait(120)
+    pool.close()
+    return [w.ready_at - t0 if w.ready_at else None for w in pool.workers]
+
+
+def worker_ready(pipeline: Path, spec: str, specs: tuple[str, ...], dtype: str,
+                 repeats: int) -> dict:  # fmt: skip
+    """Seconds from starting one local worker per spec (volconv.run.pool) to each one's
+    ready message (its warm-up for ``spec`` done), ``repeats`` times."""
+    from volconv.config import load
+
+    cfg = load(pipeline, [f'output.dtype="{dtype}"'])
+    runs = []
+    for _ in range(repeats):
+        runs.append(_ready_once(cfg, spec, specs))
+        time.sleep(1.0)  # the workers gone before the next start
+    return {
+        "specs": list(specs),
+        "seconds": runs,
+        "max_seconds": [max((x for x in r if x is not None), default=None) for r in runs],
+    }
+
+
 def subset(inputs: list[Path], n: int, folder: Path) -> Path:
     """A folder holding the first ``n`` inputs (hard links)."""
     shutil.rmtree(folder, ignore_errors=True)
@@ -151,6 +198,12 @@ def main() -> int:
         help="the one-device run's --device (default: the first of --devices)",
     )
     p.add_argument("--dtypes", default="float32,float16", help="output types, one run each")
+    p.add_argument(
+        "--one-process",
+        default="48",
+        help="counts also run with one process per device (comma-separated; none: '')",
+    )
+    p.add_argument("--ready-repeats", type=int, default=3, help="worker ready measurements")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args()
 
@@ -176,6 +229,12 @@ def main() -> int:
     for dtype in args.dtypes.split(","):
         run_volconv(args.pipeline, subset(inputs, 1, args.out / "in-1"), args.out / "warm",
                     dtype, ["--device", one], report)  # fmt: skip
+    if args.ready_repeats:
+        result["worker_ready"] = worker_ready(
+            args.pipeline, str(inputs[0]), specs, args.dtypes.split(",")[0], args.ready_repeats
+        )
+        print(f"worker ready (s, each worker): {result['worker_ready']['seconds']}", flush=True)
+    one_process = {int(n) for n in args.one_process.split(",") if n.strip()}
     for n in counts:
         folder = subset(inputs, n, args.out / f"in-{n}")
         for dtype in args.dtypes.split(","):
@@ -185,11 +244,18 @@ def main() -> int:
                 "all": run_volconv(args.pipeline, folder, args.out / "all", dtype,
                                    ["--devices", args.devices], report),
             }  # fmt: skip
+            if n in one_process:
+                runs["all_one_process"] = run_volconv(
+                    args.pipeline, folder, args.out / "all", dtype, ["--devices", args.devices],
+                    report, {"VOLCONV_PROCESSES_PER_DEVICE": "1"},
+                )  # fmt: skip
             shape = (runs["one"]["n_filters"], *runs["one"]["shape"])
             floor = writer_floor(args.out / "raw", n, len(specs), shape, dtype)
             floor_one = writer_floor(args.out / "raw", n, 1, shape, dtype)
+            floor_two = writer_floor(args.out / "raw", n, 2 * len(specs), shape, dtype)
             entry = {
                 **runs, "floor": floor, "floor_one_writer": floor_one,
+                "floor_two_per_device": floor_two,
                 "one_over_one_writer": runs["one"]["inputs_per_minute_run"]
                 / floor_one["inputs_per_minute"],
                 "ratio_command": runs["all"]["inputs_per_minute_command"]
@@ -198,7 +264,14 @@ def main() -> int:
                 / runs["one"]["inputs_per_minute_run"],
                 "all_command_over_floor": runs["all"]["inputs_per_minute_command"]
                 / floor["inputs_per_minute"],
+                "all_command_over_best_floor": runs["all"]["inputs_per_minute_command"]
+                / max(floor["inputs_per_minute"], floor_two["inputs_per_minute"]),
             }  # fmt: skip
+            if "all_one_process" in runs:
+                entry["ratio_command_one_process"] = (
+                    runs["all_one_process"]["inputs_per_minute_command"]
+                    / runs["one"]["inputs_per_minute_command"]
+                )
             result["runs"][f"{n}-{dtype}"] = entry
             print(f"\n{dtype}: {n} inputs of {args.size}^3 uint8, {len(specs)} devices "
                   f"({args.devices}) vs one device ({one})")  # fmt: skip
@@ -206,9 +279,10 @@ def main() -> int:
                 ready = r["worker_ready_seconds"]
                 ready = "?" if ready is None else f"{ready:.2f}"
                 how = ("in the client's process" if r["in_process"] else
-                       f"workers started {r['worker_start_seconds']:.2f} s, ready {ready} s"
-                       ) if name == "all" else ""  # fmt: skip
-                print(f"  {name:<4} {r['inputs_per_minute_command']:7.1f} inputs/min (command, "
+                       f"{r['processes']} processes, first worker ready "
+                       f"{r['worker_start_seconds']:.2f} s, last {ready} s"
+                       ) if name != "one" else ""  # fmt: skip
+                print(f"  {name:<15} {r['inputs_per_minute_command']:7.1f} inputs/min (command, "
                       f"{r['command_seconds']:.2f} s)  {r['inputs_per_minute_run']:7.1f} (run, "
                       f"{r['run_seconds']:.2f} s)  process start "
                       f"{r['process_start_seconds']:.2f} s  {how}")  # fmt: skip
@@ -217,7 +291,8 @@ def main() -> int:
             print(f"  floor: {floor['writers']} raw h5py writers, {floor['gb_per_s']:.2f} GB/s, "
                   f"{floor['inputs_per_minute']:.1f} inputs/min; all (command)/floor "
                   f"{entry['all_command_over_floor']:.2f}; one raw writer "
-                  f"{floor_one['gb_per_s']:.2f} GB/s")  # fmt: skip
+                  f"{floor_one['gb_per_s']:.2f} GB/s; {floor_two['writers']} raw writers "
+                  f"{floor_two['gb_per_s']:.2f} GB/s")  # fmt: skip
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
                 args.json.write_text(json.dumps(result, indent=1) + "\n")  # after every run

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
-from multiprocessing.connection import Connection
 
 from volconv.config import Config
 from volconv.report import VolumeReport
@@ -102,6 +101,8 @@ class Worker:
         self._start()
 
     def _start(self) -> None:
+        from multiprocessing.connection import Connection
+
         self.starts += 1
         self.ready_at = None
         to_worker, from_client = os.pipe()
