@@ -35,6 +35,22 @@ STOP_WAIT = 10.0  # seconds Ctrl-C waits for the running tasks to stop at a slab
 MEANWHILE = "a lost worker finished it, or another run"
 
 
+# A worker's first lines: the OpenCL driver, then its device's context, start in the
+# background while the modules that filter import; then it serves the client.
+BOOT = """
+from volconv.device.programs import start_context, start_driver
+start_driver()
+try:
+    import os
+    from volconv.device.devices import select_device
+    start_context(select_device(os.environ["{device_env}"]))
+except Exception:
+    pass  # its warm-up or first task says why
+from volconv.run.workers import serve
+serve({inbox}, {outbox})
+"""
+
+
 class Pending:
     """The inputs not yet taken by a device, in the order they are taken: this process's
     runner and the workers take from it; an input whose worker was lost comes back to its
@@ -107,11 +123,7 @@ class Worker:
         self.ready_at = None
         to_worker, from_client = os.pipe()
         to_client, from_worker = os.pipe()
-        # the OpenCL driver starts in the background while the worker's modules import
-        code = (
-            "from volconv.device.programs import start_driver; start_driver(); "
-            f"from volconv.run.workers import serve; serve({to_worker}, {from_worker})"
-        )
+        code = BOOT.format(device_env=DEVICE_ENV, inbox=to_worker, outbox=from_worker)
         env = {**os.environ, DEVICE_ENV: self.spec, NAME_ENV: self.name}
         # its own session: Ctrl-C at the terminal is this process's to answer (it stops the
         # worker's tasks at a slab's end); a worker's output would be noise on the command's
