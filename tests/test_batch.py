@@ -416,6 +416,29 @@ def test_workers_for_is_never_slower_than_one_device():
             assert ends < sum(seconds) and start < sum(seconds)
 
 
+def test_the_start_cost_is_the_last_measured_ready_time(tmp_path, monkeypatch):
+    """`start_cost`: the default until a batch measured this machine's ready time, then that
+    time (cached); a value out of range or not a number in the cache is refused (the default);
+    ``VOLCONV_WORKER_START_SECONDS`` wins, and a wrong one exits 2."""
+    from volconv.config import PipelineError
+    from volconv.run.batch import START_FILE, WORKER_START_SECONDS, _remember_start, start_cost
+
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("VOLCONV_WORKER_START_SECONDS")
+    assert start_cost() == WORKER_START_SECONDS
+    _remember_start(0.8123)
+    assert start_cost() == 0.812
+    for planted in ('{"ready_seconds": -1}', '{"ready_seconds": 1e9}', "not json", "{}"):
+        (tmp_path / START_FILE).write_text(planted)
+        os.chmod(tmp_path / START_FILE, 0o600)
+        assert start_cost() == WORKER_START_SECONDS, planted
+    monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "2.5")
+    assert start_cost() == 2.5
+    monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "soon")
+    with pytest.raises(PipelineError, match="VOLCONV_WORKER_START_SECONDS"):
+        start_cost()
+
+
 def test_two_processes_per_device_only_where_writing_limits():
     """`processes_per_device`: one process per device where the device's work is as long as
     the writing or longer, two where the writing is longer and the host has the cores (four

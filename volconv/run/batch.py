@@ -492,10 +492,9 @@ def _run_shared(
 
 def _measure_ready(pool: Pool, result: BatchResult) -> None:
     """The seconds until the last worker was ready, kept as this machine's start cost for
-    the model's next batch (where a worker was not ready by the end: the seconds until then,
-    which it took at least)."""
+    the model's next batch where every worker became ready (a measurement, not a bound)."""
     ready = pool.ready_seconds()
-    if len(ready) == len(pool.workers):
+    if ready and len(ready) == len(pool.workers):
         result.ready_seconds = max(ready)
-    if START_ENV not in os.environ:
-        _remember_start(result.ready_seconds or time.time() - pool.began_at)
+        if START_ENV not in os.environ:
+            _remember_start(result.ready_seconds)

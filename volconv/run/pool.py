@@ -111,6 +111,7 @@ class Worker:
     def __init__(self, name: str, spec: str) -> None:
         self.name, self.spec = name, spec
         self.ready_at: float | None = None  # Unix time its warm-up was done
+        self.ready_seconds: float | None = None  # from its first start to ready
         self.device = ""  # its device in words, as its records say
         self.in_flight: dict[int, Job] = {}
         self.starts = 0
@@ -121,6 +122,7 @@ class Worker:
 
         self.starts += 1
         self.ready_at = None
+        self.started_at = time.time()
         to_worker, from_client = os.pipe()
         to_client, from_worker = os.pipe()
         code = BOOT.format(device_env=DEVICE_ENV, inbox=to_worker, outbox=from_worker)
@@ -176,7 +178,6 @@ class Pool:
     def __init__(self, specs: tuple[str, ...], warm: tuple[Config, str]) -> None:
         self.specs = specs
         self.began = time.perf_counter()
-        self.began_at = time.time()
         self.warm = warm
         self.workers = [Worker(f"volconv-{i + 1}", s) for i, s in enumerate(specs)]
         self.on_ready: Callable[[Worker], None] | None = None  # set by `feed`
@@ -221,6 +222,8 @@ class Pool:
                 return
             if message[0] == "ready":
                 w.ready_at = message[1]
+                if w.starts == 1:
+                    w.ready_seconds = w.ready_at - w.started_at
                 if self.on_ready:
                     self.on_ready(w)
             elif message[0] == "record":
@@ -258,8 +261,8 @@ class Pool:
         return again
 
     def ready_seconds(self) -> list[float]:
-        """Seconds from the start to each worker's warm-up done, for those ready."""
-        return [w.ready_at - self.began_at for w in self.workers if w.ready_at is not None]
+        """Seconds from each worker's first start to its warm-up done, for those ready."""
+        return [w.ready_seconds for w in self.workers if w.ready_seconds is not None]
 
     def stop_tasks(self, batch: str) -> None:
         """Ctrl-C: the running tasks stop at their next slab, keeping their complete slabs
