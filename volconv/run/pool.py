@@ -15,6 +15,7 @@ import collections
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -127,11 +128,13 @@ class Worker:
         to_client, from_worker = os.pipe()
         code = BOOT.format(device_env=DEVICE_ENV, inbox=to_worker, outbox=from_worker)
         env = {**os.environ, DEVICE_ENV: self.spec, NAME_ENV: self.name}
+        # why it died, where it says so; kept as long as the worker
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
         # its own session: Ctrl-C at the terminal is this process's to answer (it stops the
         # worker's tasks at a slab's end); a worker's output would be noise on the command's
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code], pass_fds=(to_worker, from_worker), env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr,
             start_new_session=True,
         )  # fmt: skip
         os.close(to_worker)
@@ -164,7 +167,13 @@ class Worker:
         with suppress(subprocess.TimeoutExpired):
             self.proc.wait(1.0)
         code = self.proc.returncode
-        return f"exit {code}" if code is not None else "its pipe closed"
+        why = f"exit {code}" if code is not None else "its pipe closed"
+        with suppress(OSError):
+            self.stderr.seek(max(0, self.stderr.seek(0, os.SEEK_END) - 4096))
+            said = self.stderr.read().decode(errors="replace").strip().splitlines()
+            if said:
+                why += f": {said[-1][:300]}"
+        return why
 
 
 Record = Callable[[Job, VolumeReport], None]
