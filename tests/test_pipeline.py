@@ -31,7 +31,7 @@ from volconv.bank.features import build_features, expand
 from volconv.bank.filters import build_bank
 from volconv.checks import spec_tolerance
 from volconv.config import dump_toml
-from volconv.engines.direct import frame_bytes
+from volconv.engines.padder import frame_bytes
 from volconv.engines.tensor import TENSOR_ENGINE
 
 ROOT = Path(__file__).resolve().parent.parent

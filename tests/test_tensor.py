@@ -13,35 +13,37 @@ from conftest import assert_spec_close, reference
 
 from volconv.checks import spec_tolerance
 from volconv.device.programs import kernel_folder, sm90a_ptx
+from volconv.engines.choose import (
+    MIN_TENSOR_FILTERS,
+    auto_engine,
+    choose_engine,
+    direct_convolver,
+    tensor_pays,
+)
+from volconv.engines.digits import FLOAT_DIGITS, DigitConvolver, digit_types
 from volconv.engines.direct import BankConvolver
+from volconv.engines.registry import ENGINES
 from volconv.engines.separable import SeparableConvolver, plan_bank
 from volconv.engines.tensor import (
     DIGIT_MAX,
     DIGITS,
-    FLOAT_DIGITS,
     KERNEL_FILE,
-    MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
-    DigitConvolver,
     TensorConvolver,
     TensorShape,
-    auto_engine,
-    choose_engine,
     default_shape,
     digit_exponents,
-    digit_types,
-    direct_convolver,
     fit_split,
     int8_digits,
     int8_fragments,
     local_bytes,
     tensor_defines,
-    tensor_pays,
     tensor_refusal,
     tensor_supported,
     wgmma_supported,
 )
-from volconv.plan.direct import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, make_plan, tune_keys
+from volconv.plan.direct import make_plan
+from volconv.plan.knobs import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
 from volconv.report import write_json
 
 MODES = ("reflect", "mirror", "nearest", "constant", "wrap")

@@ -36,8 +36,9 @@ from volconv.config import Config, PipelineError
 from volconv.device.devices import DeviceError, device_name, select_device
 from volconv.device.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
 from volconv.engines.convert import device_encodes, output_scale
-from volconv.engines.direct import STAGES, frame_bytes
+from volconv.engines.direct import STAGES
 from volconv.engines.nonfinite import APPLY_BYTES, OverridePlan
+from volconv.engines.padder import frame_bytes
 from volconv.engines.separable import (
     Choice,
     SeparableConvolver,
@@ -441,7 +442,7 @@ def device_bytes(job: Job, device: cl.Device, frame_limit: int | None = None) ->
     """The device memory a run of ``job`` holds: its plan's buffers, a float source's
     counting convolvers (`nonfinite_bytes`: the data may hold NaN or Inf), and the whole
     frame where it is read whole and uploads as it is (an integer frame of at most
-    ``frame_limit`` bytes, default `volconv.engines.direct.frame_bytes`: the `Padder` keeps it
+    ``frame_limit`` bytes, default `volconv.engines.padder.frame_bytes`: the `Padder` keeps it
     on the device)."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
     limit = frame_bytes(device) if frame_limit is None else frame_limit
