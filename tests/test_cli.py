@@ -832,7 +832,7 @@ def test_a_mistake_found_mid_run_is_exit_1(tmp_path, capsys, monkeypatch):
     """SPEC keeps 2 for mistakes found before any work: one found after (an input's reader
     refusing it mid-run) is 1, the message kept."""
     from volconv.run import pipeline as p
-    from volconv.run.inputs import InputError
+    from volconv.run.volume import InputError
 
     np.save(tmp_path / "a.npy", random_volume((6, 5, 4), "uint8"))
     pipeline = write_pipeline(tmp_path, BOX, input={"paths": ["a.npy"]})

@@ -591,7 +591,7 @@ def build_bank(
     units : {'voxels', 'mm'}
         ``[bank].units``: the units of filters that do not set their own.
     voxel_unknown : str
-        Why the input records no voxel size (`volconv.run.inputs.Volume.voxel_unknown`); a filter in
+        Why the input records no voxel size (`volconv.run.volume.Volume.voxel_unknown`); a filter in
         mm is then refused, naming the key that asked for mm.
 
     Returns

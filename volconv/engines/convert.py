@@ -23,7 +23,7 @@ from volconv.device.programs import build
 
 if TYPE_CHECKING:
     from volconv.config import Config
-    from volconv.run.inputs import Volume
+    from volconv.run.volume import Volume
 
 STORED = ("float32", "float16", "uint8")
 FLOAT16_MAX = float(np.finfo(np.float16).max)

@@ -53,7 +53,7 @@ from volconv.device.devices import NoDeviceError, device_name, list_devices, sel
 from volconv.device.programs import context_for, start_context
 from volconv.output import remove_stale_temps
 from volconv.report import VolumeReport
-from volconv.run.inputs import InputError, expand_inputs, split_spec
+from volconv.run.inputs import expand_inputs, split_spec
 from volconv.run.pipeline import (
     Convolvers,
     Interrupted,
@@ -67,6 +67,7 @@ from volconv.run.pipeline import (
     run_overlapped,
     stop_on_ctrl_c,
 )
+from volconv.run.volume import InputError
 
 if TYPE_CHECKING:
     from distributed import Client

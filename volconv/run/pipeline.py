@@ -64,15 +64,9 @@ from volconv.output import (
 from volconv.output import made as made_with
 from volconv.plan.direct import MAX_EXTENT, MAX_FILTERS, MAX_SEPARABLE_FILTERS, make_plan
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
-from volconv.run.inputs import (
-    CorruptInputError,
-    InputError,
-    Volume,
-    expand_inputs,
-    open_volume,
-    split_spec,
-)
+from volconv.run.inputs import expand_inputs, open_volume, split_spec
 from volconv.run.resume import Progress, fingerprint
+from volconv.run.volume import CorruptInputError, InputError, Volume
 
 # The errors that are the user's: the CLI turns them into exit status 2 and one line.
 USER_ERRORS = (PipelineError, BankError, InputError, OutputError)
