@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from volconv.bank.features import Feature, build_features
-from volconv.bank.filters import UNITS, BankError, Filter, build_bank
+from volconv.bank.filters import Filter, build_bank
+from volconv.bank.spec import UNITS, BankError
 from volconv.checks import (
     check_mode,
     check_positive_int,

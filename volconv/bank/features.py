@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from volconv.bank.factor import Term, term
-from volconv.bank.filters import BankError, Filter, build_bank, gaussian_kernel1d
+from volconv.bank.filters import Filter, build_bank
+from volconv.bank.kernels import gaussian_kernel1d
 from volconv.bank.outputs import Output, responses
+from volconv.bank.spec import BankError
 from volconv.plan.direct import MAX_SEPARABLE_EXTENT
 
 DEFAULT_TRUNCATE = 4.0  # scipy.ndimage.gaussian_filter's

@@ -29,8 +29,9 @@ import pyopencl as cl
 
 import volconv
 from volconv.bank.features import Expanded, expand, features_json
-from volconv.bank.filters import BankError, Filter, build_bank, stack_kernels
+from volconv.bank.filters import Filter, build_bank, stack_kernels
 from volconv.bank.outputs import Output
+from volconv.bank.spec import BankError
 from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
 from volconv.device.devices import DeviceError, device_name, select_device
