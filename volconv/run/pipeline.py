@@ -59,8 +59,8 @@ from volconv.output import (
     holds,
     is_complete,
     is_regular,
+    open_writer,
     slabs_in_flight,
-    writer_for,
 )
 from volconv.output import made as made_with
 from volconv.plan.direct import MAX_EXTENT, MAX_FILTERS, MAX_SEPARABLE_FILTERS, make_plan
@@ -884,11 +884,11 @@ def _stream(
     # volconv.run.resume: a dead run's partial output continues (never with --overwrite)
     digest = cache(volume.sha256)
     progress = None if overwrite else Progress(fingerprint(job, cfg, conv), digest)
-    writer = writer_for(job.output, cfg.format)(
-        job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,
+    writer = open_writer(
+        job.output, tuple(volume.shape), job.outputs, format=cfg.format, dtype=cfg.dtype,
         compression=cfg.compression, scale=job.scale, offset=job.offset, boundary=cfg.boundary,
-        cval=cfg.cval, slab_depth=conv.plan.slab_depth, overwrite=overwrite,
-        extents=np.array(job.extents), progress=progress, space=Space.of(volume),
+        cval=cfg.cval, slab_depth=conv.plan.slab_depth, overwrite=overwrite, progress=progress,
+        space=Space.of(volume),
     )  # fmt: skip
     _OPEN_WRITERS.add(writer)
     with writer, ThreadPoolExecutor(2, thread_name_prefix="volconv-read") as pool:
