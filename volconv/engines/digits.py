@@ -13,7 +13,6 @@ from dataclasses import fields as dataclass_fields
 import numpy as np
 import pyopencl as cl
 
-from volconv.checks import check_cval, check_mode
 from volconv.device.devices import select_device
 from volconv.device.programs import build
 from volconv.engines.direct import BankConvolver, as_kernel_bank
@@ -29,7 +28,6 @@ from volconv.plan.direct import (
     CL_TYPES,
     Plan,
     _deepest_slab,
-    make_plan,
     pad_dtype_for,
     streaming_depth,
 )
@@ -114,6 +112,8 @@ class DigitConvolver(BankConvolver):
         the deepest whose buffers, the digits' included, fit the memory budget.
     """
 
+    plan_defaults = TensorConvolver.plan_defaults  # each digit slab goes through its kernel
+
     def __init__(
         self,
         kernels: object,
@@ -153,20 +153,16 @@ class DigitConvolver(BankConvolver):
         device: cl.Device,
         **overrides: object,
     ) -> DigitPlan:
-        """The `DigitPlan` of ``bank`` (`BankConvolver.plan_for`): the slab in its own type
-        (split exactly), rows at whole words (`TensorConvolver`'s), and without
-        ``slab_depth`` the deepest slab whose buffers, the digits' included, fit the budget."""
+        """The `DigitPlan` of ``bank`` (`BankConvolver.plan_for` with `TensorConvolver`'s
+        defaults: the slab in its own type, split exactly), and without ``slab_depth`` the
+        deepest slab whose buffers, the digits' included, fit the budget."""
         depth, budget = overrides.pop("slab_depth", None), overrides.pop("memory_budget", None)
         stream = overrides.pop("stream", False)
-        overrides.setdefault("pad_float", False)
-        overrides.setdefault("input_local", False)  # the FP32 kernel's input tiles
-        overrides.setdefault("engine", "tensor")
-        src = native_volume(np.empty(0, dtype)).dtype
-        mode, cval = check_mode(mode), check_cval(cval)
-        plan = DigitPlan.of(make_plan(
-            tuple(int(s) for s in shape), src, bank.shape[1:], len(bank), mode, cval, device,
-            slab_depth=depth or 1, **overrides,
-        ), digit_types(dtype, mode, cval))  # fmt: skip
+        plan = DigitPlan.of(
+            super().plan_for(bank, shape, dtype, mode, cval, device, slab_depth=depth or 1,
+                             **overrides),
+            digit_types(dtype, mode, cval),
+        )  # fmt: skip
         if depth is None:
             depth = _deepest_slab(plan, device, budget)  # with the digits' buffers
             depth = min(depth, streaming_depth(plan.shape[0])) if stream else depth

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyopencl as cl
@@ -202,6 +202,7 @@ class BankConvolver(SlabConvolver):
     """
 
     engine = "fp32"  # the record's name of this engine
+    plan_defaults: ClassVar[dict[str, object]] = {}  # an engine's own knobs (`plan_for`)
     tensor_gflop = 0.0  # no tensor-core work (`volconv.engines.tensor.TensorConvolver` has some)
 
     def __init__(
@@ -258,7 +259,8 @@ class BankConvolver(SlabConvolver):
         parameter takes, so that a bank may be planned once and built later."""
         src = native_volume(np.empty(0, dtype)).dtype
         return make_plan(tuple(int(s) for s in shape), src, bank.shape[1:], bank.shape[0],
-                         check_mode(mode), check_cval(cval), device, **overrides)  # fmt: skip
+                         check_mode(mode), check_cval(cval), device,
+                         **{**cls.plan_defaults, **overrides})  # fmt: skip
 
     # -- set-up ------------------------------------------------------------------------
     def _setup(self) -> None:

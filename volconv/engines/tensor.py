@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import pyopencl as cl
@@ -26,7 +27,7 @@ import pyopencl as cl
 from volconv.device.programs import build, build_sm90a
 from volconv.engines.direct import BankConvolver, as_kernel_bank
 from volconv.engines.padder import native_volume
-from volconv.plan.direct import Plan, pad_dtype_for
+from volconv.plan.direct import pad_dtype_for
 
 # cl_nv_device_attribute_query
 CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV = 0x4000
@@ -74,7 +75,8 @@ def tensor_refusal(
     split: bool = False,
 ) -> str | None:
     """Why the tensor-core engine does not take this bank and volume type (None: it does):
-    `TensorConvolver`'s types only, or with ``split`` every type, through `DigitConvolver`."""
+    `TensorConvolver`'s types only, or with ``split`` every type, through
+    `volconv.engines.digits.DigitConvolver`."""
     if not tensor_supported(device):
         return f"{device.name.strip()} has no mma.sync (NVIDIA cc >= 8.0 wanted)"
     src = native_volume(np.empty(0, dtype)).dtype
@@ -303,6 +305,14 @@ class TensorConvolver(BankConvolver):
     """
 
     engine = TENSOR_ENGINE
+    # its plan (`plan_for`): the slab in the input's own type (the A fragments are made from it
+    # in the kernel; a CPU's plan would pad float32 for the FP32 kernel's sake), not the FP32
+    # kernel's input tiles, rows that start at whole words
+    plan_defaults: ClassVar[dict[str, object]] = {
+        "pad_float": False,
+        "input_local": False,
+        "engine": "tensor",
+    }
 
     def __init__(
         self,
@@ -320,25 +330,6 @@ class TensorConvolver(BankConvolver):
         self.split = shape_split or default_shape(len(bank), bank.shape[1])
         self.emulate = emulate
         super().__init__(bank, shape, dtype, mode, cval, **kwargs)
-
-    @classmethod
-    def plan_for(
-        cls,
-        bank: np.ndarray,
-        shape: tuple[int, int, int],
-        dtype: np.dtype,
-        mode: str,
-        cval: float,
-        device: cl.Device,
-        **overrides: object,
-    ) -> Plan:
-        """`BankConvolver.plan_for` with this kernel's defaults: the slab in the input's own
-        type (the A fragments are made from it in the kernel; a CPU's plan would pad float32
-        for the FP32 kernel's sake), no input tiles, rows that start at whole words."""
-        overrides.setdefault("pad_float", False)
-        overrides.setdefault("input_local", False)
-        overrides.setdefault("engine", "tensor")
-        return super().plan_for(bank, shape, dtype, mode, cval, device, **overrides)
 
     def _build_passes(self) -> None:
         plan, ctx, split = self.plan, self.ctx, self.split
