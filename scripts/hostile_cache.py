@@ -185,7 +185,8 @@ def main() -> int:
 
         def tune_doc(cache: Path, **knobs: object) -> Path:
             from volconv.device.devices import select_device
-            from volconv.plan.direct import ENGINES, TUNE_FORMAT, kernel_hash, tune_keys
+            from volconv.engines.registry import ENGINES
+            from volconv.plan.knobs import TUNE_FORMAT, kernel_hash, tune_keys
 
             dev_key, bank_key = tune_keys(select_device(args.device), (3, 3, 3), 2,
                                           np.dtype(np.float32))  # fmt: skip

@@ -1,7 +1,8 @@
 """Shared fixtures: the OpenCL devices under test and the contract's tolerance.
 
-Tests that take the ``device`` fixture run once on every OpenCL device present, as pyopencl's
-own tests do; ``VOLCONV_TEST_DEVICE`` (a spec as ``--device`` takes it: ``cpu``, ``nvidia``,
+Tests that take the ``device`` fixture (a ``pyopencl.Device``) or ``device_spec`` (its spec, for
+a pipeline file or ``--device``) run once on every OpenCL device present, as pyopencl's own
+tests do; ``VOLCONV_TEST_DEVICE`` (a spec as ``--device`` takes it: ``cpu``, ``nvidia``,
 ``0:1``) narrows them to one.
 """
 
@@ -26,12 +27,20 @@ def _specs_under_test() -> list[str]:
 
 
 @pytest.fixture(scope="session", params=_specs_under_test())
-def device(request):
+def device_spec(request) -> str:
+    """The spec of each OpenCL device present in turn (as ``--device`` and ``run.device``
+    take it), or the one VOLCONV_TEST_DEVICE names: the pipeline-level tests that exercise
+    the device put it in their pipeline or command line."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def device(device_spec):
     """Each OpenCL device present in turn, or the one VOLCONV_TEST_DEVICE names."""
     try:
-        return select_device(request.param)
+        return select_device(device_spec)
     except (NoDeviceError, ValueError) as e:
-        pytest.fail(f"no OpenCL device for the tests ({request.param!r}): {e}")
+        pytest.fail(f"no OpenCL device for the tests ({device_spec!r}): {e}")
 
 
 def reference(volume: np.ndarray, kernels: np.ndarray, mode: str, cval: float = 0.0):

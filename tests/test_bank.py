@@ -11,15 +11,9 @@ import scipy.ndimage as ndi
 from conftest import assert_spec_close, reference
 from typer.testing import CliRunner
 
-from volconv.bank.filters import (
-    FILTER_TYPES,
-    BankError,
-    Filter,
-    TruncationWarning,
-    build_bank,
-    gaussian_kernel1d,
-    stack_kernels,
-)
+from volconv.bank.filters import FILTER_TYPES, Filter, build_bank, stack_kernels
+from volconv.bank.kernels import gaussian_kernel1d
+from volconv.bank.spec import BankError, TruncationWarning
 from volconv.cli import app
 from volconv.engines.direct import convolve_bank
 

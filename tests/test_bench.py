@@ -10,7 +10,7 @@ import pytest
 import scipy.ndimage as ndi
 from typer.testing import CliRunner
 
-from volconv import bench
+from volconv import bench, bench_peers
 from volconv.checks import MODES
 from volconv.cli import UserError, app
 
@@ -149,7 +149,7 @@ def test_padded_volume_makes_conv3d_scipy(mode):
     rng = np.random.default_rng(3)
     v = rng.integers(0, 255, (5, 6, 4)).astype(np.uint8)
     k = rng.standard_normal((3, 4, 2))  # even extents: scipy's origin shift
-    padded = bench.padded_volume(v, k.shape, mode, cval=2.5)
+    padded = bench_peers.padded_volume(v, k.shape, mode, cval=2.5)
     assert padded.dtype == np.float32
     got = _valid_correlation(padded.astype(np.float64), k[::-1, ::-1, ::-1])
     want = ndi.convolve(v.astype(np.float64), k, mode=mode, cval=2.5)

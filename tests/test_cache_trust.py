@@ -22,7 +22,8 @@ from volconv.device import cache, peak, programs
 from volconv.device.cache import cache_folder, device_key, read_cached, write_cached
 from volconv.device.programs import PROGRAM_MAGIC, context_for, kernel_source, pack_program
 from volconv.engines.direct import convolve_bank
-from volconv.plan.direct import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys, tuned_knobs
+from volconv.engines.registry import ENGINES
+from volconv.plan.knobs import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys, tuned_knobs
 
 PAD_LINE = "dst[at] = (DST_T)src[i0 * s0 + i1 * s1 + i2 * s2];"  # kernels/pad.cl's copy
 

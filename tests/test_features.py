@@ -12,7 +12,8 @@ import scipy.ndimage as ndi
 from conftest import reference
 
 from volconv.bank.features import PAIRS, build_features, expand
-from volconv.bank.filters import BankError, build_bank
+from volconv.bank.filters import build_bank
+from volconv.bank.spec import BankError
 from volconv.checks import SPEC_ATOL, SPEC_RTOL
 from volconv.device.programs import context_for
 from volconv.engines.features import FeatureKernels

@@ -18,8 +18,10 @@ from test_pipeline import DEVICE, write_pipeline
 
 import volconv.run.pipeline as pipeline
 from volconv.config import load
-from volconv.engines.direct import BankConvolver, Padder
-from volconv.engines.tensor import DigitConvolver, DigitPlan, TensorShape
+from volconv.engines.digits import DigitConvolver, DigitPlan
+from volconv.engines.direct import BankConvolver
+from volconv.engines.padder import Padder
+from volconv.engines.tensor import TensorShape
 
 # The measuring script's fresh-process run: a warm-up run (every program built), then the
 # measured run with the peak-RSS mark (VmHWM) reset: what the run held, above what the

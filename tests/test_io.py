@@ -15,7 +15,8 @@ import pytest
 from conftest import assert_spec_close, reference
 
 from volconv.engines.direct import convolve_bank
-from volconv.run.inputs import InputError, expand_inputs, open_volume
+from volconv.run.inputs import expand_inputs, open_volume
+from volconv.run.volume import InputError
 
 SHAPE = (9, 7, 5)
 AFFINE = np.diag([1.5, 2.0, 3.0, 1.0])

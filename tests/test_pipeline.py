@@ -31,11 +31,13 @@ from volconv.bank.features import build_features, expand
 from volconv.bank.filters import build_bank
 from volconv.checks import spec_tolerance
 from volconv.config import dump_toml
-from volconv.engines.direct import frame_bytes
+from volconv.engines.padder import frame_bytes
 from volconv.engines.tensor import TENSOR_ENGINE
 
 ROOT = Path(__file__).resolve().parent.parent
 PIPELINES = sorted((ROOT / "pipelines").glob("*.toml"))
+# The device of the tests that do not exercise it (a pipeline needs one); the others run on
+# every device present (conftest's ``device_spec``).
 DEVICE = os.environ.get("VOLCONV_TEST_DEVICE", "cpu")
 RNG = np.random.default_rng(20261122)
 
@@ -65,13 +67,16 @@ def random_volume(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return RNG.integers(lo, hi, shape, endpoint=True).astype(dt)
 
 
-def write_pipeline(folder: Path, filters: list[dict], **sections: dict) -> Path:
-    """A pipeline file in ``folder`` with the given filters; sections override the rest."""
+def write_pipeline(
+    folder: Path, filters: list[dict], *, device: str = DEVICE, **sections: dict
+) -> Path:
+    """A pipeline file in ``folder`` with the given filters, run on ``device`` (a test that
+    exercises the device passes conftest's ``device_spec``); sections override the rest."""
     data = {
         "input": {"paths": ["*.npy"]},
         "bank": {"size": 3, "boundary": "reflect", "filter": filters},
         "output": {"path": "out/{stem}.h5"},
-        "run": {"device": DEVICE},
+        "run": {"device": device},
     }
     for name, body in sections.items():
         data[name] = {**data.get(name, {}), **body}
@@ -124,7 +129,7 @@ def check_stored(stored, ref, volume, kernels, attrs) -> None:
 
 # -- every example pipeline ---------------------------------------------------------------
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=[p.stem for p in PIPELINES])
-def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
+def test_every_example_pipeline_runs(pipeline, tmp_path, capsys, device_spec):
     # small: scipy's float64 reference of 52 filters of 25^3 is the slow part
     volume = random_volume((5, 6, 7), "uint8")
     np.save(tmp_path / "scan.npy", volume)
@@ -138,12 +143,12 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
         and importlib.util.find_spec("hdf5plugin") is None
     ):
         sets += ["--set", "output.compression=gzip"]  # its HDF5 form needs hdf5plugin
-    code, out, err = volconv("validate", pipeline, *sets, "--device", DEVICE, capsys=capsys)
+    code, out, err = volconv("validate", pipeline, *sets, "--device", device_spec, capsys=capsys)
     assert code == 0, err
     assert "scan.npy" in out and "(new)" in out
     report = tmp_path / "report.json"
     code, out, err = volconv(
-        "run", pipeline, *sets, "--device", DEVICE, "--report", report, capsys=capsys
+        "run", pipeline, *sets, "--device", device_spec, "--report", report, capsys=capsys
     )
     assert code == 0, err
     assert "of peak" in out and "kernel" in out
@@ -222,7 +227,7 @@ def test_every_example_pipeline_runs(pipeline, tmp_path, capsys):
         ((6, 7, 8, 2), "uint16", 1, "constant"),
     ],
 )
-def test_inputs_of_every_kind(tmp_path, capsys, shape, dtype, slab_depth, boundary):
+def test_inputs_of_every_kind(tmp_path, capsys, shape, dtype, slab_depth, boundary, device_spec):
     volume = random_volume(shape, dtype)
     np.save(tmp_path / "vol.npy", volume)
     filters = [
@@ -234,7 +239,7 @@ def test_inputs_of_every_kind(tmp_path, capsys, shape, dtype, slab_depth, bounda
     run = {"slab_depth": slab_depth} if slab_depth else {}
     pipeline = write_pipeline(
         tmp_path, filters, input={"paths": ["vol.npy"]}, bank={"boundary": boundary, "cval": -3.5},
-        run=run,
+        run=run, device=device_spec,
     )  # fmt: skip
     code, _, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
@@ -252,7 +257,7 @@ def _padded(kernel: np.ndarray, extent: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def test_big_endian_scaled_nifti_and_hdf5_inputs(tmp_path, capsys):
+def test_big_endian_scaled_nifti_and_hdf5_inputs(tmp_path, capsys, device_spec):
     data = random_volume((10, 9, 8), "int16")
     header = nib.Nifti1Header(endianness=">")
     header.set_data_dtype(np.int16)
@@ -266,7 +271,7 @@ def test_big_endian_scaled_nifti_and_hdf5_inputs(tmp_path, capsys):
     filters = [{"name": "smooth_mm", "type": "gaussian", "sigma": 2.0, "units": "mm"}]
     pipeline = write_pipeline(
         tmp_path, filters, input={"paths": ["be.nii", "vols.h5:/group/data"]},
-        bank={"size": 5}, output={"path": "out/{parent}_{stem}.h5"},
+        bank={"size": 5}, output={"path": "out/{parent}_{stem}.h5"}, device=device_spec,
     )  # fmt: skip
     code, _, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
@@ -281,12 +286,14 @@ def test_big_endian_scaled_nifti_and_hdf5_inputs(tmp_path, capsys):
         assert f.attrs["source"].endswith("vols.h5:/group/data")
 
 
-def test_generated_gaussian_derivatives_equal_gaussian_filter(tmp_path, capsys):
+def test_generated_gaussian_derivatives_equal_gaussian_filter(tmp_path, capsys, device_spec):
     """The contract: gaussian with order equals gaussian_filter(..., order, truncate), constant."""
     volume = random_volume((12, 11, 10), "float32")
     np.save(tmp_path / "v.npy", volume)
     filters = [{"type": "gaussian", "sigma": [1.0, 1.5, 0.8], "order": [0, 1, 2]}]
-    pipeline = write_pipeline(tmp_path, filters, bank={"size": 7, "boundary": "constant"})
+    pipeline = write_pipeline(
+        tmp_path, filters, bank={"size": 7, "boundary": "constant"}, device=device_spec
+    )
     code, _, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
     ref = ndi.gaussian_filter(
@@ -301,12 +308,15 @@ def test_generated_gaussian_derivatives_equal_gaussian_filter(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("dtype", "extra"), [("float16", {}), ("uint8", {"scale": 0.5, "offset": -20.0})]
 )
-def test_float16_and_uint8_outputs(tmp_path, capsys, dtype, extra):
+def test_float16_and_uint8_outputs(tmp_path, capsys, dtype, extra, device_spec):
     volume = random_volume((9, 8, 7), "int16") // 40
     np.save(tmp_path / "v.npy", volume)
     filters = [{"type": "box"}, {"type": "sobel", "axis": 0}]
     pipeline = write_pipeline(
-        tmp_path, filters, output={"dtype": dtype, "compression": "gzip", **extra}
+        tmp_path,
+        filters,
+        output={"dtype": dtype, "compression": "gzip", **extra},
+        device=device_spec,
     )
     code, _, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
@@ -317,11 +327,13 @@ def test_float16_and_uint8_outputs(tmp_path, capsys, dtype, extra):
             assert f["responses"].attrs["offset"] == -20.0
 
 
-def test_xarray_opens_the_output_with_named_dims(tmp_path, capsys):
+def test_xarray_opens_the_output_with_named_dims(tmp_path, capsys, device_spec):
     xr = pytest.importorskip("xarray")
     pytest.importorskip("h5netcdf")  # xarray's engine="h5netcdf" needs it
     np.save(tmp_path / "v.npy", random_volume((5, 6, 7, 2), "uint8"))
-    pipeline = write_pipeline(tmp_path, [{"name": "a", "type": "box"}, {"type": "log", "sigma": 1}])
+    pipeline = write_pipeline(
+        tmp_path, [{"name": "a", "type": "box"}, {"type": "log", "sigma": 1}], device=device_spec
+    )
     assert volconv("run", pipeline, capsys=capsys)[0] == 0
     with xr.open_dataset(tmp_path / "out/v.h5", engine="h5netcdf") as ds:
         assert ds["responses"].dims == ("filter", "x", "y", "z", "t")
@@ -330,10 +342,10 @@ def test_xarray_opens_the_output_with_named_dims(tmp_path, capsys):
 
 
 # -- several inputs, resuming, reports ----------------------------------------------------
-def test_rerun_skips_complete_outputs_and_overwrite_recomputes(tmp_path, capsys):
+def test_rerun_skips_complete_outputs_and_overwrite_recomputes(tmp_path, capsys, device_spec):
     for name in ("a", "b"):
         np.save(tmp_path / f"{name}.npy", random_volume((6, 5, 4), "uint8"))
-    pipeline = write_pipeline(tmp_path, [{"type": "box"}])
+    pipeline = write_pipeline(tmp_path, [{"type": "box"}], device=device_spec)
     code, out, err = volconv("run", pipeline, capsys=capsys)
     assert code == 0, err
     assert out.count("done ") == 2 and "total" in out
@@ -353,10 +365,10 @@ def test_rerun_skips_complete_outputs_and_overwrite_recomputes(tmp_path, capsys)
     assert code == 0 and out.count("complete: skipped") == 2
 
 
-def test_slabs_stream_unless_the_depth_is_forced(tmp_path, capsys):
+def test_slabs_stream_unless_the_depth_is_forced(tmp_path, capsys, device_spec):
     """Several slabs per frame, so reading, computing and writing overlap; run.slab_depth wins."""
     np.save(tmp_path / "v.npy", random_volume((70, 4, 5), "uint8"))
-    pipeline = write_pipeline(tmp_path, BOX_FILTERS)
+    pipeline = write_pipeline(tmp_path, BOX_FILTERS, device=device_spec)
     code, out, _ = volconv("validate", pipeline, capsys=capsys)
     assert code == 0 and "slab depth 32 (3 slabs)" in out
     code, out, _ = volconv("validate", pipeline, "--set", "run.slab_depth=70", capsys=capsys)
@@ -381,7 +393,7 @@ print(after - before, result.reports[0].status)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path, dtype):
+def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path, dtype, device_spec):
     """16 MiB of float32 input and 128 MiB of responses through a 32 MiB bound (float16:
     made on the device, pinned buffers of float16: deeper slabs in the same bound). A float
     input's bound keeps room for the NaN/Inf override (`pipeline.nonfinite_bytes`)."""
@@ -394,7 +406,7 @@ def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path, dtype):
         (tmp_path / name).mkdir()
         runs[name] = write_pipeline(
             tmp_path / name, filters, input={"paths": [str(tmp_path / f"{name}.npy")]},
-            run={"device": DEVICE, "host_memory": bound}, output={"dtype": dtype},
+            run={"host_memory": bound}, output={"dtype": dtype}, device=device_spec,
         )  # fmt: skip
     validate = subprocess_run(["validate", runs["big"]])
     assert "host memory" in validate and f"of {bound / 2**20:.0f} MiB" in validate
@@ -408,7 +420,9 @@ def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path, dtype):
         assert f.attrs["complete"] and f["responses"].shape == (2, 128, 128, 256)
 
 
-def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(tmp_path, monkeypatch):
+def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(
+    tmp_path, monkeypatch, device_spec
+):
     """A slab's pinned buffer holds at most MAX_PINNED_BYTES (page-locking costs at start and
     in RSS); an expert's slab_depth is taken as given; the result is the same either way."""
     import volconv.run.pipeline as pipeline
@@ -419,7 +433,7 @@ def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(tmp_path, mon
     filters = [{"type": "box", "size": 3}, {"type": "gaussian", "sigma": 1.0, "size": 5}]
     row = len(filters) * 12 * 10 * 4  # float32 responses, one row of slab
     monkeypatch.setattr(pipeline, "MAX_PINNED_BYTES", 3 * row)
-    capped = write_pipeline(tmp_path, filters, run={"device": DEVICE})
+    capped = write_pipeline(tmp_path, filters, device=device_spec)
     cfg = load(capped)
     (job,) = pipeline.plan_jobs(cfg, pipeline.choose_device(cfg))
     assert job.plan.slab_depth == 3
@@ -433,7 +447,7 @@ def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(tmp_path, mon
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])
-def test_device_memory_counts_a_frame_kept_on_the_device(tmp_path, dtype):
+def test_device_memory_counts_a_frame_kept_on_the_device(tmp_path, dtype, device_spec):
     """An integer frame read whole is kept on a GPU (up to `engine.frame_bytes`) beside the
     plan's buffers: validate's device memory counts it; a float frame goes as rows."""
     import volconv.run.pipeline as pipeline
@@ -441,7 +455,7 @@ def test_device_memory_counts_a_frame_kept_on_the_device(tmp_path, dtype):
 
     volume = random_volume((20, 12, 10), dtype)
     np.save(tmp_path / "a.npy", volume)
-    cfg = load(write_pipeline(tmp_path, [{"type": "box", "size": 3}], run={"device": DEVICE}))
+    cfg = load(write_pipeline(tmp_path, [{"type": "box", "size": 3}], device=device_spec))
     device = pipeline.choose_device(cfg)
     (job,) = pipeline.plan_jobs(cfg, device)
     assert job.whole_frames  # a .npy maps
@@ -499,7 +513,9 @@ def test_a_corrupt_gzip_input_fails_alone_and_leaves_no_output(tmp_path, capsys)
         pass
 
 
-def test_features_are_stored_after_the_responses_and_resume_by_their_parameters(tmp_path, capsys):
+def test_features_are_stored_after_the_responses_and_resume_by_their_parameters(
+    tmp_path, capsys, device_spec
+):
     """N counts the outputs (responses, then features); the responses only features read are
     not stored; a complete output made with other feature parameters is refused."""
     volume = random_volume((14, 11, 9), "float32")
@@ -510,7 +526,7 @@ def test_features_are_stored_after_the_responses_and_resume_by_their_parameters(
         {"type": "hessian_eigenvalues", "sigma": 0.8, "name": "h"},
         {"type": "structure_tensor_eigenvalues", "sigma": 0.7, "rho": 1.2, "name": "st"},
     ]}  # fmt: skip
-    path = write_pipeline(tmp_path, filters, bank=bank, run={"slab_depth": 4})
+    path = write_pipeline(tmp_path, filters, bank=bank, run={"slab_depth": 4}, device=device_spec)
     code, out, err = volconv("validate", path, capsys=capsys)
     assert code == 0, err
     assert "bank     N = 8" in out
@@ -549,6 +565,6 @@ def test_features_are_stored_after_the_responses_and_resume_by_their_parameters(
     code, out, err = volconv("run", path, capsys=capsys)  # the same: skipped
     assert code == 0 and "skipped" in (out + err).lower(), out + err
     bank["feature"][1]["sigma"] = 0.9
-    path = write_pipeline(tmp_path, filters, bank=bank, run={"slab_depth": 4})
+    path = write_pipeline(tmp_path, filters, bank=bank, run={"slab_depth": 4}, device=device_spec)
     code, out, err = volconv("run", path, capsys=capsys)
     assert code == 2 and "features" in err, err

@@ -15,11 +15,11 @@ from volconv.plan.direct import (
     MAX_UNROLLED_FMAS,
     MIN_STREAM_DEPTH,
     STREAM_SLABS,
-    VECTOR_WIDTHS,
     make_plan,
     pad_dtype_for,
     split_passes,
 )
+from volconv.plan.knobs import VECTOR_WIDTHS
 
 GiB = 2**30
 

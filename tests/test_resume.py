@@ -34,14 +34,15 @@ FILTERS = [{"type": "gaussian", "name": f"g{i}", "sigma": 1.5, "order": [0, 0, i
 SHAPES = {"3d": (1200, 40, 40), "4d": (300, 24, 24, 3)}
 
 
-def pipeline(folder: Path, shape: str = "3d") -> Path:
-    """float16 outputs; the 4D one gzip-compressed (chunks compressed on the writer's pool)."""
+def pipeline(folder: Path, shape: str = "3d", device: str = DEVICE) -> Path:
+    """float16 outputs; the 4D one gzip-compressed (chunks compressed on the writer's pool);
+    run on ``device`` (each test takes conftest's ``device_spec``)."""
     data = {
         "input": {"paths": ["b.npy"]},
         "bank": {"size": 5, "filter": FILTERS},
         "output": {"path": "out/{stem}.h5", "dtype": "float16",
                    "compression": "none" if shape == "3d" else "gzip"},
-        "run": {"device": DEVICE, "slab_depth": 1 if shape == "3d" else 2},
+        "run": {"device": device, "slab_depth": 1 if shape == "3d" else 2},
     }  # fmt: skip
     path = folder / "p.toml"
     path.write_text(dump_toml(data))
@@ -49,14 +50,14 @@ def pipeline(folder: Path, shape: str = "3d") -> Path:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per shape: the input and the responses of a run that nothing stopped."""
+def uninterrupted(tmp_path_factory, device_spec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per shape: the input and the responses of a run on the device that nothing stopped."""
     made = {}
     for name, shape in SHAPES.items():
         folder = tmp_path_factory.mktemp(f"whole-{name}")
         volume = random_volume(shape, "uint8" if name == "3d" else "float32")
         np.save(folder / "b.npy", volume)
-        code, _, err = run(pipeline(folder, name))
+        code, _, err = run(pipeline(folder, name, device_spec))
         assert code == 0, err
         with h5py.File(folder / "out" / "b.h5") as f:
             made[name] = volume, f["responses"][()]
@@ -89,10 +90,13 @@ def slabs_recorded(out: Path) -> int:
         return 0
 
 
-def stop_mid_volume(folder: Path, how: signal.Signals, shape: str = "3d", at: int = 40) -> int:
-    """Start a run, send ``how`` once ``at`` slabs are recorded; the slabs recorded then."""
+def stop_mid_volume(
+    folder: Path, how: signal.Signals, shape: str = "3d", at: int = 40, *, device: str = DEVICE
+) -> int:
+    """Start a run on ``device``, send ``how`` once ``at`` slabs are recorded; the slabs
+    recorded then."""
     out = folder / "out"
-    proc = start(pipeline(folder, shape))
+    proc = start(pipeline(folder, shape, device))
     deadline = time.monotonic() + 300
     while slabs_recorded(out) < at:
         assert proc.poll() is None, proc.communicate()
@@ -114,24 +118,24 @@ def stop_mid_volume(folder: Path, how: signal.Signals, shape: str = "3d", at: in
     return recorded
 
 
-def report_of(folder: Path, *args: str) -> dict:
-    code, out, err = run(pipeline(folder), "--report", str(folder / "r.json"), *args)
+def report_of(folder: Path, *args: str, device: str = DEVICE) -> dict:
+    code, out, err = run(pipeline(folder, device=device), "--report", str(folder / "r.json"), *args)
     assert code == 0, err
     return json.loads((folder / "r.json").read_text())["inputs"][0] | {"stdout": out}
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM],
                          ids=["SIGKILL", "SIGINT", "SIGTERM"])  # fmt: skip
-def test_a_stopped_run_resumes_and_gives_the_same_bits(tmp_path, uninterrupted, how):
+def test_a_stopped_run_resumes_and_gives_the_same_bits(tmp_path, uninterrupted, how, device_spec):
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
-    recorded = stop_mid_volume(tmp_path, how)
+    recorded = stop_mid_volume(tmp_path, how, device=device_spec)
     check = subprocess.run([sys.executable, "-m", "volconv", "validate", str(tmp_path / "p.toml")],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert check.returncode == 0, check.stderr
     assert f"(new; an interrupted run's partial with {recorded} slabs resumes" in check.stdout
 
-    r = report_of(tmp_path)
+    r = report_of(tmp_path, device=device_spec)
     n = volume.shape[0]
     assert r["n_slabs"] == n
     # every slab recorded is kept; only the rest is computed (and counted as work)
@@ -147,12 +151,14 @@ def test_a_stopped_run_resumes_and_gives_the_same_bits(tmp_path, uninterrupted, 
     assert partials(tmp_path / "out") == []
 
 
-def test_a_4d_input_resumes_per_frame_and_slab(tmp_path, uninterrupted):
+def test_a_4d_input_resumes_per_frame_and_slab(tmp_path, uninterrupted, device_spec):
     volume, whole = uninterrupted["4d"]
     np.save(tmp_path / "b.npy", volume)
     n = SHAPES["4d"][3] * SHAPES["4d"][0] // 2
-    recorded = stop_mid_volume(tmp_path, signal.SIGKILL, "4d", at=n // 2)  # in frame 1
-    code, out, err = run(pipeline(tmp_path, "4d"))
+    recorded = stop_mid_volume(
+        tmp_path, signal.SIGKILL, "4d", at=n // 2, device=device_spec
+    )  # in frame 1
+    code, out, err = run(pipeline(tmp_path, "4d", device=device_spec))
     assert code == 0, err
     kept = int(out.split(" slabs resumed")[0].rsplit(", ", 1)[1].split("/")[0])
     assert recorded <= kept < n
@@ -161,10 +167,10 @@ def test_a_4d_input_resumes_per_frame_and_slab(tmp_path, uninterrupted):
 
 
 @pytest.mark.parametrize("change", ["bank", "input", "--overwrite"])
-def test_what_differs_is_never_resumed(tmp_path, uninterrupted, change):
+def test_what_differs_is_never_resumed(tmp_path, uninterrupted, change, device_spec):
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
-    stop_mid_volume(tmp_path, signal.SIGKILL)
+    stop_mid_volume(tmp_path, signal.SIGKILL, device=device_spec)
     args: tuple[str, ...] = ()
     if change == "bank":
         args = ("--set", "bank.boundary=wrap")
@@ -174,7 +180,7 @@ def test_what_differs_is_never_resumed(tmp_path, uninterrupted, change):
         np.save(tmp_path / "b.npy", volume)
     else:
         args = ("--overwrite",)
-    r = report_of(tmp_path, *args)
+    r = report_of(tmp_path, *args, device=device_spec)
     assert r["resumed_slabs"] == 0 and "resumed" not in r["stdout"]
     assert partials(tmp_path / "out") == []  # the stale partial is gone
     if change == "--overwrite":
@@ -187,13 +193,13 @@ def digest(path: Path) -> str:
 
 
 @pytest.mark.parametrize("where", ["folder", "file", "log"])
-def test_a_planted_link_is_never_followed(tmp_path, uninterrupted, where):
+def test_a_planted_link_is_never_followed(tmp_path, uninterrupted, where, device_spec):
     """A link in the partial's place (the folder, its file, its log) pointing at a copy of a
     resumable partial: never opened through, never changed, never removed; the rerun
     starts afresh and is whole."""
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
-    stop_mid_volume(tmp_path, signal.SIGKILL)
+    stop_mid_volume(tmp_path, signal.SIGKILL, device=device_spec)
     (partial,) = partials(tmp_path / "out")
     victim = tmp_path / "victim"
     shutil.copytree(partial, victim)
@@ -208,7 +214,7 @@ def test_a_planted_link_is_never_followed(tmp_path, uninterrupted, where):
         planted = partial / name
     before = {p.name: digest(p) for p in victim.iterdir()}
 
-    r = report_of(tmp_path)
+    r = report_of(tmp_path, device=device_spec)
     assert r["resumed_slabs"] == 0
     assert {p.name: digest(p) for p in victim.iterdir()} == before
     if where == "folder":
@@ -217,28 +223,28 @@ def test_a_planted_link_is_never_followed(tmp_path, uninterrupted, where):
         np.testing.assert_array_equal(f["responses"][()], whole)
 
 
-def test_another_users_partial_is_not_used(tmp_path, uninterrupted):
+def test_another_users_partial_is_not_used(tmp_path, uninterrupted, device_spec):
     if os.geteuid() != 0:
         pytest.skip("needs root to give a partial output to another user")
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
-    stop_mid_volume(tmp_path, signal.SIGKILL)
+    stop_mid_volume(tmp_path, signal.SIGKILL, device=device_spec)
     (partial,) = partials(tmp_path / "out")
     for p in (partial, *partial.iterdir()):
         os.chown(p, 65534, 65534)
     before = {p.name: digest(p) for p in partial.iterdir()}
-    r = report_of(tmp_path)
+    r = report_of(tmp_path, device=device_spec)
     assert r["resumed_slabs"] == 0
     assert {p.name: digest(p) for p in partial.iterdir()} == before  # left alone
     with h5py.File(tmp_path / "out" / "b.h5") as f:
         np.testing.assert_array_equal(f["responses"][()], whole)
 
 
-def test_two_reruns_at_once_one_resumes(tmp_path, uninterrupted):
+def test_two_reruns_at_once_one_resumes(tmp_path, uninterrupted, device_spec):
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
-    stop_mid_volume(tmp_path, signal.SIGKILL)
-    runs = [start(pipeline(tmp_path)) for _ in range(2)]
+    stop_mid_volume(tmp_path, signal.SIGKILL, device=device_spec)
+    runs = [start(pipeline(tmp_path, device=device_spec)) for _ in range(2)]
     outs = []
     for proc in runs:
         out, err = proc.communicate(timeout=600)
@@ -251,28 +257,30 @@ def test_two_reruns_at_once_one_resumes(tmp_path, uninterrupted):
         np.testing.assert_array_equal(f["responses"][()], whole)
 
 
-def test_a_slab_whose_bytes_differ_from_its_record_is_computed_again(tmp_path, uninterrupted):
+def test_a_slab_whose_bytes_differ_from_its_record_is_computed_again(
+    tmp_path, uninterrupted, device_spec
+):
     """What the file holds counts, whatever the log says: a record whose CRC does not match
     the bytes read back (a cut write, a disk that lost them) is not kept."""
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
-    stop_mid_volume(tmp_path, signal.SIGKILL)
+    stop_mid_volume(tmp_path, signal.SIGKILL, device=device_spec)
     (partial,) = partials(tmp_path / "out")
     with h5py.File(partial / "b.h5", "r+", locking=False) as f:
         f["responses"][2, 0] = 7  # slab [0, 1) of filter 2: other bytes than recorded
-    r = report_of(tmp_path)
+    r = report_of(tmp_path, device=device_spec)
     assert r["resumed_slabs"] > 0  # the others are kept
     with h5py.File(tmp_path / "out" / "b.h5") as f:
         np.testing.assert_array_equal(f["responses"][()], whole)
 
 
-def test_a_live_runs_partial_is_not_taken(tmp_path, uninterrupted):
+def test_a_live_runs_partial_is_not_taken(tmp_path, uninterrupted, device_spec):
     """Only runs that no longer run leave partials to resume: a stopped (SIGSTOP) run's
     folder is left alone, and that run finishes its own file when it goes on."""
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
     out = tmp_path / "out"
-    first = start(pipeline(tmp_path))
+    first = start(pipeline(tmp_path, device=device_spec))
     while slabs_recorded(out) < 40:
         assert first.poll() is None, first.communicate()
         time.sleep(0.01)
@@ -280,7 +288,7 @@ def test_a_live_runs_partial_is_not_taken(tmp_path, uninterrupted):
     try:
         (partial,) = partials(out)
         assert f"-{first.pid}-" in partial.name and socket.gethostname() in partial.name
-        r = report_of(tmp_path)
+        r = report_of(tmp_path, device=device_spec)
         assert r["resumed_slabs"] == 0
         assert partial.is_dir()
     finally:
@@ -291,7 +299,7 @@ def test_a_live_runs_partial_is_not_taken(tmp_path, uninterrupted):
         np.testing.assert_array_equal(f["responses"][()], whole)
 
 
-def test_a_partial_with_every_slab_only_needs_finishing(tmp_path, uninterrupted):
+def test_a_partial_with_every_slab_only_needs_finishing(tmp_path, uninterrupted, device_spec):
     """Stopped after its last slab was recorded, before the rename: the rerun computes
     nothing, and finishes the file."""
     volume, whole = uninterrupted["3d"]
@@ -309,13 +317,13 @@ def test_a_partial_with_every_slab_only_needs_finishing(tmp_path, uninterrupted)
             raise KeyboardInterrupt
 
     with pytest.raises(Interrupted, match="keeps its complete slabs"):
-        volconv_run(load(pipeline(tmp_path)), on_slab=on_slab)
+        volconv_run(load(pipeline(tmp_path, device=device_spec)), on_slab=on_slab)
     (partial,) = partials(out)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     partial.rename(out / partial.name.replace(f"-{os.getpid()}-", f"-{dead}-"))
 
-    r = report_of(tmp_path)
+    r = report_of(tmp_path, device=device_spec)
     assert r["resumed_slabs"] == n and f"{n}/{n} slabs resumed" in r["stdout"]
     assert r["gflop"] == 0
     with h5py.File(out / "b.h5") as f:
@@ -324,23 +332,25 @@ def test_a_partial_with_every_slab_only_needs_finishing(tmp_path, uninterrupted)
     assert partials(out) == []
 
 
-def test_a_complete_mark_in_a_partial_is_removed_on_resuming(tmp_path, uninterrupted):
+def test_a_complete_mark_in_a_partial_is_removed_on_resuming(tmp_path, uninterrupted, device_spec):
     """A run killed between writing ``complete = True`` and the rename leaves a partial that
     says complete: the rerun that continues it copies its slabs into a new file, which says
     complete only once whole."""
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
     out = tmp_path / "out"
-    recorded = stop_mid_volume(tmp_path, signal.SIGKILL)
+    recorded = stop_mid_volume(tmp_path, signal.SIGKILL, device=device_spec)
     (partial,) = partials(out)
     with h5py.File(partial / "b.h5", "r+", locking=False) as f:
         f.attrs["complete"] = True
         f.attrs["the killed run's"] = True
-    stop_mid_volume(tmp_path, signal.SIGKILL, at=recorded + 40)  # resumed, then killed
+    stop_mid_volume(
+        tmp_path, signal.SIGKILL, at=recorded + 40, device=device_spec
+    )  # resumed, then killed
     (partial,) = partials(out)
     with h5py.File(partial / "b.h5", locking=False) as f:  # a new file, the slabs copied
         assert "the killed run's" not in f.attrs and "complete" not in f.attrs
-    code, _, err = run(pipeline(tmp_path))
+    code, _, err = run(pipeline(tmp_path, device=device_spec))
     assert code == 0, err
     with h5py.File(out / "b.h5") as f:
         assert f.attrs["complete"]
@@ -358,7 +368,7 @@ def test_the_log_counts_only_whole_lines(tmp_path):
     ]  # fmt: skip
 
 
-def test_a_run_stopped_in_this_process_resumes_in_it(tmp_path, uninterrupted):
+def test_a_run_stopped_in_this_process_resumes_in_it(tmp_path, uninterrupted, device_spec):
     """Ctrl-C in a notebook (the API's `run`): the partial stays, free once its run has
     stopped, and the next run in the same process continues it."""
     volume, whole = uninterrupted["3d"]
@@ -372,12 +382,12 @@ def test_a_run_stopped_in_this_process_resumes_in_it(tmp_path, uninterrupted):
             raise KeyboardInterrupt
 
     with pytest.raises(Interrupted, match="keeps its complete slabs"):
-        volconv_run(load(pipeline(tmp_path)), on_slab=on_slab)
+        volconv_run(load(pipeline(tmp_path, device=device_spec)), on_slab=on_slab)
     (partial,) = partials(out)
     assert f"-{os.getpid()}-" in partial.name
     recorded = slabs_recorded(out)
     assert recorded >= 90  # the writer runs at most two slabs behind, and stops
-    result = volconv_run(load(pipeline(tmp_path)))
+    result = volconv_run(load(pipeline(tmp_path, device=device_spec)))
     assert result.reports[0].resumed_slabs == recorded
     with h5py.File(out / "b.h5") as f:
         np.testing.assert_array_equal(f["responses"][()], whole)
@@ -458,7 +468,7 @@ def test_a_writer_with_slabs_in_flight_killed_resumes_bit_for_bit(tmp_path):
     assert partials(out) == []
 
 
-def test_a_forged_log_claiming_unwritten_slabs_computes_them(tmp_path, uninterrupted):
+def test_a_forged_log_claiming_unwritten_slabs_computes_them(tmp_path, uninterrupted, device_spec):
     """Records for slabs the file never got, with the CRCs of what an unwritten chunk reads
     as (HDF5's fill value, zeros), are not kept: a slab counts only where its chunks are on
     disk, and the rerun computes the rest, giving the same bits."""
@@ -466,7 +476,7 @@ def test_a_forged_log_claiming_unwritten_slabs_computes_them(tmp_path, uninterru
 
     volume, whole = uninterrupted["3d"]
     np.save(tmp_path / "b.npy", volume)
-    recorded = stop_mid_volume(tmp_path, signal.SIGKILL)
+    recorded = stop_mid_volume(tmp_path, signal.SIGKILL, device=device_spec)
     (partial,) = partials(tmp_path / "out")
     zeros = np.zeros((1, *volume.shape[1:]), np.float16)  # a slab is one row here
     crc = f"{zlib.crc32(zeros):08x}"
@@ -474,7 +484,7 @@ def test_a_forged_log_claiming_unwritten_slabs_computes_them(tmp_path, uninterru
                       for a in range(recorded + 10, volume.shape[0]))  # fmt: skip
     with open(partial / "progress", "ab") as log:
         log.write(forged)
-    r = report_of(tmp_path)
+    r = report_of(tmp_path, device=device_spec)
     assert 0 < r["resumed_slabs"] < recorded + 10
     with h5py.File(tmp_path / "out" / "b.h5") as f:
         np.testing.assert_array_equal(f["responses"][()], whole)

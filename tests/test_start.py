@@ -24,8 +24,9 @@ from volconv import cli
 from volconv.device import programs
 from volconv.engines.separable import SeparableConvolver
 from volconv.output.space import Space
-from volconv.run.inputs import InputError, open_volume
+from volconv.run.inputs import open_volume
 from volconv.run.pipeline import PinnedSlabs
+from volconv.run.volume import InputError
 
 BOX = [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]
 

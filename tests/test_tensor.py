@@ -13,35 +13,38 @@ from conftest import assert_spec_close, reference
 
 from volconv.checks import spec_tolerance
 from volconv.device.programs import kernel_folder, sm90a_ptx
+from volconv.engines.choose import (
+    MIN_TENSOR_FILTERS,
+    auto_engine,
+    choose_engine,
+    direct_convolver,
+    direct_plan,
+    tensor_pays,
+)
+from volconv.engines.digits import FLOAT_DIGITS, DigitConvolver, digit_types
 from volconv.engines.direct import BankConvolver
-from volconv.engines.separable import SeparableConvolver, plan_bank
+from volconv.engines.registry import ENGINES
+from volconv.engines.separable import SeparableConvolver, make_separable_plan, plan_bank
 from volconv.engines.tensor import (
     DIGIT_MAX,
     DIGITS,
-    FLOAT_DIGITS,
     KERNEL_FILE,
-    MIN_TENSOR_FILTERS,
     TENSOR_ENGINE,
-    DigitConvolver,
     TensorConvolver,
     TensorShape,
-    auto_engine,
-    choose_engine,
     default_shape,
     digit_exponents,
-    digit_types,
-    direct_convolver,
     fit_split,
     int8_digits,
     int8_fragments,
     local_bytes,
     tensor_defines,
-    tensor_pays,
     tensor_refusal,
     tensor_supported,
     wgmma_supported,
 )
-from volconv.plan.direct import ENGINES, TUNE_FILE, TUNE_FORMAT, kernel_hash, make_plan, tune_keys
+from volconv.plan.direct import make_plan
+from volconv.plan.knobs import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
 from volconv.report import write_json
 
 MODES = ("reflect", "mirror", "nearest", "constant", "wrap")
@@ -108,6 +111,30 @@ def test_engine_choice_and_fallback(device):
     forced = SeparableConvolver(bank, shape, np.uint8, device=device, choices=direct(bank),
                                 engine="fp32")  # fmt: skip
     assert forced.engines == ["fp32"]
+    vol = volume_of(np.uint8, shape)
+    assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
+
+
+def test_a_separable_plan_holds_its_direct_groups_plans(device):
+    """Planned once: `make_separable_plan` chooses each direct group's engine and plans it
+    (`direct_plan`), and the plan holds those plans; the convolver builds each group from its
+    plan at the bank's slab depth (one changed after planning too, as the pipeline's memory
+    bound may) and gives scipy's responses."""
+    rng = np.random.default_rng(2)
+    bank = [rng.standard_normal((3, 3, 3)) for _ in range(MIN_TENSOR_FILTERS)]
+    bank.append(rng.standard_normal((5, 3, 3)))
+    shape = (9, 10, 11)
+    plan = make_separable_plan(
+        bank, shape, np.uint8, "reflect", 0.0, device, choices=direct(bank), tuned=False
+    )  # the rule, not a cache
+    assert [len(g) for g in plan.groups] == [MIN_TENSOR_FILTERS, 1]
+    wanted = [direct_plan(np.stack([bank[f] for f in g]), shape, np.uint8, device=device,
+                          slab_depth=1, tuned=False) for g in plan.groups]  # fmt: skip
+    assert list(plan.direct_plans) == wanted
+    assert [p.engine for p in wanted] == ["tensor" if tensor_supported(device) else "fp32", "fp32"]
+    plan = replace(plan, slab_depth=4)
+    conv = SeparableConvolver(bank, shape, np.uint8, device=device, plan=plan)
+    assert [c.plan for c in conv._direct] == [replace(p, slab_depth=4) for p in wanted]
     vol = volume_of(np.uint8, shape)
     assert_spec_close(run(conv, vol), vol, bank, reference(vol, bank, "reflect"))
 

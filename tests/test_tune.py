@@ -1,5 +1,5 @@
 """Autotuning cached per device (`volconv.plan.tune`, `volconv bench --tune`) and the plan
-reading the cache (`volconv.plan.direct.tuned_knobs`): round trip, use, stale and corrupt files,
+reading the cache (`volconv.plan.knobs.tuned_knobs`): round trip, use, stale and corrupt files,
 atomicity."""
 
 from __future__ import annotations
@@ -17,16 +17,10 @@ from volconv import report
 from volconv.bench import Work
 from volconv.cli import app
 from volconv.engines.direct import BankConvolver, convolve_bank
+from volconv.engines.registry import ENGINES
 from volconv.engines.tensor import TENSOR_ENGINE, tensor_supported
-from volconv.plan.direct import (
-    ENGINES,
-    TUNE_FILE,
-    TUNE_FORMAT,
-    kernel_hash,
-    make_plan,
-    tune_keys,
-    tuned_knobs,
-)
+from volconv.plan.direct import make_plan
+from volconv.plan.knobs import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys, tuned_knobs
 from volconv.plan.tune import MARGIN, Candidates, tune_bank
 
 TINY = Work((12, 10, 14), 3, (3, 5, 3), dtype="int16")

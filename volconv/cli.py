@@ -335,7 +335,8 @@ def bench(
     from volconv import bench as b  # loaded for this command only
     from volconv.checks import check_mode
     from volconv.device.devices import select_device
-    from volconv.plan.direct import CL_TYPES, MAX_EXTENT, MAX_FILTERS, MAX_UNROLL
+    from volconv.plan.direct import CL_TYPES, MAX_EXTENT, MAX_FILTERS
+    from volconv.plan.knobs import MAX_UNROLL
     from volconv.report import write_json
 
     try:

@@ -9,7 +9,6 @@ Nothing here opens an input or an OpenCL device: that is planning (`volconv.run.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import string
@@ -22,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from volconv.bank.features import Feature, build_features
-from volconv.bank.filters import UNITS, BankError, Filter, build_bank
+from volconv.bank.filters import Filter, build_bank
+from volconv.bank.spec import UNITS, BankError, is_number
 from volconv.checks import (
     check_mode,
     check_positive_int,
@@ -244,10 +244,6 @@ def dump_toml(data: dict[str, Any]) -> str:
 
 
 # -- validation: the one place ------------------------------------------------------------
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
 def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Config:
     """Check every section and key of a parsed pipeline; `PipelineError` names what is wrong."""
 
@@ -295,7 +291,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
     except ValueError as e:
         raise fail(str(e)) from None
     cval = bank.get("cval", 0.0)
-    if not _is_number(cval) or not math.isfinite(cval):
+    if not is_number(cval):
         raise fail(f"bank.cval must be a finite number; got {cval!r}")
     if not fits_float32(cval):
         raise fail(f"bank.cval must be within float32's range (|cval| <= 3.4e38); got {cval!r}")
@@ -355,7 +351,7 @@ def validate_config(data: dict[str, Any], source: Path, text: str = "") -> Confi
                 raise fail(f'output.{key} applies to dtype = "uint8" only (dtype is {dtype!r})')
             if scale_auto:
                 continue
-            if not _is_number(v) or not math.isfinite(v) or (key == "scale" and v == 0):
+            if not is_number(v) or (key == "scale" and v == 0):
                 what = ('a finite non-zero number or "auto"' if key == "scale"
                         else "a finite number")  # fmt: skip
                 raise fail(f"output.{key} must be {what}; got {v!r}")

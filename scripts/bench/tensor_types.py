@@ -21,9 +21,10 @@ import numpy as np
 from tensor import Reference, load_volume, tflops
 
 from volconv.device.devices import select_device
-from volconv.engines import tensor
+from volconv.engines import digits as digit_module
+from volconv.engines.digits import DigitConvolver
 from volconv.engines.direct import BankConvolver
-from volconv.engines.tensor import DigitConvolver, TensorConvolver
+from volconv.engines.tensor import TensorConvolver
 from volconv.report import write_json
 
 
@@ -91,15 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.only not in name:
             continue
         ref = Reference(vol, torch).responses(vol, bank)
-        digits = [tensor.FLOAT_DIGITS]
+        digits = [digit_module.FLOAT_DIGITS]
         if vol.dtype.kind == "f":
             digits += [int(d) for d in args.float_digits.split(",") if d]
         convs = [BankConvolver(bank, shape, vol.dtype, device=dev, tuned=False)]
         for d in digits:
-            tensor.FLOAT_DIGITS = d  # read by digit_types when the convolver is made
+            digit_module.FLOAT_DIGITS = d  # read by digit_types when the convolver is made
             cls = TensorConvolver if vol.dtype.itemsize == 1 else DigitConvolver
             convs.append(cls(bank, shape, vol.dtype, device=dev, tuned=False))
-        tensor.FLOAT_DIGITS = digits[0]
+        digit_module.FLOAT_DIGITS = digits[0]
         for conv in convs:
             row, out = timed(conv, vol, args.repeats)
             row.update(volume=name, dtype=vol.dtype.name, error=error(out, ref, bank, vol),

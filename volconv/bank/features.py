@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from volconv.bank.factor import Term, term
-from volconv.bank.filters import BankError, Filter, build_bank, gaussian_kernel1d
-from volconv.bank.outputs import Output, responses
+from volconv.bank.filters import Filter, build_bank
+from volconv.bank.kernels import gaussian_kernel1d
+from volconv.bank.outputs import Output, responses, stored_kernels
+from volconv.bank.spec import BankError
 from volconv.plan.direct import MAX_SEPARABLE_EXTENT
 
 DEFAULT_TRUNCATE = 4.0  # scipy.ndimage.gaussian_filter's
@@ -367,12 +369,8 @@ class Expanded:
     def stored_kernels(self) -> tuple[np.ndarray, np.ndarray]:
         """The ``/kernels`` array and the per-output extents: each response's kernel, and a
         (1, 1, 1) zero kernel for each feature output (the ``features`` attribute describes
-        those), stacked to one extent."""
-        from volconv.bank.filters import stack_kernels
-
-        arrays = [o.kernel if o.is_response else np.zeros((1, 1, 1)) for o in self.outputs]
-        extents = np.array([a.shape for a in arrays], np.int64)
-        return stack_kernels(arrays), extents
+        those), stacked to one extent (`volconv.bank.outputs.stored_kernels`)."""
+        return stored_kernels(self.outputs)
 
 
 def features_json(features: Sequence[Feature]) -> str:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from volconv.bank.filters import stack_kernels
+
 RESPONSE = "response"
 
 
@@ -50,3 +52,12 @@ def responses(filters: list) -> list[Output]:
     """Each filter of a bank (`volconv.bank.filters.Filter`) as the output that stores its
     response."""
     return [Output(f.name, RESPONSE, f.kernel) for f in filters]
+
+
+def stored_kernels(outputs: list[Output]) -> tuple[np.ndarray, np.ndarray]:
+    """The ``/kernels`` array and the per-output extents: each response's kernel, and a
+    (1, 1, 1) zero kernel for each feature output (the ``features`` attribute describes
+    those), stacked to one extent (`volconv.bank.filters.stack_kernels`)."""
+    arrays = [o.kernel if o.is_response else np.zeros((1, 1, 1)) for o in outputs]
+    extents = np.array([a.shape for a in arrays], np.int64)
+    return stack_kernels(arrays), extents

@@ -18,7 +18,9 @@ from volconv.bank.features import (
     gaussian_filter_of,
     radius,
 )
-from volconv.bank.filters import BankError, Filter, gaussian_kernel1d
+from volconv.bank.filters import Filter
+from volconv.bank.kernels import gaussian_kernel1d
+from volconv.bank.spec import BankError
 from volconv.plan.direct import MAX_SEPARABLE_EXTENT
 
 PRESETS = ("ilastik", "skimage")

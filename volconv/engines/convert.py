@@ -23,9 +23,8 @@ from volconv.device.programs import build
 
 if TYPE_CHECKING:
     from volconv.config import Config
-    from volconv.run.inputs import Volume
+    from volconv.run.volume import Volume
 
-STORED = ("float32", "float16", "uint8")
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 GROUP, PER_ITEM = 256, 16  # to_uint8's work-group size and values per work-item (convert.cl)
 CALL = 2**30  # values a kernel call converts at most: its counts fit a uint

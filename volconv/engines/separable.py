@@ -46,26 +46,23 @@ from volconv.checks import check_cval, check_mode
 from volconv.device.devices import select_device
 from volconv.device.programs import build, context_for, device_seconds
 from volconv.engines.boundary import extend_indices, halo, sources
+from volconv.engines.choose import convolver_for, direct_plan
 from volconv.engines.direct import (
     STAGES,
     BankConvolver,
-    Padder,
     SlabConvolver,
     check_out,
     check_volume_dtype,
-    frame_bytes,
-    native_volume,
-    slab_rows,
 )
 from volconv.engines.features import FeatureKernels, StructureTensorStage, host_feature
 from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
-from volconv.engines.tensor import direct_convolver
+from volconv.engines.padder import Padder, frame_bytes, native_volume, slab_rows
 from volconv.plan.direct import (
     CL_TYPES,
     MAX_EXTENT,
     MAX_SEPARABLE_EXTENT,
     MAX_SEPARABLE_FILTERS,
-    make_plan,
+    Plan,
     pad_dtype_for,
     streaming_depth,
 )
@@ -372,7 +369,7 @@ def fused_tree(choices: Sequence[Choice], halo_lo: tuple[int, int, int]) -> Fuse
 
 @dataclass(frozen=True)
 class SeparablePlan:
-    """Sizes of one separable bank convolution (the direct groups plan their own)."""
+    """Sizes of one separable bank convolution, and its direct groups' plans."""
 
     shape: tuple[int, int, int]
     n_filters: int
@@ -394,6 +391,7 @@ class SeparablePlan:
     n_stored: int | None = None  # the first n_stored filters are stored (None: all)
     feature_planes: int = 0  # feature outputs kernels/features.cl computes on the device
     n_tensor: int = 0  # outputs of structure tensors (engines.features.StructureTensorStage)
+    direct_plans: tuple[Plan, ...] = ()  # per group: its engine's plan (`direct_plan`)
 
     @property
     def stored(self) -> int:
@@ -476,6 +474,7 @@ def make_separable_plan(
     n_stored: int | None = None,
     feature_planes: int = 0,
     n_tensor: int = 0,
+    engine: str | None = None,
     **overrides: object,
 ) -> SeparablePlan:
     """Plan a bank on the separable path without building anything (``volconv validate``):
@@ -522,19 +521,18 @@ def make_separable_plan(
         if c.path == "direct":
             by_extent.setdefault(c.extent, []).append(f)
     groups = tuple(tuple(g) for g in by_extent.values())
-    direct, allocs = [], []
-    for g in groups:
-        p = make_plan(
-            shape, src, choices[g[0]].extent, len(g), mode, cval, device, slab_depth=1,
-            **overrides,
-        )  # fmt: skip
+    direct, allocs, plans = [], [], []
+    for g in groups:  # each group's engine chosen and planned here, once
+        p = direct_plan(np.stack([entries[f][0] for f in g]), shape, dtype, mode, cval,
+                        device=device, engine=engine, slab_depth=1, **overrides)  # fmt: skip
         zero, one = p.slab_bytes(0), p.slab_bytes(1)
         direct.append((sum(zero.values()), sum(one.values())))
         allocs.append((zero, one))
+        plans.append(p)
     plan = SeparablePlan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
-        want, tile, n_stored, int(feature_planes), int(n_tensor),
+        want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans),
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
@@ -599,7 +597,7 @@ class SeparableConvolver(SlabConvolver):
         One kernel for the separable filters (default: on GPUs, where the bank fits it), and
         its work-group tile (see `make_separable_plan`).
     engine : {'auto', 'fp32', 'tensor'}, optional
-        The direct groups' engine (`volconv.engines.tensor.direct_convolver`; default
+        The direct groups' engine (`volconv.engines.choose.direct_convolver`; default
         $VOLCONV_ENGINE or 'auto': the tensor cores where the device and bank allow).
     expanded : volconv.bank.features.Expanded, optional
         Derived features: ``filters`` is then ``expanded.filters`` (the bank's, then those
@@ -648,25 +646,21 @@ class SeparableConvolver(SlabConvolver):
             plan = make_separable_plan(
                 filters, shape, dtype, mode, cval, self.device, choices=choices,
                 slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
-                rows=rows, block_rows=block_rows, fused=fused, tile=tile, **sizes, **overrides,
+                rows=rows, block_rows=block_rows, fused=fused, tile=tile, engine=engine, **sizes,
+                **overrides,
             )  # fmt: skip
         self.plan = plan
         self.expanded = expanded
         self.kernels = [k for k, _ in _entries(filters)]
         self._groups = [list(g) for g in plan.groups]
-        self._direct = [
-            direct_convolver(
+        self._direct = [  # the groups' plans, made with the bank's, at its slab depth
+            convolver_for(
                 np.stack([self.kernels[f] for f in idx]),
-                plan.shape,
                 dtype,
-                plan.mode,
-                plan.cval,
+                replace(p, slab_depth=plan.slab_depth),
                 device=self.device,
-                engine=engine,
-                slab_depth=plan.slab_depth,
-                **overrides,
             )
-            for idx in self._groups
+            for idx, p in zip(self._groups, plan.direct_plans, strict=True)
         ]
         self.timings = dict.fromkeys(STAGES, 0.0)
         self._slots = [f for f, c in enumerate(plan.choices) if c.path != "direct"]

@@ -1,5 +1,4 @@
-"""The tensor-core engine (NVIDIA, compute capability >= 8.0) and the one place an engine is
-chosen for a direct bank: `direct_convolver`.
+"""The tensor-core engine (NVIDIA, compute capability >= 8.0) for 8-bit inputs.
 
 `TensorConvolver` has `BankConvolver`'s slab interface and semantics (the same padded slab,
 responses, non-finite override); its kernel, kernels/tensor_int8.cl, computes the valid
@@ -10,59 +9,35 @@ signed 8-bit digits, the digits' int32 sums are exact and combined in two float 
 the only errors are the coefficients' rounding (23 bits below each filter's largest) and the
 output's (two roundings): below the FP32 kernel's at every extent measured.
 
-Inputs 8-bit integers do not hold exactly (16-bit integers, float32 and wider, a non-integer
-``cval`` in constant mode) take `DigitConvolver`: the padded slab split on the device into
-8-bit digit slabs (kernels/digits.cl), each through the same kernel, the responses summed in
-FP32. Filters whose scale leaves float32's normal range stay on the FP32 kernel:
-`tensor_refusal` says why. `direct_convolver` chooses between the engines (the one
-``volconv bench --tune`` cached, else a rule); ``VOLCONV_ENGINE=fp32`` (or ``engine='fp32'``)
-forces the FP32 kernel everywhere, for comparison.
+Inputs 8-bit integers do not hold exactly go through `volconv.engines.digits`; filters whose
+scale leaves float32's normal range stay on the FP32 kernel: `tensor_refusal` says why.
+`volconv.engines.choose` chooses between the engines.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass, replace
-from dataclasses import fields as dataclass_fields
+from typing import ClassVar
 
 import numpy as np
 import pyopencl as cl
 
-from volconv.checks import check_cval, check_mode
-from volconv.device.devices import select_device
 from volconv.device.programs import build, build_sm90a
-from volconv.engines.direct import BankConvolver, as_kernel_bank, native_volume
-from volconv.plan.direct import (
-    CL_TYPES,
-    Plan,
-    _deepest_slab,
-    make_plan,
-    pad_dtype_for,
-    streaming_depth,
-    tuned_knobs,
-)
-from volconv.plan.direct import ENGINES as DIRECT_ENGINES
+from volconv.engines.direct import BankConvolver, as_kernel_bank
+from volconv.engines.padder import native_volume
+from volconv.plan.direct import pad_dtype_for
 
 # cl_nv_device_attribute_query
 CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV = 0x4000
 CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV = 0x4001
 MIN_CC = (8, 0)  # mma.sync.m16n8k32 with s8/u8 inputs and s32 accumulators
-ENGINES = ("auto", *(e.name for e in DIRECT_ENGINES))  # what $VOLCONV_ENGINE may name
-ENGINE_ENV = "VOLCONV_ENGINE"
 TENSOR_ENGINE = "tensor-int8"  # the record's name of this engine
 KERNEL_FILE, KERNEL_NAME = "tensor_int8.cl", "tensor_int8"  # kernels/: its one kernel
 EXACT_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))  # the tensor kernels take these as they are
 DIGITS = 3  # signed 8-bit digits per coefficient: 24-bit fixed point per filter
 DIGIT_MAX = 127 * (1 + 2**8 + 2**16)  # the largest integer three such digits hold
-# Below this many filters in a group 'auto' keeps the FP32 kernel (a tensor pass costs the same
-# for 1..8 filters; measured: benchmarks/README.md, "The tensor-core engine").
-MIN_TENSOR_FILTERS = 4
-# int32 sums are exact: the error is the coefficients' 23-bit rounding, below the FP32 kernel's
-# at every extent, so 'auto' takes the tensor cores at every extent; two digits (16-bit
-# integers) only from MIN_SPLIT_TAPS taps, three (floats) never (benchmarks/README.md).
-MIN_SPLIT_TAPS = 7**3
 
 
 def compute_capability(device: cl.Device) -> tuple[int, int] | None:
@@ -100,7 +75,8 @@ def tensor_refusal(
     split: bool = False,
 ) -> str | None:
     """Why the tensor-core engine does not take this bank and volume type (None: it does):
-    `TensorConvolver`'s types only, or with ``split`` every type, through `DigitConvolver`."""
+    `TensorConvolver`'s types only, or with ``split`` every type, through
+    `volconv.engines.digits.DigitConvolver`."""
     if not tensor_supported(device):
         return f"{device.name.strip()} has no mma.sync (NVIDIA cc >= 8.0 wanted)"
     src = native_volume(np.empty(0, dtype)).dtype
@@ -329,6 +305,14 @@ class TensorConvolver(BankConvolver):
     """
 
     engine = TENSOR_ENGINE
+    # its plan (`plan_for`): the slab in the input's own type (the A fragments are made from it
+    # in the kernel; a CPU's plan would pad float32 for the FP32 kernel's sake), not the FP32
+    # kernel's input tiles, rows that start at whole words
+    plan_defaults: ClassVar[dict[str, object]] = {
+        "pad_float": False,
+        "input_local": False,
+        "engine": "tensor",
+    }
 
     def __init__(
         self,
@@ -345,11 +329,6 @@ class TensorConvolver(BankConvolver):
         bank = as_kernel_bank(kernels)
         self.split = shape_split or default_shape(len(bank), bank.shape[1])
         self.emulate = emulate
-        # the slab in the input's own type: the A fragments are made from it in the kernel
-        # (a CPU's plan would pad float32, for the FP32 kernel's sake)
-        kwargs.setdefault("pad_float", False)
-        kwargs.setdefault("input_local", False)  # the FP32 kernel's input tiles: not this one's
-        kwargs.setdefault("engine", "tensor")  # a plan whose rows start at whole words
         super().__init__(bank, shape, dtype, mode, cval, **kwargs)
 
     def _build_passes(self) -> None:
@@ -421,286 +400,3 @@ class TensorConvolver(BankConvolver):
         mmas = int(d["KX"]) * int(d["NJ"]) * DIGITS * len(self._passes) * s.nt
         tiles = math.prod(self.plan.shape) / 16
         return tiles * mmas * 2 * per_mma / 1e9
-
-
-# -- inputs 8-bit integers do not hold: digits ---------------------------------------------
-# The digits of a float slab's fixed point (8 bits each): with 3, q = rint(x / 2^s) is a 24-bit
-# number, its rounding below 2^-23 of the slab's largest |x|, float32's own spacing there.
-FLOAT_DIGITS = 3
-REDUCE_GROUP = 256  # work-items per group of digits.cl's slab_max (a power of two)
-REDUCE_GROUPS = 1024
-
-
-def digit_types(dtype: np.dtype, mode: str = "reflect", cval: float = 0.0) -> tuple[np.dtype, ...]:
-    """The 8-bit slabs, top digit first, a padded slab of volumes of ``dtype`` splits into
-    for the tensor cores: itself where it is 8-bit (`EXACT_TYPES`, cval one of its values);
-    int16 into int8 and uint8 (x = 256 hi + lo), uint16 into two uint8; a float slab (or a
-    cval off the integer type) into a signed fixed point of `FLOAT_DIGITS` digits, int8 then
-    uint8."""
-    src = native_volume(np.empty(0, dtype)).dtype
-    pad = pad_dtype_for(src, mode, cval)
-    u8, i8 = EXACT_TYPES
-    if pad in EXACT_TYPES:
-        return (pad,)
-    if pad == np.int16:
-        return (i8, u8)
-    if pad == np.uint16:
-        return (u8, u8)
-    return (i8, *[u8] * (FLOAT_DIGITS - 1))
-
-
-def _plan_fields(plan: Plan) -> dict[str, object]:
-    """What makes ``plan`` as a `Plan`: its fields given to the constructor."""
-    return {f.name: getattr(plan, f.name) for f in dataclass_fields(Plan) if f.init}
-
-
-@dataclass(frozen=True)
-class DigitPlan(Plan):
-    """A `DigitConvolver`'s plan: `Plan`'s buffers and the digits' (`slab_bytes`), so that
-    ``device_bytes`` is what it holds and a memory budget plans its slab honestly."""
-
-    digits: tuple[np.dtype, ...] = ()
-
-    @classmethod
-    def of(cls, plan: Plan, digits: tuple[np.dtype, ...]) -> DigitPlan:
-        return cls(**_plan_fields(plan), digits=tuple(digits))
-
-    def digit_plan(self, dt: np.dtype) -> Plan:
-        """The plan of digit type ``dt``'s `TensorConvolver`: its padded slab is the digit
-        slab (cval 0: the split pads already)."""
-        return Plan(**{**_plan_fields(self), "src_dtype": dt, "pad_dtype": dt, "cval": 0.0})
-
-    def slab_bytes(self, depth: int) -> dict[str, int]:
-        """Device bytes of each buffer for a slab of ``depth`` output rows: the padded slab's
-        and the responses' (`Plan`), a second response buffer the digits' sums read, and
-        each digit type's slab (its padder's rows, never filled, and its padded slab)."""
-        sizes = super().slab_bytes(depth)
-        sizes["part"] = sizes["responses"]
-        for dt in dict.fromkeys(self.digits):
-            inner = self.digit_plan(dt).slab_bytes(depth)
-            sizes[f"{dt} source"], sizes[f"{dt} padded"] = inner["source"], inner["padded"]
-        return sizes
-
-
-class DigitConvolver(BankConvolver):
-    """The tensor-core engine for volumes 8-bit integers do not hold exactly (`digit_types`):
-    `BankConvolver`'s parameters, slabs and results.
-
-    Each slab is padded in its own type (a float slab in float32), split on the device into
-    8-bit digit slabs (kernels/digits.cl: a float slab first scaled by the power of two that
-    puts its largest |x| at the top of a `FLOAT_DIGITS` x 8-bit fixed point), and each digit
-    slab filtered by a `TensorConvolver` of its type; the responses are summed top digit
-    first, ``out = 256 out + part`` in FP32, then scaled back. 16-bit integers are exact
-    digits; floats round once, to the fixed point. NaN and Inf voxels are set as in scipy by
-    `BankConvolver`'s override, the slab's finite part filtered here. The ``kernel`` timing
-    counts the split and the sums beside the digits' launches.
-
-    Parameters
-    ----------
-    shape_split, emulate
-        As `TensorConvolver`'s, for each digit's.
-    **kwargs
-        As `BankConvolver`'s. The plan is a `DigitPlan`: without ``slab_depth`` the slab is
-        the deepest whose buffers, the digits' included, fit the memory budget.
-    """
-
-    def __init__(
-        self,
-        kernels: object,
-        shape: tuple[int, int, int],
-        dtype: np.dtype,
-        mode: str = "reflect",
-        cval: float = 0.0,
-        *,
-        shape_split: TensorShape | None = None,
-        emulate: bool = False,
-        **kwargs: object,
-    ) -> None:
-        self.digits = digit_types(dtype, mode, cval)
-        if len(self.digits) == 1:
-            raise ValueError(f"{np.dtype(dtype)} slabs are 8-bit already: use TensorConvolver")
-        self.engine = f"{TENSOR_ENGINE}x{len(self.digits)}"  # the record's name: digits
-        self.emulate = emulate
-        self._inner_options = {"shape_split": shape_split, "emulate": emulate}
-        device = kwargs.pop("device", None)
-        device = device if isinstance(device, cl.Device) else select_device(device)
-        plan = kwargs.pop("plan", None)
-        if plan is None:
-            bank = as_kernel_bank(kernels)
-            depth, budget = kwargs.pop("slab_depth", None), kwargs.pop("memory_budget", None)
-            stream = kwargs.pop("stream", False)
-            kwargs.setdefault("pad_float", False)  # the slab in its own type: split exactly
-            kwargs.setdefault("input_local", False)  # the FP32 kernel's input tiles
-            kwargs.setdefault("engine", "tensor")  # rows at whole words (`TensorConvolver`)
-            src = native_volume(np.empty(0, dtype)).dtype
-            plan = DigitPlan.of(make_plan(
-                tuple(int(s) for s in shape), src, bank.shape[1:], len(bank), check_mode(mode),
-                check_cval(cval), device, slab_depth=depth or 1, **kwargs,
-            ), self.digits)  # fmt: skip
-            if depth is None:
-                depth = _deepest_slab(plan, device, budget)  # with the digits' buffers
-                depth = min(depth, streaming_depth(plan.shape[0])) if stream else depth
-                plan = replace(plan, slab_depth=depth)
-        elif not isinstance(plan, DigitPlan):
-            plan = DigitPlan.of(plan, self.digits)
-        super().__init__(kernels, shape, dtype, mode, cval, device=device, plan=plan)
-
-    def _build_passes(self) -> None:
-        plan, ctx = self.plan, self.ctx
-        reason = tensor_refusal(self.device, self.kernels, plan.src_dtype, plan.mode, plan.cval,
-                                split=True)  # fmt: skip
-        if reason and not (self.emulate and "mma.sync" in reason):
-            raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
-        self.fixed_point = plan.pad_dtype.kind == "f"
-        defines = {"SRC_T": CL_TYPES[plan.pad_dtype], "DIGITS": len(self.digits)}
-        if self.fixed_point:
-            defines["FIXED_POINT"] = 1
-        program = build(ctx, "digits.cl", tuple(defines.items()))
-        self._split, self._combine, self._max = (
-            cl.Kernel(program, name) for name in ("split", "combine", "slab_max")
-        )
-        # one TensorConvolver per digit type, planned as this slab: its padded buffer is the
-        # digit slab; its responses go where `_launch_passes` points them
-        self._inner = {}
-        for dt in dict.fromkeys(self.digits):
-            inner = TensorConvolver(self.kernels, plan.shape, dt, plan.mode, 0.0,
-                                    device=self.device, plan=plan.digit_plan(dt),
-                                    **self._inner_options)  # fmt: skip
-            inner._out = None  # its own response buffer is never used
-            self._inner[dt] = inner
-        mf = cl.mem_flags
-        self._part = cl.Buffer(ctx, mf.READ_WRITE, plan.slab_bytes(plan.slab_depth)["part"])
-        self._max_bits = cl.Buffer(ctx, mf.READ_WRITE, 4)
-
-    def _launch_passes(self, depth: int) -> list[cl.Event]:
-        """Split the padded slab of ``depth`` output rows into digits, filter each, sum."""
-        plan, queue = self.plan, self.queue
-        p1, p2 = plan.padded_yz
-        n = np.int64((depth + plan.extents[0] - 1) * p1 * p2)
-        size = plan.n_filters * depth * math.prod(plan.shape[1:])
-        events = []
-        if self.fixed_point:
-            events.append(cl.enqueue_fill_buffer(queue, self._max_bits, np.uint32(0), 0, 4))
-            group = min(REDUCE_GROUP, self.device.max_work_group_size)
-            groups = min(REDUCE_GROUPS, -(-int(n) // group))
-            self._max.set_args(self._padded, n, self._max_bits, cl.LocalMemory(4 * group))
-            events.append(cl.enqueue_nd_range_kernel(queue, self._max, (group * groups,),
-                                                     (group,)))  # fmt: skip
-        last = len(self.digits) - 1
-        for d, dt in enumerate(self.digits):
-            inner = self._inner[dt]
-            self._split.set_args(self._padded, inner._padded, n, np.int32(8 * (last - d)),
-                                 self._max_bits)  # fmt: skip
-            events.append(cl.enqueue_nd_range_kernel(queue, self._split, (int(n),), None))
-            inner._out = self._out if d == 0 else self._part
-            events += inner._launch_passes(depth)
-            if d:
-                self._combine.set_args(self._out, self._part, np.int64(size),
-                                       np.int32(d == last), self._max_bits)  # fmt: skip
-                events.append(cl.enqueue_nd_range_kernel(queue, self._combine, (size,), None))
-        return events
-
-    @property
-    def tensor_gflop(self) -> float:
-        """GFLOP the tensor cores execute for one volume: every digit's (`TensorConvolver`)."""
-        return sum(self._inner[dt].tensor_gflop for dt in self.digits)
-
-
-def tensor_pays(n_filters: int, extents: tuple[int, ...], digits: int = 1) -> bool:
-    """Whether 'auto' takes the tensor cores for a group (where they exist) whose slab is
-    ``digits`` 8-bit digits: faster from `MIN_TENSOR_FILTERS` filters, and more accurate than
-    the FP32 kernel at every extent (INT8 sums are exact); two digits from `MIN_SPLIT_TAPS`
-    taps, more never."""
-    if n_filters < MIN_TENSOR_FILTERS:
-        return False
-    return digits == 1 or (digits == 2 and math.prod(extents) >= MIN_SPLIT_TAPS)
-
-
-def choose_engine(engine: str | None = None) -> str:
-    """``engine``, else $VOLCONV_ENGINE, else 'auto'; checked."""
-    engine = engine or os.environ.get(ENGINE_ENV) or "auto"
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
-    return engine
-
-
-def direct_convolver(
-    kernels: object,
-    shape: tuple[int, int, int],
-    dtype: np.dtype,
-    mode: str = "reflect",
-    cval: float = 0.0,
-    *,
-    device: cl.Device,
-    engine: str | None = None,
-    **overrides: object,
-) -> BankConvolver:
-    """The direct engine for a bank: the tensor cores (`tensor_convolver`) where the device
-    and bank allow it (`tensor_refusal`) and `auto_engine` takes them, else the FP32
-    `BankConvolver`. ``engine`` ('auto', 'fp32', 'tensor'; default $VOLCONV_ENGINE or
-    'auto') forces one; 'tensor' raises where it cannot. The convolver's ``engine``
-    attribute names the choice for the record."""
-    forced = choose_engine(engine)
-    bank = as_kernel_bank(kernels)
-    engine = forced
-    if forced == "auto":
-        tuned = bool(overrides.get("tuned", True))
-        engine = auto_engine(device, bank, np.dtype(dtype), mode, cval, tuned=tuned)
-    if engine == "tensor":
-        reason = tensor_refusal(device, bank, np.dtype(dtype), mode, cval, split=True)
-        if reason is None:
-            cls = TensorConvolver if len(digit_types(dtype, mode, cval)) == 1 else DigitConvolver
-            return cls(bank, shape, dtype, mode, cval, device=device, engine="tensor",
-                       **overrides)  # fmt: skip
-        if forced == "tensor":
-            raise ValueError(f"the tensor-core engine does not take this bank: {reason}")
-    return BankConvolver(bank, shape, dtype, mode, cval, device=device, engine="fp32",
-                         **overrides)  # fmt: skip
-
-
-def auto_engine(
-    device: cl.Device,
-    bank: np.ndarray,
-    dtype: np.dtype,
-    mode: str,
-    cval: float,
-    *,
-    tuned: bool = True,
-) -> str:
-    """'auto''s engine for a bank: the one ``volconv bench --tune`` cached for this device,
-    driver and bank shape (`volconv.plan.direct.tuned_knobs`; ``tuned`` False skips it), else the
-    rule: 'tensor' where the device and bank allow it and `tensor_pays` for the slab's
-    digits (`digit_types`: 8-bit slabs, and 16-bit integers from `MIN_SPLIT_TAPS` taps),
-    else 'fp32'; the tuner takes any of them where they measure faster."""
-    src = native_volume(np.empty(0, dtype)).dtype
-    extents = tuple(bank.shape[1:])
-    knobs = tuned_knobs(device, extents, len(bank), src) if tuned else None
-    if knobs:
-        return str(knobs["engine"])
-    digits = len(digit_types(src, mode, cval))
-    if (
-        tensor_pays(len(bank), extents, digits)
-        and tensor_refusal(device, bank, src, mode, cval, split=digits > 1) is None
-    ):
-        return "tensor"
-    return "fp32"
-
-
-def tensor_convolver(
-    kernels: object,
-    shape: tuple[int, int, int],
-    dtype: np.dtype,
-    mode: str = "reflect",
-    cval: float = 0.0,
-    *,
-    device: cl.Device,
-    **overrides: object,
-) -> BankConvolver:
-    """The tensor-core engine as `volconv.plan.direct.ENGINES` offers it to `volconv.plan.tune`:
-    `TensorConvolver` or `DigitConvolver` by the volume's type; a ValueError where the device
-    or bank refuse it (`tensor_refusal`). Its error is below the FP32 kernel's at every extent
-    (exact int32 sums), so the tuner may take it wherever it is faster."""
-    bank = as_kernel_bank(kernels)
-    overrides.pop("engine", None)
-    return direct_convolver(bank, shape, dtype, mode, cval, device=device, engine="tensor",
-                            **overrides)  # fmt: skip

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from volconv.bank.outputs import stored_kernels
 from volconv.checks import file_kind
 from volconv.errors import OutputError, OutputExistsError, OutputWriteError
-from volconv.output.base import ROOT_ATTRS, SlabWriter
+from volconv.output.base import SlabWriter
 from volconv.output.codecs import (
     COMPRESSIONS,
     DTYPES,
@@ -39,6 +40,7 @@ from volconv.output.codecs import (
     slabs_in_flight,
 )
 from volconv.output.hdf5 import HDF5Writer, ResponseWriter, chunk_shape
+from volconv.output.provenance import ROOT_ATTRS
 from volconv.output.space import Space
 from volconv.output.staging import (
     _cause,
@@ -160,21 +162,21 @@ def open_writer(
     format: str | None = None,
     **options: object,
 ) -> SlabWriter:
-    """The writer of ``format`` (default: from ``path``'s suffix) for ``outputs``: their
-    names, the kernels of the response outputs (``/kernels``), and what each is; the other
-    ``options`` as `SlabWriter` takes them (dtype, compression, scale, offset, boundary, cval,
-    slab_depth, overwrite, extents, progress, space)."""
-    fmt = format_of(path, format)
-    kernels = [o.kernel for o in outputs if o.is_response]
-    stacked = np.stack(kernels) if kernels else np.zeros((0, 1, 1, 1), np.float32)
-    cls = module(fmt).WRITER
-    return cls(path, input_shape, [o.name for o in outputs], stacked, outputs=outputs,
-               **options)  # fmt: skip
+    """The writer of ``format`` (default: from ``path``'s suffix) for ``outputs``, the one
+    place a run opens one: their names, and their kernels and extents as ``/kernels`` holds
+    them (`volconv.bank.outputs.stored_kernels`: a feature output's is a (1, 1, 1) zero
+    kernel); the other ``options`` as `SlabWriter` takes them (dtype, compression, scale,
+    offset, boundary, cval, slab_depth, overwrite, progress, space)."""
+    kernels, extents = stored_kernels(outputs)
+    return module(format_of(path, format)).WRITER(
+        path, input_shape, [o.name for o in outputs], kernels, extents=extents, **options
+    )
 
 
 def writer_for(path: Path, format: str | None = None) -> type[SlabWriter]:
-    """The writer class of ``format`` or ``path``'s suffix: the pipeline's one call takes
-    ``ResponseWriter``'s arguments, so ``writer_for(path, fmt)(path, shape, names, ...)``."""
+    """The writer class of ``format`` or ``path``'s suffix, for a writer made from names and
+    kernels (``writer_for(path, fmt)(path, shape, names, kernels, ...)``); a run opens its
+    writer with its outputs (`open_writer`)."""
     return module(format_of(path, format)).WRITER
 
 

@@ -12,8 +12,6 @@ format (`volconv.output.hdf5`, `.nifti`, `.omezarr`) says how its file is laid o
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import queue
 import shutil
@@ -36,6 +34,7 @@ from volconv.checks import check_positive_int
 from volconv.engines.convert import encode
 from volconv.errors import OutputError, OutputExistsError, OutputWriteError
 from volconv.output.codecs import DTYPES, _cores, _pool
+from volconv.output.provenance import ROOT_ATTRS
 from volconv.output.space import Space
 from volconv.output.staging import (
     _WRITE_ERRNOS,
@@ -48,14 +47,7 @@ from volconv.output.staging import (
 )
 
 if TYPE_CHECKING:
-    from volconv.bank.outputs import Output
     from volconv.run.resume import Progress
-
-ROOT_ATTRS = (
-    "affine", "voxel_size", "source", "source_sha256", "pipeline", "volconv_version", "device",
-    "gflop", "kernel_seconds", "wall_seconds", "gflops", "peak_gflops", "fraction_of_peak",
-    "engine",
-)  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -81,61 +73,6 @@ class _NoFlush:
         pass
 
 
-def provenance(writer: SlabWriter, attrs: dict) -> dict:
-    """What a format without HDF5's own attributes records (NIfTI's sidecar, OME-Zarr's
-    attributes): the provenance ``attrs``, and what decides the values (`made`)."""
-    return {
-        **{k: plain(v) for k, v in attrs.items()},
-        "names": writer.names,
-        "outputs": json.loads(outputs_attr(writer.outputs)) if writer.outputs else None,
-        "kernels": base64.b64encode(writer.kernels.astype("<f4").tobytes()).decode(),
-        "kernel_shape": list(writer.kernels.shape),
-        "extents": writer.extents.tolist(),
-        "boundary": writer.boundary,
-        "cval": writer.cval,
-        "dtype": writer.dtype.name,
-        "scale": writer.scale,
-        "offset": writer.offset,
-        "compression": writer.compression,
-    }
-
-
-def made(record: dict) -> dict:
-    """How an output was made, from its `provenance` record (`volconv.output.made`)."""
-    kernels = np.frombuffer(base64.b64decode(record["kernels"]), "<f4")
-    return {
-        "filter names": list(record["names"]),
-        "bank": kernels.reshape(record["kernel_shape"]).astype(np.float32),
-        "boundary": str(record["boundary"]),
-        "cval": float(record["cval"]),
-        "output dtype": str(record["dtype"]),
-        "scale": float(record.get("scale", 1.0)),
-        "offset": float(record.get("offset", 0.0)),
-        "input": str(record.get("source_sha256", "")),
-        "features": str(record.get("features", "[]")),
-    }
-
-
-def plain(value: object) -> object:
-    """A value as JSON has it (arrays as lists, numpy scalars as numbers)."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
-def outputs_attr(outputs: list[Output] | None) -> str:
-    """The outputs as JSON (name, kind, parameters): what decides a feature's output."""
-    return json.dumps(
-        [{"name": o.name, "kind": o.kind, "params": o.params} for o in outputs or []],
-        sort_keys=True,
-        default=float,
-    )
-
-
 class SlabWriter:
     """Writes the N outputs of one input, slab by slab, into one output at ``path``.
 
@@ -159,7 +96,8 @@ class SlabWriter:
     names : list of str
         The N output names, in order (the ``filter`` coordinate).
     kernels : (K, sx, sy, sz) array
-        The kernels of the response outputs (K = N without `outputs`), stored as float32.
+        The N kernels, stored as float32 (a feature output's: a (1, 1, 1) zero kernel;
+        `volconv.output.open_writer` makes them from the outputs).
     dtype : {'float32', 'float16', 'uint8'}
         Stored type. float16 saturates finite values at +-65504 (inf and NaN stay); uint8 stores
         ``clip(round((value - offset) / scale), 0, 255)`` computed in float32, NaN as 0.
@@ -182,8 +120,6 @@ class SlabWriter:
     space : Space, optional
         Where the input lies (affine, codes, units, repetition time); default from the
         ``affine`` given to `finish` (HDF5) or the identity.
-    outputs : list of volconv.bank.outputs.Output, optional
-        What each output is (a response, or a feature's volume and its parameters).
 
     Attributes
     ----------
@@ -228,13 +164,11 @@ class SlabWriter:
         extents: np.ndarray | None = None,
         progress: Progress | None = None,
         space: Space | None = None,
-        outputs: list[Output] | None = None,
     ) -> None:
         self.path = Path(path)
         self.progress = progress
         self.shape = tuple(int(s) for s in input_shape)
         self.names = list(names)
-        self.outputs = outputs
         kernels = np.asarray(kernels, dtype=np.float32)
         self._check(self.names, kernels, dtype, scale, offset, slab_depth)
         self.extents = self._check_extents(extents, kernels)
@@ -325,12 +259,9 @@ class SlabWriter:
         """Validate the arguments, naming the one that is wrong."""
         if len(self.shape) not in (3, 4) or min(self.shape) < 1:
             raise ValueError(f"input_shape must be 3D or 4D and non-empty; got {self.shape}")
-        n_kernels = len(names) if self.outputs is None else sum(o.is_response for o in self.outputs)
-        if self.outputs is not None and [o.name for o in self.outputs] != names:
-            raise ValueError("names must be the names of the outputs, in order")
-        if kernels.ndim != 4 or kernels.shape[0] != n_kernels:
+        if kernels.ndim != 4 or kernels.shape[0] != len(names):
             raise ValueError(
-                f"kernels must be ({n_kernels}, sx, sy, sz) for {n_kernels} responses; "
+                f"kernels must be ({len(names)}, sx, sy, sz) for {len(names)} outputs; "
                 f"got {kernels.shape}"
             )
         if len(set(names)) != len(names) or not all(isinstance(s, str) and s for s in names):

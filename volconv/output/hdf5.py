@@ -25,7 +25,7 @@ import h5py
 import numpy as np
 
 from volconv.errors import OutputError, OutputExistsError, OutputWriteError
-from volconv.output.base import ROOT_ATTRS, SlabWriter, _Slab, outputs_attr
+from volconv.output.base import SlabWriter, _Slab
 from volconv.output.codecs import (
     POOL_CHUNK_BYTES,
     _direct_codec,
@@ -34,6 +34,7 @@ from volconv.output.codecs import (
     needs_hdf5plugin,
     slabs_in_flight,
 )
+from volconv.output.provenance import ROOT_ATTRS
 from volconv.output.staging import _redirect, is_regular
 from volconv.output.stored import Lazy, Stored
 
@@ -149,14 +150,7 @@ class HDF5Writer(SlabWriter):
             f.create_dataset(axis, data=np.arange(size, dtype=np.float64))
         for axis, size in zip(("kx", "ky", "kz"), self.kernels.shape[1:], strict=True):
             f.create_dataset(axis, data=np.arange(size, dtype=np.float64))
-        # the kernels' own dimension: the filters, or where features are among the outputs,
-        # the responses they come from
-        features = self.outputs is not None and not all(o.is_response for o in self.outputs)
-        kernel_dim = "kernel" if features else "filter"
-        if features:
-            f.create_dataset("kernel", data=[o.name for o in self.outputs if o.is_response],
-                             dtype=h5py.string_dtype())  # fmt: skip
-        for dim in ("filter", *axes, "kx", "ky", "kz", *(("kernel",) if features else ())):
+        for dim in ("filter", *axes, "kx", "ky", "kz"):
             f[dim].make_scale(dim)
         responses = f.create_dataset(
             "responses", (len(self.names), *self.shape), self.dtype, chunks=chunks,
@@ -165,14 +159,12 @@ class HDF5Writer(SlabWriter):
         stored = f.create_dataset("kernels", data=self.kernels)
         stored.attrs["extents"] = self.extents
         for ds, dims in ((responses, ("filter", *axes)),
-                         (stored, (kernel_dim, "kx", "ky", "kz"))):  # fmt: skip
+                         (stored, ("filter", "kx", "ky", "kz"))):  # fmt: skip
             for i, dim in enumerate(dims):
                 ds.dims[i].attach_scale(f[dim])
                 ds.dims[i].label = dim
         responses.attrs["boundary"] = self.boundary
         responses.attrs["cval"] = self.cval
-        if self.outputs is not None:
-            responses.attrs["outputs"] = outputs_attr(self.outputs)
         if self.dtype == np.uint8:
             responses.attrs["scale"] = self.scale
             responses.attrs["offset"] = self.offset

@@ -33,9 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from volconv.errors import OutputError
-from volconv.output.base import SlabWriter, _Slab, plain, provenance
-from volconv.output.base import made as made_from
+from volconv.output.base import SlabWriter, _Slab
 from volconv.output.codecs import _cores, _pool, turned
+from volconv.output.provenance import made as made_from
+from volconv.output.provenance import plain, provenance
 from volconv.output.staging import is_regular
 from volconv.output.stored import Lazy, PartialView, Stored
 

@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from volconv.errors import OutputError
-from volconv.output.base import SlabWriter, _Slab, plain, provenance
-from volconv.output.base import made as made_from
+from volconv.output.base import SlabWriter, _Slab
 from volconv.output.codecs import _cores, _pool, turned
 from volconv.output.hdf5 import MAX_CHUNK_BYTES
+from volconv.output.provenance import made as made_from
+from volconv.output.provenance import plain, provenance
 from volconv.output.space import NGFF_UNITS
 from volconv.output.stored import Lazy, PartialView, Stored
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from volconv.run.inputs import Volume
+    from volconv.run.volume import Volume
 
 # NIfTI's unit codes (xyzt_units) and what one unit is in mm or seconds.
 SPACE_UNITS = {"meter": 1000.0, "mm": 1.0, "micron": 1e-3}
@@ -27,7 +27,7 @@ class Space:
     Attributes
     ----------
     affine : (4, 4) array
-        Voxel (x, y, z) to world, as `volconv.run.inputs.Volume.affine`.
+        Voxel (x, y, z) to world, as `volconv.run.volume.Volume.affine`.
     voxel_size : tuple of float
         The affine's column norms (or the header's zooms), in `space_unit`.
     sform, qform : (4, 4) arrays, and their codes

@@ -4,27 +4,31 @@ along z, rows along y), work-group, slab depth.
 Everything the kernel needs at compile time (extents, vector width, unroll, element type) and
 every size the host allocates is fixed here, so the engine only launches. Tests and benchmarks
 override any knob; otherwise the knobs `volconv bench --tune` cached for this device, driver
-and bank shape (`tuned_knobs`), else the defaults, which come from measurements (DESIGN.md,
-benchmarks/). `ENGINES` names the engines a plan may choose between.
+and bank shape (`volconv.plan.knobs.tuned_knobs`), else the defaults, which come from
+measurements (benchmarks/README.md). `volconv.engines.registry.ENGINES` names the engines a plan
+may choose between.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 import pyopencl as cl
 
-from volconv.checks import check_positive_int
-from volconv.device.cache import cache_folder, device_key, read_cached, say_once
-from volconv.device.programs import kernel_source
 from volconv.engines.boundary import halo
+from volconv.engines.registry import ENGINES
+from volconv.plan.knobs import (
+    MAX_ROWS,
+    MAX_UNROLL,
+    VECTOR_WIDTHS,
+    check_knobs,
+    ignored_entry,
+    tune_keys,
+    tune_path,
+    tuned_knobs,
+)
 
 MAX_FILTERS = 64
 MAX_EXTENT = 31
@@ -35,9 +39,6 @@ MAX_SEPARABLE_EXTENT = 257
 # accumulators hold (ilastik's preset at its seven default scales runs 84): the passes keep
 # one plane per response, the direct groups stay at MAX_FILTERS each.
 MAX_SEPARABLE_FILTERS = 256
-VECTOR_WIDTHS = (1, 2, 4, 8, 16)
-MAX_UNROLL = 32
-MAX_ROWS = 8  # bank_conv.cl's ROWS: outputs per work-item along axis 1
 MAX_Z_POSITIONS = 64  # bank_conv.cl expands MADS(0..63): KZ + UNROLL - 1 must fit
 
 # The defaults below were measured on an H100 and PoCL: benchmarks/README.md, "The measurements
@@ -91,54 +92,6 @@ CL_TYPES = {
     np.dtype(np.int16): "short",
     np.dtype(np.float32): "float",
 }
-
-
-@dataclass(frozen=True)
-class Engine:
-    """A way to compute a plan's direct filters, named in the throughput record.
-
-    ``convolver`` is ``"module:callable"``, a class or factory with
-    `volconv.engines.direct.BankConvolver`'s constructor, slab interface and ``time_kernel``,
-    imported when used (the engines import this module), which raises ValueError for a bank or
-    type it does not take; ``supported`` is ``"module:function"`` of a device, whether the
-    engine runs there (empty: everywhere); ``knobs``: whether the FP32 kernel's knobs (vector width,
-    unroll, work-group) are its own, for `volconv.plan.tune` to search; ``sources``: its kernels/
-    files. `volconv.plan.tune` times every available engine and caches the winner; untuned,
-    `volconv.engines.tensor.direct_convolver` chooses by rule.
-    """
-
-    name: str
-    convolver: str
-    supported: str = ""
-    knobs: bool = True
-    sources: tuple[str, ...] = ()
-
-    def load(self) -> Callable:
-        return _load(self.convolver)
-
-    def available(self, device: cl.Device) -> bool:
-        return not self.supported or bool(_load(self.supported)(device))
-
-
-def _load(name: str) -> Callable:
-    module, _, attr = name.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-# The engines, the FP32 kernel first (an untuned plan's, and every device's): the tensor cores
-# on NVIDIA cc >= 8.0 (`volconv.engines.tensor`), for 8-bit inputs and, split into 8-bit digits,
-# 16-bit integers and floats.
-ENGINES: tuple[Engine, ...] = (
-    Engine("fp32", "volconv.engines.direct:BankConvolver", sources=("bank_conv.cl",)),
-    Engine("tensor", "volconv.engines.tensor:tensor_convolver",
-           "volconv.engines.tensor:tensor_supported", knobs=False,
-           sources=("tensor_int8.cl", "digits.cl")),
-)  # fmt: skip
-
-
-def engine_candidates(device: cl.Device) -> tuple[Engine, ...]:
-    """The `ENGINES` that run on ``device``, in order of preference."""
-    return tuple(e for e in ENGINES if e.available(device))
 
 
 @dataclass(frozen=True)
@@ -304,31 +257,6 @@ def pad_dtype_for(src: np.dtype, mode: str, cval: float, *, pad_float: bool = Fa
     return src
 
 
-def check_knobs(
-    device: cl.Device,
-    unroll: object,
-    vector_width: object,
-    local_size: object,
-    rows: object = None,
-) -> None:
-    """The expert knobs given to a plan, checked: a ValueError naming the knob, not a
-    KeyError or an OpenCL error from deep inside the build."""
-    if unroll is not None:
-        check_positive_int(unroll, "unroll")
-    if rows is not None and check_positive_int(rows, "rows") > MAX_ROWS:
-        raise ValueError(f"rows must be 1..{MAX_ROWS}; got {rows!r}")
-    if vector_width is not None and vector_width not in VECTOR_WIDTHS:
-        raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}; got {vector_width!r}")
-    if local_size is not None:
-        if not isinstance(local_size, (tuple, list)) or len(local_size) != 2:
-            raise ValueError(f"local_size must be two positive integers; got {local_size!r}")
-        lz, ly = (check_positive_int(v, "local_size") for v in local_size)
-        if lz * ly > device.max_work_group_size:
-            most = device.max_work_group_size
-            raise ValueError(f"local_size {tuple(local_size)} has {lz * ly} work-items; "
-                             f"{device.name.strip()} takes at most {most}")  # fmt: skip
-
-
 def make_plan(
     shape: tuple[int, int, int],
     src_dtype: np.dtype,
@@ -392,7 +320,7 @@ def make_plan(
             raise
         # the tuning's entry does not fit this device: the cache's fault, not the input's
         bank_key = tune_keys(device, extents, n_filters, src_dtype)[1]
-        _ignored(tune_path(), f"its entry for {bank_key} does not fit {device.name.strip()} "
+        ignored_entry(tune_path(), f"its entry for {bank_key} does not fit {device.name.strip()} "
                               f"({e})")  # fmt: skip
         return make_plan(shape, src_dtype, extents, n_filters, mode, cval, device,
                          slab_depth=slab_depth, memory_budget=memory_budget, pad_float=pad_float,
@@ -509,100 +437,3 @@ def _deepest_slab(plan: Plan, device: cl.Device, memory_budget: int | None) -> i
             f"with {plan.n_filters} filters (one output row needs {per_row} bytes)"
         )
     return int(min(depth, plan.shape[0]))
-
-
-# -- the tuning cache -----------------------------------------------------------------------
-# `volconv bench --tune` (volconv.plan.tune) writes the knobs that ran fastest for a bank shape on
-# a device to tune.json beside the FMA probe's peak.json: {device key: {bank key: entry}}.
-# An entry made for other kernels (any engine's), or of another format, is stale.
-
-TUNE_FILE = "tune.json"
-TUNE_FORMAT = 1
-
-
-def kernel_hash() -> str:
-    """The first 12 hex digits of the SHA-256 of every engine's kernels: tuned knobs and the
-    engine chosen hold for these sources."""
-    sources = "".join(kernel_source(f) for e in ENGINES for f in e.sources)
-    return hashlib.sha256(sources.encode()).hexdigest()[:12]
-
-
-def tune_keys(
-    device: cl.Device, extents: tuple[int, int, int], n_filters: int, src_dtype: np.dtype
-) -> tuple[str, str]:
-    """The cache's keys: the device key (platform, device, driver); the bank's extents, N and
-    type."""
-    bank = f"{'x'.join(map(str, extents))} N={n_filters} {np.dtype(src_dtype).name}"
-    return device_key(device), bank
-
-
-def tune_path(cache_dir: Path | None = None) -> Path:
-    """tune.json in the cache folder (`volconv.device.cache.cache_folder`: under its trust rule)."""
-    return cache_folder(cache_dir) / TUNE_FILE
-
-
-def tuned_knobs(
-    device: cl.Device,
-    extents: tuple[int, int, int],
-    n_filters: int,
-    src_dtype: np.dtype,
-    cache_dir: Path | None = None,
-) -> dict[str, object] | None:
-    """The knobs cached for this device, driver and bank shape: ``unroll``, ``rows``,
-    ``input_local`` (None: the plan's), ``local_size``, ``vector_width`` (None: the plan
-    splits the bank), ``engine``; None when there are none.
-    An unreadable file, or an entry that is stale (another kernel source or format) or
-    invalid, is ignored with a warning: the plan falls back to its defaults."""
-    path = tune_path(cache_dir)
-    text = read_cached(path.parent, TUNE_FILE, "the plan takes its defaults")
-    if text is None:  # none, or one that fails the cache's trust rule (warned)
-        return None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return _ignored(path, "not JSON")
-    dev_key, bank_key = tune_keys(device, extents, n_filters, src_dtype)
-    entry = doc.get(dev_key, {}) if isinstance(doc, dict) else None
-    entry = entry.get(bank_key) if isinstance(entry, dict) else None
-    if entry is None:
-        return None
-    if not isinstance(entry, dict):
-        return _ignored(path, f"its entry for {bank_key} is not an object")
-    if entry.get("format") != TUNE_FORMAT or entry.get("kernel") != kernel_hash():
-        return _ignored(path, f"its entry for {bank_key} is stale (other kernels)")
-    try:
-        knobs = {
-            "unroll": int(entry["unroll"]),
-            "rows": None if entry.get("rows") is None else int(entry["rows"]),
-            "input_local": None if entry.get("input_local") is None else bool(entry["input_local"]),
-            "local_size": tuple(int(v) for v in entry["local_size"]),
-            "vector_width": None if entry["vector_width"] is None else int(entry["vector_width"]),
-            "engine": str(entry["engine"]),
-        }
-    except (KeyError, TypeError, ValueError):
-        return _ignored(path, f"its entry for {bank_key} lacks a knob")
-    if not (
-        1 <= knobs["unroll"] <= MAX_UNROLL
-        and knobs["rows"] in (None, *range(1, MAX_ROWS + 1))
-        and len(knobs["local_size"]) == 2
-        and min(knobs["local_size"]) >= 1
-        and knobs["vector_width"] in (None, *VECTOR_WIDTHS)
-    ):
-        return _ignored(path, f"its entry for {bank_key} holds an invalid knob")
-    if knobs["engine"] not in [e.name for e in engine_candidates(device)]:
-        engine = knobs["engine"]
-        return _ignored(path, f"its entry for {bank_key} names engine {engine!r}, which does "
-                              f"not run on {device.name.strip()}")  # fmt: skip
-    lz, ly = knobs["local_size"]
-    if lz * ly > device.max_work_group_size:
-        return _ignored(path, f"its entry for {bank_key} has a work-group of {lz}x{ly}; "
-                              f"{device.name.strip()} takes at most "
-                              f"{device.max_work_group_size} work-items")  # fmt: skip
-    return knobs
-
-
-def _ignored(path: Path, why: str) -> None:
-    message = (f"{path}: {why}; ignored, the plan takes its defaults (volconv bench --tune "
-               "measures again)")  # fmt: skip
-    say_once(message, message, stacklevel=4)  # once a run, not once a plan
-    return None

@@ -1,13 +1,13 @@
 """Autotuning, cached per device: `volconv bench --tune`.
 
 `tune_bank` times candidate knobs of the direct path for one bank shape on one device (the
-engine, from `volconv.plan.direct.ENGINES`: the FP32 kernel, and the tensor cores where the device
-has them; for the FP32 kernel the vector width, the outputs per work-item along z (unroll)
+engine, from `volconv.engines.registry.ENGINES`: the FP32 kernel, and the tensor cores where the
+device has them; for the FP32 kernel the vector width, the outputs per work-item along z (unroll)
 and y (rows), whether the input planes are staged in local memory (input_local) and the
 work-group shape),
 re-times the best few side by side with the untuned plan, which a winner
 must beat by `MARGIN`, and caches the winner in ``tune.json`` beside the FMA probe's
-``peak.json`` (`volconv.plan.direct.tuned_knobs` reads it: every later plan of that bank shape on
+``peak.json`` (`volconv.plan.knobs.tuned_knobs` reads it: every later plan of that bank shape on
 that device and driver takes it).
 
 The search is by coordinate: the width at the plan's own block and work-group, then the
@@ -33,15 +33,9 @@ from volconv.bench import Work, device_record
 from volconv.device.cache import read_cached, write_cached
 from volconv.device.devices import select_device
 from volconv.device.peak import measured_peak
-from volconv.engines.tensor import auto_engine
-from volconv.plan.direct import (
-    ENGINES,
-    TUNE_FORMAT,
-    engine_candidates,
-    kernel_hash,
-    tune_keys,
-    tune_path,
-)
+from volconv.engines.choose import auto_engine
+from volconv.engines.registry import ENGINES, engine_candidates
+from volconv.plan.knobs import TUNE_FORMAT, kernel_hash, tune_keys, tune_path
 
 # The candidates: what won somewhere (benchmarks/README.md, "The measurements behind the defaults").
 TUNE_UNROLL = (4, 8, 12, 16, 24)

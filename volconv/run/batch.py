@@ -36,7 +36,7 @@ from volconv.device.devices import NoDeviceError, device_name, list_devices, sel
 from volconv.device.programs import start_context
 from volconv.output import remove_stale_temps
 from volconv.report import VolumeReport
-from volconv.run.inputs import InputError, expand_inputs
+from volconv.run.inputs import expand_inputs
 from volconv.run.pipeline import (
     Convolvers,
     Interrupted,
@@ -49,6 +49,7 @@ from volconv.run.pipeline import (
     stop_on_ctrl_c,
 )
 from volconv.run.pool import Pending, Pool, Worker
+from volconv.run.volume import InputError
 from volconv.run.workers import plan_one
 
 # The model that sizes a local batch (`workers_for`, `processes_per_device`): what starting

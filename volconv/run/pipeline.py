@@ -29,15 +29,17 @@ import pyopencl as cl
 
 import volconv
 from volconv.bank.features import Expanded, expand, features_json
-from volconv.bank.filters import BankError, Filter, build_bank, stack_kernels
+from volconv.bank.filters import Filter, build_bank, stack_kernels
 from volconv.bank.outputs import Output
+from volconv.bank.spec import BankError
 from volconv.checks import as_float32, file_kind
 from volconv.config import Config, PipelineError
 from volconv.device.devices import DeviceError, device_name, select_device
 from volconv.device.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
 from volconv.engines.convert import device_encodes, output_scale
-from volconv.engines.direct import STAGES, frame_bytes
+from volconv.engines.direct import STAGES
 from volconv.engines.nonfinite import APPLY_BYTES, OverridePlan
+from volconv.engines.padder import frame_bytes
 from volconv.engines.separable import (
     Choice,
     SeparableConvolver,
@@ -57,21 +59,15 @@ from volconv.output import (
     holds,
     is_complete,
     is_regular,
+    open_writer,
     slabs_in_flight,
-    writer_for,
 )
 from volconv.output import made as made_with
 from volconv.plan.direct import MAX_EXTENT, MAX_FILTERS, MAX_SEPARABLE_FILTERS, make_plan
 from volconv.report import VolumeReport, is_report, throughput, work_gflop
-from volconv.run.inputs import (
-    CorruptInputError,
-    InputError,
-    Volume,
-    expand_inputs,
-    open_volume,
-    split_spec,
-)
+from volconv.run.inputs import expand_inputs, open_volume, split_spec
 from volconv.run.resume import Progress, fingerprint
+from volconv.run.volume import CorruptInputError, InputError, Volume
 
 # The errors that are the user's: the CLI turns them into exit status 2 and one line.
 USER_ERRORS = (PipelineError, BankError, InputError, OutputError)
@@ -441,7 +437,7 @@ def device_bytes(job: Job, device: cl.Device, frame_limit: int | None = None) ->
     """The device memory a run of ``job`` holds: its plan's buffers, a float source's
     counting convolvers (`nonfinite_bytes`: the data may hold NaN or Inf), and the whole
     frame where it is read whole and uploads as it is (an integer frame of at most
-    ``frame_limit`` bytes, default `volconv.engines.direct.frame_bytes`: the `Padder` keeps it
+    ``frame_limit`` bytes, default `volconv.engines.padder.frame_bytes`: the `Padder` keeps it
     on the device)."""
     frame = math.prod(job.shape3) * np.dtype(job.volume.dtype).itemsize
     limit = frame_bytes(device) if frame_limit is None else frame_limit
@@ -888,11 +884,11 @@ def _stream(
     # volconv.run.resume: a dead run's partial output continues (never with --overwrite)
     digest = cache(volume.sha256)
     progress = None if overwrite else Progress(fingerprint(job, cfg, conv), digest)
-    writer = writer_for(job.output, cfg.format)(
-        job.output, tuple(volume.shape), job.names, job.kernels, dtype=cfg.dtype,
+    writer = open_writer(
+        job.output, tuple(volume.shape), job.outputs, format=cfg.format, dtype=cfg.dtype,
         compression=cfg.compression, scale=job.scale, offset=job.offset, boundary=cfg.boundary,
-        cval=cfg.cval, slab_depth=conv.plan.slab_depth, overwrite=overwrite,
-        extents=np.array(job.extents), progress=progress, space=Space.of(volume),
+        cval=cfg.cval, slab_depth=conv.plan.slab_depth, overwrite=overwrite, progress=progress,
+        space=Space.of(volume),
     )  # fmt: skip
     _OPEN_WRITERS.add(writer)
     with writer, ThreadPoolExecutor(2, thread_name_prefix="volconv-read") as pool:
