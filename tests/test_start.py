@@ -24,8 +24,8 @@ from volconv import cli
 from volconv.device import programs
 from volconv.engines.separable import SeparableConvolver
 from volconv.output.space import Space
+from volconv.run.convolvers import PinnedSlabs
 from volconv.run.inputs import InputError, open_volume
-from volconv.run.pipeline import PinnedSlabs
 
 BOX = [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]
 
@@ -319,6 +319,6 @@ def test_every_user_error_is_a_value_error() -> None:
     """`volconv run` catches the user's mistakes as ValueError and sorts them with
     USER_ERRORS only then, so that the pipeline's modules import after the device's context
     has started: a user error of another kind would end in exit 1, not 2."""
-    from volconv.run.pipeline import USER_ERRORS
+    from volconv.run.jobs import USER_ERRORS
 
     assert all(issubclass(error, ValueError) for error in USER_ERRORS)

@@ -157,7 +157,7 @@ def filters(debug: bool = _DEBUG) -> None:
     console.print(describe_types(), highlight=False, markup=False, soft_wrap=True)
 
 
-# -- run and validate: volconv.run.pipeline does the work ------------------------------------
+# -- run and validate: volconv.run.jobs and volconv.run.pipeline do the work ---------------
 _PIPELINE = typer.Argument(..., metavar="PIPELINE.toml", help="The pipeline file.")
 _SET = typer.Option(
     None, "--set", metavar="KEY=VALUE",
@@ -220,7 +220,7 @@ def run(
         since = _state["t0"] if isinstance(_state["t0"], float) else None
         result = run_and_report(cfg, console, overwrite=overwrite, report=report, since=since)
     except ValueError as e:  # every one of USER_ERRORS is one
-        from volconv.run.pipeline import USER_ERRORS
+        from volconv.run.jobs import USER_ERRORS
 
         if not isinstance(e, USER_ERRORS):
             raise
@@ -261,7 +261,7 @@ def validate(
 
         show_plan(load(pipeline, set_ or (), device=device), console, overwrite=overwrite)
     except ValueError as e:  # every one of USER_ERRORS is one
-        from volconv.run.pipeline import USER_ERRORS
+        from volconv.run.jobs import USER_ERRORS
 
         if not isinstance(e, USER_ERRORS):
             raise

@@ -53,20 +53,11 @@ from volconv.device.devices import NoDeviceError, device_name, list_devices, sel
 from volconv.device.programs import context_for, start_context
 from volconv.output import remove_stale_temps
 from volconv.report import VolumeReport
+from volconv.run.convolvers import Convolvers, RunResult, peaks
 from volconv.run.inputs import InputError, expand_inputs, split_spec
-from volconv.run.pipeline import (
-    Convolvers,
-    Interrupted,
-    Job,
-    RunResult,
-    choose_device,
-    interruptible,
-    peaks,
-    plan_jobs,
-    run_one,
-    run_overlapped,
-    stop_on_ctrl_c,
-)
+from volconv.run.interrupts import Interrupted, interruptible, stop_on_ctrl_c
+from volconv.run.jobs import Job, choose_device, plan_jobs
+from volconv.run.pipeline import run_one, run_overlapped
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -166,7 +157,7 @@ def worker_device(default: str, device_spec: str | None = None) -> cl.Device:
 
 
 def plan_one(cfg: Config, spec: str, device: cl.Device, *, overwrite: bool = False) -> Job:
-    """`volconv.run.pipeline.plan_jobs` for the one input ``spec`` (as `plan_jobs` names it)."""
+    """`volconv.run.jobs.plan_jobs` for the one input ``spec`` (as `plan_jobs` names it)."""
     name, dataset = split_spec(spec)
     literal = glob.escape(name) + (f":{dataset}" if dataset else "")  # a file, never a glob
     [job] = plan_jobs(replace(cfg, paths=(literal,)), device, overwrite=overwrite)
