@@ -20,7 +20,7 @@ from volconv.bank.filters import (
     gaussian_kernel1d,
     stack_kernels,
 )
-from volconv.cli import app
+from volconv.commands import app
 from volconv.engines.direct import convolve_bank
 
 RNG = np.random.default_rng(3)

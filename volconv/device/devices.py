@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pyopencl as cl
 
+from volconv.device.driver import driver_started
 from volconv.device.peak import Peak, theoretical_peak
-from volconv.device.programs import driver_started
 from volconv.errors import DeviceError, NoDeviceError
 
 __all__ = ["DeviceError", "NoDeviceError", "list_devices", "select_device"]

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from queue import Empty, SimpleQueue
 
 import numpy as np
@@ -16,6 +17,7 @@ import pyopencl as cl
 from volconv.bank.features import features_json
 from volconv.config import Config
 from volconv.device.peak import fp32_peak, measured_bandwidth, measured_peak, tensor_peak
+from volconv.device.start import page_locked
 from volconv.engines.convert import device_encodes
 from volconv.engines.separable import SeparableConvolver
 from volconv.report import VolumeReport
@@ -81,7 +83,10 @@ class Convolvers:
             )  # fmt: skip
             if device_encodes(self.device, self.cfg.dtype):  # first: buffers of that type
                 conv.store(self.cfg.dtype, *stored)
-            self._cache[key] = conv, PinnedSlabs(conv.pinned_slab, PINNED_BUFFERS)
+            # as conv.pinned_slab makes them, or the one made ahead (volconv.device.start)
+            shape = (conv.plan.n_outputs, conv.plan.slab_depth, *conv.plan.shape[1:])
+            make = partial(page_locked, self.device, shape, conv.stored)
+            self._cache[key] = conv, PinnedSlabs(make, PINNED_BUFFERS)
             self._stored[key] = stored
         conv, buffers = self._cache[key]
         if self._stored[key] != stored:  # the type stays: the buffers do too
