@@ -1,18 +1,18 @@
 """Where a `volconv run` process spends its time outside its in-run wall, this tree against another.
 
-    python scripts/bench/run.py start PIPELINE [--before DIR] [--device D] [--repeats R]
-                                      [--json OUT.json]
+    python scripts/bench/run.py start PIPELINE [--before DIR] [--tree NAME=DIR ...] [--device D]
+                                      [--repeats R] [--json OUT.json]
 
 Runs, in one go: `python -c pass` and `volconv --help`; then the whole `volconv run
---overwrite --report` process R times (after one run that fills the caches), alternately with
-this checkout's volconv and, with ``--before``, the one in DIR (a tree holding volconv/ and
-kernels/, e.g. ``git archive COMMIT | tar -x -C DIR``); and the run's imports once
-(``-X importtime``: the largest, cumulative). Each process's figures: ``process`` (timed from
-here, as a shell does), ``minus_input`` (the process less its first input's own wall: what
-scripts/bench/e2e.py reports as the start), ``minus_run`` (less the run's total wall, which
-counts making the convolvers), ``start`` (the report's: the process's start to its first
-input) and whether it said it built kernels. Medians and minima per tree; ``--json`` saves
-it all.
+--overwrite --report` process R times (after one run that fills the caches), in turns with
+this checkout's volconv, with ``--before``'s (a tree holding volconv/ and kernels/, e.g.
+``git archive COMMIT volconv kernels | tar -x -C DIR``) and with each ``--tree``'s; and the
+run's imports once (``-X importtime``: the largest, cumulative). Each process's figures:
+``process`` (timed from here, as a shell does), ``minus_input`` (the process less its first
+input's own wall: what scripts/bench/e2e.py reports as the start), ``minus_run`` (less the
+run's total wall, which counts making the convolvers), ``start`` (the report's: the
+process's start to its first input) and whether it said it built kernels. Medians and
+minima per tree; ``--json`` saves it all.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pipeline")
     ap.add_argument("--before", default=None, help="a tree with volconv/ and kernels/")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="another tree, run in turn with these (repeatable)")  # fmt: skip
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
@@ -96,6 +98,9 @@ def main() -> None:
     trees = {"after": HERE}
     if a.before:
         trees = {"before": Path(a.before).resolve(), **trees}
+    for given in a.tree:
+        name, _, folder = given.partition("=")
+        trees[name] = Path(folder).resolve()
     for tree in trees.values():  # the caches filled (programs, peaks), compiled modules
         timed(cmd, tree)
     out: dict = {
