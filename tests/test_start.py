@@ -22,7 +22,7 @@ import pytest
 from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
 
 from volconv import cli
-from volconv.device import driver, programs, start
+from volconv.device import cache, driver, programs, start
 from volconv.engines.separable import SeparableConvolver
 from volconv.output.space import Space
 from volconv.run.convolvers import PinnedSlabs
@@ -391,10 +391,10 @@ def test_a_program_two_threads_ask_for_is_built_once(device, monkeypatch) -> Non
     programs.forget_builds()
 
 
-def test_a_run_loads_ahead_the_programs_its_last_run_took(tmp_path, monkeypatch) -> None:
-    """A run records the programs it took (per pipeline file and device, in the cache
-    folder); the next run's start loads them in the background, so that the run builds none
-    itself, with the same output. Without the record it builds them."""
+def recorded_run(tmp_path, monkeypatch) -> tuple[object, cl.Device, list[tuple], np.ndarray]:
+    """A run of a small pipeline as a new process makes it, its start recorded in a cache
+    folder of the test's own: the config, the device, the programs built (each build of
+    this process from here on is added) and the input."""
     from volconv.config import load
     from volconv.run.pipeline import run
 
@@ -410,6 +410,16 @@ def test_a_run_loads_ahead_the_programs_its_last_run_took(tmp_path, monkeypatch)
     device = run(cfg, overwrite=True).device
     assert built  # a new process builds (or loads from the binary cache) what it takes
     start.record_programs(device, cfg.source)
+    return cfg, device, built, volume
+
+
+def test_a_run_loads_ahead_the_programs_its_last_run_took(tmp_path, monkeypatch) -> None:
+    """A run records the programs it took (per pipeline file and device, in the cache
+    folder); the next run's start loads them in the background, so that the run builds none
+    itself, with the same output. Without the record it builds them."""
+    from volconv.run.pipeline import run
+
+    cfg, device, built, volume = recorded_run(tmp_path, monkeypatch)
     (record,) = (tmp_path / "cache" / "programs").glob("start-*.json")
     assert record.stat().st_mode & 0o077 == 0
     taken, built[:] = list(built), []
@@ -437,6 +447,25 @@ BAD = [{"format": "volconv start 1"}, {"programs": [["exec", "pad.cl", [], []]]}
        {"programs": [["build", "../x.cl", [], []]]},
        {"programs": [["build", "pad.cl", [["A", [1]]], []]]},
        {"page_locked": [[[2, -3], "<f4"]]}, {"page_locked": [[[2, 3], "<f8"]]}]  # fmt: skip
+
+
+def test_a_start_record_another_user_could_have_written_is_not_used(tmp_path, monkeypatch):
+    """The start record is under the cache's trust rule: one owned by another user loads
+    nothing ahead (one warning names it), and the run builds what it needs."""
+    if os.geteuid() != 0:
+        pytest.skip("planting a file owned by another user needs root")
+    import pwd
+
+    cfg, device, built, _ = recorded_run(tmp_path, monkeypatch)
+    (record,) = (tmp_path / "cache" / "programs").glob("start-*.json")
+    os.chown(record, pwd.getpwnam("nobody").pw_uid, -1)
+    monkeypatch.setattr(cache, "_WARNED", set())
+    start.forget()
+    built.clear()
+    with pytest.warns(RuntimeWarning, match="not this user.*not used"):
+        start.start_programs(device, cfg.source).result(60)
+    assert built == [] and not start._LOCKED
+    start.forget()
 
 
 @pytest.mark.parametrize("data", [b"", b"not json", *(json.dumps({**GOOD, **d}).encode()
