@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 import h5py
 import nibabel as nib
@@ -428,13 +429,40 @@ def test_a_run_loads_ahead_the_programs_its_last_run_took(tmp_path, monkeypatch)
     assert built == []  # another pipeline: no record
     start.start_programs(device, cfg.source).result(60)
     assert sorted(map(repr, built)) == sorted(map(repr, taken))  # loaded ahead, in the thread
-    (ahead,) = start._LOCKED.values()  # the first slab buffer, page-locked ahead
+    (record,) = (tmp_path / "cache" / "programs").glob("start-*.json")
+    assert len(json.loads(record.read_text())["page_locked"]) == 1  # one slab: one buffer
+    ((ahead,),) = start._LOCKED.values()  # that slab buffer, page-locked ahead
     made = ahead.result(60)
     assert made.dtype == np.float32 and made.shape[0] == len(BOX)
     built.clear()
     run(cfg, overwrite=True)
     assert built == [] and not start._LOCKED  # the run took them
     check_output(tmp_path / "out" / "scan.h5", volume).close()
+    start.forget()
+
+
+def test_page_locked_buffers_made_ahead_are_taken_in_turn_and_others_dropped(device) -> None:
+    """`page_locked` takes the buffers made ahead of its shape and type one by one, then
+    makes new ones; those of another shape (another pipeline's) go at its first call. What
+    it took is what the next run's start makes ahead."""
+    start.forget()
+    shape, other, f32 = (2, 3, 4, 5), (2, 3, 4, 6), np.dtype(np.float32)
+
+    def ahead(s: tuple[int, ...]) -> np.ndarray:
+        made: Future = Future()
+        made.set_result(start._page_locked(device, s, f32))
+        start._LOCKED.setdefault((device.int_ptr, s, f32.str), []).append(made)
+        return made.result()
+
+    first, second, _ = ahead(shape), ahead(shape), ahead(other)
+    assert start.page_locked(device, shape, f32) is first
+    assert (device.int_ptr, other, f32.str) not in start._LOCKED
+    assert start.page_locked(device, shape, f32) is second and not start._LOCKED
+    third = start.page_locked(device, shape, f32)
+    assert third.shape == shape and third.dtype == f32 and third is not first
+    third[...] = 1.5
+    assert (third == 1.5).all() and (first is not third)
+    assert start._LOCKED_TAKEN[device.int_ptr] == [[list(shape), "<f4"]] * 3
     start.forget()
 
 

@@ -4,7 +4,7 @@ buffer.
 
 A run records, per pipeline file and device (``programs/start-*.json`` in the cache folder,
 under its trust rule), the programs it took (`volconv.device.programs.TAKEN`) and the
-shapes of the page-locked buffers it made (`page_locked`); the next run of that pipeline
+shapes of the page-locked slab buffers it made (`page_locked`); the next run of that pipeline
 starts loading them as soon as its context is started (`start_programs`): the driver's
 clBuildProgram and the mapping that page-locks memory release the GIL, so they are made
 while the modules import and the pipeline is read and planned. `build` then finds each
@@ -40,28 +40,30 @@ from volconv.device.programs import (
 
 START_FORMAT = "volconv start 2"
 MOST_STARTED = 64  # programs a record names at most
-MOST_LOCKED = 2  # page-locked buffers made ahead at most
-_LOCKED: dict[tuple[int, tuple[int, ...], str], Future[np.ndarray]] = {}  # made ahead
-_LOCKED_TAKEN: dict[int, list[list[object]]] = {}  # device pointer -> [shape, dtype]
+MOST_LOCKED = 4  # page-locked buffers made ahead at most
+# (device pointer, shape, dtype) -> the buffers made ahead of that shape, in turn
+_LOCKED: dict[tuple[int, tuple[int, ...], str], list[Future[np.ndarray]]] = {}
+_LOCKED_TAKEN: dict[int, list[list[object]]] = {}  # device pointer -> [shape, dtype] each
 _LOCK = threading.Lock()
 
 
 def page_locked(device: cl.Device, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A ``shape`` array of ``dtype`` in page-locked host memory of ``device``'s context (a
-    mapped ALLOC_HOST_PTR buffer: what the device downloads into at the bus's speed): the
-    one made ahead (`start_programs`) where it is that shape and type, else made now. The
-    first call for a device drops the others made ahead (another pipeline's)."""
+    mapped ALLOC_HOST_PTR buffer: what the device downloads into at the bus's speed): one
+    made ahead (`start_programs`) of that shape and type, else made now. A call drops those
+    made ahead of another shape or type (another pipeline's): they are freed unused."""
     dtype = np.dtype(dtype)
     key = (device.int_ptr, tuple(int(n) for n in shape), dtype.str)
     taken = _LOCKED_TAKEN.setdefault(device.int_ptr, [])
-    if [list(key[1]), dtype.str] not in taken:
+    if len(taken) < MOST_LOCKED:  # as many as the run makes, for the next one's start
         taken.append([list(key[1]), dtype.str])
     with _LOCK:
-        ahead = _LOCKED.pop(key, None)
-        for other in [k for k in _LOCKED if k[0] == device.int_ptr]:
-            del _LOCKED[other]  # freed with its array: memory the run did not count
-    if ahead is not None and ahead.exception() is None:
-        return ahead.result()
+        ahead = _LOCKED.get(key, [])
+        made = ahead.pop(0) if ahead else None
+        for other in [k for k in _LOCKED if k[0] == device.int_ptr and not (k == key and ahead)]:
+            del _LOCKED[other]  # memory the run does not count
+    if made is not None and made.exception() is None:
+        return made.result()
     return _page_locked(device, key[1], dtype)
 
 
@@ -126,12 +128,12 @@ def start_programs(device: cl.Device, pipeline: Path) -> Future[None] | None:
         if not entries and not locked:
             return
         ctx, _ = context_for(device)
-        for shape, dtype in locked:  # beside the programs: both wait on the driver
-            key = (device.int_ptr, shape, dtype.str)
+        for shape, dtype in locked:  # beside the programs, each in a thread of its own
             with _LOCK:
-                if key not in _LOCKED and device.int_ptr not in _LOCKED_TAKEN:
-                    _LOCKED[key] = background(lambda s=shape, d=dtype: _page_locked(device, s, d),
-                                              "volconv-page-locked")  # fmt: skip
+                if device.int_ptr not in _LOCKED_TAKEN:  # else the run has begun taking
+                    made = background(lambda s=shape, d=dtype: _page_locked(device, s, d),
+                                      "volconv-page-locked")  # fmt: skip
+                    _LOCKED.setdefault((device.int_ptr, shape, dtype.str), []).append(made)
         for kind, name, defines, options in entries:
             with suppress(Exception):  # a source changed since: the run builds what it needs
                 (build_sm90a if kind == "build_sm90a" else build)(ctx, name, defines, options)
