@@ -106,9 +106,12 @@ def _start_driver(argv: list[str]) -> None:
     import."""
     words = [a for a in argv if not a.startswith("-")]
     if words and words[0] in _ON_A_DEVICE and not {"--help", "-h"} & set(argv):
-        from volconv.device.driver import start_driver
+        # a head start only: where it fails (a process out of descriptors), the command
+        # starts the driver as pyopencl does, and says what is wrong
+        with contextlib.suppress(Exception):
+            from volconv.device.driver import start_driver
 
-        start_driver()
+            start_driver()
 
 
 def _process_start() -> float:

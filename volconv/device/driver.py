@@ -66,7 +66,10 @@ def loader() -> ctypes.CDLL | None:
         paths = {bundled}
     if len(paths) != 1:
         return None
-    lib = ctypes.CDLL(paths.pop())
+    try:
+        lib = ctypes.CDLL(paths.pop())
+    except OSError:  # cannot be loaded here (out of descriptors, memory): pyopencl says why
+        return None
     lib.clCreateContext.restype = ctypes.c_void_p
     return lib
 
