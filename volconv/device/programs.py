@@ -334,10 +334,12 @@ def binary_build(
 
 
 def _announce(device: cl.Device, folder: Path) -> None:
-    """Say once a process that kernels are compiled, and where later runs find them."""
-    if _BUILT:
-        return
-    _BUILT.append(device_key(device))
+    """Say once a process that kernels are compiled, and where later runs find them (once
+    whichever threads compile: the run's and the one loading programs ahead)."""
+    with _BUILDS_LOCK:
+        if _BUILT:
+            return
+        _BUILT.append(device_key(device))
     name = f"{device.name.strip()} ({device.platform.name.strip()})"
     if is_private(folder):
         later = "the cache folder is not trusted, so later runs build them again"
