@@ -4,15 +4,15 @@
                                       [--repeats R] [--json OUT.json]
 
 Runs, in one go: `python -c pass` and `volconv --help`; then the whole `volconv run
---overwrite --report` process R times (after one run that fills the caches), in turns with
-this checkout's volconv, with ``--before``'s (a tree holding volconv/ and kernels/, e.g.
-``git archive COMMIT volconv kernels | tar -x -C DIR``) and with each ``--tree``'s; and the
-run's imports once (``-X importtime``: the largest, cumulative). Each process's figures:
-``process`` (timed from here, as a shell does), ``minus_input`` (the process less its first
-input's own wall: what scripts/bench/e2e.py reports as the start), ``minus_run`` (less the
-run's total wall, which counts making the convolvers), ``start`` (the report's: the
-process's start to its first input) and whether it said it built kernels. Medians and
-minima per tree; ``--json`` saves it all.
+--overwrite --report` process R times (after one that fills the caches: a cache folder per
+tree), in turns with this checkout's volconv, with ``--before``'s (a tree holding volconv/
+and kernels/, e.g. ``git archive COMMIT volconv kernels | tar -x -C DIR``) and with each
+``--tree``'s; and the run's imports once (``-X importtime``: the largest, cumulative). Each
+process's figures: ``process`` (timed from here, as a shell does), ``minus_input`` (the
+process less its first input's own wall: what scripts/bench/e2e.py reports as the start),
+``minus_run`` (less the run's total wall, which counts making the convolvers), ``start``
+(the report's: the process's start to its first input) and whether it said it built
+kernels. Medians and minima per tree; ``--json`` saves it all.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,19 +34,23 @@ OUTSIDE = tempfile.gettempdir()
 HERE = Path(__file__).resolve().parents[2]
 
 
-def timed(args: list[str], tree: Path | None = None) -> tuple[float, str]:
-    """Seconds the process took, and its stderr."""
+def timed(
+    args: list[str], tree: Path | None = None, cache: Path | None = None
+) -> tuple[float, str]:
+    """Seconds the process took, and its stderr; ``tree``'s volconv, ``cache`` its cache."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
+    if cache is not None:
+        env["VOLCONV_CACHE_DIR"] = str(cache)
     t = time.perf_counter()
     done = subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True, cwd=OUTSIDE, env=env)  # fmt: skip
     return time.perf_counter() - t, done.stderr
 
 
-def one_run(cmd: list[str], report: Path, tree: Path) -> dict:
-    seconds, said = timed([*cmd, "--report", str(report)], tree)
+def one_run(cmd: list[str], report: Path, tree: Path, cache: Path) -> dict:
+    seconds, said = timed([*cmd, "--report", str(report)], tree, cache)
     doc = json.loads(report.read_text())
     return {
         "process": seconds,
@@ -68,9 +73,9 @@ def summary(runs: list[dict]) -> dict:
     return out
 
 
-def import_times(cmd: list[str], tree: Path) -> list[tuple[str, float]]:
+def import_times(cmd: list[str], tree: Path, cache: Path) -> list[tuple[str, float]]:
     """The run's imports by cumulative time (ms): the top level's and theirs."""
-    _, said = timed([cmd[0], "-X", "importtime", *cmd[1:]], tree)
+    _, said = timed([cmd[0], "-X", "importtime", *cmd[1:]], tree, cache)
     rows = []
     for line in said.splitlines():
         if line.startswith("import time:") and "|" in line and "cumulative" not in line:
@@ -101,8 +106,15 @@ def main() -> None:
     for given in a.tree:
         name, _, folder = given.partition("=")
         trees[name] = Path(folder).resolve()
-    for tree in trees.values():  # the caches filled (programs, peaks), compiled modules
-        timed(cmd, tree)
+    # a cache folder per tree (programs, the start record: another tree's record would name
+    # its programs and buffers), each with the FMA probe's rates where they are cached
+    caches = {name: Path(tempfile.mkdtemp(prefix=f"volconv-start-{name}-")) for name in trees}
+    peak = Path(os.environ.get("VOLCONV_CACHE_DIR") or Path.home() / ".cache/volconv") / "peak.json"
+    for name, tree in trees.items():  # the caches filled (programs, start), compiled modules
+        if peak.is_file():
+            shutil.copyfile(peak, caches[name] / "peak.json")
+            os.chmod(caches[name] / "peak.json", 0o600)
+        timed(cmd, tree, caches[name])
     out: dict = {
         "command": " ".join(cmd[1:]),
         "trees": {k: str(v) for k, v in trees.items()},
@@ -112,9 +124,9 @@ def main() -> None:
     }
     for _ in range(a.repeats):  # alternately, so that the machine's load falls on both
         for name, tree in trees.items():
-            out["runs"][name].append(one_run(cmd, report, tree))
+            out["runs"][name].append(one_run(cmd, report, tree, caches[name]))
     out["summary"] = {name: summary(runs) for name, runs in out["runs"].items()}
-    out["imports_after"] = import_times(cmd, HERE)
+    out["imports_after"] = import_times(cmd, HERE, caches["after"])
     for name, figures in out["summary"].items():
         shown = "  ".join(f"{k} {v * 1000:.0f} ms" for k, v in figures.items() if "median" in k)
         print(f"{name:<7} {shown}")
@@ -123,6 +135,8 @@ def main() -> None:
         print(f"{ms:8.1f} ms  import {name}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
+    for folder in caches.values():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
