@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from volconv.bank.filters import FILTER_TYPES, Filter, build_bank, stack_kernels
 from volconv.bank.kernels import gaussian_kernel1d
 from volconv.bank.spec import BankError, TruncationWarning
-from volconv.cli import app
+from volconv.commands import app
 from volconv.engines.direct import convolve_bank
 
 RNG = np.random.default_rng(3)

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from volconv import bench, bench_peers
 from volconv.checks import MODES
-from volconv.cli import UserError, app
+from volconv.cli import UserError
+from volconv.commands import app
 
 POINT_FIELDS = {
     "n", "unroll", "local_size", "passes", "rows", "seconds", "seconds_min", "gflop", "gflops",

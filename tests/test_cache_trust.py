@@ -37,7 +37,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(programs, "_BUILT", [])
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("VOLCONV_CACHE_DIR", raising=False)
-    programs.build.cache_clear()
+    programs.forget_builds()
 
     def hung(*_):
         raise TimeoutError("a cache read blocked")
@@ -47,7 +47,7 @@ def fresh(monkeypatch, tmp_path):
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
-    programs.build.cache_clear()
+    programs.forget_builds()
 
 
 @pytest.fixture
@@ -217,7 +217,7 @@ KERNELS = np.random.default_rng(22).standard_normal((2, 3, 3, 3)).astype(np.floa
 
 def run(device) -> np.ndarray:
     """A run as a new process makes it (this process's programs forgotten)."""
-    programs.build.cache_clear()
+    programs.forget_builds()
     return convolve_bank(VOLUME, KERNELS, "reflect", device=device)
 
 

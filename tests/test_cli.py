@@ -684,7 +684,7 @@ def test_ctrl_c_during_validate_says_so_in_one_line(tmp_path, scan):
     # a real SIGINT, delivered while validate checks the inputs
     script = (
         "import os, signal, sys, time\n"
-        "import volconv.run.pipeline as p\n"
+        "import volconv.run.jobs as p\n"
         "def slow(*args, **kwargs):\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    time.sleep(30)\n"

@@ -17,7 +17,8 @@ from volconv.engines.convert import CALL, DeviceEncoder, device_encodes, encode
 from volconv.engines.direct import BankConvolver
 from volconv.engines.separable import SeparableConvolver
 from volconv.output import ResponseWriter
-from volconv.run.pipeline import plan_jobs, run
+from volconv.run.jobs import plan_jobs
+from volconv.run.pipeline import run
 
 RNG = np.random.default_rng(2026_11_23)
 STORED = [("float16", 1.0, 0.0), ("uint8", 1.0, 0.0), ("uint8", 0.37, -12.5), ("uint8", 3.0, 1e3)]

@@ -1,5 +1,5 @@
 """A run's host memory within ``[run] host_memory`` whether or not a float input holds NaN or
-Inf (contract, "Memory"): the plan counts the non-finite override (`pipeline.nonfinite_bytes`),
+Inf (contract, "Memory"): the plan counts the non-finite override (`memory.nonfinite_bytes`),
 and a real run, measured by the kernel's peak-RSS mark, stays within the bound."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import pytest
 from test_nonfinite import assert_nonfinite_as_scipy
 from test_pipeline import DEVICE, write_pipeline
 
-import volconv.run.pipeline as pipeline
 from volconv.config import load
 from volconv.engines.digits import DigitConvolver, DigitPlan
 from volconv.engines.direct import BankConvolver
 from volconv.engines.padder import Padder
 from volconv.engines.tensor import TensorShape
+from volconv.run import jobs, memory
 
 # The measuring script's fresh-process run: a warm-up run (every program built), then the
 # measured run with the peak-RSS mark (VmHWM) reset: what the run held, above what the
@@ -68,22 +68,22 @@ def test_a_float_input_holding_nan_runs_within_host_memory(tmp_path):
         )  # fmt: skip
         paths[name] = paths[name].rename(tmp_path / f"{name}.toml")
     cfg = load(paths["masked"])
-    device = pipeline.choose_device(cfg)
-    (job,) = pipeline.plan_jobs(cfg, device)
+    device = jobs.choose_device(cfg)
+    (job,) = jobs.plan_jobs(cfg, device)
     depth = job.plan.slab_depth
     assert job.plan.n_separable and len(job.plan.groups) == 2  # overrides of each kind
 
     def fits(d: int, counted: bool = True) -> bool:
-        need = pipeline.host_bytes(job, cfg, d, device)
+        need = memory.host_bytes(job, cfg, d, device)
         if not counted:  # as before the override was counted
-            on_host, buffers = pipeline.nonfinite_bytes(job, d, device)
+            on_host, buffers = memory.nonfinite_bytes(job, d, device)
             need -= on_host + (buffers if device.type & cl.device_type.CPU else 0)
         return need <= bound
 
     # the deepest slab that fits with the override counted; without it, a deeper one did
     assert 1 < depth < vol.shape[0] and fits(depth) and not fits(depth + 1)
     assert fits(depth + 1, counted=False)
-    assert job.host_bytes == pipeline.host_bytes(job, cfg, depth, device) <= bound
+    assert job.host_bytes == memory.host_bytes(job, cfg, depth, device) <= bound
     # glibc's mmap threshold fixed: freed slabs go back to the system rather than staying in
     # a thread's heap, which made the peak vary by up to 8 MiB from run to run
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 2**10)}
@@ -147,11 +147,11 @@ def test_a_shorter_last_slab_counts_its_padded_chunks(tmp_path):
     at once), so a depth that does not divide the volume counts one stored slab more."""
     np.save(tmp_path / "a.npy", np.zeros((24, 16, 16), np.uint8))
     cfg = load(write_pipeline(tmp_path, [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]))
-    device = pipeline.choose_device(cfg)
-    (job,) = pipeline.plan_jobs(cfg, device)
+    device = jobs.choose_device(cfg)
+    (job,) = jobs.plan_jobs(cfg, device)
 
     def need(depth: int) -> int:
-        return pipeline.host_bytes(job, cfg, depth, device)
+        return memory.host_bytes(job, cfg, depth, device)
 
     slab = 2 * 7 * 16 * 16 * 4  # 2 float32 responses, 7 rows
     assert need(7) == need(6) + (need(8) - need(6)) // 2 + slab  # 24 = 3 x 8 = 4 x 6

@@ -495,7 +495,7 @@ def test_the_pipeline_refuses_other_files_and_mm_without_a_voxel_size(tmp_path):
     from test_pipeline import write_pipeline
 
     from volconv.config import PipelineError, load
-    from volconv.run.pipeline import USER_ERRORS, choose_device, plan_jobs
+    from volconv.run.jobs import USER_ERRORS, choose_device, plan_jobs
 
     spec, other, _ = _hdf5_reading_others(tmp_path, "external-link")
     gaussian = [{"type": "gaussian", "sigma": 1.0}]

@@ -254,7 +254,7 @@ def test_the_override_counts_in_sub_slabs_within_its_budget(device, mode):
 
 def test_the_override_plan_is_the_overrides():
     """Distinct supports only (a bank of Gaussians shares one), banks at most N wide: the
-    counting convolvers `volconv.run.pipeline` counts are those the override builds."""
+    counting convolvers `volconv.run.memory` counts are those the override builds."""
     gaussians = np.stack([gaussian(5, s) for s in (0.8, 1.0, 1.5, 2.0)])
     plan = OverridePlan.of(gaussians)
     assert len(plan.signed) == 1 and plan.union is None and [len(b) for b in plan.banks] == [1]

@@ -396,7 +396,7 @@ print(after - before, result.reports[0].status)
 def test_a_volume_larger_than_host_memory_runs_within_it(tmp_path, dtype, device_spec):
     """16 MiB of float32 input and 128 MiB of responses through a 32 MiB bound (float16:
     made on the device, pinned buffers of float16: deeper slabs in the same bound). A float
-    input's bound keeps room for the NaN/Inf override (`pipeline.nonfinite_bytes`)."""
+    input's bound keeps room for the NaN/Inf override (`memory.nonfinite_bytes`)."""
     bound = 32 * 2**20
     np.save(tmp_path / "big.npy", RNG.standard_normal((128, 128, 256)).astype(np.float32))
     np.save(tmp_path / "small.npy", RNG.standard_normal((128, 128, 256))[:4].astype(np.float32))
@@ -425,20 +425,20 @@ def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(
 ):
     """A slab's pinned buffer holds at most MAX_PINNED_BYTES (page-locking costs at start and
     in RSS); an expert's slab_depth is taken as given; the result is the same either way."""
-    import volconv.run.pipeline as pipeline
     from volconv.config import load
+    from volconv.run import jobs, memory, pipeline
 
     volume = random_volume((40, 12, 10), "uint8")
     np.save(tmp_path / "a.npy", volume)
     filters = [{"type": "box", "size": 3}, {"type": "gaussian", "sigma": 1.0, "size": 5}]
     row = len(filters) * 12 * 10 * 4  # float32 responses, one row of slab
-    monkeypatch.setattr(pipeline, "MAX_PINNED_BYTES", 3 * row)
+    monkeypatch.setattr(memory, "MAX_PINNED_BYTES", 3 * row)
     capped = write_pipeline(tmp_path, filters, device=device_spec)
     cfg = load(capped)
-    (job,) = pipeline.plan_jobs(cfg, pipeline.choose_device(cfg))
+    (job,) = jobs.plan_jobs(cfg, jobs.choose_device(cfg))
     assert job.plan.slab_depth == 3
     given = load(capped, ("run.slab_depth=20",))
-    (job,) = pipeline.plan_jobs(given, pipeline.choose_device(given))
+    (job,) = jobs.plan_jobs(given, jobs.choose_device(given))
     assert job.plan.slab_depth == 20
     (record,) = pipeline.run(cfg).reports
     assert record.slab_depth == 3 and record.n_slabs == 14
@@ -450,22 +450,22 @@ def test_pinned_slab_buffers_are_bounded_unless_the_depth_is_given(
 def test_device_memory_counts_a_frame_kept_on_the_device(tmp_path, dtype, device_spec):
     """An integer frame read whole is kept on a GPU (up to `engine.frame_bytes`) beside the
     plan's buffers: validate's device memory counts it; a float frame goes as rows."""
-    import volconv.run.pipeline as pipeline
     from volconv.config import load
+    from volconv.run import jobs, memory
 
     volume = random_volume((20, 12, 10), dtype)
     np.save(tmp_path / "a.npy", volume)
     cfg = load(write_pipeline(tmp_path, [{"type": "box", "size": 3}], device=device_spec))
-    device = pipeline.choose_device(cfg)
-    (job,) = pipeline.plan_jobs(cfg, device)
+    device = jobs.choose_device(cfg)
+    (job,) = jobs.plan_jobs(cfg, device)
     assert job.whole_frames  # a .npy maps
     kept = volume.nbytes if dtype == "uint8" else 0
     # a float source's NaN/Inf counting convolvers: the data may hold them
-    plan = job.plan.device_bytes + pipeline.nonfinite_bytes(job, job.plan.slab_depth, device)[1]
+    plan = job.plan.device_bytes + memory.nonfinite_bytes(job, job.plan.slab_depth, device)[1]
     assert (plan > job.plan.device_bytes) == (dtype == "float32")
-    assert pipeline.device_bytes(job, device, volume.nbytes) == plan + kept
-    assert pipeline.device_bytes(job, device, volume.nbytes - 1) == plan
-    assert job.device_bytes == pipeline.device_bytes(job, device, frame_bytes(device))
+    assert memory.device_bytes(job, device, volume.nbytes) == plan + kept
+    assert memory.device_bytes(job, device, volume.nbytes - 1) == plan
+    assert job.device_bytes == memory.device_bytes(job, device, frame_bytes(device))
 
 
 def subprocess_run(args: list) -> str:

@@ -25,7 +25,7 @@ from test_pipeline import DEVICE, ROOT, random_volume
 
 from volconv.config import dump_toml, load
 from volconv.output import ROOT_ATTRS
-from volconv.run.pipeline import Interrupted
+from volconv.run.interrupts import Interrupted
 from volconv.run.pipeline import run as volconv_run
 
 # Many slabs of one or two rows: seconds on a CPU, so a signal lands mid-volume.

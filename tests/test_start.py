@@ -6,26 +6,28 @@ in the background while the old file stays whole until the new one is complete
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 import h5py
 import nibabel as nib
 import numpy as np
 import pyopencl as cl
 import pytest
-from test_pipeline import ROOT, check_output, random_volume, volconv, write_pipeline
+from test_pipeline import DEVICE, ROOT, check_output, random_volume, volconv, write_pipeline
 
 from volconv import cli
-from volconv.device import programs
+from volconv.device import cache, driver, programs, start
 from volconv.engines.separable import SeparableConvolver
 from volconv.output.space import Space
+from volconv.run.convolvers import PinnedSlabs
 from volconv.run.inputs import open_volume
-from volconv.run.pipeline import PinnedSlabs
 from volconv.run.volume import InputError
 
 BOX = [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]
@@ -33,11 +35,11 @@ BOX = [{"type": "box"}, {"type": "gaussian", "sigma": 1.0}]
 
 def test_a_context_started_ahead_is_the_one_taken(device, monkeypatch) -> None:
     monkeypatch.setattr(programs, "_MADE", set())  # as in a new process
-    programs.start_driver()
-    programs.driver_started()
+    driver.start_driver()
+    driver.driver_started()
     programs.start_context(device)
     started = programs._CONTEXTS[device.int_ptr]
-    ctx, queue = programs.context_for.__wrapped__(device)  # not the process's cached one
+    ctx, queue = programs._context_for.__wrapped__(device)  # not the process's cached one
     assert ctx.int_ptr == started.result() and device.int_ptr not in programs._CONTEXTS
     assert ctx.devices == [device]
     data = np.arange(64, dtype=np.float32)
@@ -320,6 +322,186 @@ def test_every_user_error_is_a_value_error() -> None:
     """`volconv run` catches the user's mistakes as ValueError and sorts them with
     USER_ERRORS only then, so that the pipeline's modules import after the device's context
     has started: a user error of another kind would end in exit 1, not 2."""
-    from volconv.run.pipeline import USER_ERRORS
+    from volconv.run.jobs import USER_ERRORS
 
     assert all(issubclass(error, ValueError) for error in USER_ERRORS)
+
+
+# -- the driver first thing, the programs ahead ------------------------------------------------
+DRIVER_FIRST = (
+    "import sys\n"
+    "from volconv.device import driver\n"
+    "driver.start_driver()\n"
+    "assert driver._DRIVER and not {'numpy', 'pyopencl'} & set(sys.modules)\n"
+    "driver.driver_started()\n"
+    "import pyopencl as cl\n"
+    "print(len(driver._mapped()), driver.shared_loader() is not None,"
+    " sorted(p.name for p in cl.get_platforms()))\n"
+)
+
+
+def test_the_driver_started_before_pyopencl_is_the_one_pyopencl_calls() -> None:
+    """`volconv` starts the OpenCL driver before numpy and pyopencl import, through the ICD
+    loader pyopencl's wheel bundles: pyopencl then links that one loader (one mapped, a
+    context made through it is pyopencl's) and finds the same platforms."""
+    if driver._bundled() is None:
+        pytest.skip("this pyopencl bundles no ICD loader: the driver starts after it imports")
+    done = subprocess.run([sys.executable, "-c", DRIVER_FIRST], capture_output=True, text=True,
+                          cwd=ROOT, check=True)  # fmt: skip
+    names = sorted(p.name for p in cl.get_platforms())
+    assert done.stdout.strip() == f"1 True {names}", done.stderr
+
+
+def test_the_driver_starts_first_only_for_a_command_on_a_device(monkeypatch) -> None:
+    started: list[bool] = []
+    monkeypatch.setattr(driver, "start_driver", lambda: started.append(True))
+    for argv in (["--help"], ["show", "a.h5"], ["run", "--help"], ["filters"], []):
+        cli._start_driver(argv)
+    assert started == []
+    for argv in (["run", "p.toml"], ["--debug", "validate", "p.toml"], ["devices"]):
+        cli._start_driver(argv)
+    assert started == [True] * 3
+
+
+def test_a_program_two_threads_ask_for_is_built_once(device, monkeypatch) -> None:
+    """`build` from several threads at once (the programs loading ahead and the run): one
+    builds, the others wait for it; a build that fails is not kept, the next one builds."""
+    programs.forget_builds()
+    ctx, _ = programs.context_for(device)
+    calls: list[tuple] = []
+    real = programs._build
+
+    def slow(*args: object) -> cl.Program:
+        calls.append(args)
+        time.sleep(0.3)
+        if len(calls) == 1:
+            raise cl.Error("the first build fails")
+        return real(*args)
+
+    monkeypatch.setattr(programs, "_build", slow)
+    defines = (("SRC_T", "uchar"), ("DST_T", "float"))
+    with pytest.raises(cl.Error, match="first build"):
+        programs.build(ctx, "pad.cl", defines)
+    got: list[cl.Program] = []
+    threads = [threading.Thread(target=lambda: got.append(programs.build(ctx, "pad.cl", defines)))
+               for _ in range(3)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(calls) == 2 and len(got) == 3 and all(g is got[0] for g in got)
+    programs.forget_builds()
+
+
+def recorded_run(tmp_path, monkeypatch) -> tuple[object, cl.Device, list[tuple], np.ndarray]:
+    """A run of a small pipeline as a new process makes it, its start recorded in a cache
+    folder of the test's own: the config, the device, the programs built (each build of
+    this process from here on is added) and the input."""
+    from volconv.config import load
+    from volconv.run.pipeline import run
+
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path / "cache"))
+    volume = random_volume((20, 12, 10), "uint8")
+    np.save(tmp_path / "scan.npy", volume)
+    cfg = load(write_pipeline(tmp_path, BOX, input={"paths": ["scan.npy"]},
+                              run={"device": DEVICE}))  # fmt: skip
+    built: list[tuple] = []
+    real = programs._build
+    monkeypatch.setattr(programs, "_build", lambda *a: built.append(a) or real(*a))
+    start.forget()
+    device = run(cfg, overwrite=True).device
+    assert built  # a new process builds (or loads from the binary cache) what it takes
+    start.record_programs(device, cfg.source)
+    return cfg, device, built, volume
+
+
+def test_a_run_loads_ahead_the_programs_its_last_run_took(tmp_path, monkeypatch) -> None:
+    """A run records the programs it took (per pipeline file and device, in the cache
+    folder); the next run's start loads them in the background, so that the run builds none
+    itself, with the same output. Without the record it builds them."""
+    from volconv.run.pipeline import run
+
+    cfg, device, built, volume = recorded_run(tmp_path, monkeypatch)
+    (record,) = (tmp_path / "cache" / "programs").glob("start-*.json")
+    assert record.stat().st_mode & 0o077 == 0
+    taken, built[:] = list(built), []
+    start.forget()
+    start.start_programs(device, tmp_path / "another.toml").result(60)
+    assert built == []  # another pipeline: no record
+    start.start_programs(device, cfg.source).result(60)
+    assert sorted(map(repr, built)) == sorted(map(repr, taken))  # loaded ahead, in the thread
+    (record,) = (tmp_path / "cache" / "programs").glob("start-*.json")
+    assert len(json.loads(record.read_text())["page_locked"]) == 1  # one slab: one buffer
+    ((ahead,),) = start._LOCKED.values()  # that slab buffer, page-locked ahead
+    made = ahead.result(60)
+    assert made.dtype == np.float32 and made.shape[0] == len(BOX)
+    built.clear()
+    run(cfg, overwrite=True)
+    assert built == [] and not start._LOCKED  # the run took them
+    check_output(tmp_path / "out" / "scan.h5", volume).close()
+    start.forget()
+
+
+def test_page_locked_buffers_made_ahead_are_taken_in_turn_and_others_dropped(device) -> None:
+    """`page_locked` takes the buffers made ahead of its shape and type one by one, then
+    makes new ones; those of another shape (another pipeline's) go at its first call. What
+    it took is what the next run's start makes ahead."""
+    start.forget()
+    shape, other, f32 = (2, 3, 4, 5), (2, 3, 4, 6), np.dtype(np.float32)
+
+    def ahead(s: tuple[int, ...]) -> np.ndarray:
+        made: Future = Future()
+        made.set_result(start._page_locked(device, s, f32))
+        start._LOCKED.setdefault((device.int_ptr, s, f32.str), []).append(made)
+        return made.result()
+
+    first, second, _ = ahead(shape), ahead(shape), ahead(other)
+    assert start.page_locked(device, shape, f32) is first
+    assert (device.int_ptr, other, f32.str) not in start._LOCKED
+    assert start.page_locked(device, shape, f32) is second and not start._LOCKED
+    third = start.page_locked(device, shape, f32)
+    assert third.shape == shape and third.dtype == f32 and third is not first
+    third[...] = 1.5
+    assert (third == 1.5).all() and (first is not third)
+    assert start._LOCKED_TAKEN[device.int_ptr] == [[list(shape), "<f4"]] * 3
+    start.forget()
+
+
+GOOD = {
+    "format": "volconv start 2",
+    "programs": [["build", "pad.cl", [["A", 1]], []]],
+    "page_locked": [[[2, 3, 4, 5], "<f4"]],
+}
+BAD = [{"format": "volconv start 1"}, {"programs": [["exec", "pad.cl", [], []]]},
+       {"programs": [["build", "../x.cl", [], []]]},
+       {"programs": [["build", "pad.cl", [["A", [1]]], []]]},
+       {"page_locked": [[[2, -3], "<f4"]]}, {"page_locked": [[[2, 3], "<f8"]]}]  # fmt: skip
+
+
+def test_a_start_record_another_user_could_have_written_is_not_used(tmp_path, monkeypatch):
+    """The start record is under the cache's trust rule: one owned by another user loads
+    nothing ahead (one warning names it), and the run builds what it needs."""
+    if os.geteuid() != 0:
+        pytest.skip("planting a file owned by another user needs root")
+    import pwd
+
+    cfg, device, built, _ = recorded_run(tmp_path, monkeypatch)
+    (record,) = (tmp_path / "cache" / "programs").glob("start-*.json")
+    os.chown(record, pwd.getpwnam("nobody").pw_uid, -1)
+    monkeypatch.setattr(cache, "_WARNED", set())
+    start.forget()
+    built.clear()
+    with pytest.warns(RuntimeWarning, match="not this user.*not used"):
+        start.start_programs(device, cfg.source).result(60)
+    assert built == [] and not start._LOCKED
+    start.forget()
+
+
+@pytest.mark.parametrize("data", [b"", b"not json", *(json.dumps({**GOOD, **d}).encode()
+                                                      for d in BAD)])  # fmt: skip
+def test_a_start_record_that_is_not_one_names_nothing(data) -> None:
+    assert start._started_entries(json.dumps(GOOD).encode()) == (
+        [("build", "pad.cl", (("A", 1),), ())],
+        [((2, 3, 4, 5), np.dtype(np.float32))],
+    )
+    assert start._started_entries(data) == ([], [])

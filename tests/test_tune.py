@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import volconv.device.cache
 from volconv import report
 from volconv.bench import Work
-from volconv.cli import app
+from volconv.commands import app
 from volconv.engines.direct import BankConvolver, convolve_bank
 from volconv.engines.registry import ENGINES
 from volconv.engines.tensor import TENSOR_ENGINE, tensor_supported

@@ -4,7 +4,7 @@
 Everything a user can get wrong in a pipeline file is checked here, in `validate_config`, with a
 message that names the file, the key and the value; `volconv.bank.filters` checks each filter
 itself.
-Nothing here opens an input or an OpenCL device: that is planning (`volconv.run.pipeline`).
+Nothing here opens an input or an OpenCL device: that is planning (`volconv.run.jobs`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What `volconv run` and `volconv validate` show: the plan, a progress bar, a line per
-input and the final table (numbers from `volconv.report`, work from `volconv.run.pipeline`)."""
+input and the final table (numbers from `volconv.report`, work from `volconv.run.jobs`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ from volconv.report import (
     summary_line,
     summary_table,
 )
-from volconv.run.pipeline import USER_ERRORS, Job, RunResult, choose_device, peaks, plan_jobs, run
+from volconv.run.convolvers import RunResult, peaks
+from volconv.run.jobs import USER_ERRORS, Job, choose_device, plan_jobs
+from volconv.run.pipeline import run
 from volconv.run.resume import recorded_slabs
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ every program the measured run builds, the non-finite override's counting kernel
 then, after resetting the kernel's peak-RSS mark (``/proc/self/clear_refs``), on the measured
 input. ``grown`` = the peak RSS of that run (``VmHWM``) - the RSS before it: what the run
 held for data, which docs/contract.md, "Memory", bounds by ``host_memory``; beside it the
-bytes the plan counted (`volconv.run.pipeline.host_bytes`) and its slab depth. The inputs:
+bytes the plan counted (`volconv.run.memory.host_bytes`) and its slab depth. The inputs:
   - ``finite``: float32 (or ``--dtype``), every voxel finite;
   - ``nonfinite``: the same volume with a NaN background outside a ball (a masked map: every
     slab holds NaN) and a few +-Inf voxels inside, so that the override runs on every slab
@@ -74,7 +74,8 @@ type = "box"
 MEASURE = """
 import gc, json, sys
 from volconv.config import load
-from volconv.run.pipeline import choose_device, plan_jobs, run
+from volconv.run.jobs import choose_device, plan_jobs
+from volconv.run.pipeline import run
 
 def status(key):
     for line in open("/proc/self/status"):

@@ -1,19 +1,27 @@
-"""Where a `volconv run` process spends its time before and after the in-run wall.
+"""Where a `volconv run` process spends its time outside its in-run wall, this tree against another.
 
-    python scripts/bench/run.py start PIPELINE [--device D] [--repeats R] [--json OUT.json]
+    python scripts/bench/run.py start PIPELINE [--before DIR] [--tree NAME=DIR ...] [--device D]
+                                      [--repeats R] [--json OUT.json]
 
-Runs, in one go: `python -c pass`, `volconv --help`, the whole `volconv run --overwrite`
-process (once to fill caches, then R times replacing its output, R times with the output
-removed beforehand; minima are kept), and then the same run phase by
-phase in this process (each import, load, device, plan, peaks, program build, the run
-itself), so the gap between the process and the in-run wall can be read off. Prints a
-table; ``--json`` saves it.
+Runs, in one go: `python -c pass` and `volconv --help`; then the whole `volconv run
+--overwrite --report` process R times (after one that fills the caches: a cache folder per
+tree), in turns with this checkout's volconv, with ``--before``'s (a tree holding volconv/
+and kernels/, e.g. ``git archive COMMIT volconv kernels | tar -x -C DIR``) and with each
+``--tree``'s; and the run's imports once (``-X importtime``: the largest, cumulative). Each
+process's figures: ``process`` (timed from here, as a shell does), ``minus_input`` (the
+process less its first input's own wall: what scripts/bench/e2e.py reports as the start),
+``minus_run`` (less the run's total wall, which counts making the convolvers), ``start``
+(the report's: the process's start to its first input) and whether it said it built
+kernels. Medians and minima per tree; ``--json`` saves it all.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,129 +29,114 @@ import time
 from pathlib import Path
 
 # The processes run outside the checkout: `python -m` puts the working folder first on
-# sys.path, where the checkout's volconv would shadow the one PYTHONPATH names (a "before"
-# tree profiled beside it).
+# sys.path, where the checkout's volconv would shadow the one PYTHONPATH names.
 OUTSIDE = tempfile.gettempdir()
+HERE = Path(__file__).resolve().parents[2]
 
 
-def process_seconds(args: list[str]) -> float:
+def timed(
+    args: list[str], tree: Path | None = None, cache: Path | None = None
+) -> tuple[float, str]:
+    """Seconds the process took, and its stderr; ``tree``'s volconv, ``cache`` its cache."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
+    if cache is not None:
+        env["VOLCONV_CACHE_DIR"] = str(cache)
     t = time.perf_counter()
-    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   cwd=OUTSIDE)  # fmt: skip
-    return time.perf_counter() - t
+    done = subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True, cwd=OUTSIDE, env=env)  # fmt: skip
+    return time.perf_counter() - t, done.stderr
+
+
+def one_run(cmd: list[str], report: Path, tree: Path, cache: Path) -> dict:
+    seconds, said = timed([*cmd, "--report", str(report)], tree, cache)
+    doc = json.loads(report.read_text())
+    return {
+        "process": seconds,
+        "input_wall": doc["inputs"][0]["stages"]["wall"],
+        "run_wall": doc["run_seconds"],
+        "minus_input": seconds - doc["inputs"][0]["stages"]["wall"],
+        "minus_run": seconds - doc["run_seconds"],
+        "start": doc.get("start_seconds"),
+        "built_kernels": "building kernels" in said,
+    }
+
+
+def summary(runs: list[dict]) -> dict:
+    out = {}
+    for key in ("process", "input_wall", "minus_input", "minus_run", "start"):
+        values = [r[key] for r in runs if r[key] is not None]
+        if values:
+            out[f"{key}_median"] = statistics.median(values)
+            out[f"{key}_min"] = min(values)
+    return out
+
+
+def import_times(cmd: list[str], tree: Path, cache: Path) -> list[tuple[str, float]]:
+    """The run's imports by cumulative time (ms): the top level's and theirs."""
+    _, said = timed([cmd[0], "-X", "importtime", *cmd[1:]], tree, cache)
+    rows = []
+    for line in said.splitlines():
+        if line.startswith("import time:") and "|" in line and "cumulative" not in line:
+            _, cumulative, name = line.split("|")
+            if (len(name) - len(name.lstrip()) - 1) // 2 > 1:
+                continue  # what the program imports, and what those import themselves
+            rows.append((name.strip(), int(cumulative) / 1000))
+    return sorted(rows, key=lambda r: -r[1])[:20]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pipeline")
+    ap.add_argument("--before", default=None, help="a tree with volconv/ and kernels/")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="another tree, run in turn with these (repeatable)")  # fmt: skip
     ap.add_argument("--device", default=None)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    a.pipeline = str(Path(a.pipeline).resolve())  # the processes run in OUTSIDE
+    pipeline = str(Path(a.pipeline).resolve())  # the processes run in OUTSIDE
     dev = ["--device", a.device] if a.device else []
     report = Path(tempfile.mkdtemp()) / "report.json"
-    cmd = [sys.executable, "-m", "volconv", "run", a.pipeline, "--overwrite", *dev]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=OUTSIDE)  # caches
-    runs = range(a.repeats)
-    out: dict = {"python_pass": min(process_seconds([sys.executable, "-c", "pass"]) for _ in runs)}
-    out["help"] = min(process_seconds([sys.executable, "-m", "volconv", "--help"]) for _ in runs)
-    walls, first = [], []
-    for _ in runs:  # the process's and its own in-run wall, pairwise
-        seconds = process_seconds([*cmd, "--report", str(report)])
-        doc = json.loads(report.read_text())
-        walls.append((seconds, doc["total"]["wall_seconds"]))
-        first.append(seconds - doc["inputs"][0]["stages"]["wall"])
-    out["process"], out["in_run_wall"] = min(w[0] for w in walls), min(w[1] for w in walls)
-    out["process_minus_in_run_each"] = sorted(p - w for p, w in walls)
-    # as scripts/bench/e2e.py reports it: the process less its first input's own wall (the
-    # convolvers' making counts as start there)
-    out["process_minus_first_input_wall"] = min(first)
-    outputs = [Path(r["output"]) for r in json.loads(report.read_text())["inputs"]]
-    fresh = []
-    for _ in runs:  # the same with no old output to replace (removed beforehand, untimed)
-        for path in outputs:
-            path.unlink(missing_ok=True)
-        fresh.append((process_seconds([*cmd, "--report", str(report)]),
-                      json.loads(report.read_text())["total"]["wall_seconds"]))  # fmt: skip
-    out["process_no_old_output"] = min(w[0] for w in fresh)
-    out["in_run_wall_no_old_output"] = min(w[1] for w in fresh)
-
-    phases: dict[str, float] = {}
-    t = time.perf_counter()
-
-    def mark(name: str) -> None:
-        nonlocal t
-        now = time.perf_counter()
-        phases[name] = now - t
-        t = now
-
-    import numpy  # noqa: F401
-
-    mark("import numpy")
-    import pyopencl  # noqa: F401
-
-    mark("import pyopencl")
-    from volconv.device import programs
-
-    started = hasattr(programs, "start_driver")  # volconv starts the driver ahead
-    if started:
-        programs.start_driver()
-        mark("start the driver (in the background)")
-    import h5py  # noqa: F401
-
-    mark("import h5py")
-    import volconv.cli  # noqa: F401
-
-    mark("import volconv.cli (typer, rich)")
-    from volconv import config, console, pipeline  # noqa: F401
-
-    mark("import volconv.config, pipeline, console")
-    cfg = config.load(a.pipeline, (), device=a.device)
-    mark("load pipeline")
-    device = pipeline.choose_device(cfg)
-    mark("choose device (platforms, or the wait for them)")
-    if started:
-        programs.start_context(device)
-    else:
-        programs.context_for(device)
-    mark("context (started in the background, or made)")
-    jobs = pipeline.plan_jobs(cfg, device, overwrite=True, report=None)
-    mark("plan jobs")
-    result = pipeline.RunResult(device, *pipeline.peaks(device))
-    mark("peaks (cache)")
-    convolvers = pipeline.Convolvers(cfg, device)
-    for job in jobs:
-        convolvers.get(job)
-    mark("context taken, programs, pinned buffers (the first only, in the background, if lazy)")
-    for job in jobs:
-        convolvers.get(job)[0].pinned_slab()
-    mark("one more pinned slab buffer per convolver (its share of the line above)")
-    for job in jobs:
-        pipeline.run_one(cfg, job, convolvers, result, overwrite=True)
-    mark("run (in-run walls; nibabel's import, where the inputs need it)")
-    out["phases"] = phases
-    # what the run itself imported beyond the phases above (nibabel: inputs a plain .nii is
-    # not; the others never belong to a run)
-    watched = ("nibabel", "matplotlib", "scipy", "rich.progress", "tomli_w")
-    out["imported_by_the_run"] = sorted(m for m in watched if m in sys.modules)
-    out["process_minus_in_run"] = out["process"] - out["in_run_wall"]
-    out["process_no_old_output_minus_in_run"] = (
-        out["process_no_old_output"] - out["in_run_wall_no_old_output"]
-    )
-    out["process_minus_in_run_minus_pass"] = out["process_minus_in_run"] - out["python_pass"]
-    for k, v in phases.items():
-        print(f"{v * 1000:8.1f} ms  {k}")
-    for k in ("python_pass", "help", "process", "in_run_wall", "process_minus_in_run",
-              "process_minus_first_input_wall", "process_no_old_output",
-              "in_run_wall_no_old_output"):  # fmt: skip
-        print(f"{out[k] * 1000:8.1f} ms  {k}")
-    print(
-        f"imported by the run: {', '.join(out['imported_by_the_run']) or 'none of'} "
-        "(nibabel, matplotlib, scipy, rich.progress, tomli_w)"
-    )
+    cmd = [sys.executable, "-m", "volconv", "run", pipeline, "--overwrite", *dev]
+    trees = {"after": HERE}
+    if a.before:
+        trees = {"before": Path(a.before).resolve(), **trees}
+    for given in a.tree:
+        name, _, folder = given.partition("=")
+        trees[name] = Path(folder).resolve()
+    # a cache folder per tree (programs, the start record: another tree's record would name
+    # its programs and buffers), each with the FMA probe's rates where they are cached
+    caches = {name: Path(tempfile.mkdtemp(prefix=f"volconv-start-{name}-")) for name in trees}
+    peak = Path(os.environ.get("VOLCONV_CACHE_DIR") or Path.home() / ".cache/volconv") / "peak.json"
+    for name, tree in trees.items():  # the caches filled (programs, start), compiled modules
+        if peak.is_file():
+            shutil.copyfile(peak, caches[name] / "peak.json")
+            os.chmod(caches[name] / "peak.json", 0o600)
+        timed(cmd, tree, caches[name])
+    out: dict = {
+        "command": " ".join(cmd[1:]),
+        "trees": {k: str(v) for k, v in trees.items()},
+        "python_pass": min(timed([sys.executable, "-c", "pass"])[0] for _ in range(3)),
+        "help": min(timed([sys.executable, "-m", "volconv", "--help"], HERE)[0] for _ in range(3)),
+        "runs": {k: [] for k in trees},
+    }
+    for _ in range(a.repeats):  # alternately, so that the machine's load falls on both
+        for name, tree in trees.items():
+            out["runs"][name].append(one_run(cmd, report, tree, caches[name]))
+    out["summary"] = {name: summary(runs) for name, runs in out["runs"].items()}
+    out["imports_after"] = import_times(cmd, HERE, caches["after"])
+    for name, figures in out["summary"].items():
+        shown = "  ".join(f"{k} {v * 1000:.0f} ms" for k, v in figures.items() if "median" in k)
+        print(f"{name:<7} {shown}")
+    print(f"python -c pass {out['python_pass'] * 1000:.0f} ms, --help {out['help'] * 1000:.0f} ms")
+    for name, ms in out["imports_after"][:8]:
+        print(f"{ms:8.1f} ms  import {name}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
+    for folder in caches.values():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,13 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pyopencl as cl
 
+from volconv.device.driver import driver_started
 from volconv.device.peak import Peak, theoretical_peak
-from volconv.device.programs import driver_started
 from volconv.errors import DeviceError, NoDeviceError
 
 __all__ = ["DeviceError", "NoDeviceError", "list_devices", "select_device"]
@@ -156,7 +157,11 @@ def _platforms() -> list[cl.Platform]:
         return []
 
 
+@cache
 def _devices() -> list[tuple[int, int, cl.Platform, cl.Device]]:
+    """Every device of every platform, enumerated once a process (the driver's platforms and
+    devices do not change while it runs): `volconv run` chooses its device, and starts its
+    context, before the pipeline's run chooses it again."""
     found = []
     for pi, platform in enumerate(_platforms()):
         try:

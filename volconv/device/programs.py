@@ -2,9 +2,11 @@
 per device and process. The engine, the FMA probe and every other kernel user build here.
 
 Nothing touches OpenCL at import time, so importing volconv before a fork is safe; contexts
-are made on first use, in the process that uses them, or started ahead (`start_driver`,
-`start_context`) by a `volconv run` that knows it will need them. volconv's cache folder
-(program binaries for every kind of device, the FMA probe, the tuning) is `volconv.device.cache`'s.
+are made on first use, in the process that uses them, or started ahead (`start_context`,
+after `volconv.device.driver.start_driver`) by a `volconv run` that knows it will need them,
+which also loads the programs its last run of the same pipeline on that device took
+(`volconv.device.start`). volconv's cache folder (program binaries for every kind of device, the
+FMA probe, the tuning) is `volconv.device.cache`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
-import os
 import re
 import sys
 import threading
@@ -23,6 +24,7 @@ from contextlib import suppress
 from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
+from numbers import Integral
 from pathlib import Path
 
 import pyopencl as cl
@@ -35,6 +37,7 @@ from volconv.device.cache import (
     say_once,
     write_cached,
 )
+from volconv.device.driver import background, shared_loader
 
 
 def kernel_folder() -> Traversable:
@@ -52,66 +55,16 @@ def kernel_source(name: str) -> str:
     return kernel_folder().joinpath(name).read_text()
 
 
-# -- starting the driver ahead, in the background -----------------------------------------
-# pyopencl holds the GIL in clGetPlatformIDs and clCreateContext, where NVIDIA's driver starts
-# CUDA (benchmarks/README.md); through ctypes the same calls release it, so that
-# a `volconv run` imports its modules and reads its pipeline meanwhile.
-_DRIVER: list[Future[None]] = []  # the platforms' start, once a process
+# -- the context, started ahead -------------------------------------------------------------
+# clCreateContext through ctypes releases the GIL (volconv.device.driver), so that a
+# `volconv run` imports its modules and reads its pipeline meanwhile.
 _CONTEXTS: dict[int, Future[int | None]] = {}  # device pointer -> context pointer, or None
 _MADE: set[int] = set()  # devices `context_for` has made or taken a context for
 
 
-@cache
-def _loader() -> ctypes.CDLL | None:
-    """The OpenCL ICD loader pyopencl calls (its wheel bundles one), loaded once more by
-    ctypes (the same library, so the same loader state), or None where it cannot be told
-    apart: not Linux, or two loaders mapped."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {f[5] for f in (line.split(None, 5) for line in maps) if len(f) == 6
-                     and os.path.basename(f[5].strip()).startswith("libOpenCL")}  # fmt: skip
-    except OSError:
-        return None
-    if len(paths) != 1:
-        return None
-    lib = ctypes.CDLL(paths.pop().strip())
-    lib.clCreateContext.restype = ctypes.c_void_p
-    return lib
-
-
-def _background(fn: Callable[[], object], name: str) -> Future:
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(fn())
-        except BaseException as e:  # seen by whoever takes the result
-            future.set_exception(e)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
-
-
-def start_driver() -> None:
-    """Start the OpenCL driver in a background thread: the ICD loader finds its platforms
-    (once a process). `driver_started` waits for it, before the first pyopencl call."""
-    if _DRIVER or (lib := _loader()) is None:
-        return
-    count = ctypes.c_uint32()
-    _DRIVER.append(_background(lambda: lib.clGetPlatformIDs(0, None, ctypes.byref(count)),
-                               "volconv-driver"))  # fmt: skip
-
-
-def driver_started() -> None:
-    """Wait until `start_driver`'s thread is done (at once if none was started): OpenCL calls
-    begin only after it, as the loader starts its platforms once."""
-    if _DRIVER:
-        _DRIVER[0].exception()  # a failure: pyopencl's own call then reports it
-
-
 def start_context(device: cl.Device) -> None:
     """Start making ``device``'s context (`context_for` takes it) in a background thread."""
-    if device.int_ptr in _CONTEXTS or device.int_ptr in _MADE or (lib := _loader()) is None:
+    if device.int_ptr in _CONTEXTS or device.int_ptr in _MADE or (lib := shared_loader()) is None:
         return
     pointer = ctypes.c_void_p(device.int_ptr)
 
@@ -121,13 +74,21 @@ def start_context(device: cl.Device) -> None:
                                    ctypes.byref(status))  # fmt: skip
         return made if status.value == 0 and made else None
 
-    _CONTEXTS[device.int_ptr] = _background(make, "volconv-context")
+    _CONTEXTS[device.int_ptr] = background(make, "volconv-context")
 
 
-@cache
+_CONTEXT_LOCK = threading.Lock()  # one context per device, whichever thread asks first
+
+
 def context_for(device: cl.Device) -> tuple[cl.Context, cl.CommandQueue]:
     """The process's one context and profiling queue for ``device``, made on first use (or
     taken from `start_context`)."""
+    with _CONTEXT_LOCK:
+        return _context_for(device)
+
+
+@cache
+def _context_for(device: cl.Device) -> tuple[cl.Context, cl.CommandQueue]:
     _MADE.add(device.int_ptr)
     started = _CONTEXTS.pop(device.int_ptr, None)
     made = started.result() if started is not None and started.exception() is None else None
@@ -138,7 +99,6 @@ def context_for(device: cl.Device) -> tuple[cl.Context, cl.CommandQueue]:
     return ctx, queue
 
 
-@cache
 def build(
     ctx: cl.Context,
     name: str,
@@ -147,6 +107,13 @@ def build(
 ) -> cl.Program:
     """Build kernels/``name`` with ``-D`` defines and other compiler ``options``, once per
     process, from the binary cache when it holds it (`binary_build`)."""
+    key = ("build", ctx, name, defines, options)
+    return _once(key, lambda: _build(ctx, name, defines, options))
+
+
+def _build(
+    ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...], options: tuple[str, ...]
+) -> cl.Program:
     flags = [f"-D{k}={v}" for k, v in defines] + list(options)
     source = kernel_source(name)
 
@@ -159,7 +126,6 @@ def build(
 SM90A_LINE = "//@ "  # kernels/tensor_int8.cl's wgmma lines under WGMMA_COMMENT
 
 
-@cache
 def build_sm90a(
     ctx: cl.Context,
     name: str,
@@ -171,6 +137,13 @@ def build_sm90a(
     takes it and the split is not persistent; else the kernel compiled with its wgmma lines
     as PTX comments (WGMMA_COMMENT), and the PTX made sm_90a's (`sm90a_ptx`, with the
     persistent split's groups per multiprocessor) built as the binary. Cached as `build`."""
+    key = ("build_sm90a", ctx, name, defines, options)
+    return _once(key, lambda: _build_sm90a(ctx, name, defines, options))
+
+
+def _build_sm90a(
+    ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...], options: tuple[str, ...]
+) -> cl.Program:
     flags = [f"-D{k}={v}" for k, v in defines]
     source = kernel_source(name)
     found = dict(defines)
@@ -190,6 +163,58 @@ def build_sm90a(
         return program, list(options)
 
     return binary_build(ctx, source, [*flags, *options, "sm_90a"], make)
+
+
+# -- once a process -------------------------------------------------------------------------
+# Every program is built once a process (`build`, `build_sm90a`): a thread that asks for one
+# another thread is building waits for it (the programs a run loads ahead,
+# `volconv.device.start`, and the run itself). What the process took is kept per device, in
+# the form `volconv.device.start` records for the next run.
+_BUILDS: dict[tuple[object, ...], Future[cl.Program | None]] = {}
+_BUILDS_LOCK = threading.Lock()
+TAKEN: dict[int, list[list[object]]] = {}  # device pointer -> [kind, name, defines, options]
+
+
+def _once(key: tuple[object, ...], make: Callable[[], cl.Program]) -> cl.Program:
+    """``make()`` once a process for ``key`` (kind, context, name, defines, options), or what
+    another thread made or is making for it; a build that failed is not kept (the next
+    caller builds again and sees its own error)."""
+    kind, ctx, *rest = key
+    key = (kind, ctx.int_ptr, *rest)
+    taken = TAKEN.setdefault(ctx.devices[0].int_ptr, [])
+    # recorded where JSON gives the same key and flags back (numpy's integers as int)
+    defines = [[k, int(v) if isinstance(v, Integral) else v] for k, v in rest[1]]
+    entry = [kind, rest[0], defines, list(rest[2])]
+    if entry not in taken and all(type(v) in (int, float, str) for _, v in defines):
+        taken.append(entry)
+    while True:
+        with _BUILDS_LOCK:
+            future = _BUILDS.get(key)
+            mine = future is None
+            if mine:
+                future = _BUILDS[key] = Future()
+        if not mine:
+            program = future.result()
+            if program is not None:
+                return program
+            continue  # the other thread's build failed: this one builds (and raises) itself
+        try:
+            program = make()
+        except BaseException:
+            with _BUILDS_LOCK:
+                del _BUILDS[key]
+            future.set_result(None)
+            raise
+        future.set_result(program)
+        return program
+
+
+def forget_builds() -> None:
+    """Forget the programs built (as a new process would): the next `build` loads or builds
+    them again."""
+    with _BUILDS_LOCK:
+        _BUILDS.clear()
+    TAKEN.clear()
 
 
 def sm90a_ptx(text: str, min_groups: int = 0, threads: int = 0) -> str:
@@ -309,10 +334,12 @@ def binary_build(
 
 
 def _announce(device: cl.Device, folder: Path) -> None:
-    """Say once a process that kernels are compiled, and where later runs find them."""
-    if _BUILT:
-        return
-    _BUILT.append(device_key(device))
+    """Say once a process that kernels are compiled, and where later runs find them (once
+    whichever threads compile: the run's and the one loading programs ahead)."""
+    with _BUILDS_LOCK:
+        if _BUILT:
+            return
+        _BUILT.append(device_key(device))
     name = f"{device.name.strip()} ({device.platform.name.strip()})"
     if is_private(folder):
         later = "the cache folder is not trusted, so later runs build them again"

@@ -19,7 +19,7 @@ are exact in float32. A response thus never depends on the other filters of its 
 zero padding taps are left out) nor on the path that computed its finite part.
 
 The counts run over sub-slabs of the slab that hold at most `APPLY_BYTES` of host memory
-(`OverridePlan.host_bytes`, which `volconv.run.pipeline.host_bytes` counts), one kind of voxel and
+(`OverridePlan.host_bytes`, which `volconv.run.memory.host_bytes` counts), one kind of voxel and
 one counting convolver at a time, and only where the sub-slab's rows hold that kind.
 
 Any convolver with the slab interface (output rows ``[a, b)``, their source rows in order)
@@ -42,7 +42,7 @@ import numpy as np
 # The host memory `NonFiniteOverride.apply` holds at a time, where one output row of its
 # counts fits: it counts a slab in sub-slabs of as many rows as this holds
 # (`OverridePlan.depth`), so that a deeper slab, or a larger bank, costs no more
-# (`OverridePlan.host_bytes` counts it, for `volconv.run.pipeline.host_bytes`).
+# (`OverridePlan.host_bytes` counts it, for `volconv.run.memory.host_bytes`).
 APPLY_BYTES = 16 * 2**20
 
 

@@ -36,18 +36,11 @@ from volconv.device.devices import NoDeviceError, device_name, list_devices, sel
 from volconv.device.programs import start_context
 from volconv.output import remove_stale_temps
 from volconv.report import VolumeReport
+from volconv.run.convolvers import Convolvers, RunResult, peaks
 from volconv.run.inputs import expand_inputs
-from volconv.run.pipeline import (
-    Convolvers,
-    Interrupted,
-    Job,
-    RunResult,
-    interruptible,
-    peaks,
-    plan_jobs,
-    run_overlapped,
-    stop_on_ctrl_c,
-)
+from volconv.run.interrupts import Interrupted, interruptible, stop_on_ctrl_c
+from volconv.run.jobs import Job, plan_jobs
+from volconv.run.pipeline import run_overlapped
 from volconv.run.pool import Pending, Pool, Worker
 from volconv.run.volume import InputError
 from volconv.run.workers import plan_one

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 from volconv.config import Config, PipelineError
 from volconv.report import VolumeReport
 from volconv.run.batch import BatchResult, OnPlan, OnVolume, Say, skip_complete, to_run
-from volconv.run.pipeline import Interrupted, Job, choose_device, plan_jobs
+from volconv.run.interrupts import Interrupted
+from volconv.run.jobs import Job, choose_device, plan_jobs
 from volconv.run.pool import RETRIES, STOP_WAIT, task_record
 from volconv.run.workers import DEVICE_ENV, describe, process, stop
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from volconv.config import Config
 from volconv.report import VolumeReport
-from volconv.run.pipeline import Job
+from volconv.run.jobs import Job
 from volconv.run.workers import DEVICE_ENV, NAME_ENV
 
 # How often one input may be lost with its worker before it is recorded as failed, and how

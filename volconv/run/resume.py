@@ -50,7 +50,7 @@ from volconv.output import _pool, dead_runs, open_partial, private_prefix
 if TYPE_CHECKING:
     from volconv.config import Config
     from volconv.engines.separable import SeparableConvolver
-    from volconv.run.pipeline import Job
+    from volconv.run.jobs import Job
 
 LOG = "progress"  # the log's name in the private folder
 FORMAT = "volconv-progress 1"

@@ -31,8 +31,11 @@ from volconv.device.cache import cache_folder
 from volconv.device.devices import device_name, select_device
 from volconv.device.programs import context_for, start_context
 from volconv.report import VolumeReport
+from volconv.run.convolvers import Convolvers, RunResult, peaks
 from volconv.run.inputs import split_spec
-from volconv.run.pipeline import Convolvers, Interrupted, Job, RunResult, peaks, plan_jobs, run_one
+from volconv.run.interrupts import Interrupted
+from volconv.run.jobs import Job, plan_jobs
+from volconv.run.pipeline import run_one
 
 # The device a worker owns, as --device takes it; set per worker process.
 DEVICE_ENV = "VOLCONV_DEVICE"
@@ -101,7 +104,7 @@ def worker_device(default: str, device_spec: str | None = None) -> cl.Device:
 
 
 def plan_one(cfg: Config, spec: str, device: cl.Device, *, overwrite: bool = False) -> Job:
-    """`volconv.run.pipeline.plan_jobs` for the one input ``spec`` (as `plan_jobs` names it)."""
+    """`volconv.run.jobs.plan_jobs` for the one input ``spec`` (as `plan_jobs` names it)."""
     name, dataset = split_spec(spec)
     literal = glob.escape(name) + (f":{dataset}" if dataset else "")  # a file, never a glob
     [job] = plan_jobs(replace(cfg, paths=(literal,)), device, overwrite=overwrite)
