@@ -196,7 +196,8 @@ def run(
 
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
         if cfg.devices != "one" or cfg.scheduler:
-            _need_batch_extra(cfg.devices, cfg.scheduler)
+            if cfg.scheduler:
+                _need_batch_extra(cfg.scheduler)
             if not cfg.scheduler:  # this process filters on the batch's first device
                 from volconv.run.batch import first_device
 
@@ -228,15 +229,13 @@ def run(
         raise typer.Exit(1)
 
 
-def _need_batch_extra(devices: object, scheduler: str) -> None:
-    """A batch runs on Dask distributed, the ``batch`` extra: without it, say what to install
-    (exit 2, before any work)."""
+def _need_batch_extra(scheduler: str) -> None:
+    """A batch on a scheduler runs on Dask distributed, the ``batch`` extra: without it, say
+    what to install (exit 2, before any work). Local ``--devices`` need no Dask."""
     import importlib.util
 
     if importlib.util.find_spec("distributed") is None:
-        listed = ",".join(map(str, devices)) if isinstance(devices, list | tuple) else devices
-        asked = f"--scheduler {scheduler}" if scheduler else f"--devices {listed}"
-        raise UserError(f"{asked} (or run.devices, run.scheduler) runs a batch on Dask, "
+        raise UserError(f"--scheduler {scheduler} (or run.scheduler) runs a batch on Dask, "
                         "which is not installed: pip install 'volconv[batch]'")  # fmt: skip
 
 
