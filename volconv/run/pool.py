@@ -39,11 +39,12 @@ MEANWHILE = "a lost worker finished it, or another run"
 # A worker's first lines: the OpenCL driver, then its device's context, start in the
 # background while the modules that filter import; then it serves the client.
 BOOT = """
-from volconv.device.programs import start_context, start_driver
+from volconv.device.driver import start_driver
 start_driver()
 try:
     import os
     from volconv.device.devices import select_device
+    from volconv.device.programs import start_context
     start_context(select_device(os.environ["{device_env}"]))
 except Exception:
     pass  # its warm-up or first task says why
