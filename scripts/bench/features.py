@@ -120,9 +120,10 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
         return time.perf_counter() - t
 
     first = one_pass()
-    before = dict(conv.timings)
+    before, kernels_before = dict(conv.timings), conv.kernel_seconds
     wall = one_pass()
     stages = {k: conv.timings[k] - before[k] for k in conv.timings}
+    kernels = {k: v - kernels_before.get(k, 0.0) for k, v in conv.kernel_seconds.items()}
     stage_bytes = sum(
         s.grad.plan.device_bytes + s.outer.plan.device_bytes for s, _ in conv._tensors
     )
@@ -136,6 +137,7 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
         "wall_seconds": wall,
         "device_seconds": stages,
         "kernel_ms": stages["kernel"] * 1e3,
+        "kernel_ms_by_name": {k: v * 1e3 for k, v in sorted(kernels.items())},
         "device_bytes": conv.plan.device_bytes + stage_bytes,
     }
 

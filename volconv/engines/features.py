@@ -5,25 +5,49 @@ tensor's second smoothing (`StructureTensorStage`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import numpy as np
 import pyopencl as cl
 
 from volconv.bank.features import PAIRS, Feature
-from volconv.device.programs import build, device_seconds
+from volconv.device.programs import binary_build, device_seconds, kernel_source
 from volconv.engines.boundary import sources
+from volconv.engines.clock import KernelClock
+
+
+# Voxels per work-item of the element-wise feature kernels: CPUs run explicit vectors in
+# their SIMD lanes (benchmarks/README.md), GPUs one voxel a work-item.
+FEATURE_LANES = {"cpu": 8, "gpu": 1}
+
+
+def lanes_for(device: cl.Device) -> int:
+    """`FEATURE_LANES` of ``device``'s kind (accelerators count as GPUs)."""
+    return FEATURE_LANES["cpu" if device.type & cl.device_type.CPU else "gpu"]
+
+
+@cache
+def build_with_features(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]):
+    """kernels/``name`` built behind kernels/eigen.cl (the feature functions it calls), once
+    per process, through the binary cache."""
+    source = kernel_source("eigen.cl") + "\n" + kernel_source(name)
+    return binary_build(ctx, source, [f"-D{k}={v}" for k, v in defines])
 
 
 class FeatureKernels:
     """kernels/features.cl on one context: `launch` runs features over a slab's responses."""
 
-    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, jacobi: bool = False) -> None:
-        """``jacobi``: eigenvalues by float32 Jacobi rotations also where the device has
-        doubles (its default there: the closed form in float64)."""
+    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, lanes: int | None = None) -> None:
+        """``lanes``: voxels per work-item (1, 2, 4, 8 or 16; default `lanes_for` the
+        device)."""
         self.ctx, self.queue = ctx, queue
-        prog = build(ctx, "features.cl", (("JACOBI", 1),) if jacobi else ())
+        self.lanes = lanes_for(ctx.devices[0]) if lanes is None else int(lanes)
+        if self.lanes not in (1, 2, 4, 8, 16):
+            raise ValueError(f"lanes must be 1, 2, 4, 8 or 16; got {lanes}")
+        prog = build_with_features(ctx, "features.cl", (("EV", self.lanes),))
         names = ("magnitude", "eigen3", "pick", "difference", "product_pad")
         self._k = {name: cl.Kernel(prog, name) for name in names}
+        self.clock = KernelClock()
 
     def launch(
         self, kernel: str, src: cl.Buffer, slots: Sequence[int], dst: cl.Buffer, o: int, n: int
@@ -41,7 +65,8 @@ class FeatureKernels:
             k.set_args(src, i32(slots[0]), i32(slots[1]), dst, i32(o), np.int64(n))
         else:
             k.set_args(src, *map(i32, slots), dst, i32(o), np.int64(n))
-        return cl.enqueue_nd_range_kernel(self.queue, k, (n,), None)
+        event = cl.enqueue_nd_range_kernel(self.queue, k, (-(-n // self.lanes),), None)
+        return self.clock.add(kernel, event)
 
     def eigen(self, entries: np.ndarray) -> tuple[np.ndarray, float]:
         """Eigenvalues (3, ...) of the float32 entries (6, ...) (00, 11, 22, 01, 02, 12), on the
@@ -191,9 +216,10 @@ class StructureTensorStage:
             plane = (c1 - c0) * ny * nz * 4
             for s in range(3):
                 slot = grad._slots.index(s)
-                events.append(cl.enqueue_copy(queue, self._g, grad._out, byte_count=plane,
-                                              src_offset=slot * plane,
-                                              dst_offset=(s * nr + at) * ny * nz * 4))  # fmt: skip
+                copy = cl.enqueue_copy(queue, self._g, grad._out, byte_count=plane,
+                                       src_offset=slot * plane,
+                                       dst_offset=(s * nr + at) * ny * nz * 4)  # fmt: skip
+                events.append(self.kernels.clock.add("copy", copy))
             at += c1 - c0
         m0 = outer.padder.row_map(a, b)
         local = np.where(m0 >= 0, np.searchsorted(prows, m0), -1).astype(np.int32)
@@ -206,10 +232,12 @@ class StructureTensorStage:
             k.set_args(self._g, i32(p), i32(q), i32(nr), outer._padded, m0_buf,
                        outer.padder._m1, outer.padder._m2, i32(len(local)), i32(p1), i32(p2),
                        i32(ny), i32(nz), np.float32(outer.plan.cval))  # fmt: skip
-            events.append(cl.enqueue_nd_range_kernel(queue, k, (p2, p1, len(local)), None))
+            event = cl.enqueue_nd_range_kernel(queue, k, (p2, p1, len(local)), None)
+            events.append(self.kernels.clock.add("product_pad", event))
             events += outer._launch_passes(depth)
-            events.append(cl.enqueue_copy(queue, self._entries, outer._out, byte_count=n * 4,
-                                          dst_offset=i * n * 4))  # fmt: skip
+            copy = cl.enqueue_copy(queue, self._entries, outer._out, byte_count=n * 4,
+                                   dst_offset=i * n * 4)
+            events.append(self.kernels.clock.add("copy", copy))
         events.append(self.kernels.launch("eigen3", self._entries, range(6), self._entries, 6, n))
         values = np.empty((3, depth, ny, nz), np.float32)
         cl.enqueue_copy(queue, values, self._entries, src_offset=6 * n * 4, wait_for=events[-1:])

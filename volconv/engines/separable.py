@@ -46,6 +46,7 @@ from volconv.checks import check_cval, check_mode
 from volconv.device.devices import select_device
 from volconv.device.programs import build, context_for, device_seconds
 from volconv.engines.boundary import extend_indices, halo, sources
+from volconv.engines.clock import KernelClock, merged
 from volconv.engines.direct import (
     STAGES,
     BankConvolver,
@@ -57,7 +58,12 @@ from volconv.engines.direct import (
     native_volume,
     slab_rows,
 )
-from volconv.engines.features import FeatureKernels, StructureTensorStage, host_feature
+from volconv.engines.features import (
+    FeatureKernels,
+    StructureTensorStage,
+    build_with_features,
+    host_feature,
+)
 from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.engines.tensor import direct_convolver
 from volconv.plan.direct import (
@@ -669,6 +675,7 @@ class SeparableConvolver(SlabConvolver):
             for idx in self._groups
         ]
         self.timings = dict.fromkeys(STAGES, 0.0)
+        self.clock = KernelClock()  # device seconds per kernel name
         self._slots = [f for f, c in enumerate(plan.choices) if c.path != "direct"]
         self._override: NonFiniteOverride | None = None
         if any(f >= plan.stored for idx in self._groups for f in idx):
@@ -720,7 +727,9 @@ class SeparableConvolver(SlabConvolver):
                 ("COMBO_OUT", table(tree.combo_out)), ("WZ", table(tree.wz)),
                 ("WY", table(tree.wy)), ("WX", table(tree.wx)), ("IN_T", pad_t),
             )  # fmt: skip
-            self._fused = cl.Kernel(build(ctx, "fused.cl", defines), "fused")
+            if self._features:
+                defines += (("FEATURES", self._epilogue()),)
+            self._fused = cl.Kernel(build_with_features(ctx, "fused.cl", defines), "fused")
             return
 
         def node(parent: dict, a: np.ndarray, d: int) -> _Node:
@@ -904,7 +913,7 @@ class SeparableConvolver(SlabConvolver):
             own = rows if not self._tensors else rows[np.searchsorted(needed, self._own_rows(a, b))]
             t_up, t_pad = self.padder(a, b, self._padded, rows=finite_part(own) if nonfinite
                                       else own)  # fmt: skip
-        t_pass = self._launch_passes(depth)
+        t_pass = self._launch_passes(depth, every=nonfinite)
         stored = [(s, f) for s, f in enumerate(self._slots) if f < plan.stored]
         slot_of = {f: s for s, f in enumerate(self._slots)}
         if nonfinite:  # every separable response to the host, set as scipy sets it there
@@ -928,8 +937,25 @@ class SeparableConvolver(SlabConvolver):
                               ("download", t_down)):  # fmt: skip
             self.timings[stage] += device_seconds(events)
 
+    def _epilogue(self) -> str:
+        """The device features as kernels/fused.cl's FEATURES: a macro per feature, reading
+        responses by slot, writing feature planes in order."""
+        slot_of = {f: s for s, f in enumerate(self._slots)}
+        calls, o = [], 0
+        for feat in self._features:
+            slots = [slot_of[i] for i in feat.inputs]
+            name = {"eigen3": "EIG3", "pick": "PICK", "difference": "DIFF"}.get(
+                feat.kernel, f"MAG{len(slots)}"
+            )
+            calls.append(f"{name}({','.join(map(str, [*slots, o]))})")
+            o += len(feat.at)
+        return "".join(calls)
+
     def _launch_features(self, n: int) -> list[cl.Event]:
-        """Enqueue the device features over the ``n`` voxels of the slab's responses."""
+        """Enqueue the device features over the ``n`` voxels of the slab's responses (the
+        fused kernel computes them itself)."""
+        if self.plan.fused:
+            return []
         slot_of = {f: s for s, f in enumerate(self._slots)}
         events, o = [], 0
         for feat in self._features:
@@ -966,11 +992,12 @@ class SeparableConvolver(SlabConvolver):
         for stage, seconds in self._override.apply(a, b, sub, slots).items():
             self.timings[stage] += seconds
 
-    def _launch_passes(self, depth: int) -> list[cl.Event]:
+    def _launch_passes(self, depth: int, every: bool = False) -> list[cl.Event]:
         """Enqueue the pass tree (or the fused kernel) over the padded slab of ``depth``
-        output rows."""
+        output rows: every response, or (fused, ``every`` False) the stored ones and the
+        device features."""
         if self.plan.fused:
-            return [self._launch_fused(depth)]
+            return [self._launch_fused(depth, every)]
         events = []
         block = self.plan.block_rows or depth
         for root in self._roots.values():
@@ -979,19 +1006,22 @@ class SeparableConvolver(SlabConvolver):
                 events += self._launch_root(root, c0, rows, depth)
         return events
 
-    def _launch_fused(self, depth: int) -> cl.Event:
+    def _launch_fused(self, depth: int, every: bool) -> cl.Event:
         plan = self.plan
         ny, nz = plan.shape[1:]
         p1, p2 = plan.padded_yz
         ty, tz, cx = plan.tile
         i32 = np.int32
         s0, s1, s2 = self._tree.start
+        n_stored = -1 if every or not self._features else sum(f < plan.stored for f in self._slots)
+        feat = self._feat if self._features else self._out
         self._fused.set_args(
-            self._padded, self._out, i32(depth), i32(ny), i32(nz), i32(p1), i32(p2), i32(s0),
-            i32(s1), i32(s2),
+            self._padded, self._out, feat, i32(depth), i32(ny), i32(nz), i32(p1), i32(p2),
+            i32(s0), i32(s1), i32(s2), i32(n_stored),
         )  # fmt: skip
         glob = (-(-nz // tz) * tz, -(-ny // ty) * ty, -(-depth // cx))
-        return cl.enqueue_nd_range_kernel(self.queue, self._fused, glob, (tz, ty, 1))
+        event = cl.enqueue_nd_range_kernel(self.queue, self._fused, glob, (tz, ty, 1))
+        return self.clock.add("fused", event)
 
     def _launch_root(self, root: _Node, c0: int, rows: int, depth: int) -> list[cl.Event]:
         """Enqueue one root's subtree for output rows ``[c0, c0 + rows)`` of the slab."""
@@ -1006,7 +1036,9 @@ class SeparableConvolver(SlabConvolver):
             self._padded, self._fast, root.buf, i32(root.lo + c0), i32(root.y_lo), i32(nx),
             i32(n1), i32(p1), i32(p2), i32(r), i32(root.off),
         )  # fmt: skip
-        events = [cl.enqueue_nd_range_kernel(queue, knl, (r // v, n1, nx), None)]
+        clock = self.clock
+        events = [clock.add("pass_fast", cl.enqueue_nd_range_kernel(queue, knl, (r // v, n1, nx),
+                                                                     None))]  # fmt: skip
         for mid in root.children.values():
             knl = self._programs[mid.k]["pass_mid"]
             nx = rows + mid.extra
@@ -1015,7 +1047,7 @@ class SeparableConvolver(SlabConvolver):
                 i32(r), i32(mid.off),
             )  # fmt: skip
             glob = (r // v, -(-ny // MID_ROWS), nx)
-            events.append(cl.enqueue_nd_range_kernel(queue, knl, glob, None))
+            events.append(clock.add("pass_mid", cl.enqueue_nd_range_kernel(queue, knl, glob, None)))
             for leaf in mid.children.values():
                 knl = self._programs[leaf.k]["pass_out"]
                 knl.set_args(
@@ -1024,7 +1056,8 @@ class SeparableConvolver(SlabConvolver):
                     i32(nz), i32(r), i32(leaf.off),
                 )  # fmt: skip
                 glob = (-(-nz // v), ny, -(-rows // u))
-                events.append(cl.enqueue_nd_range_kernel(queue, knl, glob, None))
+                event = cl.enqueue_nd_range_kernel(queue, knl, glob, None)
+                events.append(clock.add("pass_out", event))
         return events
 
     def time_kernel(self, a: int, b: int, repeats: int = 10) -> np.ndarray:
@@ -1041,6 +1074,17 @@ class SeparableConvolver(SlabConvolver):
                 cl.wait_for_events(events)
                 seconds[r] += device_seconds(events)
         return seconds
+
+    @property
+    def kernel_seconds(self) -> dict[str, float]:
+        """Device seconds per kernel name (passes, features, a structure tensor's stages)
+        since the convolver was made; the direct groups' are in `timings` only."""
+        clocks = [self.clock]
+        if self._feature_kernels is not None:
+            clocks.append(self._feature_kernels.clock)
+        for stage, _ in self._tensors:
+            clocks += [stage.grad.clock, stage.outer.clock]
+        return merged(clocks)
 
     # -- work --------------------------------------------------------------------------
     @property
