@@ -11,9 +11,10 @@
  * pick: a response as it is (a linear feature of a preset, stored in the preset's order);
  * difference: a - b (a difference of Gaussians as two responses).
  *
- * product_pad: a structure tensor's product g_p * g_q of two gradient planes, gathered into
- * the padded slab its outer smoothing reads, through the index maps of pad.cl (the product
- * field extended by the bank's mode; -1: cval).
+ * product_pad: a structure tensor's six products g_p * g_q (00, 11, 22, 01, 02, 12) of three
+ * gradient planes, gathered into the six padded slabs its outer smoothing reads (stacked
+ * along axis 0), through the index maps of pad.cl (the product field extended by the bank's
+ * mode; -1: cval).
  *
  * eigen3: the eigenvalues of the symmetric 3x3 matrix of six planes (00, 11, 22, 01, 02, 12),
  * in descending order (kernels/eigen.cl's eigen_sym3).
@@ -83,17 +84,18 @@ __kernel void difference(__global const float *restrict src, const int a, const 
 
 __kernel void eigen3(__global const float *restrict src, const int i00, const int i11,
                      const int i22, const int i01, const int i02, const int i12,
-                     __global float *restrict dst, const int o, const long n)
+                     __global float *restrict dst, const int o, const long n,
+                     const long stride) /* of src's planes */
 {
     const long i = get_global_id(0) * EV;
     if (i >= n) return;
     evf a00, a11, a22, a01, a02, a12, l0, l1, l2;
-    LOAD_LANES(a00, src + i00 * n, i, n)
-    LOAD_LANES(a11, src + i11 * n, i, n)
-    LOAD_LANES(a22, src + i22 * n, i, n)
-    LOAD_LANES(a01, src + i01 * n, i, n)
-    LOAD_LANES(a02, src + i02 * n, i, n)
-    LOAD_LANES(a12, src + i12 * n, i, n)
+    LOAD_LANES(a00, src + i00 * stride, i, n)
+    LOAD_LANES(a11, src + i11 * stride, i, n)
+    LOAD_LANES(a22, src + i22 * stride, i, n)
+    LOAD_LANES(a01, src + i01 * stride, i, n)
+    LOAD_LANES(a02, src + i02 * stride, i, n)
+    LOAD_LANES(a12, src + i12 * stride, i, n)
     eigen_sym3(a00, a11, a22, a01, a02, a12, &l0, &l1, &l2);
     STORE_LANES(l0, dst + o * n, i, n)
     STORE_LANES(l1, dst + (o + 1) * n, i, n)
@@ -101,22 +103,24 @@ __kernel void eigen3(__global const float *restrict src, const int i00, const in
 }
 
 __kernel void product_pad(__global const float *restrict g, /* 3 planes of NR x NY x NZ */
-                          const int p, const int q, const int NR,
-                          __global float *restrict dst, /* (P0, P1, P2) */
-                          __global const int *restrict m0, /* P0: a row of g, or -1 */
+                          const int NR,
+                          __global float *restrict dst,         /* 6 x (P0, P1, P2) */
+                          __global const int *restrict p0s,     /* the padded rows to fill */
+                          __global const int *restrict m0,      /* their rows of g; -1: cval */
                           __global const int *restrict m1, __global const int *restrict m2,
-                          const int P0, const int P1, const int P2, const int NY, const int NZ,
-                          const float cval)
+                          const int NP, const int P0, const int P1, const int P2, const int NY,
+                          const int NZ, const float cval)
 {
-    const int p2 = (int)get_global_id(0), p1 = (int)get_global_id(1), p0 = (int)get_global_id(2);
-    if (p2 >= P2 || p1 >= P1 || p0 >= P0) return;
-    const int i0 = m0[p0], i1 = m1[p1], i2 = m2[p2];
-    const long at = ((long)p0 * P1 + p1) * P2 + p2;
-    if (i0 < 0 || i1 < 0 || i2 < 0) {
-        dst[at] = cval;
-    } else {
-        const long plane = (long)NR * NY * NZ, v = ((long)i0 * NY + i1) * NZ + i2;
-        dst[at] = g[p * plane + v] * g[q * plane + v];
+    const int p2 = (int)get_global_id(0), p1 = (int)get_global_id(1), k = (int)get_global_id(2);
+    if (p2 >= P2 || p1 >= P1 || k >= NP) return;
+    const int i0 = m0[k], i1 = m1[p1], i2 = m2[p2];
+    const long slab = (long)P0 * P1 * P2, at = ((long)p0s[k] * P1 + p1) * P2 + p2;
+    float x = cval, y = cval, z = cval, w = cval, u = cval, v = cval;
+    if (i0 >= 0 && i1 >= 0 && i2 >= 0) {
+        const long plane = (long)NR * NY * NZ, i = ((long)i0 * NY + i1) * NZ + i2;
+        const float a = g[i], b = g[plane + i], c = g[2 * plane + i];
+        x = a * a, y = b * b, z = c * c, w = a * b, u = a * c, v = b * c;
     }
+    dst[at] = x, dst[slab + at] = y, dst[2 * slab + at] = z;
+    dst[3 * slab + at] = w, dst[4 * slab + at] = u, dst[5 * slab + at] = v;
 }
-

@@ -131,6 +131,7 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
         "outputs": conv.plan.n_outputs,
         "filters": len(ex.filters),
         "engines": conv.engines,
+        "fused": conv.plan.fused,
         "slab_depth": conv.plan.slab_depth,
         "build_seconds": build,
         "first_pass_seconds": first,
@@ -271,6 +272,13 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated feature sets (default: all)")
     p.add_argument("--device", default=None, help="volconv's device (default: cpu / gpu)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--no-peers", action="store_true", help="volconv only")
+    p.add_argument(
+        "--max-fused-values",
+        type=int,
+        default=None,
+        help="the fused kernel's register bound (separable.MAX_FUSED_VALUES), for trials",
+    )
     p.add_argument(
         "--save-volume",
         type=Path,
@@ -279,6 +287,10 @@ def main() -> None:
     )
     args = p.parse_args()
     device = select_device(args.device or ("cpu" if args.mode == "pocl" else "gpu"))
+    if args.max_fused_values is not None:
+        from volconv.engines import separable
+
+        separable.MAX_FUSED_VALUES = args.max_fused_values
     volume = volume_of(args.size)
     if args.save_volume:
         np.save(args.save_volume, volume)
@@ -291,9 +303,10 @@ def main() -> None:
         "shape": list(volume.shape),
         "dtype": str(volume.dtype),
         "device": device_record(device),
+        "max_fused_values": args.max_fused_values,
         "sets": {},
     }
-    peers = cpu_peers(volume) if args.mode == "pocl" else {}
+    peers = cpu_peers(volume) if args.mode == "pocl" and not args.no_peers else {}
     for name, (feats, mode) in sets.items():
         entry = {"volconv": run_volconv(volume, feats, mode, device)}
         if name in peers:
@@ -301,7 +314,7 @@ def main() -> None:
             entry["speedup_wall"] = entry["cpu_peer"]["seconds"] / entry["volconv"]["wall_seconds"]
         result["sets"][name] = entry
         print(name, json.dumps(entry, default=float), flush=True)
-    if args.mode == "gpu":
+    if args.mode == "gpu" and not args.no_peers:
         for name, found in gpu_peers(volume).items():
             result["sets"].setdefault(name, {}).update(found)
     if args.json:

@@ -890,7 +890,10 @@ class SeparableConvolver(SlabConvolver):
         for stage, at in self._tensors:
             before = [dict(c.timings) for c in (stage.grad, stage.outer)]
             t0 = stage.seconds
-            out[at[0] : at[-1] + 1] = stage.compute(a, b, raw, needed, frame)
+            if getattr(stage, "fills_out", False):  # downloads into out itself
+                stage.compute(a, b, raw, needed, frame, out=out[at[0] : at[-1] + 1])
+            else:
+                out[at[0] : at[-1] + 1] = stage.compute(a, b, raw, needed, frame)
             for conv, was in zip((stage.grad, stage.outer), before, strict=True):
                 for name, seconds in conv.timings.items():
                     self.timings[name] += seconds - was[name]
