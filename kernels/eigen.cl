@@ -54,7 +54,7 @@ typedef EXCAT(double, EV) evd;
 #endif
 #endif
 
-#define NEWTON_STEPS 4 /* from 2 to the root within 1e-4 of the gap: the rest is second order */
+#define NEWTON_STEPS 2 /* to the root within 1e-6: what is left moves the rest to second order */
 
 inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
                        evf *l0, evf *l1, evf *l2)
@@ -68,17 +68,18 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
     const evf s1 = EV_AS_F((127 - e / 2) << 23), s2 = EV_AS_F((127 - (e - e / 2)) << 23);
     const evf b00 = a00 * s1 * s2, b11 = a11 * s1 * s2, b22 = a22 * s1 * s2,
               b01 = a01 * s1 * s2, b02 = a02 * s1 * s2, b12 = a12 * s1 * s2;
-    const evf q = (b00 + b11 + b22) / 3.0f;
+    const evf q = (b00 + b11 + b22) * (1.0f / 3.0f);
     const evf p2 = ((b00 - q) * (b00 - q) + (b11 - q) * (b11 - q) + (b22 - q) * (b22 - q) +
-                    2.0f * (b01 * b01 + b02 * b02 + b12 * b12)) / 6.0f;
+                    2.0f * (b01 * b01 + b02 * b02 + b12 * b12)) * (1.0f / 6.0f);
     const evf p = sqrt(p2), ip = 1.0f / fmax(p, 1e-15f);
     const evf c00 = (b00 - q) * ip, c11 = (b11 - q) * ip, c22 = (b22 - q) * ip;
     const evf c01 = b01 * ip, c02 = b02 * ip, c12 = b12 * ip;
     const evf r = 0.5f * (c00 * (c11 * c22 - c12 * c12) - c01 * (c01 * c22 - c12 * c02) +
                           c02 * (c01 * c12 - c11 * c02));
-    /* the largest root for |r| (convex there: Newton from 2 falls to it), negated for r < 0 */
+    /* the largest root for |r| (convex there: Newton's steps fall to it) from the chord
+     * between sqrt(3) (r = 0) and 2 (r = 1), within 0.02 of it; negated for r < 0 */
     const evf ar = fmin(fabs(r), 1.0f);
-    evf mu = 2.0f;
+    evf mu = 1.7320508f + 0.26794919f * ar;
     for (int k = 0; k < NEWTON_STEPS; ++k)
         mu -= (mu * mu * mu - 3.0f * mu - 2.0f * ar) / (3.0f * mu * mu - 3.0f);
     mu = SEL(r >= 0.0f, mu, -mu);
@@ -93,7 +94,7 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
     const evf na = xa0 * xa0 + xa1 * xa1 + xa2 * xa2, nb = xb0 * xb0 + xb1 * xb1 + xb2 * xb2,
               nc = xc0 * xc0 + xc1 * xc1 + xc2 * xc2;
     const evi ka = na >= nb && na >= nc, kb = !ka && nb >= nc;
-    const evf iv = 1.0f / sqrt(fmax(fmax(na, fmax(nb, nc)), 1e-30f));
+    const evf iv = rsqrt(fmax(fmax(na, fmax(nb, nc)), 1e-30f));
     const evf v0 = SEL(ka, xa0, SEL(kb, xb0, xc0)) * iv, v1 = SEL(ka, xa1, SEL(kb, xb1, xc1)) * iv,
               v2 = SEL(ka, xa2, SEL(kb, xb2, xc2)) * iv;
     /* the plane orthogonal to v: u = v x (the unit vector of v's smallest component), so
@@ -102,7 +103,7 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
     const evi e0 = f0 <= f1 && f0 <= f2, e1 = !e0 && f1 <= f2;
     evf u0 = SEL(e0, (evf)0.0f, SEL(e1, -v2, v1)), u1 = SEL(e0, v2, SEL(e1, (evf)0.0f, -v0)),
         u2 = SEL(e0, -v1, SEL(e1, v0, (evf)0.0f));
-    const evf iu = 1.0f / sqrt(u0 * u0 + u1 * u1 + u2 * u2);
+    const evf iu = rsqrt(u0 * u0 + u1 * u1 + u2 * u2);
     u0 *= iu, u1 *= iu, u2 *= iu;
     const evf w0 = v1 * u2 - v2 * u1, w1 = v2 * u0 - v0 * u2, w2 = v0 * u1 - v1 * u0;
 #define QUAD(x0, x1, x2, y0, y1, y2) /* x' C y */                                      \
