@@ -15,7 +15,7 @@ from volconv.bank.features import PAIRS, build_features, expand
 from volconv.bank.filters import BankError, build_bank
 from volconv.checks import SPEC_ATOL, SPEC_RTOL
 from volconv.device.programs import context_for
-from volconv.engines.features import FeatureKernels
+from volconv.engines.features import FeatureKernels, StructureTensorStage
 from volconv.engines.separable import SeparableConvolver, convolve_separable
 
 MODES = ["reflect", "mirror", "nearest", "constant", "wrap"]
@@ -150,16 +150,18 @@ def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, lanes):
     np.testing.assert_array_equal(values[:, 4], [np.float32(1e-40), 0, 0])
 
 
-@pytest.mark.parametrize("mode", ["reflect", "constant", "wrap"])
-def test_structure_tensor_eigenvalues(device, mode):
+@pytest.mark.parametrize(("mode", "fused"), [("reflect", False), ("constant", False),
+                                             ("wrap", False), ("wrap", True)])  # fmt: skip
+def test_structure_tensor_eigenvalues(device, mode, fused):
     """The outer smoothing takes the bank's mode (and cval) on the product field; seams every
-    4 rows, rho's radius past the slab and, along axis 2, past the axis."""
+    4 rows, rho's radius past the slab and, along axis 2, past the axis; the gradients and
+    the smoothing as fused kernels too."""
     volume = scene((18, 13, 6), seed=1)
     cval = 3.0 if mode == "constant" else 0.0
     sigma, rho = 1.0, 1.6
     feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": sigma,
                              "rho": rho, "name": "st"}])  # fmt: skip
-    out = run(volume, [], feats, mode, cval, device, slab_depth=4)
+    out = run(volume, [], feats, mode, cval, device, slab_depth=4, fused=fused)
     assert out.shape == (3, *volume.shape)
     m = max(float(np.abs(volume).max()), abs(cval))
     g = [gauss(volume, sigma, o, mode, cval) for o in AXES]
@@ -175,6 +177,15 @@ def test_structure_tensor_eigenvalues(device, mode):
     bound = weyl(entry_tol)
     err = np.abs(out - ref).max()
     assert err <= bound, (err, bound)
+    # the stage's memory model is what it allocates
+    ex = expand([], feats)
+    conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, cval, device=device,
+                              slab_depth=4, expanded=ex, fused=fused)  # fmt: skip
+    stage = conv._tensors[0][0]
+    assert stage.grad.plan.fused == stage.outer.plan.fused == fused
+    held = stage.grad.plan.device_bytes + stage.outer.plan.device_bytes + stage._values.size
+    assert held == StructureTensorStage.device_bytes(feats[0], volume.shape, volume.dtype, mode,
+                                                     cval, device, 4, fused)  # fmt: skip
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -15,7 +15,6 @@ from volconv.device.programs import binary_build, device_seconds, kernel_source
 from volconv.engines.boundary import sources
 from volconv.engines.clock import KernelClock
 
-
 # Voxels per work-item of the element-wise feature kernels: CPUs run explicit vectors in
 # their SIMD lanes (benchmarks/README.md), GPUs one voxel a work-item.
 FEATURE_LANES = {"cpu": 8, "gpu": 1}
@@ -147,7 +146,10 @@ class StructureTensorStage:
         device: cl.Device,
         slab_depth: int,
         kernels: FeatureKernels,
+        fused: bool | None = None,
     ) -> None:
+        """``fused``: the gradients and the outer smoothing each as one fused kernel (default:
+        on GPUs; `volconv.engines.separable.make_separable_plan`)."""
         from volconv.engines.separable import SeparableConvolver, plan_bank
 
         self.feature, self.shape, self.mode, self.cval = feature, tuple(shape), mode, cval
@@ -158,7 +160,7 @@ class StructureTensorStage:
         self.grad = SeparableConvolver(
             grads, shape, dtype, mode, cval, device=device,
             slab_depth=min(n0, slab_depth + 2 * self.reach),
-            choices=plan_bank(grads, force="separable"), fused=False,
+            choices=plan_bank(grads, force="separable"), fused=fused,
         )  # fmt: skip
         if self.grad._slots != [0, 1, 2]:
             raise ValueError("structure tensor: the gradients run as passes")
@@ -168,7 +170,7 @@ class StructureTensorStage:
         rho = [feature.rho_filter]
         self.outer = SeparableConvolver(
             rho, (rows, ny, nz), np.float32, mode, cval, device=device, slab_depth=rows,
-            choices=plan_bank(rho, force="separable"), fused=False,
+            choices=plan_bank(rho, force="separable"), fused=fused,
         )  # fmt: skip
         if self.outer.plan.pad_dtype != np.float32:
             raise ValueError("structure tensor: the outer smoothing pads float32")
@@ -176,6 +178,29 @@ class StructureTensorStage:
         self.seconds = 0.0
         self._values = cl.Buffer(kernels.ctx, cl.mem_flags.READ_WRITE,
                                  3 * slab_depth * ny * nz * 4)  # fmt: skip
+
+    @staticmethod
+    def device_bytes(
+        feature: Feature, shape: tuple[int, int, int], dtype: np.dtype, mode: str, cval: float,
+        device: cl.Device, slab_depth: int, fused: bool | None = None,
+    ) -> int:  # fmt: skip
+        """Device memory of the stage for slabs of ``slab_depth`` rows: the gradients'
+        convolver, the stacked outer smoothing's and the eigenvalues."""
+        from volconv.engines.separable import make_separable_plan, plan_bank
+
+        n0, ny, nz = shape
+        reach = (feature.rho_filter.kernel.shape[0] - 1) // 2
+        rows = StructureTensorStage.stacked_rows(slab_depth, reach)
+        total = 3 * slab_depth * ny * nz * 4
+        for filters, shp, dt, depth in (
+            (list(feature.inputs), shape, dtype, min(n0, slab_depth + 2 * reach)),
+            ([feature.rho_filter], (rows, ny, nz), np.float32, rows),
+        ):
+            total += make_separable_plan(
+                filters, shp, dt, mode, cval, device, choices=plan_bank(filters,
+                force="separable"), slab_depth=depth, fused=fused,
+            ).device_bytes  # fmt: skip
+        return total
 
     @staticmethod
     def stacked_rows(depth: int, reach: int) -> int:
@@ -259,6 +284,7 @@ class StructureTensorStage:
         cl.wait_for_events(events + down)
         self.seconds += device_seconds(events)
         return out
+
     def _compute_host(
         self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
         frame: np.ndarray | None,
