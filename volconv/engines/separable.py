@@ -599,6 +599,9 @@ class SeparableConvolver(SlabConvolver):
                     plan.slab_depth, self._feature_kernels, fused=fused,
                 )  # fmt: skip
                 self._tensors.append((stage, at))
+        # responses that feed nothing (structure tensors only: the filter `expand` adds so
+        # that a convolver runs one) are not computed
+        self._idle = not self._features and not any(f < plan.stored for f in self._slots)
         if self._slots:
             self._setup()
 
@@ -716,7 +719,7 @@ class SeparableConvolver(SlabConvolver):
                 out[idx] = conv.convolve_slab(a, b, **given)
             for stage, seconds in conv.timings.items():
                 self.timings[stage] += seconds - before[stage]
-        if self._slots:
+        if self._slots and not self._idle:
             self._separable_slab(a, b, raw, needed, frame, nonfinite, out)
         for stage, at in self._tensors:
             before = [dict(c.timings) for c in (stage.grad, stage.outer)]
