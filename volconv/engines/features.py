@@ -205,6 +205,12 @@ class StructureTensorStage:
         return total
 
     @property
+    def clocks(self) -> list:
+        """The `volconv.engines.clock.KernelClock`s of its convolvers' launches (its own
+        kernels report to ``kernels.clock``)."""
+        return [self.grad.clock, self.outer.clock]
+
+    @property
     def held_bytes(self) -> int:
         """Device memory the stage holds (`device_bytes` of its sizes)."""
         return self.grad.plan.device_bytes + self.outer.plan.device_bytes + self._values.size

@@ -732,6 +732,8 @@ class SeparableConvolver(SlabConvolver):
                 for name, seconds in conv.timings.items():
                     self.timings[name] += seconds - was[name]
             self.timings["kernel"] += stage.seconds - t0
+        for clock in self._clocks():  # their events are complete: let them go
+            clock.settle()
         return out
 
     def _separable_slab(
@@ -857,12 +859,15 @@ class SeparableConvolver(SlabConvolver):
     def kernel_seconds(self) -> dict[str, float]:
         """Device seconds per kernel name (passes, features, a structure tensor's stages)
         since the convolver was made; the direct groups' are in `timings` only."""
+        return merged(self._clocks())
+
+    def _clocks(self) -> list[KernelClock]:
         clocks = [self.clock]
         if self._feature_kernels is not None:
             clocks.append(self._feature_kernels.clock)
         for stage, _ in self._tensors:
-            clocks += [stage.grad.clock, stage.outer.clock]
-        return merged(clocks)
+            clocks += getattr(stage, "clocks", [])
+        return clocks
 
     # -- work --------------------------------------------------------------------------
     @property
