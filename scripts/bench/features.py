@@ -10,7 +10,9 @@ volume slab by slab as `volconv run` streams it, float32 outputs):
 After a warm-up pass (PoCL compiles each kernel at its first launch) one timed pass: wall
 seconds to every output in host memory, and device seconds per stage from OpenCL profiling
 events ("kernel": the passes and the features; a structure tensor's second smoothing and
-eigenvalues included); device bytes: the plan's buffers and the structure tensors'.
+eigenvalues included) and per kernel by name ("kernel_ms_by_name": pass_fast, pass_mid,
+pass_out, fused, eigen3, magnitude, product_pad, ...); device bytes: the plan's buffers and
+the structure tensors'.
 
 Peers on the same volume (float32, each timed once after a warm-up where it runs on a GPU):
   --mode pocl: scikit-image on the CPU (hessian_matrix + hessian_matrix_eigvals,
@@ -120,22 +122,23 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
         return time.perf_counter() - t
 
     first = one_pass()
-    before = dict(conv.timings)
+    before, kernels_before = dict(conv.timings), conv.kernel_seconds
     wall = one_pass()
     stages = {k: conv.timings[k] - before[k] for k in conv.timings}
-    stage_bytes = sum(
-        s.grad.plan.device_bytes + s.outer.plan.device_bytes for s, _ in conv._tensors
-    )
+    kernels = {k: v - kernels_before.get(k, 0.0) for k, v in conv.kernel_seconds.items()}
+    stage_bytes = sum(getattr(s, "held_bytes", 0) for s, _ in conv._tensors)
     return {
         "outputs": conv.plan.n_outputs,
         "filters": len(ex.filters),
         "engines": conv.engines,
+        "fused": conv.plan.fused,
         "slab_depth": conv.plan.slab_depth,
         "build_seconds": build,
         "first_pass_seconds": first,
         "wall_seconds": wall,
         "device_seconds": stages,
         "kernel_ms": stages["kernel"] * 1e3,
+        "kernel_ms_by_name": {k: v * 1e3 for k, v in sorted(kernels.items())},
         "device_bytes": conv.plan.device_bytes + stage_bytes,
     }
 
@@ -269,6 +272,13 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated feature sets (default: all)")
     p.add_argument("--device", default=None, help="volconv's device (default: cpu / gpu)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--no-peers", action="store_true", help="volconv only")
+    p.add_argument(
+        "--max-fused-values",
+        type=int,
+        default=None,
+        help="the fused kernel's register bound (separable.MAX_FUSED_VALUES), for trials",
+    )
     p.add_argument(
         "--save-volume",
         type=Path,
@@ -277,6 +287,10 @@ def main() -> None:
     )
     args = p.parse_args()
     device = select_device(args.device or ("cpu" if args.mode == "pocl" else "gpu"))
+    if args.max_fused_values is not None:
+        from volconv.engines import separable
+
+        separable.MAX_FUSED_VALUES = args.max_fused_values
     volume = volume_of(args.size)
     if args.save_volume:
         np.save(args.save_volume, volume)
@@ -289,9 +303,10 @@ def main() -> None:
         "shape": list(volume.shape),
         "dtype": str(volume.dtype),
         "device": device_record(device),
+        "max_fused_values": args.max_fused_values,
         "sets": {},
     }
-    peers = cpu_peers(volume) if args.mode == "pocl" else {}
+    peers = cpu_peers(volume) if args.mode == "pocl" and not args.no_peers else {}
     for name, (feats, mode) in sets.items():
         entry = {"volconv": run_volconv(volume, feats, mode, device)}
         if name in peers:
@@ -299,7 +314,7 @@ def main() -> None:
             entry["speedup_wall"] = entry["cpu_peer"]["seconds"] / entry["volconv"]["wall_seconds"]
         result["sets"][name] = entry
         print(name, json.dumps(entry, default=float), flush=True)
-    if args.mode == "gpu":
+    if args.mode == "gpu" and not args.no_peers:
         for name, found in gpu_peers(volume).items():
             result["sets"].setdefault(name, {}).update(found)
     if args.json:
