@@ -103,14 +103,10 @@ __kernel void product_pad(__global const float *restrict g, /* 3 planes of NR x 
         rq = sn * vp + cs * vq;                                                       \
     }
 
-__kernel void eigen3(__global const float *restrict src, const int i00, const int i11,
-                     const int i22, const int i01, const int i02, const int i12,
-                     __global float *restrict dst, const int o, const long n)
+/* The descending eigenvalues l[0] >= l[1] >= l[2] of one symmetric 3x3 matrix (eigen3's, and
+ * kernels/stencils.cl's, which is built after this file). */
+void eigenvalues3(float a00, float a11, float a22, float a01, float a02, float a12, float *l)
 {
-    const long i = get_global_id(0);
-    if (i >= n) return;
-    float a00 = src[i00 * n + i], a11 = src[i11 * n + i], a22 = src[i22 * n + i];
-    float a01 = src[i01 * n + i], a02 = src[i02 * n + i], a12 = src[i12 * n + i];
     float l0, l1, l2;
     const float m = fmax(fmax(fmax(fabs(a00), fabs(a11)), fmax(fabs(a22), fabs(a01))),
                          fmax(fabs(a02), fabs(a12)));
@@ -162,7 +158,19 @@ __kernel void eigen3(__global const float *restrict src, const int i00, const in
         if (l1 < l2) t = l1, l1 = l2, l2 = t;
         if (l0 < l1) t = l0, l0 = l1, l1 = t;
     }
-    dst[o * n + i] = l0;
-    dst[(o + 1) * n + i] = l1;
-    dst[(o + 2) * n + i] = l2;
+    l[0] = l0, l[1] = l1, l[2] = l2;
+}
+
+__kernel void eigen3(__global const float *restrict src, const int i00, const int i11,
+                     const int i22, const int i01, const int i02, const int i12,
+                     __global float *restrict dst, const int o, const long n)
+{
+    const long i = get_global_id(0);
+    if (i >= n) return;
+    float l[3];
+    eigenvalues3(src[i00 * n + i], src[i11 * n + i], src[i22 * n + i], src[i01 * n + i],
+                 src[i02 * n + i], src[i12 * n + i], l);
+    dst[o * n + i] = l[0];
+    dst[(o + 1) * n + i] = l[1];
+    dst[(o + 2) * n + i] = l[2];
 }

@@ -124,7 +124,8 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
     wall = one_pass()
     stages = {k: conv.timings[k] - before[k] for k in conv.timings}
     stage_bytes = sum(
-        s.grad.plan.device_bytes + s.outer.plan.device_bytes for s, _ in conv._tensors
+        getattr(s, "device_bytes", 0) or sum(c.plan.device_bytes for c in s.convolvers)
+        for s, _ in conv._tensors
     )
     return {
         "outputs": conv.plan.n_outputs,

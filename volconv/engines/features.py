@@ -138,6 +138,11 @@ class StructureTensorStage:
         self._g: cl.Buffer | None = None  # the gradients over the product rows
         self._entries: cl.Buffer | None = None  # S's six planes, then the eigenvalues
 
+    @property
+    def convolvers(self) -> tuple:
+        """The convolvers whose timings the slab's count (`SeparableConvolver.convolve_slab`)."""
+        return (self.grad, self.outer)
+
     def product_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted rows of the product field the outer smoothing of ``[a, b)`` reads."""
         return self.outer.source_rows(a, b)

@@ -59,6 +59,7 @@ from volconv.engines.direct import (
 )
 from volconv.engines.features import FeatureKernels, StructureTensorStage, host_feature
 from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
+from volconv.engines.scales import PresetStage
 from volconv.engines.tensor import direct_convolver
 from volconv.plan.direct import (
     CL_TYPES,
@@ -675,14 +676,18 @@ class SeparableConvolver(SlabConvolver):
             raise ValueError("expanded: every filter only features read must be separable")
         self._features: list[DeviceFeature] = list(expanded.device) if expanded else []
         self._feature_kernels: FeatureKernels | None = None
-        self._tensors: list[tuple[StructureTensorStage, tuple[int, ...]]] = []
-        if expanded is not None and (self._features or expanded.tensors):
+        self._tensors: list[tuple[StructureTensorStage | PresetStage, tuple[int, ...]]] = []
+        if expanded is not None and (self._features or expanded.tensors or expanded.presets):
             self._feature_kernels = FeatureKernels(self.ctx, self.queue)
             for feat, at in expanded.tensors:
                 stage = StructureTensorStage(
                     feat, plan.shape, dtype, plan.mode, plan.cval, self.device,
                     plan.slab_depth, self._feature_kernels,
                 )  # fmt: skip
+                self._tensors.append((stage, at))
+            for preset, at in expanded.presets:
+                stage = PresetStage(preset, plan.shape, dtype, plan.mode, plan.cval,
+                                    self.device, plan.slab_depth)  # fmt: skip
                 self._tensors.append((stage, at))
         if self._slots:
             self._setup()
@@ -879,10 +884,10 @@ class SeparableConvolver(SlabConvolver):
         if self._slots:
             self._separable_slab(a, b, raw, needed, frame, nonfinite, out)
         for stage, at in self._tensors:
-            before = [dict(c.timings) for c in (stage.grad, stage.outer)]
+            before = [dict(c.timings) for c in stage.convolvers]
             t0 = stage.seconds
             out[at[0] : at[-1] + 1] = stage.compute(a, b, raw, needed, frame)
-            for conv, was in zip((stage.grad, stage.outer), before, strict=True):
+            for conv, was in zip(stage.convolvers, before, strict=True):
                 for name, seconds in conv.timings.items():
                     self.timings[name] += seconds - was[name]
             self.timings["kernel"] += stage.seconds - t0

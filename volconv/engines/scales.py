@@ -1,0 +1,240 @@
+"""The presets on the device, two stages per scale (`PresetStage`): one Gaussian smoothing of
+the input per scale on the separable passes, then one kernel of kernels/stencils.cl per scale
+that writes all of that scale's channels from the smoothed field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.bank.features import gaussian_filter_of
+from volconv.bank.presets import PresetPlan, skimage_scale
+from volconv.device.programs import binary_build, device_seconds, kernel_source
+from volconv.engines.boundary import extend_indices, sources
+
+MODES = ("reflect", "mirror", "nearest", "constant", "wrap")  # kernels/stencils.cl's codes
+
+
+def stencil_program(ctx: cl.Context) -> cl.Program:
+    """kernels/features.cl (its eigenvalues3) and kernels/stencils.cl, built as one source."""
+    source = kernel_source("features.cl") + "\n" + kernel_source("stencils.cl")
+    return binary_build(ctx, source, [])
+
+
+class PresetStage:
+    """A preset's outputs for a slab of output rows, in its order (`PresetPlan`).
+
+    Stage 1 smooths the input by every scale's Gaussian at once: one `SeparableConvolver`
+    (forced separable, the scales' Gaussians as its filters) over the rows stage 2 reads, in
+    chunks of at most its slab depth, kept on the device. Stage 2 runs one kernel per scale
+    over the slab. skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over
+    the slab's rows and 2 more on each side inside the volume (Sobel's 'reflect' and
+    np.gradient's one-sided differences stay inside it). ilastik: the presmoothing takes the
+    bank's mode and cval; stage 2 reads it over the rows the bank's mode maps the slab's,
+    widened by the inner radius (2) and the structure tensor's outer one (1), through row
+    tables; the gradients are computed first over the rows the outer smoothing reads.
+
+    A slab whose source holds NaN or Inf is smoothed through the convolver's host path (scipy's
+    non-finite responses), uploaded, and goes through the same stage 2, whose sums follow
+    scipy's correlate1d (the zero centre tap of odd orders skipped).
+    """
+
+    def __init__(
+        self,
+        preset: PresetPlan,
+        shape: tuple[int, int, int],
+        dtype: np.dtype,
+        mode: str,
+        cval: float,
+        device: cl.Device,
+        slab_depth: int,
+    ) -> None:
+        from volconv.engines.separable import SeparableConvolver, plan_bank
+
+        self.preset, self.shape, self.dtype = preset, tuple(shape), np.dtype(dtype)
+        self.skimage = preset.kind == "skimage"
+        self.mode = "nearest" if self.skimage else mode
+        self.cval = 0.0 if self.skimage else float(cval)
+        self.reach = 2 if self.skimage else 3  # rows of stage 1 past the slab
+        self.depth = slab_depth
+        filters = [gaussian_filter_of(f"smooth{i}", (s.smooth,) * 3, (0, 0, 0), s.truncate)
+                   for i, s in enumerate(preset.scales)]  # fmt: skip
+        self.conv = SeparableConvolver(
+            filters, shape, dtype, self.mode, self.cval, device=device,
+            slab_depth=min(shape[0], slab_depth + 2 * self.reach),
+            choices=plan_bank(filters, force="separable"), fused=False,
+        )  # fmt: skip
+        self.convolvers = (self.conv,)
+        self.ctx, self.queue = self.conv.ctx, self.conv.queue
+        prog = stencil_program(self.ctx)
+        names = ("skimage_scale",) if self.skimage else ("ilastik_gradients", "ilastik_scale")
+        self._k = {n: cl.Kernel(prog, n) for n in names}
+        self.seconds = 0.0
+        self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
+        self._g: cl.Buffer | None = None  # ilastik: the gradients over the product rows
+        self._dst: cl.Buffer | None = None  # the preset's planes of a slab
+        mf = cl.mem_flags
+        self._taps = (
+            []
+            if self.skimage
+            else [
+                cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=s.taps())
+                for s in preset.scales
+            ]
+        )
+        self.clip = self.skimage and self.dtype.kind == "i"  # img_as_float32: min -> -1
+        self.factor = np.float32(skimage_scale(self.dtype) if self.skimage else 1.0)
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory of the stage at its slab depth: the convolver's buffers, stage 1's
+        field over the rows stage 2 reads, the gradients (ilastik) and the outputs."""
+        ny, nz = self.shape[1:]
+        k, d = len(self.preset.scales), self.depth
+        rows = min(self.shape[0], d + 2 * self.reach)
+        smooth = (2 * rows if not self.skimage else 0) * k  # ilastik: wrap's two runs
+        g = 0 if self.skimage else 3 * 2 * (d + 2)
+        return self.conv.plan.device_bytes + (smooth + g + self.preset.n_outputs * d) * ny * nz * 4
+
+    # -- rows -------------------------------------------------------------------------------
+    def _rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of stage 1 that stage 2 reads for output rows ``[a, b)``, and (ilastik) the
+        rows of the structure tensor's product field."""
+        n0 = self.shape[0]
+        if self.skimage:
+            return np.arange(max(0, a - 2), min(n0, b + 2)), np.arange(0)
+        q = sources(extend_indices(n0, a - 1, b + 1, self.mode))
+        near = (q[:, None] + np.arange(-2, 3)[None, :]).ravel()
+        lo = int(near.min())
+        folded = extend_indices(n0, lo, int(near.max()) + 1, self.mode)[near - lo]
+        return sources(folded), q
+
+    def _chunks(self, rows: np.ndarray) -> list[tuple[int, int]]:
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        out = []
+        for run in np.split(rows, breaks):
+            r0, r1 = int(run[0]), int(run[-1]) + 1
+            step = self.conv.plan.slab_depth
+            out += [(c, min(c + step, r1)) for c in range(r0, r1, step)]
+        return out
+
+    def source_rows(self, a: int, b: int) -> np.ndarray:
+        """Sorted source rows of the volume that output rows ``[a, b)`` read."""
+        rows, _ = self._rows(a, b)
+        parts = [self.conv.source_rows(c0, c1) for c0, c1 in self._chunks(rows)]
+        return sources(np.concatenate(parts))
+
+    def _table(self, targets: np.ndarray, local: np.ndarray, reach: int) -> np.ndarray:
+        """For each row of ``targets``, the local index in ``local`` of its neighbours at
+        -reach .. reach, extended by the mode (-1: cval)."""
+        n0 = self.shape[0]
+        out = np.empty((len(targets), 2 * reach + 1), np.int32)
+        for i, t in enumerate(targets):
+            m = extend_indices(n0, int(t) - reach, int(t) + reach + 1, self.mode)
+            out[i] = np.where(m >= 0, np.searchsorted(local, m), -1)
+        return out
+
+    # -- a slab -----------------------------------------------------------------------------
+    def compute(
+        self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
+        frame: np.ndarray | None,
+    ) -> np.ndarray:  # fmt: skip
+        """The preset's outputs (n_outputs, b - a, ny, nz) float32 of output rows ``[a, b)``,
+        from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its whole
+        ``frame``."""
+        from volconv.engines.nonfinite import has_nonfinite
+
+        conv, queue, mf = self.conv, self.queue, cl.mem_flags
+        ny, nz = self.shape[1:]
+        plane = ny * nz
+        depth, k = b - a, len(self.preset.scales)
+        srows, qrows = self._rows(a, b)
+        ns = len(srows)
+        chunks = self._chunks(srows)
+        host = rows is not None and has_nonfinite(rows)
+        events: list[cl.Event] = []
+        if len(chunks) == 1 and not host:  # stage 1's responses are the field: no copy
+            smooth = None
+        else:
+            if self._smooth is None or self._smooth.size < k * ns * plane * 4:
+                self._smooth = cl.Buffer(self.ctx, mf.READ_WRITE, k * ns * plane * 4)
+            smooth = self._smooth
+        at = 0
+        for c0, c1 in chunks:
+            if rows is None:
+                own = frame[conv.source_rows(c0, c1)] if self.clip else None
+            else:
+                own = rows[np.searchsorted(needed, conv.source_rows(c0, c1))]
+            if own is not None and self.clip:
+                own = np.maximum(own, -np.iinfo(self.dtype).max).astype(self.dtype)
+            n = (c1 - c0) * plane
+            if host:
+                field = np.ascontiguousarray(conv.convolve_slab(c0, c1, rows=own), np.float32)
+                for s in range(k):
+                    events.append(cl.enqueue_copy(queue, smooth, field[s],
+                                                  dst_offset=(s * ns + at) * plane * 4,
+                                                  is_blocking=False))  # fmt: skip
+                cl.wait_for_events(events[-k:])
+            else:
+                given = {"frame": frame} if own is None else {"rows": own}
+                up, pad = conv.padder(c0, c1, conv._padded, **given)
+                events += [*up, pad, *conv._launch_passes(c1 - c0)]
+                if smooth is not None:
+                    for s in range(k):
+                        slot = conv._slots.index(s)
+                        events.append(cl.enqueue_copy(
+                            queue, smooth, conv._out, byte_count=n * 4, src_offset=slot * n * 4,
+                            dst_offset=(s * ns + at) * plane * 4))  # fmt: skip
+            at += c1 - c0
+        field = conv._out if smooth is None else smooth
+        slots = conv._slots if smooth is None else list(range(k))
+        n_out = self.preset.n_outputs
+        if self._dst is None or self._dst.size < n_out * depth * plane * 4:
+            self._dst = cl.Buffer(self.ctx, mf.READ_WRITE, n_out * self.depth * plane * 4)
+        i32, n = np.int32, np.int64(depth * plane)
+        if self.skimage:
+            kern = self._k["skimage_scale"]
+            for s, scale in enumerate(self.preset.scales):
+                kern.set_args(field, i32(slots.index(s)), i32(srows[0]), i32(ns), i32(a),
+                              i32(self.shape[0]), i32(ny), i32(nz), self.factor, self._dst, n,
+                              i32(scale.at[0]))  # fmt: skip
+                events.append(cl.enqueue_nd_range_kernel(queue, kern, (nz, ny, depth), None))
+        else:
+            events += self._ilastik(a, b, field, slots, srows, qrows)
+        values = np.empty((n_out, depth, ny, nz), np.float32)
+        events.append(cl.enqueue_copy(queue, values, self._dst, wait_for=events[-1:]))
+        cl.wait_for_events(events)
+        self.seconds += device_seconds(events)
+        return values
+
+    def _ilastik(
+        self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray,
+        qrows: np.ndarray,
+    ) -> list[cl.Event]:  # fmt: skip
+        """Enqueue ilastik's stage 2 for every scale."""
+        mf, ctx, queue = cl.mem_flags, self.ctx, self.queue
+        ny, nz = self.shape[1:]
+        depth, nq, ns = b - a, len(qrows), len(srows)
+        out_rows = np.arange(a, b)
+        tables = [self._table(qrows, srows, 2), self._table(out_rows, srows, 2),
+                  self._table(out_rows, qrows, 1)]  # fmt: skip
+        bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t) for t in tables]
+        if self._g is None or self._g.size < 3 * nq * ny * nz * 4:
+            self._g = cl.Buffer(ctx, mf.READ_WRITE, 3 * nq * ny * nz * 4)
+        i32, f32 = np.int32, np.float32
+        mode, cval = i32(MODES.index(self.mode)), f32(self.cval)
+        grads, scale_k = self._k["ilastik_gradients"], self._k["ilastik_scale"]
+        events = []
+        for s, scale in enumerate(self.preset.scales):
+            taps = self._taps[s]
+            r, rd, ro = scale.radii()
+            grads.set_args(field, i32(slots.index(s)), i32(ns), bufs[0], i32(nq), taps, i32(r),
+                           i32(ny), i32(nz), mode, cval, self._g)  # fmt: skip
+            events.append(cl.enqueue_nd_range_kernel(queue, grads, (nz, ny, nq), None))
+            os_, ol, om, od, ot, oh = scale.at
+            scale_k.set_args(field, i32(slots.index(s)), i32(ns), bufs[1], self._g, i32(nq),
+                             bufs[2], taps, i32(r), i32(rd), i32(ro), i32(depth), i32(ny),
+                             i32(nz), mode, cval, self._dst, np.int64(depth * ny * nz),
+                             *map(i32, (os_, ol, om, od, ot, oh)))  # fmt: skip
+            events.append(cl.enqueue_nd_range_kernel(queue, scale_k, (nz, ny, depth), None))
+        return events
