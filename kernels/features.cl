@@ -103,9 +103,10 @@ __kernel void product_pad(__global const float *restrict g, /* 3 planes of NR x 
         rq = sn * vp + cs * vq;                                                       \
     }
 
-/* The descending eigenvalues l[0] >= l[1] >= l[2] of one symmetric 3x3 matrix (eigen3's, and
- * kernels/stencils.cl's, which is built after this file). */
-void eigenvalues3(float a00, float a11, float a22, float a01, float a02, float a12, float *l)
+/* The eigenvalues, descending, of the symmetric matrix (a00, a11, a22, a01, a02, a12); NaN
+ * if an entry is not finite (eigen3's, and kernels/stencils.cl's, built after this file). */
+inline void eigen_sym3(float a00, float a11, float a22, float a01, float a02, float a12,
+                       float *r0, float *r1, float *r2)
 {
     float l0, l1, l2;
     const float m = fmax(fmax(fmax(fabs(a00), fabs(a11)), fmax(fabs(a22), fabs(a01))),
@@ -158,7 +159,7 @@ void eigenvalues3(float a00, float a11, float a22, float a01, float a02, float a
         if (l1 < l2) t = l1, l1 = l2, l2 = t;
         if (l0 < l1) t = l0, l0 = l1, l1 = t;
     }
-    l[0] = l0, l[1] = l1, l[2] = l2;
+    *r0 = l0, *r1 = l1, *r2 = l2;
 }
 
 __kernel void eigen3(__global const float *restrict src, const int i00, const int i11,
@@ -167,10 +168,10 @@ __kernel void eigen3(__global const float *restrict src, const int i00, const in
 {
     const long i = get_global_id(0);
     if (i >= n) return;
-    float l[3];
-    eigenvalues3(src[i00 * n + i], src[i11 * n + i], src[i22 * n + i], src[i01 * n + i],
-                 src[i02 * n + i], src[i12 * n + i], l);
-    dst[o * n + i] = l[0];
-    dst[(o + 1) * n + i] = l[1];
-    dst[(o + 2) * n + i] = l[2];
+    float l0, l1, l2;
+    eigen_sym3(src[i00 * n + i], src[i11 * n + i], src[i22 * n + i], src[i01 * n + i],
+               src[i02 * n + i], src[i12 * n + i], &l0, &l1, &l2);
+    dst[o * n + i] = l0;
+    dst[(o + 1) * n + i] = l1;
+    dst[(o + 2) * n + i] = l2;
 }

@@ -12,13 +12,13 @@ from volconv.bank.presets import PresetPlan, skimage_scale
 from volconv.device.programs import binary_build, device_seconds, kernel_source
 from volconv.engines.boundary import extend_indices, sources
 
-MODES = ("reflect", "mirror", "nearest", "constant", "wrap")  # kernels/stencils.cl's codes
 
-
-def stencil_program(ctx: cl.Context) -> cl.Program:
-    """kernels/features.cl (its eigenvalues3) and kernels/stencils.cl, built as one source."""
+def stencil_program(ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1)) -> cl.Program:
+    """kernels/features.cl (its eigen_sym3) and kernels/stencils.cl, built as one source, the
+    ilastik kernels for the radii (inner, DoG's second, outer) of one scale."""
     source = kernel_source("features.cl") + "\n" + kernel_source("stencils.cl")
-    return binary_build(ctx, source, [])
+    return binary_build(ctx, source, [f"-D{k}={v}" for k, v in zip(("R", "RD", "RO"), radii,
+                                                                      strict=True)])  # fmt: skip
 
 
 class PresetStage:
@@ -35,8 +35,9 @@ class PresetStage:
     tables; the gradients are computed first over the rows the outer smoothing reads.
 
     A slab whose source holds NaN or Inf is smoothed through the convolver's host path (scipy's
-    non-finite responses), uploaded, and goes through the same stage 2, whose sums follow
-    scipy's correlate1d (the zero centre tap of odd orders skipped).
+    non-finite responses), uploaded, and goes through the same stage 2, whose sums take every
+    tap as scipy's correlate1d does (0 * Inf is NaN there too). skimage's Gaussians are wider
+    than that host path counts (31 taps): its slabs with NaN or Inf are refused.
     """
 
     def __init__(
@@ -66,9 +67,18 @@ class PresetStage:
         )  # fmt: skip
         self.convolvers = (self.conv,)
         self.ctx, self.queue = self.conv.ctx, self.conv.queue
-        prog = stencil_program(self.ctx)
-        names = ("skimage_scale",) if self.skimage else ("ilastik_gradients", "ilastik_scale")
-        self._k = {n: cl.Kernel(prog, n) for n in names}
+        if self.skimage:
+            self._k = [cl.Kernel(stencil_program(self.ctx), "skimage_scale")]
+        else:
+            self._k = []
+            for scale in preset.scales:
+                prog = stencil_program(self.ctx, scale.radii())
+                self._k.append((cl.Kernel(prog, "ilastik_gradients"),
+                                cl.Kernel(prog, "ilastik_scale")))  # fmt: skip
+            maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
+            self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                                    hostbuf=m) for m in maps]  # fmt: skip
+        self._group = min(32, device.max_work_group_size)
         self.seconds = 0.0
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._g: cl.Buffer | None = None  # ilastik: the gradients over the product rows
@@ -95,6 +105,12 @@ class PresetStage:
         smooth = (2 * rows if not self.skimage else 0) * k  # ilastik: wrap's two runs
         g = 0 if self.skimage else 3 * 2 * (d + 2)
         return self.conv.plan.device_bytes + (smooth + g + self.preset.n_outputs * d) * ny * nz * 4
+
+    def _launch(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
+        """Work-groups along axis 2 (the kernels check their bounds)."""
+        w = self._group
+        return cl.enqueue_nd_range_kernel(self.queue, kernel, (-(-size[0] // w) * w, *size[1:]),
+                                          (w, 1, 1))  # fmt: skip
 
     # -- rows -------------------------------------------------------------------------------
     def _rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -193,12 +209,12 @@ class PresetStage:
             self._dst = cl.Buffer(self.ctx, mf.READ_WRITE, n_out * self.depth * plane * 4)
         i32, n = np.int32, np.int64(depth * plane)
         if self.skimage:
-            kern = self._k["skimage_scale"]
+            kern = self._k[0]
             for s, scale in enumerate(self.preset.scales):
                 kern.set_args(field, i32(slots.index(s)), i32(srows[0]), i32(ns), i32(a),
                               i32(self.shape[0]), i32(ny), i32(nz), self.factor, self._dst, n,
                               i32(scale.at[0]))  # fmt: skip
-                events.append(cl.enqueue_nd_range_kernel(queue, kern, (nz, ny, depth), None))
+                events.append(self._launch(kern, (nz, ny, depth)))
         else:
             events += self._ilastik(a, b, field, slots, srows, qrows)
         values = np.empty((n_out, depth, ny, nz), np.float32)
@@ -212,7 +228,7 @@ class PresetStage:
         qrows: np.ndarray,
     ) -> list[cl.Event]:  # fmt: skip
         """Enqueue ilastik's stage 2 for every scale."""
-        mf, ctx, queue = cl.mem_flags, self.ctx, self.queue
+        mf, ctx = cl.mem_flags, self.ctx
         ny, nz = self.shape[1:]
         depth, nq, ns = b - a, len(qrows), len(srows)
         out_rows = np.arange(a, b)
@@ -222,19 +238,17 @@ class PresetStage:
         if self._g is None or self._g.size < 3 * nq * ny * nz * 4:
             self._g = cl.Buffer(ctx, mf.READ_WRITE, 3 * nq * ny * nz * 4)
         i32, f32 = np.int32, np.float32
-        mode, cval = i32(MODES.index(self.mode)), f32(self.cval)
-        grads, scale_k = self._k["ilastik_gradients"], self._k["ilastik_scale"]
+        cval = f32(self.cval)
+        my, mz = self._maps
         events = []
         for s, scale in enumerate(self.preset.scales):
-            taps = self._taps[s]
-            r, rd, ro = scale.radii()
-            grads.set_args(field, i32(slots.index(s)), i32(ns), bufs[0], i32(nq), taps, i32(r),
-                           i32(ny), i32(nz), mode, cval, self._g)  # fmt: skip
-            events.append(cl.enqueue_nd_range_kernel(queue, grads, (nz, ny, nq), None))
-            os_, ol, om, od, ot, oh = scale.at
-            scale_k.set_args(field, i32(slots.index(s)), i32(ns), bufs[1], self._g, i32(nq),
-                             bufs[2], taps, i32(r), i32(rd), i32(ro), i32(depth), i32(ny),
-                             i32(nz), mode, cval, self._dst, np.int64(depth * ny * nz),
-                             *map(i32, (os_, ol, om, od, ot, oh)))  # fmt: skip
-            events.append(cl.enqueue_nd_range_kernel(queue, scale_k, (nz, ny, depth), None))
+            grads, scale_k = self._k[s]
+            taps, plane = self._taps[s], i32(slots.index(s))
+            grads.set_args(field, plane, i32(ns), bufs[0], i32(nq), taps, my, mz, i32(ny),
+                           i32(nz), cval, self._g)  # fmt: skip
+            events.append(self._launch(grads, (nz, ny, nq)))
+            scale_k.set_args(field, plane, i32(ns), bufs[1], self._g, i32(nq), bufs[2], taps, my,
+                             mz, i32(depth), i32(ny), i32(nz), cval, self._dst,
+                             np.int64(depth * ny * nz), *map(i32, scale.at))  # fmt: skip
+            events.append(self._launch(scale_k, (nz, ny, depth)))
         return events
