@@ -74,14 +74,15 @@ def test_the_skimage_preset_is_multiscale_basic_features(device, dtype):
         assert np.abs(out[c] - theirs[c]).max() <= bound, (c, np.abs(out[c] - theirs[c]).max())
 
 
-def test_the_skimage_preset_against_its_float64_definition(device):
+@pytest.mark.parametrize("depth", [4, 20])
+def test_the_skimage_preset_against_its_float64_definition(device, depth):
     """Within SPEC's tolerance of the float64 definition, on a 4D volume with slab seams every 4
-    rows. NaN and Inf are refused with the separable engine's reason: its count of their
+    rows, or one slab of 20 (the stencils write 16 rows at a time). NaN and Inf are refused with the separable engine's reason: its count of their
     reach holds filters of at most 31 taps, skimage's Gaussians reach 129."""
     volume = scene((20, 17, 16, 2), seed=3)
     volume[..., 1] *= 37
     feats = build_features(None, preset="skimage")
-    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4)
+    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=depth)
     names = expand([], feats).names
     for t in range(2):
         v = volume[..., t].astype(np.float64)
@@ -171,13 +172,15 @@ def check_ilastik(out: np.ndarray, v: np.ndarray, scales, mode: str, cval: float
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_ilastik_preset_stage_by_stage(device, mode):
-    """Every mode (constant with cval != 0), odd and even extents, slab seams every 4 rows, the
-    inner radii 1 and 2 and an outer radius 0 (scale 0.3)."""
+    """Every mode (constant with cval != 0), odd and even extents, slab seams every 4 rows (one
+    slab of 17 in constant and wrap mode: the stencils write 16 rows at a time), the inner
+    radii 1 and 2 and an outer radius 0 (scale 0.3)."""
     scales = [0.3, 1.0, 1.6]
     cval = 7.5 if mode == "constant" else 0.0
     volume = scene((17, 16, 13), seed=5)
+    depth = 17 if mode in ("constant", "wrap") else 4
     out = run(volume, [], build_features(None, preset="ilastik", scales=scales), mode, cval,
-              device, slab_depth=4)  # fmt: skip
+              device, slab_depth=depth)  # fmt: skip
     check_ilastik(out, volume, scales, mode, cval)
 
 

@@ -12,6 +12,8 @@ from volconv.bank.presets import PresetPlan, skimage_scale
 from volconv.device.programs import binary_build, device_seconds, kernel_source
 from volconv.engines.boundary import extend_indices, sources
 
+SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
+
 
 def stencil_program(ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1)) -> cl.Program:
     """kernels/features.cl (its eigen_sym3) and kernels/stencils.cl, built as one source, the
@@ -58,6 +60,7 @@ class PresetStage:
         self.cval = 0.0 if self.skimage else float(cval)
         self.reach = 2 if self.skimage else 3  # rows of stage 1 past the slab
         self.depth = slab_depth
+        self.sub = min(slab_depth, SUB_ROWS)
         filters = [gaussian_filter_of(f"smooth{i}", (s.smooth,) * 3, (0, 0, 0), s.truncate)
                    for i, s in enumerate(preset.scales)]  # fmt: skip
         self.conv = SeparableConvolver(
@@ -103,8 +106,9 @@ class PresetStage:
         k, d = len(self.preset.scales), self.depth
         rows = min(self.shape[0], d + 2 * self.reach)
         smooth = (2 * rows if not self.skimage else 0) * k  # ilastik: wrap's two runs
-        g = 0 if self.skimage else 3 * 2 * (d + 2)
-        return self.conv.plan.device_bytes + (smooth + g + self.preset.n_outputs * d) * ny * nz * 4
+        g = 0 if self.skimage else 3 * 2 * (self.sub + 2)
+        out = self.preset.n_outputs * self.sub
+        return self.conv.plan.device_bytes + (smooth + g + out) * ny * nz * 4
 
     def _launch(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups along axis 2 (the kernels check their bounds)."""
@@ -164,7 +168,7 @@ class PresetStage:
         ny, nz = self.shape[1:]
         plane = ny * nz
         depth, k = b - a, len(self.preset.scales)
-        srows, qrows = self._rows(a, b)
+        srows, _ = self._rows(a, b)
         ns = len(srows)
         chunks = self._chunks(srows)
         host = rows is not None and has_nonfinite(rows)
@@ -205,20 +209,26 @@ class PresetStage:
         field = conv._out if smooth is None else smooth
         slots = conv._slots if smooth is None else list(range(k))
         n_out = self.preset.n_outputs
-        if self._dst is None or self._dst.size < n_out * depth * plane * 4:
-            self._dst = cl.Buffer(self.ctx, mf.READ_WRITE, n_out * self.depth * plane * 4)
-        i32, n = np.int32, np.int64(depth * plane)
-        if self.skimage:
-            kern = self._k[0]
-            for s, scale in enumerate(self.preset.scales):
-                kern.set_args(field, i32(slots.index(s)), i32(srows[0]), i32(ns), i32(a),
-                              i32(self.shape[0]), i32(ny), i32(nz), self.factor, self._dst, n,
-                              i32(scale.at[0]))  # fmt: skip
-                events.append(self._launch(kern, (nz, ny, depth)))
-        else:
-            events += self._ilastik(a, b, field, slots, srows, qrows)
+        if self._dst is None:
+            self._dst = cl.Buffer(self.ctx, mf.READ_WRITE, n_out * self.sub * plane * 4)
         values = np.empty((n_out, depth, ny, nz), np.float32)
-        events.append(cl.enqueue_copy(queue, values, self._dst, wait_for=events[-1:]))
+        i32 = np.int32
+        for a2 in range(a, b, self.sub):  # stage 2 by sub-slabs: its outputs' memory bounded
+            b2 = min(a2 + self.sub, b)
+            n = (b2 - a2) * plane
+            if self.skimage:
+                kern = self._k[0]
+                for s, scale in enumerate(self.preset.scales):
+                    kern.set_args(field, i32(slots.index(s)), i32(srows[0]), i32(ns), i32(a2),
+                                  i32(self.shape[0]), i32(ny), i32(nz), self.factor, self._dst,
+                                  np.int64(n), i32(scale.at[0]))  # fmt: skip
+                    events.append(self._launch(kern, (nz, ny, b2 - a2)))
+            else:
+                qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
+                events += self._ilastik(a2, b2, field, slots, srows, qrows)
+            for o in range(n_out):  # in order after the kernels
+                events.append(cl.enqueue_copy(queue, values[o, a2 - a : b2 - a], self._dst,
+                                              src_offset=o * n * 4, is_blocking=False))  # fmt: skip
         cl.wait_for_events(events)
         self.seconds += device_seconds(events)
         return values
