@@ -77,8 +77,9 @@ def test_the_skimage_preset_is_multiscale_basic_features(device, dtype):
 @pytest.mark.parametrize("depth", [4, 20])
 def test_the_skimage_preset_against_its_float64_definition(device, depth):
     """Within SPEC's tolerance of the float64 definition, on a 4D volume with slab seams every 4
-    rows, or one slab of 20 (the stencils write 16 rows at a time). NaN and Inf are refused with the separable engine's reason: its count of their
-    reach holds filters of at most 31 taps, skimage's Gaussians reach 129."""
+    rows, or one slab of 20 (the stencils write 16 rows at a time). NaN and Inf are refused
+    with the separable engine's reason: its count of their reach holds filters of at most 31
+    taps, skimage's Gaussians reach 129."""
     volume = scene((20, 17, 16, 2), seed=3)
     volume[..., 1] *= 37
     feats = build_features(None, preset="skimage")
