@@ -253,3 +253,18 @@ def test_each_scale_as_if_alone(device):
                 device)  # fmt: skip
     at = [i for i, n in enumerate(ex.names) if "=0.7)" in n]
     np.testing.assert_array_equal(out[at], alone)
+
+
+@pytest.mark.parametrize("preset", ["skimage", "ilastik"])
+def test_the_memory_a_preset_takes(device, preset):
+    """`preset_bytes` (what a pipeline's memory model counts) is what the stage allocates."""
+    from volconv.engines.scales import preset_bytes
+    from volconv.engines.separable import SeparableConvolver
+
+    ex = expand([], build_features(None, preset=preset))
+    shape = (40, 12, 10)
+    conv = SeparableConvolver(ex.filters, shape, np.uint8, "mirror", 0.0, device=device,
+                              slab_depth=20, expanded=ex)  # fmt: skip
+    (stage, _), = conv._tensors  # fmt: skip
+    host, dev = preset_bytes(ex.presets[0][0], shape, np.uint8, "mirror", 0.0, device, 20)
+    assert dev == stage.device_bytes and host >= ex.presets[0][0].n_outputs * 20 * 12 * 10 * 4

@@ -23,6 +23,53 @@ def stencil_program(ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1)) ->
                                                                       strict=True)])  # fmt: skip
 
 
+def smoothing_filters(preset: PresetPlan) -> list:
+    """Stage 1's filters: every scale's Gaussian."""
+    return [gaussian_filter_of(f"smooth{i}", (s.smooth,) * 3, (0, 0, 0), s.truncate)
+            for i, s in enumerate(preset.scales)]  # fmt: skip
+
+
+def reach(preset: PresetPlan) -> int:
+    """Rows of stage 1 past a slab: np.gradient twice (skimage), the inner radius 2 and the
+    outer 1 (ilastik)."""
+    return 2 if preset.kind == "skimage" else 3
+
+
+def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -> int:
+    """The stage's own device buffers: stage 1's field (ilastik: a copy, wrap's two runs),
+    the gradients over the product rows (ilastik) and stage 2's outputs."""
+    n0, ny, nz = shape
+    sub = min(depth, SUB_ROWS)
+    rows = min(n0, depth + 2 * reach(preset))
+    k = len(preset.scales)
+    own = preset.n_outputs * sub
+    if preset.kind != "skimage":
+        own += 2 * rows * k + 3 * 2 * (sub + 2)
+    return own * ny * nz * 4
+
+
+def preset_bytes(
+    preset: PresetPlan, shape: tuple[int, int, int], dtype: np.dtype, mode: str, cval: float,
+    device: cl.Device, depth: int,
+) -> tuple[int, int]:  # fmt: skip
+    """The memory a `PresetStage` takes at slab depth ``depth``, as ``(host, device)``: on the
+    host the outputs of a slab and stage 1's field of a slab holding NaN or Inf; on the device
+    stage 1's convolver (`make_separable_plan`), its field, the gradients and stage 2's
+    outputs."""
+    from volconv.engines.separable import make_separable_plan, plan_bank
+
+    n0, ny, nz = shape
+    filters = smoothing_filters(preset)
+    rows = min(n0, depth + 2 * reach(preset))
+    skimage = preset.kind == "skimage"
+    plan = make_separable_plan(
+        filters, shape, dtype, "nearest" if skimage else mode, 0.0 if skimage else cval, device,
+        choices=plan_bank(filters, force="separable"), slab_depth=rows, fused=False,
+    )  # fmt: skip
+    host = (preset.n_outputs * depth + len(filters) * rows) * ny * nz * 4
+    return host, plan.device_bytes + _buffer_bytes(preset, shape, depth)
+
+
 class PresetStage:
     """A preset's outputs for a slab of output rows, in its order (`PresetPlan`).
 
@@ -58,11 +105,10 @@ class PresetStage:
         self.skimage = preset.kind == "skimage"
         self.mode = "nearest" if self.skimage else mode
         self.cval = 0.0 if self.skimage else float(cval)
-        self.reach = 2 if self.skimage else 3  # rows of stage 1 past the slab
+        self.reach = reach(preset)
         self.depth = slab_depth
         self.sub = min(slab_depth, SUB_ROWS)
-        filters = [gaussian_filter_of(f"smooth{i}", (s.smooth,) * 3, (0, 0, 0), s.truncate)
-                   for i, s in enumerate(preset.scales)]  # fmt: skip
+        filters = smoothing_filters(preset)
         self.conv = SeparableConvolver(
             filters, shape, dtype, self.mode, self.cval, device=device,
             slab_depth=min(shape[0], slab_depth + 2 * self.reach),
@@ -100,15 +146,8 @@ class PresetStage:
 
     @property
     def device_bytes(self) -> int:
-        """Device memory of the stage at its slab depth: the convolver's buffers, stage 1's
-        field over the rows stage 2 reads, the gradients (ilastik) and the outputs."""
-        ny, nz = self.shape[1:]
-        k, d = len(self.preset.scales), self.depth
-        rows = min(self.shape[0], d + 2 * self.reach)
-        smooth = (2 * rows if not self.skimage else 0) * k  # ilastik: wrap's two runs
-        g = 0 if self.skimage else 3 * 2 * (self.sub + 2)
-        out = self.preset.n_outputs * self.sub
-        return self.conv.plan.device_bytes + (smooth + g + out) * ny * nz * 4
+        """Device memory of the stage at its slab depth (`preset_bytes`)."""
+        return self.conv.plan.device_bytes + _buffer_bytes(self.preset, self.shape, self.depth)
 
     def _launch(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups along axis 2 (the kernels check their bounds)."""
