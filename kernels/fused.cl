@@ -23,11 +23,35 @@
  * The loops over the tables are unrolled, so every table index is a constant and the partial
  * sums (N_OUT x KX) stay in registers.
  *
+ * Derived features are the epilogue: where a row is complete, the features read the responses
+ * from the partial sums (kernels/eigen.cl, which the host builds in front of this file) and
+ * write only their outputs to `feat`; a response only features read is not written (unless
+ * the host asks for every response, N_STORED < 0 at run time: a slab whose source holds NaN
+ * or Inf, whose features the host computes).
+ *
  * Build options (-D): KX, KY, KZ window taps; TY, TZ the tile; CX output rows per work-group;
  * N_ROOTS, N_MIDS, N_COMBOS, N_OUT the table sizes; MID_ROOT, COMBO_MID, COMBO_OUT the tables
  * (comma-separated indices); WZ (N_ROOTS x KZ), WY (N_MIDS x KY), WX (N_COMBOS x KX) the taps
- * (comma-separated float literals, row-major); IN_T the padded slab's element type.
+ * (comma-separated float literals, row-major); IN_T the padded slab's element type; FEATURES
+ * the epilogue, a sequence of EIG3(six responses, plane), MAG2(two, plane), MAG3(three,
+ * plane), PICK(one, plane), DIFF(two, plane) (response indices, feature output planes).
  */
+
+#ifndef FEATURES
+#define FEATURES
+#endif
+#define RESP(f) acc[f][0]
+#define FEAT(o) feat[(long)(o) * DEPTH * plane_size + at]
+#define EIG3(a, b, c, d, e, f, o)                                                      \
+    {                                                                                  \
+        float l0, l1, l2;                                                              \
+        eigen_sym3(RESP(a), RESP(b), RESP(c), RESP(d), RESP(e), RESP(f), &l0, &l1, &l2); \
+        FEAT(o) = l0, FEAT(o + 1) = l1, FEAT(o + 2) = l2;                              \
+    }
+#define MAG2(a, b, o) FEAT(o) = magnitude3(RESP(a), RESP(b), 0.0f);
+#define MAG3(a, b, c, o) FEAT(o) = magnitude3(RESP(a), RESP(b), RESP(c));
+#define PICK(a, o) FEAT(o) = RESP(a);
+#define DIFF(a, b, o) FEAT(o) = RESP(a) - RESP(b);
 
 #define TILE_Y (TY + KY - 1)
 #define TILE_Z (TZ + KZ - 1)
@@ -36,8 +60,10 @@
 __kernel __attribute__((reqd_work_group_size(TZ, TY, 1)))
 void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
            __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
+           __global float *restrict feat,      /* feature outputs, (planes, DEPTH, NY, NZ) */
            const int DEPTH, const int NY, const int NZ, const int P1, const int P2,
-           const int S0, const int S1, const int S2)
+           const int S0, const int S1, const int S2,
+           const int N_STORED) /* responses written: the first N_STORED; < 0: every one */
 {
     /* two of each, alternating by plane: a plane's tile is written while the last plane's
      * rows are still read, so one barrier fewer per plane */
@@ -123,9 +149,14 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
                 acc[combo_out[c]][i] += wx[c * KX + KX - 1 - i] * m[combo_mid[c]];
         }
         if (p >= KX - 1 && stored) {
-            __global float *o = out + ((long)(x0 + p - (KX - 1)) * NY + y) * NZ + z;
+            const long at = ((long)(x0 + p - (KX - 1)) * NY + y) * NZ + z;
 #pragma unroll
-            for (int f = 0; f < N_OUT; ++f) o[f * DEPTH * plane_size] = acc[f][0];
+            for (int f = 0; f < N_OUT; ++f) {
+                if (N_STORED < 0 || f < N_STORED) out[f * DEPTH * plane_size + at] = acc[f][0];
+            }
+            if (N_STORED >= 0) {
+                FEATURES
+            }
         }
 #pragma unroll
         for (int f = 0; f < N_OUT; ++f) {

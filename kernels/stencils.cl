@@ -1,8 +1,8 @@
 /* The presets' second stage: every channel of one scale from that scale's smoothed field, in one
  * kernel, written into the preset's output planes (plane o at o * n, n = depth * NY * NZ).
  *
- * Built after kernels/features.cl (volconv/engines/scales.py concatenates the two sources):
- * eigen_sym3 and USE_DOUBLE are that file's.
+ * Built behind kernels/eigen.cl (volconv/engines/features.py's build_with_features): its
+ * eigen_sym3 and magnitude3, one voxel per work-item (EV 1).
  *
  * skimage_scale: skimage.feature.multiscale_basic_features at one sigma from G, the Gaussian of
  * the image (rows R0 .. R0 + NR - 1 of the volume, covering the slab's rows and 2 more on each
@@ -91,11 +91,7 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
     const float e0 = sobel_axis(g, b, xm, xp, ym, yp, zm, zp);
     const float e1 = sobel_axis(g, b, ym, yp, xm, xp, zm, zp);
     const float e2 = sobel_axis(g, b, zm, zp, xm, xp, ym, yp);
-#ifdef USE_DOUBLE
-    const float edges = (float)sqrt(((double)e0 * e0 + (double)e1 * e1 + (double)e2 * e2) / 3.0);
-#else
-    const float edges = hypot(hypot(e0, e1), e2) * 0.57735026918962576f;
-#endif
+    const float edges = magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
     const float h00 = second_difference(g, b, SX, x, N0), h11 = second_difference(g, b, SY, y, NY);
     const float h22 = second_difference(g, b, 1, z, NZ);
     const float h01 = cross_difference(g, b, SX, x, N0, SY, y, NY);
@@ -241,12 +237,7 @@ __kernel void ilastik_scale(__global const float *restrict P_all, const int pp, 
     }
     const long own = ((long)grows[i * 3 + 1] * NY + y) * NZ + z;
     const float a = g[own], b = g[gplane + own], c = g[2 * gplane + own];
-#ifdef USE_DOUBLE
-    float mag = (float)sqrt((double)a * a + (double)b * b + (double)c * c);
-#else
-    float mag = hypot(hypot(a, b), c);
-#endif
-    if (isnan(a) || isnan(b) || isnan(c)) mag = NAN;
+    const float mag = magnitude3(a, b, c);
     const long v = ((long)i * NY + y) * NZ + z;
     dst[os * n + v] = s;
     dst[ol * n + v] = h00 + h11 + h22;

@@ -15,7 +15,7 @@ from volconv.bank.features import PAIRS, build_features, expand
 from volconv.bank.filters import BankError, build_bank
 from volconv.checks import SPEC_ATOL, SPEC_RTOL
 from volconv.device.programs import context_for
-from volconv.engines.features import FeatureKernels
+from volconv.engines.features import FeatureKernels, StructureTensorStage
 from volconv.engines.separable import SeparableConvolver, convolve_separable
 
 MODES = ["reflect", "mirror", "nearest", "constant", "wrap"]
@@ -113,8 +113,8 @@ def test_hessian_eigenvalues_and_gradient_magnitude(device, mode):
                                                 truncate=3.0), atol=1e-9)  # fmt: skip
 
 
-@pytest.mark.parametrize("jacobi", [False, True])
-def test_eigenvalues_where_they_coincide(device, jacobi):
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_eigenvalues_where_they_coincide(device, lanes):
     """Matrices with repeated and nearly repeated eigenvalues, of every scale: within a few
     float32 roundings of ||A||_F, where a float32 closed form loses sqrt(eps)."""
     rng = np.random.default_rng(3)
@@ -128,38 +128,40 @@ def test_eigenvalues_where_they_coincide(device, jacobi):
     a = np.einsum("nij,nj,nkj->nik", q, lam, q)
     entries = np.stack([a[:, i, j] for i, j in PAIRS]).astype(np.float32)
     ctx, queue = context_for(device)
-    values, _ = FeatureKernels(ctx, queue, jacobi).eigen(entries)
+    values, _ = FeatureKernels(ctx, queue, lanes).eigen(entries)
     ref = eig_ref(list(entries.astype(np.float64)))
     fro = np.sqrt((entries.astype(np.float64) ** 2).sum(0) + (entries[3:] ** 2).sum(0))
     err = np.abs(values - ref) / fro
     assert err.max() <= 1e-6, err.max()
 
 
-@pytest.mark.parametrize("jacobi", [False, True])
-def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, jacobi):
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, lanes):
     entries = np.zeros((6, 5), np.float32)
     entries[:3, 1] = 2.0  # 2 I
     entries[0, 2] = np.nan
     entries[4, 3] = np.inf
     entries[:, 4] = [1e-40, 0, 0, 0, 0, 0]  # subnormal
     ctx, queue = context_for(device)
-    values, _ = FeatureKernels(ctx, queue, jacobi).eigen(entries)
+    values, _ = FeatureKernels(ctx, queue, lanes).eigen(entries)
     np.testing.assert_array_equal(values[:, 0], 0)
     np.testing.assert_array_equal(values[:, 1], 2)
     assert np.isnan(values[:, 2:4]).all()
     np.testing.assert_array_equal(values[:, 4], [np.float32(1e-40), 0, 0])
 
 
-@pytest.mark.parametrize("mode", ["reflect", "constant", "wrap"])
-def test_structure_tensor_eigenvalues(device, mode):
+@pytest.mark.parametrize(("mode", "fused"), [("reflect", False), ("constant", False),
+                                             ("wrap", False), ("wrap", True)])  # fmt: skip
+def test_structure_tensor_eigenvalues(device, mode, fused):
     """The outer smoothing takes the bank's mode (and cval) on the product field; seams every
-    4 rows, rho's radius past the slab and, along axis 2, past the axis."""
+    4 rows, rho's radius past the slab and, along axis 2, past the axis; the gradients and
+    the smoothing as fused kernels too."""
     volume = scene((18, 13, 6), seed=1)
     cval = 3.0 if mode == "constant" else 0.0
     sigma, rho = 1.0, 1.6
     feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": sigma,
                              "rho": rho, "name": "st"}])  # fmt: skip
-    out = run(volume, [], feats, mode, cval, device, slab_depth=4)
+    out = run(volume, [], feats, mode, cval, device, slab_depth=4, fused=fused)
     assert out.shape == (3, *volume.shape)
     m = max(float(np.abs(volume).max()), abs(cval))
     g = [gauss(volume, sigma, o, mode, cval) for o in AXES]
@@ -175,9 +177,19 @@ def test_structure_tensor_eigenvalues(device, mode):
     bound = weyl(entry_tol)
     err = np.abs(out - ref).max()
     assert err <= bound, (err, bound)
+    # the stage's memory model is what it allocates
+    ex = expand([], feats)
+    conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, cval, device=device,
+                              slab_depth=4, expanded=ex, fused=fused)  # fmt: skip
+    stage = conv._tensors[0][0]
+    assert stage.grad.plan.fused == stage.outer.plan.fused == fused
+    held = stage.grad.plan.device_bytes + stage.outer.plan.device_bytes + stage._values.size
+    assert held == StructureTensorStage.device_bytes(feats[0], volume.shape, volume.dtype, mode,
+                                                     cval, device, 4, fused)  # fmt: skip
 
 
-def test_gabor_energy_and_dedup_with_the_bank(device):
+@pytest.mark.parametrize("fused", [False, True])
+def test_gabor_energy_and_dedup_with_the_bank(device, fused):
     """A bank filter equal to a feature's input is computed once and stored; the feature's
     other inputs are not stored; a Gabor pair's energy."""
     bank = build_bank(
@@ -197,7 +209,7 @@ def test_gabor_energy_and_dedup_with_the_bank(device):
     assert ex.names == ["dx", "mean", "gm", "tex", "h_0", "h_1", "h_2"]
     assert [o.kind for o in ex.outputs][:3] == ["response", "response", "gradient_magnitude"]
     volume = scene((15, 12, 11), seed=2)
-    out = run(volume, bank, feats, "mirror", 0.0, device, slab_depth=5)
+    out = run(volume, bank, feats, "mirror", 0.0, device, slab_depth=5, fused=fused)
     assert out.shape == (7, *volume.shape)
     m = float(np.abs(volume).max())
     ref = reference(volume, [f.kernel for f in bank], "mirror")
@@ -209,8 +221,10 @@ def test_gabor_energy_and_dedup_with_the_bank(device):
     assert np.abs(out[3] - np.hypot(re, im)).max() <= bound
 
 
-def test_4d_and_float16_and_nonfinite(device):
-    """4D frames; NaN and Inf as the float64 definition gives them; the stored type."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_4d_and_float16_and_nonfinite(device, fused):
+    """4D frames; NaN and Inf as the float64 definition gives them; the stored type; the
+    features as the fused kernel's epilogue too."""
     volume = scene((12, 10, 9, 2), seed=4)
     volume[5, 4, 4, 0] = np.nan
     volume[2, 7, 1, 1] = np.inf
@@ -220,7 +234,7 @@ def test_4d_and_float16_and_nonfinite(device):
             {"type": "gradient_magnitude", "sigma": 0.8, "name": "g"},
         ]
     )
-    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4)
+    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4, fused=fused)
     for t in range(2):
         v = volume[..., t]
         finite = np.isfinite(v)
@@ -248,7 +262,8 @@ def test_4d_and_float16_and_nonfinite(device):
     v = volume[..., 0]
     ex = expand([], feats)
     conv = SeparableConvolver(ex.filters, v.shape, v.dtype, "reflect", 0.0, device=device,
-                              slab_depth=4, expanded=ex)  # fmt: skip
+                              slab_depth=4, expanded=ex, fused=fused)  # fmt: skip
+    assert conv.plan.fused == fused
     conv.store("float16")
     half = np.empty((4, *v.shape), np.float16)
     for a, b in conv.slabs():

@@ -52,6 +52,7 @@ from volconv.bank.features import PAIRS, build_features, expand
 from volconv.bench import device_record
 from volconv.device.devices import select_device
 from volconv.engines.features import eigenvalues
+from volconv.engines.scales import PresetStage
 from volconv.engines.separable import SeparableConvolver, make_separable_plan, plan_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,23 +121,27 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
         return time.perf_counter() - t
 
     first = one_pass()
-    before = dict(conv.timings)
+    before, kernels_before = dict(conv.timings), conv.kernel_seconds
     wall = one_pass()
     stages = {k: conv.timings[k] - before[k] for k in conv.timings}
+    kernels = {k: v - kernels_before.get(k, 0.0) for k, v in conv.kernel_seconds.items()}
     stage_bytes = sum(
-        getattr(s, "device_bytes", 0) or sum(c.plan.device_bytes for c in s.convolvers)
+        s.device_bytes if isinstance(s, PresetStage)
+        else s.grad.plan.device_bytes + s.outer.plan.device_bytes
         for s, _ in conv._tensors
-    )
+    )  # fmt: skip
     return {
         "outputs": conv.plan.n_outputs,
         "filters": len(ex.filters),
         "engines": conv.engines,
+        "fused": conv.plan.fused,
         "slab_depth": conv.plan.slab_depth,
         "build_seconds": build,
         "first_pass_seconds": first,
         "wall_seconds": wall,
         "device_seconds": stages,
         "kernel_ms": stages["kernel"] * 1e3,
+        "kernel_ms_by_name": {k: v * 1e3 for k, v in sorted(kernels.items())},
         "device_bytes": conv.plan.device_bytes + stage_bytes,
     }
 
@@ -270,6 +275,13 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated feature sets (default: all)")
     p.add_argument("--device", default=None, help="volconv's device (default: cpu / gpu)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--no-peers", action="store_true", help="volconv only")
+    p.add_argument(
+        "--max-fused-values",
+        type=int,
+        default=None,
+        help="the fused kernel's register bound (separable.MAX_FUSED_VALUES), for trials",
+    )
     p.add_argument(
         "--save-volume",
         type=Path,
@@ -278,6 +290,10 @@ def main() -> None:
     )
     args = p.parse_args()
     device = select_device(args.device or ("cpu" if args.mode == "pocl" else "gpu"))
+    if args.max_fused_values is not None:
+        from volconv.engines import separable
+
+        separable.MAX_FUSED_VALUES = args.max_fused_values
     volume = volume_of(args.size)
     if args.save_volume:
         np.save(args.save_volume, volume)
@@ -290,9 +306,10 @@ def main() -> None:
         "shape": list(volume.shape),
         "dtype": str(volume.dtype),
         "device": device_record(device),
+        "max_fused_values": args.max_fused_values,
         "sets": {},
     }
-    peers = cpu_peers(volume) if args.mode == "pocl" else {}
+    peers = cpu_peers(volume) if args.mode == "pocl" and not args.no_peers else {}
     for name, (feats, mode) in sets.items():
         entry = {"volconv": run_volconv(volume, feats, mode, device)}
         if name in peers:
@@ -300,7 +317,7 @@ def main() -> None:
             entry["speedup_wall"] = entry["cpu_peer"]["seconds"] / entry["volconv"]["wall_seconds"]
         result["sets"][name] = entry
         print(name, json.dumps(entry, default=float), flush=True)
-    if args.mode == "gpu":
+    if args.mode == "gpu" and not args.no_peers:
         for name, found in gpu_peers(volume).items():
             result["sets"].setdefault(name, {}).update(found)
     if args.json:

@@ -5,31 +5,55 @@ tensor's second smoothing (`StructureTensorStage`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import numpy as np
 import pyopencl as cl
 
 from volconv.bank.features import PAIRS, Feature
-from volconv.device.programs import build, device_seconds
+from volconv.device.programs import binary_build, device_seconds, kernel_source
 from volconv.engines.boundary import sources
+from volconv.engines.clock import KernelClock
+
+# Voxels per work-item of the element-wise feature kernels: CPUs run explicit vectors in
+# their SIMD lanes (benchmarks/README.md), GPUs one voxel a work-item.
+FEATURE_LANES = {"cpu": 8, "gpu": 1}
+
+
+def lanes_for(device: cl.Device) -> int:
+    """`FEATURE_LANES` of ``device``'s kind (accelerators count as GPUs)."""
+    return FEATURE_LANES["cpu" if device.type & cl.device_type.CPU else "gpu"]
+
+
+@cache
+def build_with_features(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]):
+    """kernels/``name`` built behind kernels/eigen.cl (the feature functions it calls), once
+    per process, through the binary cache."""
+    source = kernel_source("eigen.cl") + "\n" + kernel_source(name)
+    return binary_build(ctx, source, [f"-D{k}={v}" for k, v in defines])
 
 
 class FeatureKernels:
     """kernels/features.cl on one context: `launch` runs features over a slab's responses."""
 
-    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, jacobi: bool = False) -> None:
-        """``jacobi``: eigenvalues by float32 Jacobi rotations also where the device has
-        doubles (its default there: the closed form in float64)."""
+    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, lanes: int | None = None) -> None:
+        """``lanes``: voxels per work-item (1, 2, 4, 8 or 16; default `lanes_for` the
+        device)."""
         self.ctx, self.queue = ctx, queue
-        prog = build(ctx, "features.cl", (("JACOBI", 1),) if jacobi else ())
+        self.lanes = lanes_for(ctx.devices[0]) if lanes is None else int(lanes)
+        if self.lanes not in (1, 2, 4, 8, 16):
+            raise ValueError(f"lanes must be 1, 2, 4, 8 or 16; got {lanes}")
+        prog = build_with_features(ctx, "features.cl", (("EV", self.lanes),))
         names = ("magnitude", "eigen3", "pick", "difference", "product_pad")
         self._k = {name: cl.Kernel(prog, name) for name in names}
+        self.clock = KernelClock()
 
     def launch(
-        self, kernel: str, src: cl.Buffer, slots: Sequence[int], dst: cl.Buffer, o: int, n: int
-    ) -> cl.Event:
+        self, kernel: str, src: cl.Buffer, slots: Sequence[int], dst: cl.Buffer, o: int, n: int,
+        stride: int | None = None,
+    ) -> cl.Event:  # fmt: skip
         """Enqueue ``kernel`` over ``n`` voxels: reading planes ``slots`` of ``src`` (plane s
-        at s * n) and writing planes from ``o`` of ``dst``."""
+        at s * n; eigen3: at s * ``stride``) and writing planes from ``o`` of ``dst``."""
         k = self._k[kernel]
         i32 = np.int32
         if kernel == "magnitude":
@@ -40,8 +64,10 @@ class FeatureKernels:
         elif kernel == "difference":
             k.set_args(src, i32(slots[0]), i32(slots[1]), dst, i32(o), np.int64(n))
         else:
-            k.set_args(src, *map(i32, slots), dst, i32(o), np.int64(n))
-        return cl.enqueue_nd_range_kernel(self.queue, k, (n,), None)
+            k.set_args(src, *map(i32, slots), dst, i32(o), np.int64(n),
+                       np.int64(n if stride is None else stride))  # fmt: skip
+        event = cl.enqueue_nd_range_kernel(self.queue, k, (-(-n // self.lanes),), None)
+        return self.clock.add(kernel, event)
 
     def eigen(self, entries: np.ndarray) -> tuple[np.ndarray, float]:
         """Eigenvalues (3, ...) of the float32 entries (6, ...) (00, 11, 22, 01, 02, 12), on the
@@ -97,14 +123,18 @@ class StructureTensorStage:
     The outer smoothing reads the product field g_a * g_b over the slab widened by rho's
     radius, extended by the bank's mode at the volume's borders (scipy's ``gaussian_filter``
     of the products), so the gradients are computed over the product rows that smoothing
-    reads (`volconv.engines.boundary.extend_indices`), in chunks of at most the slab's depth,
-    and kept on the device; each product is gathered into the outer smoothing's padded slab through
-    pad.cl's index maps (kernels/features.cl's product_pad: mode and cval applied to the
-    product field), smoothed by the outer convolver's passes, and the six entries give the
-    eigenvalues (eigen3); only those are downloaded. A slab whose source holds NaN or Inf
-    goes through the host (`_compute_host`): the gradients set as scipy sets them, the
-    products smoothed as a float32 volume's rows.
+    reads (`volconv.engines.boundary.extend_indices`), in chunks of at most the slab's depth
+    plus that reach (one chunk but where the mode wraps), and stay on the device; for each
+    chunk one launch of kernels/features.cl's product_pad gathers the six products into six
+    padded slabs, stacked along axis 0, through pad.cl's index maps (mode and cval applied to
+    the product field); one pass tree smooths the stack (`outer`: the rows between two slabs
+    are computed and never read) and eigen3 reads the six entries from it; only the
+    eigenvalues are downloaded, into the caller's array (``out``). A slab whose source holds
+    NaN or Inf goes through the host (`_compute_host`): the gradients set as scipy sets them,
+    the products smoothed as a float32 volume's rows.
     """
+
+    fills_out = True  # `compute` takes ``out`` and downloads into it
 
     def __init__(
         self,
@@ -116,27 +146,67 @@ class StructureTensorStage:
         device: cl.Device,
         slab_depth: int,
         kernels: FeatureKernels,
+        fused: bool | None = None,
     ) -> None:
+        """``fused``: the gradients and the outer smoothing each as one fused kernel (default:
+        on GPUs; `volconv.engines.separable.make_separable_plan`)."""
         from volconv.engines.separable import SeparableConvolver, plan_bank
 
-        self.feature, self.shape, self.mode = feature, tuple(shape), mode
-        self.kernels = kernels
+        self.feature, self.shape, self.mode, self.cval = feature, tuple(shape), mode, cval
+        self.device, self.kernels, self.depth = device, kernels, slab_depth
+        self.reach = (feature.rho_filter.kernel.shape[0] - 1) // 2
+        n0, ny, nz = self.shape
         grads = list(feature.inputs)
         self.grad = SeparableConvolver(
-            grads, shape, dtype, mode, cval, device=device, slab_depth=slab_depth,
-            choices=plan_bank(grads, force="separable"), fused=False,
+            grads, shape, dtype, mode, cval, device=device,
+            slab_depth=min(n0, slab_depth + 2 * self.reach),
+            choices=plan_bank(grads, force="separable"), fused=fused,
         )  # fmt: skip
+        if self.grad._slots != [0, 1, 2]:
+            raise ValueError("structure tensor: the gradients run as passes")
+        # the six padded slabs stacked along axis 0, smoothed as one (its shape along axis 0
+        # is the stack's: only its passes run; the index maps along axes 1, 2 are the volume's)
+        rows = self.stacked_rows(slab_depth, self.reach)
         rho = [feature.rho_filter]
         self.outer = SeparableConvolver(
-            rho, shape, np.float32, mode, cval, device=device, slab_depth=slab_depth,
-            choices=plan_bank(rho, force="separable"), fused=False,
+            rho, (rows, ny, nz), np.float32, mode, cval, device=device, slab_depth=rows,
+            choices=plan_bank(rho, force="separable"), fused=fused,
         )  # fmt: skip
-        self.depth = slab_depth
-        self.seconds = 0.0
         if self.outer.plan.pad_dtype != np.float32:
             raise ValueError("structure tensor: the outer smoothing pads float32")
-        self._g: cl.Buffer | None = None  # the gradients over the product rows
-        self._entries: cl.Buffer | None = None  # S's six planes, then the eigenvalues
+        self._host_outer = None  # the outer smoothing over the volume's rows (host path)
+        self.seconds = 0.0
+        self._values = cl.Buffer(kernels.ctx, cl.mem_flags.READ_WRITE,
+                                 3 * slab_depth * ny * nz * 4)  # fmt: skip
+
+    @staticmethod
+    def device_bytes(
+        feature: Feature, shape: tuple[int, int, int], dtype: np.dtype, mode: str, cval: float,
+        device: cl.Device, slab_depth: int, fused: bool | None = None,
+    ) -> int:  # fmt: skip
+        """Device memory of the stage for slabs of ``slab_depth`` rows: the gradients'
+        convolver, the stacked outer smoothing's and the eigenvalues."""
+        from volconv.engines.separable import make_separable_plan, plan_bank
+
+        n0, ny, nz = shape
+        reach = (feature.rho_filter.kernel.shape[0] - 1) // 2
+        rows = StructureTensorStage.stacked_rows(slab_depth, reach)
+        total = 3 * slab_depth * ny * nz * 4
+        for filters, shp, dt, depth in (
+            (list(feature.inputs), shape, dtype, min(n0, slab_depth + 2 * reach)),
+            ([feature.rho_filter], (rows, ny, nz), np.float32, rows),
+        ):
+            total += make_separable_plan(
+                filters, shp, dt, mode, cval, device, choices=plan_bank(filters,
+                force="separable"), slab_depth=depth, fused=fused,
+            ).device_bytes  # fmt: skip
+        return total
+
+    @staticmethod
+    def stacked_rows(depth: int, reach: int) -> int:
+        """Output rows of the stacked outer smoothing: six padded slabs of ``depth + 2
+        reach`` rows, less one halo."""
+        return 6 * (depth + 2 * reach) - 2 * reach
 
     @property
     def convolvers(self) -> tuple:
@@ -145,15 +215,22 @@ class StructureTensorStage:
 
     def product_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted rows of the product field the outer smoothing of ``[a, b)`` reads."""
-        return self.outer.source_rows(a, b)
+        return sources(self._row_map(a, b))
+
+    def _row_map(self, a: int, b: int) -> np.ndarray:
+        """The product row (-1: cval) of each padded row of ``[a, b)``'s outer smoothing."""
+        from volconv.engines.boundary import extend_indices
+
+        return extend_indices(self.shape[0], a - self.reach, b + self.reach, self.mode)
 
     def _chunks(self, a: int, b: int) -> list[tuple[int, int]]:
         rows = self.product_rows(a, b)
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        depth = self.grad.plan.slab_depth
         out = []
         for run in np.split(rows, breaks):
             r0, r1 = int(run[0]), int(run[-1]) + 1
-            out += [(c, min(c + self.depth, r1)) for c in range(r0, r1, self.depth)]
+            out += [(c, min(c + depth, r1)) for c in range(r0, r1, depth)]
         return out
 
     def source_rows(self, a: int, b: int) -> np.ndarray:
@@ -163,64 +240,55 @@ class StructureTensorStage:
 
     def compute(
         self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
-        frame: np.ndarray | None,
+        frame: np.ndarray | None, out: np.ndarray | None = None,
     ) -> np.ndarray:  # fmt: skip
         """The three eigenvalue volumes (3, b - a, ny, nz) float32 of output rows ``[a, b)``,
         from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its
-        whole ``frame``."""
+        whole ``frame``; into ``out`` (float32, each plane contiguous) if given."""
         from volconv.engines.nonfinite import has_nonfinite
 
-        if rows is not None and has_nonfinite(rows):
-            return self._compute_host(a, b, rows, needed, frame)
-        from volconv.device.programs import device_seconds
-
-        grad, outer, queue = self.grad, self.outer, self.grad.queue
-        ctx = grad.ctx
-        mf = cl.mem_flags
         ny, nz = self.shape[1:]
-        prows = self.product_rows(a, b)
-        nr, depth = len(prows), b - a
-        if self._g is None or self._g.size < 3 * nr * ny * nz * 4:
-            self._g = cl.Buffer(ctx, mf.READ_WRITE, 3 * nr * ny * nz * 4)
-        if self._entries is None or self._entries.size < 9 * depth * ny * nz * 4:
-            self._entries = cl.Buffer(ctx, mf.READ_WRITE, 9 * self.depth * ny * nz * 4)
+        depth = b - a
+        out = np.empty((3, depth, ny, nz), np.float32) if out is None else out
+        if rows is not None and has_nonfinite(rows):
+            out[:] = self._compute_host(a, b, rows, needed, frame)
+            return out
+        grad, outer, queue = self.grad, self.outer, self.grad.queue
+        mf = cl.mem_flags
+        p1, p2 = outer.plan.padded_yz
+        p0 = depth + 2 * self.reach
+        m0 = self._row_map(a, b)
+        i32 = np.int32
+        k = self.kernels._k["product_pad"]
         events: list[cl.Event] = []
-        at = 0
-        for c0, c1 in self._chunks(a, b):  # the gradients, each chunk copied beside the others
+        chunks = self._chunks(a, b)
+        for c0, c1 in chunks:
             if rows is None:
                 up, pad = grad.padder(c0, c1, grad._padded, frame=frame)
             else:
                 own = rows[np.searchsorted(needed, grad.source_rows(c0, c1))]
                 up, pad = grad.padder(c0, c1, grad._padded, rows=own)
             events += [*up, pad, *grad._launch_passes(c1 - c0)]
-            plane = (c1 - c0) * ny * nz * 4
-            for s in range(3):
-                slot = grad._slots.index(s)
-                events.append(cl.enqueue_copy(queue, self._g, grad._out, byte_count=plane,
-                                              src_offset=slot * plane,
-                                              dst_offset=(s * nr + at) * ny * nz * 4))  # fmt: skip
-            at += c1 - c0
-        m0 = outer.padder.row_map(a, b)
-        local = np.where(m0 >= 0, np.searchsorted(prows, m0), -1).astype(np.int32)
-        m0_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=local)
-        p1, p2 = outer.plan.padded_yz
-        i32 = np.int32
-        k = self.kernels._k["product_pad"]
+            # the padded rows this chunk fills (the cval rows with the first chunk)
+            inside = ((m0 >= c0) & (m0 < c1)) | ((m0 < 0) & (c0 == chunks[0][0]))
+            fill = np.flatnonzero(inside).astype(np.int32)
+            local = np.where(m0[fill] >= 0, m0[fill] - c0, -1).astype(np.int32)
+            fill_buf, local_buf = (cl.Buffer(grad.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
+                                   for x in (fill, local))  # fmt: skip
+            k.set_args(grad._out, i32(c1 - c0), outer._padded, fill_buf, local_buf,
+                       outer.padder._m1, outer.padder._m2, i32(len(fill)), i32(p0), i32(p1),
+                       i32(p2), i32(ny), i32(nz), np.float32(self.cval))  # fmt: skip
+            event = cl.enqueue_nd_range_kernel(queue, k, (p2, p1, len(fill)), None)
+            events.append(self.kernels.clock.add("product_pad", event))
+        events += outer._launch_passes(6 * p0 - 2 * self.reach)
         n = depth * ny * nz
-        for i, (p, q) in enumerate(PAIRS):
-            k.set_args(self._g, i32(p), i32(q), i32(nr), outer._padded, m0_buf,
-                       outer.padder._m1, outer.padder._m2, i32(len(local)), i32(p1), i32(p2),
-                       i32(ny), i32(nz), np.float32(outer.plan.cval))  # fmt: skip
-            events.append(cl.enqueue_nd_range_kernel(queue, k, (p2, p1, len(local)), None))
-            events += outer._launch_passes(depth)
-            events.append(cl.enqueue_copy(queue, self._entries, outer._out, byte_count=n * 4,
-                                          dst_offset=i * n * 4))  # fmt: skip
-        events.append(self.kernels.launch("eigen3", self._entries, range(6), self._entries, 6, n))
-        values = np.empty((3, depth, ny, nz), np.float32)
-        cl.enqueue_copy(queue, values, self._entries, src_offset=6 * n * 4, wait_for=events[-1:])
-        cl.wait_for_events(events)
+        events.append(self.kernels.launch("eigen3", outer._out, range(6), self._values, 0, n,
+                                          stride=p0 * ny * nz))  # fmt: skip
+        down = [cl.enqueue_copy(queue, out[i], self._values, src_offset=i * n * 4,
+                                is_blocking=False) for i in range(3)]  # fmt: skip
+        cl.wait_for_events(events + down)
         self.seconds += device_seconds(events)
-        return values
+        return out
 
     def _compute_host(
         self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
@@ -238,11 +306,19 @@ class StructureTensorStage:
                 given = {"rows": rows[np.searchsorted(needed, self.grad.source_rows(c0, c1))]}
             g[:, at : at + c1 - c0] = self.grad.convolve_slab(c0, c1, **given)
             at += c1 - c0
+        if self._host_outer is None:
+            from volconv.engines.separable import SeparableConvolver, plan_bank
+
+            rho = [self.feature.rho_filter]
+            self._host_outer = SeparableConvolver(
+                rho, self.shape, np.float32, self.mode, self.cval, device=self.device,
+                slab_depth=self.depth, choices=plan_bank(rho, force="separable"), fused=False,
+            )  # fmt: skip
         entries = np.empty((6, b - a, ny, nz), np.float32)
         with np.errstate(over="ignore", invalid="ignore"):
             for i, (p, q) in enumerate(PAIRS):
                 prod = (g[p].astype(np.float64) * g[q]).astype(np.float32)
-                entries[i] = self.outer.convolve_slab(a, b, rows=prod)[0]
+                entries[i] = self._host_outer.convolve_slab(a, b, rows=prod)[0]
         values, seconds = self.kernels.eigen(entries)
         self.seconds += seconds
         return values

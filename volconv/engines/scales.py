@@ -9,18 +9,19 @@ import pyopencl as cl
 
 from volconv.bank.features import gaussian_filter_of
 from volconv.bank.presets import PresetPlan, skimage_scale
-from volconv.device.programs import binary_build, device_seconds, kernel_source
+from volconv.device.programs import device_seconds
 from volconv.engines.boundary import extend_indices, sources
+from volconv.engines.clock import KernelClock
+from volconv.engines.features import build_with_features
 
 SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
 
 
 def stencil_program(ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1)) -> cl.Program:
-    """kernels/features.cl (its eigen_sym3) and kernels/stencils.cl, built as one source, the
-    ilastik kernels for the radii (inner, DoG's second, outer) of one scale."""
-    source = kernel_source("features.cl") + "\n" + kernel_source("stencils.cl")
-    return binary_build(ctx, source, [f"-D{k}={v}" for k, v in zip(("R", "RD", "RO"), radii,
-                                                                      strict=True)])  # fmt: skip
+    """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
+    kernels built for the radii (inner, DoG's second, outer) of one scale."""
+    return build_with_features(ctx, "stencils.cl", tuple(zip(("R", "RD", "RO"), radii,
+                                                             strict=True)))  # fmt: skip
 
 
 def smoothing_filters(preset: PresetPlan) -> list:
@@ -129,6 +130,8 @@ class PresetStage:
                                     hostbuf=m) for m in maps]  # fmt: skip
         self._group = min(32, device.max_work_group_size)
         self.seconds = 0.0
+        self.clock = KernelClock()  # the stencils' device seconds by name
+        self.clocks = (self.clock,)
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._g: cl.Buffer | None = None  # ilastik: the gradients over the product rows
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
@@ -194,13 +197,15 @@ class PresetStage:
         return out
 
     # -- a slab -----------------------------------------------------------------------------
+    fills_out = True  # `compute` takes ``out`` and downloads into it
+
     def compute(
         self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
-        frame: np.ndarray | None,
+        frame: np.ndarray | None, out: np.ndarray | None = None,
     ) -> np.ndarray:  # fmt: skip
         """The preset's outputs (n_outputs, b - a, ny, nz) float32 of output rows ``[a, b)``,
         from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its whole
-        ``frame``."""
+        ``frame``; downloaded into ``out`` if given (float32, each plane contiguous)."""
         from volconv.engines.nonfinite import has_nonfinite
 
         conv, queue, mf = self.conv, self.queue, cl.mem_flags
@@ -211,7 +216,8 @@ class PresetStage:
         ns = len(srows)
         chunks = self._chunks(srows)
         host = rows is not None and has_nonfinite(rows)
-        events: list[cl.Event] = []
+        events: list[cl.Event] = []  # stage 1's uploads and pads, copies
+        work: list[cl.Event] = []  # the passes and the stencils
         if len(chunks) == 1 and not host:  # stage 1's responses are the field: no copy
             smooth = None
         else:
@@ -237,7 +243,8 @@ class PresetStage:
             else:
                 given = {"frame": frame} if own is None else {"rows": own}
                 up, pad = conv.padder(c0, c1, conv._padded, **given)
-                events += [*up, pad, *conv._launch_passes(c1 - c0)]
+                events += [*up, pad]
+                work += conv._launch_passes(c1 - c0)
                 if smooth is not None:
                     for s in range(k):
                         slot = conv._slots.index(s)
@@ -250,7 +257,8 @@ class PresetStage:
         n_out = self.preset.n_outputs
         if self._dst is None:
             self._dst = cl.Buffer(self.ctx, mf.READ_WRITE, n_out * self.sub * plane * 4)
-        values = np.empty((n_out, depth, ny, nz), np.float32)
+        values = np.empty((n_out, depth, ny, nz), np.float32) if out is None else out
+        downloads: list[cl.Event] = []
         i32 = np.int32
         for a2 in range(a, b, self.sub):  # stage 2 by sub-slabs: its outputs' memory bounded
             b2 = min(a2 + self.sub, b)
@@ -261,15 +269,19 @@ class PresetStage:
                     kern.set_args(field, i32(slots.index(s)), i32(srows[0]), i32(ns), i32(a2),
                                   i32(self.shape[0]), i32(ny), i32(nz), self.factor, self._dst,
                                   np.int64(n), i32(scale.at[0]))  # fmt: skip
-                    events.append(self._launch(kern, (nz, ny, b2 - a2)))
+                    work.append(self.clock.add("skimage_scale",
+                                               self._launch(kern, (nz, ny, b2 - a2))))  # fmt: skip
             else:
                 qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
-                events += self._ilastik(a2, b2, field, slots, srows, qrows)
+                work += self._ilastik(a2, b2, field, slots, srows, qrows)
             for o in range(n_out):  # in order after the kernels
-                events.append(cl.enqueue_copy(queue, values[o, a2 - a : b2 - a], self._dst,
-                                              src_offset=o * n * 4, is_blocking=False))  # fmt: skip
-        cl.wait_for_events(events)
-        self.seconds += device_seconds(events)
+                downloads.append(cl.enqueue_copy(
+                    queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
+                    is_blocking=False))  # fmt: skip
+        cl.wait_for_events(events + work + downloads)
+        self.seconds += device_seconds(work)
+        conv.timings["upload"] += device_seconds(events)  # with the copies of stage 1's field
+        conv.timings["download"] += device_seconds(downloads)
         return values
 
     def _ilastik(
@@ -295,9 +307,9 @@ class PresetStage:
             taps, plane = self._taps[s], i32(slots.index(s))
             grads.set_args(field, plane, i32(ns), bufs[0], i32(nq), taps, my, mz, i32(ny),
                            i32(nz), cval, self._g)  # fmt: skip
-            events.append(self._launch(grads, (nz, ny, nq)))
+            events.append(self.clock.add("ilastik_gradients", self._launch(grads, (nz, ny, nq))))
             scale_k.set_args(field, plane, i32(ns), bufs[1], self._g, i32(nq), bufs[2], taps, my,
                              mz, i32(depth), i32(ny), i32(nz), cval, self._dst,
                              np.int64(depth * ny * nz), *map(i32, scale.at))  # fmt: skip
-            events.append(self._launch(scale_k, (nz, ny, depth)))
+            events.append(self.clock.add("ilastik_scale", self._launch(scale_k, (nz, ny, depth))))
         return events

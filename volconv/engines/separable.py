@@ -15,10 +15,13 @@ axis-2 factors -> distinct (axis-2, axis-1) pairs -> distinct terms, each term a
 coefficient into every response that holds it, on the device before the download.
 
 On a GPU a bank whose tree fits (`fused_fits`) runs it in one kernel, kernels/fused.cl: the
-tree as tables (`fused_tree`), each factor zero-padded to its axis's window of the halo, the
-axis-2 and axis-1 passes through local-memory tiles and the axis-0 pass as running sums in
-registers, so no intermediate volume is written and each response is written once. Its own
-cost model plans such a bank (`plan_paths`); the pass tree runs the rest and on CPUs.
+tree as tables (`volconv.engines.passes.fused_tree`), each factor zero-padded to its axis's
+window of the halo, the axis-2 and axis-1 passes through local-memory tiles and the axis-0
+pass as running sums in registers, so no intermediate volume is written and each response is
+written once; the device features are its epilogue, so a response only features read is
+never written. Its own cost model plans such a bank (`plan_paths`); the pass tree runs the
+rest and on CPUs, and kernels/features.cl computes the features after it. Both are in
+`volconv.engines.passes`.
 
 Non-finite voxels (NaN, +-Inf) are exact as in scipy, as on the direct path: the passes filter
 the slab with them set to 0, and `volconv.engines.nonfinite` sets the outputs they reach.
@@ -33,8 +36,8 @@ them); the throughput record takes `gflop`, `executed_gflop`, `kernel_bytes` and
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyopencl as cl
@@ -44,8 +47,9 @@ from volconv.bank.features import DeviceFeature, Expanded, Feature, expand
 from volconv.bank.filters import Filter, stack_kernels
 from volconv.checks import check_cval, check_mode
 from volconv.device.devices import select_device
-from volconv.device.programs import build, context_for, device_seconds
+from volconv.device.programs import context_for, device_seconds
 from volconv.engines.boundary import extend_indices, halo, sources
+from volconv.engines.clock import KernelClock, merged
 from volconv.engines.direct import (
     STAGES,
     BankConvolver,
@@ -57,12 +61,16 @@ from volconv.engines.direct import (
     native_volume,
     slab_rows,
 )
-from volconv.engines.features import FeatureKernels, StructureTensorStage, host_feature
+from volconv.engines.features import (
+    FeatureKernels,
+    StructureTensorStage,
+    host_feature,
+)
 from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
+from volconv.engines.passes import MID_ROWS, FusedKernel, FusedTree, PassTree, fused_tree
 from volconv.engines.scales import PresetStage
 from volconv.engines.tensor import direct_convolver
 from volconv.plan.direct import (
-    CL_TYPES,
     MAX_EXTENT,
     MAX_SEPARABLE_EXTENT,
     MAX_SEPARABLE_FILTERS,
@@ -87,7 +95,6 @@ MAX_TERMS = 8  # longest decomposition worth trying for a custom kernel
 # Outputs per work-item of the passes along axis 2 (the vector width V) and along axis 0 in
 # pass_out (rows U), per kind of device, as measured fastest (benchmarks/README.md).
 PASS_SHAPE = {"cpu": (16, 4), "gpu": (2, 4)}  # (V, U)
-MID_ROWS = 2  # ... and along axis 1 in pass_mid
 BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab
 
 # The fused kernel (kernels/fused.cl): a work-group's tile (TY, TZ) of output columns and its
@@ -276,99 +283,6 @@ def describe_plan(
     lines = [f"paths: {head}" + (" (in one fused kernel)" if fused else "")]
     lines += [f"  {n:<{width}}  {c.describe()}" for n, c in zip(names, choices, strict=True)]
     return "\n".join(lines)
-
-
-# -- the pass tree -----------------------------------------------------------------------
-
-
-@dataclass
-class _Node:
-    """One 1D pass: its flipped taps (a weights buffer) and the passes that read its output.
-
-    ``off`` is where its taps start inside the common halo; ``lo`` and ``extra`` bound the
-    rows (axis 0; for the roots also axis 1) its output is needed on: ``[lo, lo + n + extra)``.
-    """
-
-    k: int
-    off: int
-    taps: np.ndarray
-    children: dict = field(default_factory=dict)
-    targets: list = field(default_factory=list)  # leaves: (slot, coef)
-    lo: int = 0
-    extra: int = 0
-    y_lo: int = 0  # roots: rows along axis 1, [y_lo, y_lo + ny + y_n)
-    y_n: int = 0
-    buf: cl.Buffer | None = None
-    target_buf: cl.Buffer | None = None
-    coef_buf: cl.Buffer | None = None
-
-
-def _key(a: np.ndarray) -> tuple[int, bytes]:
-    return len(a), np.ascontiguousarray(a[::-1], np.float32).tobytes()
-
-
-@dataclass(frozen=True)
-class FusedTree:
-    """The pass tree as kernels/fused.cl reads it: flipped factors zero-padded to each axis's
-    window (``taps[d]`` taps from ``start[d]`` of the bank's halo), one row per root (wz),
-    mid (wy) and combo (wx: a response's terms through one mid, coefficients folded in)."""
-
-    start: tuple[int, int, int]
-    taps: tuple[int, int, int]
-    wz: np.ndarray  # (roots, KZ) float32
-    wy: np.ndarray  # (mids, KY)
-    wx: np.ndarray  # (combos, KX)
-    mid_root: tuple[int, ...]
-    combo_mid: tuple[int, ...]
-    combo_out: tuple[int, ...]
-    n_out: int
-
-    @property
-    def values(self) -> int:
-        """Values a work-item holds across a plane: every response's partial sums at each of
-        the KX rows in flight, and the mids' values."""
-        return self.n_out * self.taps[0] + len(self.wy)
-
-
-def fused_tree(choices: Sequence[Choice], halo_lo: tuple[int, int, int]) -> FusedTree | None:
-    """The tables of the separable filters of ``choices`` (in slot order), or None if none."""
-    terms = [c.terms for c in choices if c.path != "direct"]
-    if not terms:
-        return None
-    # the window along each axis: the widest halo before and after of the factors on it
-    extents = [[len(t.axes[d]) for ts in terms for t in ts] for d in range(3)]
-    before = [max(halo(k)[0] for k in e) for e in extents]
-    after = [max(halo(k)[1] for k in e) for e in extents]
-    start = tuple(halo_lo[d] - before[d] for d in range(3))
-    taps = tuple(b + a + 1 for b, a in zip(before, after, strict=True))
-
-    def padded(a: np.ndarray, d: int) -> np.ndarray:
-        row = np.zeros(taps[d])
-        at = halo_lo[d] - halo(len(a))[0] - start[d]
-        row[at : at + len(a)] = a[::-1]
-        return row
-
-    roots: dict = {}
-    mids: dict = {}
-    combos: dict = {}
-    for slot, ts in enumerate(terms):
-        for t in ts:
-            a0, a1, a2 = t.axes
-            root = roots.setdefault(_key(a2), (len(roots), padded(a2, 2)))[0]
-            mid = mids.setdefault((_key(a2), _key(a1)), (len(mids), padded(a1, 1), root))[0]
-            row = combos.setdefault((slot, mid), np.zeros(taps[0]))
-            row += t.coef * padded(a0, 0)
-    f32 = np.float32
-    return FusedTree(
-        start, taps,
-        np.array([w for _, w in roots.values()], f32).reshape(-1, taps[2]),
-        np.array([w for _, w, _ in mids.values()], f32).reshape(-1, taps[1]),
-        np.array(list(combos.values()), f32).reshape(-1, taps[0]),
-        tuple(r for _, _, r in mids.values()),
-        tuple(mid for _, mid in combos),
-        tuple(slot for slot, _ in combos),
-        len(terms),
-    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -670,6 +584,7 @@ class SeparableConvolver(SlabConvolver):
             for idx in self._groups
         ]
         self.timings = dict.fromkeys(STAGES, 0.0)
+        self.clock = KernelClock()  # device seconds per kernel name
         self._slots = [f for f, c in enumerate(plan.choices) if c.path != "direct"]
         self._override: NonFiniteOverride | None = None
         if any(f >= plan.stored for idx in self._groups for f in idx):
@@ -682,7 +597,7 @@ class SeparableConvolver(SlabConvolver):
             for feat, at in expanded.tensors:
                 stage = StructureTensorStage(
                     feat, plan.shape, dtype, plan.mode, plan.cval, self.device,
-                    plan.slab_depth, self._feature_kernels,
+                    plan.slab_depth, self._feature_kernels, fused=fused,
                 )  # fmt: skip
                 self._tensors.append((stage, at))
             for preset, at in expanded.presets:
@@ -696,7 +611,6 @@ class SeparableConvolver(SlabConvolver):
         plan, ctx = self.plan, self.ctx
         mf = cl.mem_flags
         lo, hi = plan.halo_lo, plan.halo_hi
-        pad_t = CL_TYPES[plan.pad_dtype]
         self.padder = Padder(
             ctx, self.queue, plan.shape, plan.src_dtype, plan.pad_dtype, lo, hi, plan.mode,
             plan.cval, plan.padded_yz, plan.slab_depth, frame_bytes(self.device),
@@ -706,80 +620,13 @@ class SeparableConvolver(SlabConvolver):
         self._out = cl.Buffer(ctx, mf.READ_WRITE, sizes["responses"])
         if sizes["features"]:
             self._feat = cl.Buffer(ctx, mf.READ_WRITE, sizes["features"])
-        self._roots: dict = {}
         self._tree = fused_tree(plan.choices, lo)
         if plan.fused:
-            tree = self._tree
-
-            def table(t: object) -> str:  # indices, or float32 taps as exact hex literals
-                if isinstance(t, np.ndarray):
-                    return ",".join(f"{float(w).hex()}f" for w in t.ravel())
-                return ",".join(map(str, t))
-
-            defines = (
-                ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
-                ("TY", plan.tile[0]), ("TZ", plan.tile[1]), ("CX", plan.tile[2]),
-                ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
-                ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
-                ("MID_ROOT", table(tree.mid_root)), ("COMBO_MID", table(tree.combo_mid)),
-                ("COMBO_OUT", table(tree.combo_out)), ("WZ", table(tree.wz)),
-                ("WY", table(tree.wy)), ("WX", table(tree.wx)), ("IN_T", pad_t),
-            )  # fmt: skip
-            self._fused = cl.Kernel(build(ctx, "fused.cl", defines), "fused")
-            return
-
-        def node(parent: dict, a: np.ndarray, d: int) -> _Node:
-            k = len(a)
-            key = _key(a)
-            if key not in parent:
-                off = lo[d] - halo(k)[0]
-                parent[key] = _Node(k, off, np.ascontiguousarray(a[::-1], np.float32))
-            return parent[key]
-
-        for slot, f in enumerate(self._slots):
-            for t in plan.choices[f].terms:
-                a0, a1, a2 = t.axes
-                leaf = node(node(node(self._roots, a2, 2).children, a1, 1).children, a0, 0)
-                leaf.targets.append((slot, t.coef))
-        # the order of launches fixes which term writes a response first
-        written: set[int] = set()
-        self._launches = []
-        for root in self._roots.values():
-            for mid in root.children.values():
-                for leaf in mid.children.values():
-                    codes = []
-                    for slot, _ in leaf.targets:
-                        codes.append(slot if slot in written else -1 - slot)
-                        written.add(slot)
-                    coefs = np.array([c for _, c in leaf.targets], np.float32)
-                    leaf.target_buf = cl.Buffer(
-                        ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=np.array(codes, np.int32)
-                    )
-                    leaf.coef_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=coefs)
-        # rows each pass must produce: leaves need [off, off + depth + k - 1) along axis 0
-        for root in self._roots.values():
-            for mid in root.children.values():
-                mid.lo = min(leaf.off for leaf in mid.children.values())
-                mid.extra = max(leaf.off + leaf.k - 1 for leaf in mid.children.values()) - mid.lo
-            root.lo = min(m.lo for m in root.children.values())
-            root.extra = max(m.lo + m.extra for m in root.children.values()) - root.lo
-            root.y_lo = min(m.off for m in root.children.values())
-            root.y_n = max(m.off + m.k - 1 for m in root.children.values()) - root.y_lo
-        for n in self._nodes():
-            n.buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=n.taps)
-        self._programs: dict[int, cl.Program] = {}
-        for n in self._nodes():
-            if n.k not in self._programs:
-                defines = (
-                    ("K", n.k), ("V", plan.vector_width), ("U", plan.rows), ("UM", MID_ROWS),
-                    ("IN_T", pad_t),
-                )  # fmt: skip
-                prog = build(ctx, "separable.cl", defines)
-                self._programs[n.k] = {
-                    name: cl.Kernel(prog, name) for name in ("pass_fast", "pass_mid", "pass_out")
-                }
-        self._fast = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
-        self._mid = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
+            n_stored = sum(f < plan.stored for f in self._slots)
+            self._passes = FusedKernel(ctx, self.queue, plan, self._tree, self._epilogue(),
+                                       n_stored, plan.feature_planes, self.clock)  # fmt: skip
+        else:
+            self._passes = PassTree(ctx, self.queue, plan, self._slots, self.clock)
 
     def _planes(self) -> int:
         # the direct groups download their own; the stored separable responses, then the
@@ -810,13 +657,6 @@ class SeparableConvolver(SlabConvolver):
         for conv in self._direct:
             nans, clipped = nans + conv.counts[0], clipped + conv.counts[1]
         return nans, clipped
-
-    def _nodes(self) -> Iterator[_Node]:
-        for root in self._roots.values():
-            yield root
-            for mid in root.children.values():
-                yield mid
-                yield from mid.children.values()
 
     # -- slabs -------------------------------------------------------------------------
     def source_rows(self, a: int, b: int) -> np.ndarray:
@@ -886,7 +726,10 @@ class SeparableConvolver(SlabConvolver):
         for stage, at in self._tensors:
             before = [dict(c.timings) for c in stage.convolvers]
             t0 = stage.seconds
-            out[at[0] : at[-1] + 1] = stage.compute(a, b, raw, needed, frame)
+            if getattr(stage, "fills_out", False):  # downloads into out itself
+                stage.compute(a, b, raw, needed, frame, out=out[at[0] : at[-1] + 1])
+            else:
+                out[at[0] : at[-1] + 1] = stage.compute(a, b, raw, needed, frame)
             for conv, was in zip(stage.convolvers, before, strict=True):
                 for name, seconds in conv.timings.items():
                     self.timings[name] += seconds - was[name]
@@ -909,7 +752,7 @@ class SeparableConvolver(SlabConvolver):
             own = rows if not self._tensors else rows[np.searchsorted(needed, self._own_rows(a, b))]
             t_up, t_pad = self.padder(a, b, self._padded, rows=finite_part(own) if nonfinite
                                       else own)  # fmt: skip
-        t_pass = self._launch_passes(depth)
+        t_pass = self._launch_passes(depth, every=nonfinite)
         stored = [(s, f) for s, f in enumerate(self._slots) if f < plan.stored]
         slot_of = {f: s for s, f in enumerate(self._slots)}
         if nonfinite:  # every separable response to the host, set as scipy sets it there
@@ -933,8 +776,25 @@ class SeparableConvolver(SlabConvolver):
                               ("download", t_down)):  # fmt: skip
             self.timings[stage] += device_seconds(events)
 
+    def _epilogue(self) -> str:
+        """The device features as kernels/fused.cl's FEATURES: a macro per feature, reading
+        responses by slot, writing feature planes in order."""
+        slot_of = {f: s for s, f in enumerate(self._slots)}
+        calls, o = [], 0
+        for feat in self._features:
+            slots = [slot_of[i] for i in feat.inputs]
+            name = {"eigen3": "EIG3", "pick": "PICK", "difference": "DIFF"}.get(
+                feat.kernel, f"MAG{len(slots)}"
+            )
+            calls.append(f"{name}({','.join(map(str, [*slots, o]))})")
+            o += len(feat.at)
+        return "".join(calls)
+
     def _launch_features(self, n: int) -> list[cl.Event]:
-        """Enqueue the device features over the ``n`` voxels of the slab's responses."""
+        """Enqueue the device features over the ``n`` voxels of the slab's responses (the
+        fused kernel computes them itself)."""
+        if self.plan.fused:
+            return []
         slot_of = {f: s for s, f in enumerate(self._slots)}
         events, o = [], 0
         for feat in self._features:
@@ -971,66 +831,14 @@ class SeparableConvolver(SlabConvolver):
         for stage, seconds in self._override.apply(a, b, sub, slots).items():
             self.timings[stage] += seconds
 
-    def _launch_passes(self, depth: int) -> list[cl.Event]:
+    def _launch_passes(self, depth: int, every: bool = False) -> list[cl.Event]:
         """Enqueue the pass tree (or the fused kernel) over the padded slab of ``depth``
-        output rows."""
+        output rows: every response, or (fused, ``every`` False) the stored ones and the
+        device features."""
         if self.plan.fused:
-            return [self._launch_fused(depth)]
-        events = []
-        block = self.plan.block_rows or depth
-        for root in self._roots.values():
-            for c0 in range(0, depth, block):
-                rows = min(block, depth - c0)  # output rows [c0, c0 + rows) of the slab
-                events += self._launch_root(root, c0, rows, depth)
-        return events
-
-    def _launch_fused(self, depth: int) -> cl.Event:
-        plan = self.plan
-        ny, nz = plan.shape[1:]
-        p1, p2 = plan.padded_yz
-        ty, tz, cx = plan.tile
-        i32 = np.int32
-        s0, s1, s2 = self._tree.start
-        self._fused.set_args(
-            self._padded, self._out, i32(depth), i32(ny), i32(nz), i32(p1), i32(p2), i32(s0),
-            i32(s1), i32(s2),
-        )  # fmt: skip
-        glob = (-(-nz // tz) * tz, -(-ny // ty) * ty, -(-depth // cx))
-        return cl.enqueue_nd_range_kernel(self.queue, self._fused, glob, (tz, ty, 1))
-
-    def _launch_root(self, root: _Node, c0: int, rows: int, depth: int) -> list[cl.Event]:
-        """Enqueue one root's subtree for output rows ``[c0, c0 + rows)`` of the slab."""
-        plan, queue = self.plan, self.queue
-        ny, nz = plan.shape[1:]
-        p1, p2 = plan.padded_yz
-        r, v, u = plan.row, plan.vector_width, plan.rows
-        i32 = np.int32
-        knl = self._programs[root.k]["pass_fast"]
-        nx, n1 = rows + root.extra, ny + root.y_n
-        knl.set_args(
-            self._padded, self._fast, root.buf, i32(root.lo + c0), i32(root.y_lo), i32(nx),
-            i32(n1), i32(p1), i32(p2), i32(r), i32(root.off),
-        )  # fmt: skip
-        events = [cl.enqueue_nd_range_kernel(queue, knl, (r // v, n1, nx), None)]
-        for mid in root.children.values():
-            knl = self._programs[mid.k]["pass_mid"]
-            nx = rows + mid.extra
-            knl.set_args(
-                self._fast, self._mid, mid.buf, i32(mid.lo + c0), i32(nx), i32(ny), i32(p1),
-                i32(r), i32(mid.off),
-            )  # fmt: skip
-            glob = (r // v, -(-ny // MID_ROWS), nx)
-            events.append(cl.enqueue_nd_range_kernel(queue, knl, glob, None))
-            for leaf in mid.children.values():
-                knl = self._programs[leaf.k]["pass_out"]
-                knl.set_args(
-                    self._mid, self._out, leaf.buf, leaf.target_buf, leaf.coef_buf,
-                    i32(len(leaf.targets)), i32(c0), i32(c0 + rows), i32(depth), i32(ny),
-                    i32(nz), i32(r), i32(leaf.off),
-                )  # fmt: skip
-                glob = (-(-nz // v), ny, -(-rows // u))
-                events.append(cl.enqueue_nd_range_kernel(queue, knl, glob, None))
-        return events
+            feat = self._feat if self._features else self._out
+            return [self._passes.launch(self._padded, self._out, feat, depth, every)]
+        return self._passes.launch(self._padded, self._out, depth)
 
     def time_kernel(self, a: int, b: int, repeats: int = 10) -> np.ndarray:
         """Seconds of the filtering kernels alone (passes and direct groups) for output rows
@@ -1047,6 +855,17 @@ class SeparableConvolver(SlabConvolver):
                 seconds[r] += device_seconds(events)
         return seconds
 
+    @property
+    def kernel_seconds(self) -> dict[str, float]:
+        """Device seconds per kernel name (passes, features, a structure tensor's stages)
+        since the convolver was made; the direct groups' are in `timings` only."""
+        clocks = [self.clock]
+        if self._feature_kernels is not None:
+            clocks.append(self._feature_kernels.clock)
+        for stage, _ in self._tensors:
+            clocks += [c.clock for c in stage.convolvers] + list(getattr(stage, "clocks", ()))
+        return merged(clocks)
+
     # -- work --------------------------------------------------------------------------
     @property
     def pass_counts(self) -> tuple[int, int, int]:
@@ -1054,10 +873,7 @@ class SeparableConvolver(SlabConvolver):
         (axis-2, axis-1) pairs, distinct terms (fused: the tables' roots, mids and combos)."""
         if not self._slots:
             return 0, 0, 0
-        if self.plan.fused:  # one launch: the tree's sizes
-            return len(self._tree.wz), len(self._tree.wy), len(self._tree.wx)
-        mids = [m for r in self._roots.values() for m in r.children.values()]
-        return len(self._roots), len(mids), sum(len(m.children) for m in mids)
+        return self._passes.counts  # fused: the tables' sizes (one launch)
 
     @property
     def engines(self) -> list[str]:
@@ -1093,54 +909,7 @@ class SeparableConvolver(SlabConvolver):
     def _work(self) -> tuple[float, int]:
         if not self._slots:
             return 0.0, 0
-        if self.plan.fused:
-            return self._fused_work()
-        plan = self.plan
-        ny, nz = plan.shape[1:]
-        r = plan.row
-        isz = plan.pad_dtype.itemsize
-        flop = 0.0
-        moved = 0
-        for a, b in self.slabs():
-            depth = b - a
-            block = plan.block_rows or depth
-            for c0 in range(0, depth, block):
-                rows = min(block, depth - c0)
-                for root in self._roots.values():
-                    outs = (rows + root.extra) * (ny + root.y_n) * r
-                    flop += 2 * root.k * outs
-                    moved += outs * (isz + 4)
-                    for mid in root.children.values():
-                        outs = (rows + mid.extra) * ny * r
-                        flop += 2 * mid.k * outs
-                        moved += (outs + (rows + mid.extra) * (ny + mid.k - 1) * r) * 4
-                        for leaf in mid.children.values():
-                            outs = rows * ny * nz
-                            flop += 2 * (leaf.k + len(leaf.targets)) * outs
-                            moved += (rows + leaf.k - 1) * ny * r * 4
-                            moved += outs * 4 * (2 * len(leaf.targets) - 1)
-        return flop, moved
-
-    def _fused_work(self) -> tuple[float, int]:
-        """(flop, bytes) of the fused kernel over one volume: every work-group's taps over its
-        whole tile (edge tiles included), the padded rows each chunk reads and the responses."""
-        plan, tree = self.plan, self._tree
-        ny, nz = plan.shape[1:]
-        ty, tz, cx = plan.tile
-        kx, ky, kz = tree.taps
-        tiles = -(-ny // ty) * -(-nz // tz)
-        per_plane = 2 * tiles * (
-            kz * len(tree.wz) * (ty + ky - 1) * tz + ky * len(tree.wy) * ty * tz
-            + kx * len(tree.wx) * ty * tz
-        )  # fmt: skip
-        flop, moved = 0.0, 0
-        for a, b in self.slabs():
-            for x0 in range(0, b - a, cx):
-                planes = min(cx, b - a - x0) + kx - 1
-                flop += per_plane * planes
-                moved += planes * (ny + ky - 1) * (nz + kz - 1) * plan.pad_dtype.itemsize
-            moved += tree.n_out * (b - a) * ny * nz * 4
-        return flop, moved
+        return self._passes.work(self.slabs())
 
 
 def convolve_separable(
