@@ -1,5 +1,6 @@
-/* The presets' second stage: every channel of one scale from that scale's smoothed field, in one
- * kernel, written into the preset's output planes (plane o at o * n, n = depth * NY * NZ).
+/* The presets' second stage: every channel of one scale from that scale's smoothed field,
+ * written into the preset's output planes (plane o at o * n, n = depth * NY * NZ): skimage's in
+ * one kernel, ilastik's by three 1D passes and one kernel for the channels.
  *
  * Built behind kernels/eigen.cl (volconv/engines/features.py's build_with_features): its
  * eigen_sym3 and magnitude3, one voxel per work-item (EV 1).
@@ -11,17 +12,16 @@
  * sqrt of the sum of their squares / 3) and the descending eigenvalues of the Hessian by
  * np.gradient twice (central differences inside, one-sided at the volume's border).
  *
- * ilastik_gradients, ilastik_scale: ilastik's features at its inner scale from P, the
- * presmoothed volume; P's rows are given by row tables (the local row of each neighbour, -1
- * where constant mode gives cval), the other axes are extended by the bank's mode here, so
- * every stage takes the bank's mode as scipy's gaussian_filter of P would. Taps: the
- * correlation weights w[t], t = -R .. R, of the Gaussian (w0), its first (w1) and second (w2)
- * derivatives at the inner scale, DoG's second Gaussian (wd, radius RD) and the structure
- * tensor's outer Gaussian (wo, radius RO), each stored centred at index 2 of 5. The sums run
- * axis 0, then 1, then 2 (scipy's order of 1D passes) over every tap of each radius (scipy's
+ * ilastik_x, ilastik_y, ilastik_z, ilastik_out: ilastik's features at its inner scale from P,
+ * the presmoothed volume; P's rows are given by row tables (the local row of each neighbour,
+ * -1 where constant mode gives cval), the other axes are extended by the bank's mode through
+ * index maps, so every stage takes the bank's mode as scipy's gaussian_filter of P would.
+ * Taps: the correlation weights w[t], t = -R .. R, of the Gaussian (w0), its first (w1) and
+ * second (w2) derivatives at the inner scale, DoG's second Gaussian (wd, radius RD) and the
+ * structure tensor's outer Gaussian (wo, radius RO), each stored centred at index 2 of 5. The
+ * passes run axis 0, then 1, then 2 (scipy's order) over every tap of each radius (scipy's
  * correlate1d multiplies the zero centre tap of odd orders too), so NaN and Inf spread as
- * they do there.
- */
+ * they do there. */
 
 #define TAPS 5 /* the inner scale's radius int(2 * sigma + 0.5) <= 2 */
 
@@ -122,99 +122,107 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
     select(P[((long)max(r, 0) * NY + max(yy, 0)) * NZ + max(zz, 0)], cval, \
            (r) < 0 || (yy) < 0 || (zz) < 0)
 
-/* The three gradients of P at the inner scale on rows q of the structure tensor's product field
- * (rows: TAPS local P rows per q), into planes 0..2 of gout (NQ rows each). */
-__kernel void ilastik_gradients(__global const float *restrict P_all, const int pp, const int NP,
-                                __global const int *restrict rows, const int NQ,
-                                __global const float *restrict wt,
-                                __global const int *restrict my, __global const int *restrict mz,
-                                const int NY, const int NZ, const float cval,
-                                __global float *restrict gout)
+/* ilastik's features at the inner scale as scipy's gaussian_filter runs them: 1D passes along
+ * axis 0 (ilastik_x), 1 (ilastik_y), 2 (ilastik_z) over the rows q of the structure tensor's
+ * product field, then every channel of the output rows from those (ilastik_out). Planes of
+ * NQ rows: X (4: the Gaussian, its first and second derivatives, DoG's Gaussian along axis 0)
+ * over axes 1 and 2 widened by 2 (PY = NY + 4, PZ = NZ + 4); Y (7 combinations) over axis 2
+ * widened; Z (11): S, DoG's S, g0, g1, g2, H00, H11, H22, H01, H02, H12. */
+#define PY (NY + 4)
+#define PZ (NZ + 4)
+
+__kernel void ilastik_x(__global const float *restrict P_all, const int pp, const int NP,
+                        __global const int *restrict rows, const int NQ,
+                        __global const float *restrict wt, __global const int *restrict my,
+                        __global const int *restrict mz, const int NY, const int NZ,
+                        const float cval, __global float *restrict X)
+{
+    const int ze = (int)get_global_id(0), ye = (int)get_global_id(1), q = (int)get_global_id(2);
+    if (ze >= PZ || ye >= PY || q >= NQ) return;
+    __global const float *P = P_all + (long)pp * NP * NY * NZ;
+    __global const float *w0 = wt + 2, *w1 = wt + TAPS + 2, *w2 = wt + 2 * TAPS + 2;
+    __global const float *wd = wt + 3 * TAPS + 2;
+    const int yy = my[ye], zz = mz[ze];
+    float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f;
+#pragma unroll
+    for (int cx = -R; cx <= R; ++cx) {
+        const float v = P_AT(rows[q * TAPS + 2 + cx], yy, zz);
+        x0 += w0[cx] * v;
+        x1 += w1[cx] * v;
+        x2 += w2[cx] * v;
+        if (cx >= -RD && cx <= RD) xd += wd[cx] * v;
+    }
+    const long plane = (long)NQ * PY * PZ, v = ((long)q * PY + ye) * PZ + ze;
+    X[v] = x0, X[plane + v] = x1, X[2 * plane + v] = x2, X[3 * plane + v] = xd;
+}
+
+__kernel void ilastik_y(__global const float *restrict X, const int NQ,
+                        __global const float *restrict wt, const int NY, const int NZ,
+                        __global float *restrict Y)
+{
+    const int ze = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
+    if (ze >= PZ || y >= NY || q >= NQ) return;
+    __global const float *w0 = wt + 2, *w1 = wt + TAPS + 2, *w2 = wt + 2 * TAPS + 2;
+    __global const float *wd = wt + 3 * TAPS + 2;
+    const long xp = (long)NQ * PY * PZ, at = ((long)q * PY + y + 2) * PZ + ze;
+    float y00 = 0.0f, y10 = 0.0f, y20 = 0.0f, y01 = 0.0f, y11 = 0.0f, y02 = 0.0f, ydd = 0.0f;
+#pragma unroll
+    for (int cy = -R; cy <= R; ++cy) {
+        const long v = at + (long)cy * PZ;
+        const float x0 = X[v], x1 = X[xp + v], x2 = X[2 * xp + v];
+        y00 += w0[cy] * x0, y10 += w0[cy] * x1, y20 += w0[cy] * x2;
+        y01 += w1[cy] * x0, y11 += w1[cy] * x1, y02 += w2[cy] * x0;
+        if (cy >= -RD && cy <= RD) ydd += wd[cy] * X[3 * xp + v];
+    }
+    const long plane = (long)NQ * NY * PZ, v = ((long)q * NY + y) * PZ + ze;
+    Y[v] = y00, Y[plane + v] = y10, Y[2 * plane + v] = y20, Y[3 * plane + v] = y01;
+    Y[4 * plane + v] = y11, Y[5 * plane + v] = y02, Y[6 * plane + v] = ydd;
+}
+
+__kernel void ilastik_z(__global const float *restrict Y, const int NQ,
+                        __global const float *restrict wt, const int NY, const int NZ,
+                        __global float *restrict Z)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
     if (z >= NZ || y >= NY || q >= NQ) return;
-    __global const float *P = P_all + (long)pp * NP * NY * NZ;
-    __global const float *w0 = wt + 2, *w1 = wt + TAPS + 2;
-    float g0 = 0.0f, g1 = 0.0f, g2 = 0.0f;
+    __global const float *w0 = wt + 2, *w1 = wt + TAPS + 2, *w2 = wt + 2 * TAPS + 2;
+    __global const float *wd = wt + 3 * TAPS + 2;
+    const long yp = (long)NQ * NY * PZ, at = ((long)q * NY + y) * PZ + z + 2;
+    float s = 0.0f, sd = 0.0f, g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, h00 = 0.0f, h11 = 0.0f,
+          h22 = 0.0f, h01 = 0.0f, h02 = 0.0f, h12 = 0.0f;
 #pragma unroll
     for (int cz = -R; cz <= R; ++cz) {
-        const int zz = mz[z + cz + 2];
-        float t10 = 0.0f, t01 = 0.0f, t00 = 0.0f;
-#pragma unroll
-        for (int cy = -R; cy <= R; ++cy) {
-            const int yy = my[y + cy + 2];
-            float x0 = 0.0f, x1 = 0.0f;
-#pragma unroll
-            for (int cx = -R; cx <= R; ++cx) {
-                const float v = P_AT(rows[q * TAPS + 2 + cx], yy, zz);
-                x0 += w0[cx] * v;
-                x1 += w1[cx] * v;
-            }
-            t10 += w0[cy] * x1;
-            t00 += w0[cy] * x0;
-            t01 += w1[cy] * x0;
-        }
-        g0 += w0[cz] * t10;
-        g1 += w0[cz] * t01;
-        g2 += w1[cz] * t00;
+        const long v = at + cz;
+        const float y00 = Y[v], y10 = Y[yp + v], y20 = Y[2 * yp + v], y01 = Y[3 * yp + v];
+        const float y11 = Y[4 * yp + v], y02 = Y[5 * yp + v];
+        s += w0[cz] * y00, h00 += w0[cz] * y20, h11 += w0[cz] * y02, h22 += w2[cz] * y00;
+        h01 += w0[cz] * y11, h02 += w1[cz] * y10, h12 += w1[cz] * y01;
+        g0 += w0[cz] * y10, g1 += w0[cz] * y01, g2 += w1[cz] * y00;
+        if (cz >= -RD && cz <= RD) sd += wd[cz] * Y[6 * yp + v];
     }
     const long plane = (long)NQ * NY * NZ, v = ((long)q * NY + y) * NZ + z;
-    gout[v] = g0;
-    gout[plane + v] = g1;
-    gout[2 * plane + v] = g2;
+    Z[v] = s, Z[plane + v] = sd, Z[2 * plane + v] = g0, Z[3 * plane + v] = g1;
+    Z[4 * plane + v] = g2, Z[5 * plane + v] = h00, Z[6 * plane + v] = h11;
+    Z[7 * plane + v] = h22, Z[8 * plane + v] = h01, Z[9 * plane + v] = h02;
+    Z[10 * plane + v] = h12;
 }
 
-/* One scale's ten channels for output rows i: smoothing, LoG, gradient magnitude, DoG, the
- * structure tensor's eigenvalues (from the gradients g on rows grows[i]) and the Hessian's. */
-__kernel void ilastik_scale(__global const float *restrict P_all, const int pp, const int NP,
-                            __global const int *restrict prows, __global const float *restrict g,
-                            const int NQ, __global const int *restrict grows,
-                            __global const float *restrict wt, __global const int *restrict my,
-                            __global const int *restrict mz, const int D, const int NY,
-                            const int NZ, const float cval, __global float *restrict dst,
-                            const long n, const int os, const int ol, const int om,
-                            const int od, const int ot, const int oh)
+/* One scale's ten channels for output rows i (grows: their rows among the NQ, and their
+ * neighbours' by the mode, -1: cval): smoothing, LoG, gradient magnitude, DoG, the structure
+ * tensor's eigenvalues (the products of the gradients, extended by the mode, smoothed by wo)
+ * and the Hessian's. */
+__kernel void ilastik_out(__global const float *restrict Z, const int NQ,
+                          __global const int *restrict grows, __global const float *restrict wt,
+                          __global const int *restrict my, __global const int *restrict mz,
+                          const int D, const int NY, const int NZ, const float cval,
+                          __global float *restrict dst, const long n, const int os,
+                          const int ol, const int om, const int od, const int ot, const int oh)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
-    __global const float *P = P_all + (long)pp * NP * NY * NZ;
-    __global const float *w0 = wt + 2, *w1 = wt + TAPS + 2, *w2 = wt + 2 * TAPS + 2;
-    __global const float *wd = wt + 3 * TAPS + 2, *wo = wt + 4 * TAPS + 2;
-    float s = 0.0f, sd = 0.0f, h00 = 0.0f, h11 = 0.0f, h22 = 0.0f, h01 = 0.0f, h02 = 0.0f,
-          h12 = 0.0f;
-#pragma unroll
-    for (int cz = -R; cz <= R; ++cz) {
-        const int zz = mz[z + cz + 2];
-        float y00 = 0.0f, y10 = 0.0f, y20 = 0.0f, y01 = 0.0f, y11 = 0.0f, y02 = 0.0f, ydd = 0.0f;
-#pragma unroll
-        for (int cy = -R; cy <= R; ++cy) {
-            const int yy = my[y + cy + 2];
-            float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f;
-#pragma unroll
-            for (int cx = -R; cx <= R; ++cx) {
-                const float v = P_AT(prows[i * TAPS + 2 + cx], yy, zz);
-                x0 += w0[cx] * v;
-                x2 += w2[cx] * v;
-                x1 += w1[cx] * v;
-                if (cx >= -RD && cx <= RD) xd += wd[cx] * v;
-            }
-            y00 += w0[cy] * x0;
-            y10 += w0[cy] * x1;
-            y20 += w0[cy] * x2;
-            y02 += w2[cy] * x0;
-            y01 += w1[cy] * x0, y11 += w1[cy] * x1;
-            if (cy >= -RD && cy <= RD) ydd += wd[cy] * xd;
-        }
-        s += w0[cz] * y00;
-        h00 += w0[cz] * y20;
-        h11 += w0[cz] * y02;
-        h22 += w2[cz] * y00;
-        h01 += w0[cz] * y11;
-        h02 += w1[cz] * y10, h12 += w1[cz] * y01;
-        if (cz >= -RD && cz <= RD) sd += wd[cz] * ydd;
-    }
-    /* the structure tensor: the products of g, extended by mode, smoothed by wo */
-    const long gplane = (long)NQ * NY * NZ;
+    __global const float *wo = wt + 4 * TAPS + 2;
+    const long plane = (long)NQ * NY * NZ;
+    __global const float *g = Z + 2 * plane;
     float t00 = 0.0f, t11 = 0.0f, t22 = 0.0f, t01 = 0.0f, t02 = 0.0f, t12 = 0.0f;
 #pragma unroll
     for (int cz = -RO; cz <= RO; ++cz) {
@@ -228,7 +236,7 @@ __kernel void ilastik_scale(__global const float *restrict P_all, const int pp, 
                 const float k = wo[cx] * wo[cy] * wo[cz];
                 const int out = r < 0 || yy < 0 || zz < 0;
                 const long v = out ? 0 : ((long)r * NY + yy) * NZ + zz;
-                const float a = g[v], b = g[gplane + v], c = g[2 * gplane + v];
+                const float a = g[v], b = g[plane + v], c = g[2 * plane + v];
                 t00 += k * (out ? cval : a * a), t11 += k * (out ? cval : b * b);
                 t22 += k * (out ? cval : c * c), t01 += k * (out ? cval : a * b);
                 t02 += k * (out ? cval : a * c), t12 += k * (out ? cval : b * c);
@@ -236,16 +244,17 @@ __kernel void ilastik_scale(__global const float *restrict P_all, const int pp, 
         }
     }
     const long own = ((long)grows[i * 3 + 1] * NY + y) * NZ + z;
-    const float a = g[own], b = g[gplane + own], c = g[2 * gplane + own];
-    const float mag = magnitude3(a, b, c);
+    const float s = Z[own], sd = Z[plane + own];
+    const float h00 = Z[5 * plane + own], h11 = Z[6 * plane + own], h22 = Z[7 * plane + own];
     const long v = ((long)i * NY + y) * NZ + z;
     dst[os * n + v] = s;
     dst[ol * n + v] = h00 + h11 + h22;
-    dst[om * n + v] = mag;
+    dst[om * n + v] = magnitude3(g[own], g[plane + own], g[2 * plane + own]);
     dst[od * n + v] = s - sd;
     float l0, l1, l2;
     eigen_sym3(t00, t11, t22, t01, t02, t12, &l0, &l1, &l2);
     dst[ot * n + v] = l0, dst[(ot + 1) * n + v] = l1, dst[(ot + 2) * n + v] = l2;
-    eigen_sym3(h00, h11, h22, h01, h02, h12, &l0, &l1, &l2);
+    eigen_sym3(h00, h11, h22, Z[8 * plane + own], Z[9 * plane + own], Z[10 * plane + own], &l0,
+               &l1, &l2);
     dst[oh * n + v] = l0, dst[(oh + 1) * n + v] = l1, dst[(oh + 2) * n + v] = l2;
 }

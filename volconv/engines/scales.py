@@ -38,15 +38,16 @@ def reach(preset: PresetPlan) -> int:
 
 def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -> int:
     """The stage's own device buffers: stage 1's field (ilastik: a copy, wrap's two runs),
-    the gradients over the product rows (ilastik) and stage 2's outputs."""
+    the passes over the product rows (ilastik; wrap's two runs) and stage 2's outputs."""
     n0, ny, nz = shape
     sub = min(depth, SUB_ROWS)
     rows = min(n0, depth + 2 * reach(preset))
-    k = len(preset.scales)
-    own = preset.n_outputs * sub
+    own = preset.n_outputs * sub * ny * nz
     if preset.kind != "skimage":
-        own += 2 * rows * k + 3 * 2 * (sub + 2)
-    return own * ny * nz * 4
+        q = 2 * (sub + 2)
+        own += 2 * rows * len(preset.scales) * ny * nz
+        own += q * (4 * (ny + 4) * (nz + 4) + 7 * ny * (nz + 4) + 11 * ny * nz)
+    return own * 4
 
 
 def preset_bytes(
@@ -76,13 +77,16 @@ class PresetStage:
 
     Stage 1 smooths the input by every scale's Gaussian at once: one `SeparableConvolver`
     (forced separable, the scales' Gaussians as its filters) over the rows stage 2 reads, in
-    chunks of at most its slab depth, kept on the device. Stage 2 runs one kernel per scale
-    over the slab. skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over
-    the slab's rows and 2 more on each side inside the volume (Sobel's 'reflect' and
-    np.gradient's one-sided differences stay inside it). ilastik: the presmoothing takes the
-    bank's mode and cval; stage 2 reads it over the rows the bank's mode maps the slab's,
-    widened by the inner radius (2) and the structure tensor's outer one (1), through row
-    tables; the gradients are computed first over the rows the outer smoothing reads.
+    chunks of at most its slab depth, kept on the device. Stage 2 runs per scale over
+    sub-slabs of at most `SUB_ROWS` rows (its outputs' buffer), each downloaded into ``out``.
+    skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over the slab's rows
+    and 2 more on each side inside the volume (Sobel's 'reflect' and np.gradient's one-sided
+    differences stay inside it); one kernel per scale writes its five channels. ilastik: the
+    presmoothing takes the bank's mode and cval; stage 2 reads it over the rows the bank's mode
+    maps the slab's, widened by the inner radius (2) and the structure tensor's outer one (1),
+    through row tables: three 1D passes (axes 0, 1, 2) give the smoothing, DoG's second one,
+    the gradients and the Hessian over the rows the outer smoothing reads, and one kernel the
+    scale's ten channels.
 
     A slab whose source holds NaN or Inf is smoothed through the convolver's host path (scipy's
     non-finite responses), uploaded, and goes through the same stage 2, whose sums take every
@@ -123,8 +127,8 @@ class PresetStage:
             self._k = []
             for scale in preset.scales:
                 prog = stencil_program(self.ctx, scale.radii())
-                self._k.append((cl.Kernel(prog, "ilastik_gradients"),
-                                cl.Kernel(prog, "ilastik_scale")))  # fmt: skip
+                names = ("ilastik_x", "ilastik_y", "ilastik_z", "ilastik_out")
+                self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                                     hostbuf=m) for m in maps]  # fmt: skip
@@ -133,7 +137,7 @@ class PresetStage:
         self.clock = KernelClock()  # the stencils' device seconds by name
         self.clocks = (self.clock,)
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
-        self._g: cl.Buffer | None = None  # ilastik: the gradients over the product rows
+        self._passes: dict[str, cl.Buffer] = {}  # ilastik: the passes over the product rows
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
         mf = cl.mem_flags
         self._taps = (
@@ -288,28 +292,34 @@ class PresetStage:
         self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray,
         qrows: np.ndarray,
     ) -> list[cl.Event]:  # fmt: skip
-        """Enqueue ilastik's stage 2 for every scale."""
+        """Enqueue ilastik's stage 2 for every scale: the passes over the product rows
+        ``qrows``, then the channels of output rows ``[a, b)``."""
         mf, ctx = cl.mem_flags, self.ctx
         ny, nz = self.shape[1:]
         depth, nq, ns = b - a, len(qrows), len(srows)
-        out_rows = np.arange(a, b)
-        tables = [self._table(qrows, srows, 2), self._table(out_rows, srows, 2),
-                  self._table(out_rows, qrows, 1)]  # fmt: skip
-        bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t) for t in tables]
-        if self._g is None or self._g.size < 3 * nq * ny * nz * 4:
-            self._g = cl.Buffer(ctx, mf.READ_WRITE, 3 * nq * ny * nz * 4)
-        i32, f32 = np.int32, np.float32
-        cval = f32(self.cval)
+        tables = [self._table(qrows, srows, 2), self._table(np.arange(a, b), qrows, 1)]
+        rows, grows = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t) for t in tables)
+        sizes = {"x": 4 * nq * (ny + 4) * (nz + 4), "y": 7 * nq * ny * (nz + 4),
+                 "z": 11 * nq * ny * nz}  # fmt: skip
+        for key, size in sizes.items():
+            if key not in self._passes or self._passes[key].size < size * 4:
+                self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
+        bx, by, bz = (self._passes[k] for k in "xyz")
+        i32, cval = np.int32, np.float32(self.cval)
         my, mz = self._maps
         events = []
         for s, scale in enumerate(self.preset.scales):
-            grads, scale_k = self._k[s]
-            taps, plane = self._taps[s], i32(slots.index(s))
-            grads.set_args(field, plane, i32(ns), bufs[0], i32(nq), taps, my, mz, i32(ny),
-                           i32(nz), cval, self._g)  # fmt: skip
-            events.append(self.clock.add("ilastik_gradients", self._launch(grads, (nz, ny, nq))))
-            scale_k.set_args(field, plane, i32(ns), bufs[1], self._g, i32(nq), bufs[2], taps, my,
-                             mz, i32(depth), i32(ny), i32(nz), cval, self._dst,
-                             np.int64(depth * ny * nz), *map(i32, scale.at))  # fmt: skip
-            events.append(self.clock.add("ilastik_scale", self._launch(scale_k, (nz, ny, depth))))
+            kx, ky, kz, ko = self._k[s]
+            taps = self._taps[s]
+            kx.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz,
+                        i32(ny), i32(nz), cval, bx)  # fmt: skip
+            ky.set_args(bx, i32(nq), taps, i32(ny), i32(nz), by)
+            kz.set_args(by, i32(nq), taps, i32(ny), i32(nz), bz)
+            ko.set_args(bz, i32(nq), grows, taps, my, mz, i32(depth), i32(ny), i32(nz), cval,
+                        self._dst, np.int64(depth * ny * nz), *map(i32, scale.at))  # fmt: skip
+            for name, k, size in (("ilastik_x", kx, (nz + 4, ny + 4, nq)),
+                                  ("ilastik_y", ky, (nz + 4, ny, nq)),
+                                  ("ilastik_z", kz, (nz, ny, nq)),
+                                  ("ilastik_out", ko, (nz, ny, depth))):  # fmt: skip
+                events.append(self.clock.add(name, self._launch(k, size)))
         return events
