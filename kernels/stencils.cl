@@ -1,11 +1,11 @@
 /* The presets' second stage: every channel of one scale from that scale's smoothed field,
- * written into the preset's output planes (plane o at o * n, n = depth * NY * NZ): skimage's in
- * one kernel, ilastik's by three 1D passes and one kernel for the channels.
+ * written into the preset's output planes (plane o at o * n, n = depth * NY * NZ), by 1D passes
+ * along axes 0, 1 and 2 (scipy's and numpy's order) and a kernel for a scale's channels.
  *
  * Built behind kernels/eigen.cl (volconv/engines/features.py's build_with_features): its
  * eigen_sym3 and magnitude3, one voxel per work-item (EV 1).
  *
- * skimage_scale: skimage.feature.multiscale_basic_features at one sigma from G, the Gaussian of
+ * skimage_x, skimage_y, skimage_z: skimage.feature.multiscale_basic_features at one sigma from G, the Gaussian of
  * the image (rows R0 .. R0 + NR - 1 of the volume, covering the slab's rows and 2 more on each
  * side inside the volume): the intensity G * c (c: img_as_float32's scale of integer inputs),
  * the Sobel magnitude as skimage.filters.sobel computes it (the axis Sobels with ndi's 'reflect',
@@ -25,6 +25,22 @@
 
 #define TAPS 5 /* the inner scale's radius int(2 * sigma + 0.5) <= 2 */
 
+/* The eigenvalues of (a00, .., a12) into planes p .. p + 2 of dst; with ENTRIES (CPUs) the
+ * six entries into planes e .. e + 5 of E instead, for kernels/features.cl's eigen3, which runs
+ * EV voxels per work-item in vectors. */
+#ifdef ENTRIES
+#define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
+    E[(e) * n + v] = a00, E[((e) + 1) * n + v] = a11, E[((e) + 2) * n + v] = a22,           \
+    E[((e) + 3) * n + v] = a01, E[((e) + 4) * n + v] = a02, E[((e) + 5) * n + v] = a12
+#else
+#define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
+    do {                                                                                    \
+        float l0_, l1_, l2_;                                                                \
+        eigen_sym3(a00, a11, a22, a01, a02, a12, &l0_, &l1_, &l2_);                         \
+        dst[(p) * n + v] = l0_, dst[((p) + 1) * n + v] = l1_, dst[((p) + 2) * n + v] = l2_; \
+    } while (0)
+#endif
+
 /* np.gradient at index i of an axis of length n: (f[j0] - f[j1]) * w, one-sided at the ends
  * (w = 1), central inside (w = 1/2); 0 on a 1-voxel axis */
 inline float gradient_taps(const int i, const int n, int *j0, int *j1)
@@ -32,23 +48,6 @@ inline float gradient_taps(const int i, const int n, int *j0, int *j1)
     *j0 = min(i + 1, n - 1), *j1 = max(i - 1, 0);
     const int span = *j0 - *j1;
     return span == 2 ? 0.5f : span == 1 ? 1.0f : 0.0f;
-}
-
-/* One axis' Sobel of skimage.filters.sobel at g[b]: the difference along offsets em, ep
- * (the neighbours, 'reflect' at distance 1 repeating the border voxel), smoothed by
- * [1, 2, 1] / 4 along the two other axes (offsets um, up and vm, vp). */
-inline float sobel_axis(__global const float *g, const long b, const long em, const long ep,
-                        const long um, const long up, const long vm, const long vp)
-{
-    const long u[3] = {um, 0, up}, v[3] = {vm, 0, vp};
-    const float w[3] = {0.25f, 0.5f, 0.25f};
-    float acc = 0.0f;
-#pragma unroll
-    for (int p = 0; p < 3; ++p)
-#pragma unroll
-        for (int q = 0; q < 3; ++q)
-            acc += w[p] * w[q] * (g[b + ep + u[p] + v[q]] - g[b + em + u[p] + v[q]]);
-    return acc;
 }
 
 /* D_a D_a g at g[b] by np.gradient twice along an axis of stride S, index i, length n */
@@ -63,49 +62,88 @@ inline float second_difference(__global const float *g, const long b, const long
     return (d0 - d1) * w;
 }
 
-/* D_b D_a g at g[b] (a != b): strides S, T, indices i, j, lengths n, m */
-inline float cross_difference(__global const float *g, const long b, const long S, const int i,
-                              const int n, const long T, const int j, const int m)
+/* skimage's second stage by passes along axis 0 (skimage_x), 1 (skimage_y) and 2 (skimage_z)
+ * over the output rows, each pass reading the previous one's planes (D rows each): the Sobel
+ * along an axis is the [1, 0, -1] difference along it and the [1, 2, 1] / 4 smoothing along
+ * the two others ('reflect' at distance 1 repeats the border voxel); np.gradient's taps come
+ * from gradient_taps. X: the Sobel difference and smoothing along axis 0, N_0 G, N_0 N_0 G;
+ * Y: the Sobels' axis-1 steps, N_1 N_0 G, N_1 N_1 G, N_1 G. */
+inline float sobel_difference(__global const float *f, const long b, const long m, const long p)
 {
-    int i0, i1, j0, j1;
-    const float wa = gradient_taps(i, n, &i0, &i1), wb = gradient_taps(j, m, &j0, &j1);
-    const long a0 = (i0 - i) * S, a1 = (i1 - i) * S, b0 = (j0 - j) * T, b1 = (j1 - j) * T;
-    const float d0 = (g[b + a0 + b0] - g[b + a1 + b0]) * wa;
-    const float d1 = (g[b + a0 + b1] - g[b + a1 + b1]) * wa;
-    return (d0 - d1) * wb;
+    return f[b + p] - f[b + m];
 }
 
-__kernel void skimage_scale(__global const float *restrict G, const int gp, const int R0,
-                            const int NR, const int A, const int N0, const int NY,
-                            const int NZ, const float c, __global float *restrict dst,
-                            const long n, const int o)
+inline float sobel_smoothing(__global const float *f, const long b, const long m, const long p)
+{
+    return 0.25f * f[b + m] + 0.5f * f[b] + 0.25f * f[b + p];
+}
+
+/* np.gradient of f at b along an axis of stride S, index i, length n */
+inline float first_difference(__global const float *f, const long b, const long S, const int i,
+                              const int n)
+{
+    int j0, j1;
+    const float w = gradient_taps(i, n, &j0, &j1);
+    return (f[b + (j0 - i) * S] - f[b + (j1 - i) * S]) * w;
+}
+
+__kernel void skimage_x(__global const float *restrict G, const int gp, const int R0,
+                        const int NR, const int A, const int N0, const int NY, const int NZ,
+                        const int D, __global float *restrict X)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
-    if (z >= NZ || y >= NY || (long)i * NY * NZ >= n) return;
+    if (z >= NZ || y >= NY || i >= D) return;
     const int x = A + i;
     __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
-    const long SX = (long)NY * NZ, SY = NZ, b = ((long)x * NY + y) * NZ + z;
-    const long xm = (max(x - 1, 0) - x) * SX, xp = (min(x + 1, N0 - 1) - x) * SX;
-    const long ym = (max(y - 1, 0) - y) * SY, yp = (min(y + 1, NY - 1) - y) * SY;
-    const long zm = max(z - 1, 0) - z, zp = min(z + 1, NZ - 1) - z;
-    const float e0 = sobel_axis(g, b, xm, xp, ym, yp, zm, zp);
-    const float e1 = sobel_axis(g, b, ym, yp, xm, xp, zm, zp);
-    const float e2 = sobel_axis(g, b, zm, zp, xm, xp, ym, yp);
-    const float edges = magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
-    const float h00 = second_difference(g, b, SX, x, N0), h11 = second_difference(g, b, SY, y, NY);
+    const long SX = (long)NY * NZ, b = ((long)x * NY + y) * NZ + z;
+    const long m = (max(x - 1, 0) - x) * SX, p = (min(x + 1, N0 - 1) - x) * SX;
+    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
+    X[v] = sobel_difference(g, b, m, p);
+    X[plane + v] = sobel_smoothing(g, b, m, p);
+    X[2 * plane + v] = first_difference(g, b, SX, x, N0);
+    X[3 * plane + v] = second_difference(g, b, SX, x, N0);
+}
+
+__kernel void skimage_y(__global const float *restrict G, const int gp, const int R0,
+                        const int NR, const int A, const int NY, const int NZ, const int D,
+                        __global const float *restrict X, __global float *restrict Y)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || i >= D) return;
+    __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
+    const long b = ((long)(A + i) * NY + y) * NZ + z;
+    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
+    const long m = (long)(max(y - 1, 0) - y) * NZ, p = (long)(min(y + 1, NY - 1) - y) * NZ;
+    Y[v] = sobel_smoothing(X, v, m, p);                  /* axis 0's Sobel */
+    Y[plane + v] = sobel_difference(X + plane, v, m, p); /* axis 1's */
+    Y[2 * plane + v] = sobel_smoothing(X + plane, v, m, p); /* axis 2's */
+    Y[3 * plane + v] = first_difference(X + 2 * plane, v, NZ, y, NY); /* N_1 N_0 G */
+    Y[4 * plane + v] = second_difference(g, b, NZ, y, NY);            /* N_1 N_1 G */
+    Y[5 * plane + v] = first_difference(g, b, NZ, y, NY);             /* N_1 G */
+}
+
+__kernel void skimage_z(__global const float *restrict G, const int gp, const int R0,
+                        const int NR, const int A, const int NY, const int NZ, const int D,
+                        const float c, __global const float *restrict X,
+                        __global const float *restrict Y, __global float *restrict dst,
+                        const long n, const int o, __global float *restrict E)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || i >= D) return;
+    __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
+    const long b = ((long)(A + i) * NY + y) * NZ + z;
+    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
+    const long m = max(z - 1, 0) - z, p = min(z + 1, NZ - 1) - z;
+    const float e0 = sobel_smoothing(Y, v, m, p), e1 = sobel_smoothing(Y + plane, v, m, p);
+    const float e2 = sobel_difference(Y + 2 * plane, v, m, p);
+    const float h00 = X[3 * plane + v], h11 = Y[4 * plane + v], h01 = Y[3 * plane + v];
     const float h22 = second_difference(g, b, 1, z, NZ);
-    const float h01 = cross_difference(g, b, SX, x, N0, SY, y, NY);
-    const float h02 = cross_difference(g, b, SX, x, N0, 1, z, NZ);
-    const float h12 = cross_difference(g, b, SY, y, NY, 1, z, NZ);
-    float l0, l1, l2;
-    /* the scale c is linear: applied to the results, not to each tap */
-    eigen_sym3(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, &l0, &l1, &l2);
-    const long v = ((long)i * NY + y) * NZ + z;
+    const float h02 = first_difference(X + 2 * plane, v, 1, z, NZ);
+    const float h12 = first_difference(Y + 5 * plane, v, 1, z, NZ);
     dst[o * n + v] = c * g[b];
-    dst[(o + 1) * n + v] = c * edges;
-    dst[(o + 2) * n + v] = l0;
-    dst[(o + 3) * n + v] = l1;
-    dst[(o + 4) * n + v] = l2;
+    dst[(o + 1) * n + v] = c * magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
+    /* the scale c is linear: applied to the results, not to each tap */
+    EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, 0);
 }
 
 /* ilastik's kernels are built for one scale's radii: R (inner), RD (DoG's second Gaussian),
@@ -216,7 +254,8 @@ __kernel void ilastik_out(__global const float *restrict Z, const int NQ,
                           __global const int *restrict my, __global const int *restrict mz,
                           const int D, const int NY, const int NZ, const float cval,
                           __global float *restrict dst, const long n, const int os,
-                          const int ol, const int om, const int od, const int ot, const int oh)
+                          const int ol, const int om, const int od, const int ot, const int oh,
+                          __global float *restrict E)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
@@ -251,10 +290,6 @@ __kernel void ilastik_out(__global const float *restrict Z, const int NQ,
     dst[ol * n + v] = h00 + h11 + h22;
     dst[om * n + v] = magnitude3(g[own], g[plane + own], g[2 * plane + own]);
     dst[od * n + v] = s - sd;
-    float l0, l1, l2;
-    eigen_sym3(t00, t11, t22, t01, t02, t12, &l0, &l1, &l2);
-    dst[ot * n + v] = l0, dst[(ot + 1) * n + v] = l1, dst[(ot + 2) * n + v] = l2;
-    eigen_sym3(h00, h11, h22, Z[8 * plane + own], Z[9 * plane + own], Z[10 * plane + own], &l0,
-               &l1, &l2);
-    dst[oh * n + v] = l0, dst[(oh + 1) * n + v] = l1, dst[(oh + 2) * n + v] = l2;
+    EIGEN(t00, t11, t22, t01, t02, t12, ot, 0);
+    EIGEN(h00, h11, h22, Z[8 * plane + own], Z[9 * plane + own], Z[10 * plane + own], oh, 6);
 }

@@ -268,3 +268,21 @@ def test_the_memory_a_preset_takes(device, preset):
     (stage, _), = conv._tensors  # fmt: skip
     host, dev = preset_bytes(ex.presets[0][0], shape, np.uint8, "mirror", 0.0, device, 20)
     assert dev == stage.device_bytes and host >= ex.presets[0][0].n_outputs * 20 * 12 * 10 * 4
+
+
+def test_the_eigenvalues_in_the_stencils_as_on_gpus(device, monkeypatch):
+    """GPUs compute the eigenvalues in the stencils (one voxel per work-item), CPUs by eigen3
+    over the entries written out (its lanes): both paths give the same channels."""
+    import volconv.engines.scales as scales
+
+    volume = scene((12, 11, 10), seed=2)
+    runs = []
+    for lanes in (None, 1):
+        if lanes is not None:
+            monkeypatch.setattr(scales, "lanes_for", lambda device: 1)
+        runs.append([run(volume, [], build_features(None, preset=p, scales=s), "mirror", 0.0,
+                         device, slab_depth=5)
+                     for p, s in (("skimage", None), ("ilastik", [0.7, 1.6]))])  # fmt: skip
+    for a, b in zip(*runs, strict=True):
+        m = float(np.abs(a).max())
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * m)

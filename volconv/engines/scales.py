@@ -12,16 +12,20 @@ from volconv.bank.presets import PresetPlan, skimage_scale
 from volconv.device.programs import device_seconds
 from volconv.engines.boundary import extend_indices, sources
 from volconv.engines.clock import KernelClock
-from volconv.engines.features import build_with_features
+from volconv.engines.features import FeatureKernels, build_with_features, lanes_for
 
 SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
 
 
-def stencil_program(ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1)) -> cl.Program:
+def stencil_program(
+    ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False
+) -> cl.Program:
     """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
-    kernels built for the radii (inner, DoG's second, outer) of one scale."""
-    return build_with_features(ctx, "stencils.cl", tuple(zip(("R", "RD", "RO"), radii,
-                                                             strict=True)))  # fmt: skip
+    kernels built for the radii (inner, DoG's second, outer) of one scale; ``entries``: the
+    eigenvalues' entries written out for kernels/features.cl's eigen3 (CPUs: its lanes)."""
+    defines = tuple(zip(("R", "RD", "RO"), radii, strict=True))
+    return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
+                                                              else ()))  # fmt: skip
 
 
 def smoothing_filters(preset: PresetPlan) -> list:
@@ -43,9 +47,11 @@ def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -
     sub = min(depth, SUB_ROWS)
     rows = min(n0, depth + 2 * reach(preset))
     own = preset.n_outputs * sub * ny * nz
-    if preset.kind != "skimage":
+    if preset.kind == "skimage":
+        own += (10 + 6) * sub * ny * nz  # the passes' planes; the entries (CPUs)
+    else:
         q = 2 * (sub + 2)
-        own += 2 * rows * len(preset.scales) * ny * nz
+        own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
         own += q * (4 * (ny + 4) * (nz + 4) + 7 * ny * (nz + 4) + 11 * ny * nz)
     return own * 4
 
@@ -81,7 +87,8 @@ class PresetStage:
     sub-slabs of at most `SUB_ROWS` rows (its outputs' buffer), each downloaded into ``out``.
     skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over the slab's rows
     and 2 more on each side inside the volume (Sobel's 'reflect' and np.gradient's one-sided
-    differences stay inside it); one kernel per scale writes its five channels. ilastik: the
+    differences stay inside it); three 1D passes per scale, the last writing its five
+    channels. ilastik: the
     presmoothing takes the bank's mode and cval; stage 2 reads it over the rows the bank's mode
     maps the slab's, widened by the inner radius (2) and the structure tensor's outer one (1),
     through row tables: three 1D passes (axes 0, 1, 2) give the smoothing, DoG's second one,
@@ -121,12 +128,16 @@ class PresetStage:
         )  # fmt: skip
         self.convolvers = (self.conv,)
         self.ctx, self.queue = self.conv.ctx, self.conv.queue
+        # CPUs: the eigenvalues by eigen3 over written-out entries, in vectors of its lanes
+        self._eigen = FeatureKernels(self.ctx, self.queue) if lanes_for(device) > 1 else None
+        entries = self._eigen is not None
         if self.skimage:
-            self._k = [cl.Kernel(stencil_program(self.ctx), "skimage_scale")]
+            prog = stencil_program(self.ctx, entries=entries)
+            self._k = [cl.Kernel(prog, name) for name in ("skimage_x", "skimage_y", "skimage_z")]
         else:
             self._k = []
             for scale in preset.scales:
-                prog = stencil_program(self.ctx, scale.radii())
+                prog = stencil_program(self.ctx, scale.radii(), entries)
                 names = ("ilastik_x", "ilastik_y", "ilastik_z", "ilastik_out")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
@@ -135,9 +146,9 @@ class PresetStage:
         self._group = min(32, device.max_work_group_size)
         self.seconds = 0.0
         self.clock = KernelClock()  # the stencils' device seconds by name
-        self.clocks = (self.clock,)
+        self.clocks = [self.clock] + ([self._eigen.clock] if self._eigen is not None else [])
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
-        self._passes: dict[str, cl.Buffer] = {}  # ilastik: the passes over the product rows
+        self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
         mf = cl.mem_flags
         self._taps = (
@@ -263,18 +274,11 @@ class PresetStage:
             self._dst = cl.Buffer(self.ctx, mf.READ_WRITE, n_out * self.sub * plane * 4)
         values = np.empty((n_out, depth, ny, nz), np.float32) if out is None else out
         downloads: list[cl.Event] = []
-        i32 = np.int32
         for a2 in range(a, b, self.sub):  # stage 2 by sub-slabs: its outputs' memory bounded
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * plane
             if self.skimage:
-                kern = self._k[0]
-                for s, scale in enumerate(self.preset.scales):
-                    kern.set_args(field, i32(slots.index(s)), i32(srows[0]), i32(ns), i32(a2),
-                                  i32(self.shape[0]), i32(ny), i32(nz), self.factor, self._dst,
-                                  np.int64(n), i32(scale.at[0]))  # fmt: skip
-                    work.append(self.clock.add("skimage_scale",
-                                               self._launch(kern, (nz, ny, b2 - a2))))  # fmt: skip
+                work += self._skimage(a2, b2, field, slots, srows)
             else:
                 qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
                 work += self._ilastik(a2, b2, field, slots, srows, qrows)
@@ -287,6 +291,49 @@ class PresetStage:
         conv.timings["upload"] += device_seconds(events)  # with the copies of stage 1's field
         conv.timings["download"] += device_seconds(downloads)
         return values
+
+    def _skimage(
+        self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray
+    ) -> list[cl.Event]:
+        """Enqueue skimage's stage 2 for every scale: passes along axes 0, 1, 2 over output
+        rows ``[a, b)``, the last writing the scale's five channels."""
+        ny, nz = self.shape[1:]
+        depth, plane = b - a, (b - a) * ny * nz
+        for key, planes in (("x", 4), ("y", 6)):
+            if key not in self._passes or self._passes[key].size < planes * plane * 4:
+                self._passes[key] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
+                                              planes * self.sub * ny * nz * 4)  # fmt: skip
+        bx, by = self._passes["x"], self._passes["y"]
+        kx, ky, kz = self._k
+        i32 = np.int32
+        events = []
+        for s, scale in enumerate(self.preset.scales):
+            at = (field, i32(slots.index(s)), i32(srows[0]), i32(len(srows)), i32(a))
+            kx.set_args(*at, i32(self.shape[0]), i32(ny), i32(nz), i32(depth), bx)
+            ky.set_args(*at, i32(ny), i32(nz), i32(depth), bx, by)
+            kz.set_args(*at, i32(ny), i32(nz), i32(depth), self.factor, bx, by, self._dst,
+                        np.int64(plane), i32(scale.at[0]), self._entries(6))  # fmt: skip
+            for name, k in (("skimage_x", kx), ("skimage_y", ky), ("skimage_z", kz)):
+                events.append(self.clock.add(name, self._launch(k, (nz, ny, depth))))
+            events += self._eigenvalues([scale.at[0] + 2], plane)
+        return events
+
+    def _entries(self, planes: int) -> cl.Buffer:
+        """The buffer of the eigenvalues' entries (CPUs), ``planes`` of a sub-slab."""
+        ny, nz = self.shape[1:]
+        size = (planes * self.sub * ny * nz if self._eigen is not None else 1) * 4
+        if "e" not in self._passes or self._passes["e"].size < size:
+            self._passes["e"] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+        return self._passes["e"]
+
+    def _eigenvalues(self, planes: list[int], n: int) -> list[cl.Event]:
+        """eigen3 over the entries the stencils wrote (CPUs): six per output triple, into
+        ``planes`` of the outputs."""
+        if self._eigen is None:
+            return []
+        e = self._passes["e"]
+        return [self._eigen.launch("eigen3", e, range(6 * i, 6 * i + 6), self._dst, o, n)
+                for i, o in enumerate(planes)]  # fmt: skip
 
     def _ilastik(
         self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray,
@@ -316,10 +363,12 @@ class PresetStage:
             ky.set_args(bx, i32(nq), taps, i32(ny), i32(nz), by)
             kz.set_args(by, i32(nq), taps, i32(ny), i32(nz), bz)
             ko.set_args(bz, i32(nq), grows, taps, my, mz, i32(depth), i32(ny), i32(nz), cval,
-                        self._dst, np.int64(depth * ny * nz), *map(i32, scale.at))  # fmt: skip
+                        self._dst, np.int64(depth * ny * nz), *map(i32, scale.at),
+                        self._entries(12))  # fmt: skip
             for name, k, size in (("ilastik_x", kx, (nz + 4, ny + 4, nq)),
                                   ("ilastik_y", ky, (nz + 4, ny, nq)),
                                   ("ilastik_z", kz, (nz, ny, nq)),
                                   ("ilastik_out", ko, (nz, ny, depth))):  # fmt: skip
                 events.append(self.clock.add(name, self._launch(k, size)))
+            events += self._eigenvalues([scale.at[4], scale.at[5]], depth * ny * nz)
         return events
