@@ -245,15 +245,74 @@ __kernel void ilastik_z(__global const float *restrict Y, const int NQ,
     Z[10 * plane + v] = h12;
 }
 
-/* One scale's ten channels for output rows i (grows: their rows among the NQ, and their
- * neighbours' by the mode, -1: cval): smoothing, LoG, gradient magnitude, DoG, the structure
- * tensor's eigenvalues (the products of the gradients, extended by the mode, smoothed by wo)
- * and the Hessian's. */
+/* The structure tensor's products g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows */
+__kernel void ilastik_products(__global const float *restrict Z, const int NQ, const int NY,
+                               const int NZ, __global float *restrict T)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || q >= NQ) return;
+    const long plane = (long)NQ * NY * NZ, v = ((long)q * NY + y) * NZ + z;
+    const float a = Z[2 * plane + v], b = Z[3 * plane + v], c = Z[4 * plane + v];
+    T[v] = a * a, T[plane + v] = b * b, T[2 * plane + v] = c * c;
+    T[3 * plane + v] = a * b, T[4 * plane + v] = a * c, T[5 * plane + v] = b * c;
+}
+
+/* The outer smoothing of the products along axis 0, on output rows i (grows: their
+ * neighbours among the NQ rows by the mode, -1: cval), over axes 1 and 2 widened by 1 and
+ * extended by the mode (the product field's extension; cval in constant mode) */
+__kernel void ilastik_outer_x(__global const float *restrict T, const int NQ,
+                              __global const int *restrict grows,
+                              __global const float *restrict wt, __global const int *restrict my,
+                              __global const int *restrict mz, const int D, const int NY,
+                              const int NZ, const float cval, __global float *restrict U)
+{
+    const int ze = (int)get_global_id(0), ye = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (ze >= NZ + 2 || ye >= NY + 2 || i >= D) return;
+    __global const float *wo = wt + 4 * TAPS + 2;
+    const int yy = my[ye + 1], zz = mz[ze + 1];
+    const long plane = (long)NQ * NY * NZ;
+    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int cx = -RO; cx <= RO; ++cx) {
+        const int r = grows[i * 3 + 1 + cx];
+        const int out = r < 0 || yy < 0 || zz < 0;
+        const long v = out ? 0 : ((long)r * NY + yy) * NZ + zz;
+#pragma unroll
+        for (int p = 0; p < 6; ++p) t[p] += wo[cx] * (out ? cval : T[p * plane + v]);
+    }
+    const long uplane = (long)D * (NY + 2) * (NZ + 2);
+    const long u = ((long)i * (NY + 2) + ye) * (NZ + 2) + ze;
+#pragma unroll
+    for (int p = 0; p < 6; ++p) U[p * uplane + u] = t[p];
+}
+
+/* ... and along axis 1 */
+__kernel void ilastik_outer_y(__global const float *restrict U, __global const float *restrict wt,
+                              const int D, const int NY, const int NZ, __global float *restrict V)
+{
+    const int ze = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (ze >= NZ + 2 || y >= NY || i >= D) return;
+    __global const float *wo = wt + 4 * TAPS + 2;
+    const long uplane = (long)D * (NY + 2) * (NZ + 2);
+    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int cy = -RO; cy <= RO; ++cy) {
+        const long u = ((long)i * (NY + 2) + y + 1 + cy) * (NZ + 2) + ze;
+#pragma unroll
+        for (int p = 0; p < 6; ++p) t[p] += wo[cy] * U[p * uplane + u];
+    }
+    const long vplane = (long)D * NY * (NZ + 2), v = ((long)i * NY + y) * (NZ + 2) + ze;
+#pragma unroll
+    for (int p = 0; p < 6; ++p) V[p * vplane + v] = t[p];
+}
+
+/* One scale's ten channels for output rows i (grows: their rows among the NQ): smoothing,
+ * LoG, gradient magnitude, DoG, the structure tensor's eigenvalues (the outer smoothing's step
+ * along axis 2 over V) and the Hessian's. */
 __kernel void ilastik_out(__global const float *restrict Z, const int NQ,
                           __global const int *restrict grows, __global const float *restrict wt,
-                          __global const int *restrict my, __global const int *restrict mz,
-                          const int D, const int NY, const int NZ, const float cval,
-                          __global float *restrict dst, const long n, const int os,
+                          __global const float *restrict V, const int D, const int NY,
+                          const int NZ, __global float *restrict dst, const long n, const int os,
                           const int ol, const int om, const int od, const int ot, const int oh,
                           __global float *restrict E)
 {
@@ -262,26 +321,12 @@ __kernel void ilastik_out(__global const float *restrict Z, const int NQ,
     __global const float *wo = wt + 4 * TAPS + 2;
     const long plane = (long)NQ * NY * NZ;
     __global const float *g = Z + 2 * plane;
-    float t00 = 0.0f, t11 = 0.0f, t22 = 0.0f, t01 = 0.0f, t02 = 0.0f, t12 = 0.0f;
+    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const long vplane = (long)D * NY * (NZ + 2), at = ((long)i * NY + y) * (NZ + 2) + z + 1;
 #pragma unroll
-    for (int cz = -RO; cz <= RO; ++cz) {
-        const int zz = mz[z + cz + 2];
+    for (int cz = -RO; cz <= RO; ++cz)
 #pragma unroll
-        for (int cy = -RO; cy <= RO; ++cy) {
-            const int yy = my[y + cy + 2];
-#pragma unroll
-            for (int cx = -RO; cx <= RO; ++cx) {
-                const int r = grows[i * 3 + 1 + cx];
-                const float k = wo[cx] * wo[cy] * wo[cz];
-                const int out = r < 0 || yy < 0 || zz < 0;
-                const long v = out ? 0 : ((long)r * NY + yy) * NZ + zz;
-                const float a = g[v], b = g[plane + v], c = g[2 * plane + v];
-                t00 += k * (out ? cval : a * a), t11 += k * (out ? cval : b * b);
-                t22 += k * (out ? cval : c * c), t01 += k * (out ? cval : a * b);
-                t02 += k * (out ? cval : a * c), t12 += k * (out ? cval : b * c);
-            }
-        }
-    }
+        for (int p = 0; p < 6; ++p) t[p] += wo[cz] * V[p * vplane + at + cz];
     const long own = ((long)grows[i * 3 + 1] * NY + y) * NZ + z;
     const float s = Z[own], sd = Z[plane + own];
     const float h00 = Z[5 * plane + own], h11 = Z[6 * plane + own], h22 = Z[7 * plane + own];
@@ -290,6 +335,6 @@ __kernel void ilastik_out(__global const float *restrict Z, const int NQ,
     dst[ol * n + v] = h00 + h11 + h22;
     dst[om * n + v] = magnitude3(g[own], g[plane + own], g[2 * plane + own]);
     dst[od * n + v] = s - sd;
-    EIGEN(t00, t11, t22, t01, t02, t12, ot, 0);
+    EIGEN(t[0], t[1], t[2], t[3], t[4], t[5], ot, 0);
     EIGEN(h00, h11, h22, Z[8 * plane + own], Z[9 * plane + own], Z[10 * plane + own], oh, 6);
 }
