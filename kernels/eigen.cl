@@ -1,7 +1,7 @@
 /* Derived features of the values a work-item holds: the eigenvalues of a symmetric 3x3 matrix
- * and a magnitude, as functions that kernels/features.cl (over a slab's responses),
- * kernels/fused.cl and kernels/separable.cl (as the epilogue of the pass that computes the
- * responses) share: volconv/engines/features.py builds this file in front of theirs.
+ * and a magnitude, as functions that kernels/features.cl (over a slab's responses) and
+ * kernels/fused.cl (as its epilogue, from the responses it holds) share:
+ * volconv/engines/features.py builds this file in front of theirs.
  *
  * Each function works on EV lanes at once (build option EV: 1, 2, 4, 8 or 16; default 1):
  * CPUs run explicit vectors, not work-items, in SIMD lanes. The code has no branch, so that

@@ -10,7 +10,9 @@ volume slab by slab as `volconv run` streams it, float32 outputs):
 After a warm-up pass (PoCL compiles each kernel at its first launch) one timed pass: wall
 seconds to every output in host memory, and device seconds per stage from OpenCL profiling
 events ("kernel": the passes and the features; a structure tensor's second smoothing and
-eigenvalues included); device bytes: the plan's buffers and the structure tensors'.
+eigenvalues included) and per kernel by name ("kernel_ms_by_name": pass_fast, pass_mid,
+pass_out, fused, eigen3, magnitude, product_pad, ...); device bytes: the plan's buffers and
+the structure tensors'.
 
 Peers on the same volume (float32, each timed once after a warm-up where it runs on a GPU):
   --mode pocl: scikit-image on the CPU (hessian_matrix + hessian_matrix_eigvals,
@@ -52,7 +54,6 @@ from volconv.bank.features import PAIRS, build_features, expand
 from volconv.bench import device_record
 from volconv.device.devices import select_device
 from volconv.engines.features import eigenvalues
-from volconv.engines.scales import PresetStage
 from volconv.engines.separable import SeparableConvolver, make_separable_plan, plan_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,11 +126,7 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
     wall = one_pass()
     stages = {k: conv.timings[k] - before[k] for k in conv.timings}
     kernels = {k: v - kernels_before.get(k, 0.0) for k, v in conv.kernel_seconds.items()}
-    stage_bytes = sum(
-        s.device_bytes if isinstance(s, PresetStage)
-        else s.grad.plan.device_bytes + s.outer.plan.device_bytes
-        for s, _ in conv._tensors
-    )  # fmt: skip
+    stage_bytes = sum(getattr(s, "held_bytes", 0) for s, _ in conv._tensors)
     return {
         "outputs": conv.plan.n_outputs,
         "filters": len(ex.filters),

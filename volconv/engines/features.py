@@ -16,7 +16,8 @@ from volconv.engines.boundary import sources
 from volconv.engines.clock import KernelClock
 
 # Voxels per work-item of the element-wise feature kernels: CPUs run explicit vectors in
-# their SIMD lanes (benchmarks/README.md), GPUs one voxel a work-item.
+# their SIMD lanes (benchmarks/results/pocl-features-eigen.json, "eigen3_lanes"), GPUs one
+# voxel a work-item.
 FEATURE_LANES = {"cpu": 8, "gpu": 1}
 
 
@@ -127,8 +128,9 @@ class StructureTensorStage:
     plus that reach (one chunk but where the mode wraps), and stay on the device; for each
     chunk one launch of kernels/features.cl's product_pad gathers the six products into six
     padded slabs, stacked along axis 0, through pad.cl's index maps (mode and cval applied to
-    the product field); one pass tree smooths the stack (`outer`: the rows between two slabs
-    are computed and never read) and eigen3 reads the six entries from it; only the
+    the product field); the outer smoothing (`outer`) runs over the stack (its pass tree over
+    each slab's rows; its fused kernel over the whole stack, the rows between two slabs
+    computed and never read) and eigen3 reads the six entries from it; only the
     eigenvalues are downloaded, into the caller's array (``out``). A slab whose source holds
     NaN or Inf goes through the host (`_compute_host`): the gradients set as scipy sets them,
     the products smoothed as a float32 volume's rows.
@@ -201,6 +203,17 @@ class StructureTensorStage:
                 force="separable"), slab_depth=depth, fused=fused,
             ).device_bytes  # fmt: skip
         return total
+
+    @property
+    def clocks(self) -> list:
+        """The `volconv.engines.clock.KernelClock`s of its convolvers' launches (its own
+        kernels report to ``kernels.clock``)."""
+        return [self.grad.clock, self.outer.clock]
+
+    @property
+    def held_bytes(self) -> int:
+        """Device memory the stage holds (`device_bytes` of its sizes)."""
+        return self.grad.plan.device_bytes + self.outer.plan.device_bytes + self._values.size
 
     @staticmethod
     def stacked_rows(depth: int, reach: int) -> int:
@@ -280,7 +293,12 @@ class StructureTensorStage:
                        i32(p2), i32(ny), i32(nz), np.float32(self.cval))  # fmt: skip
             event = cl.enqueue_nd_range_kernel(queue, k, (p2, p1, len(fill)), None)
             events.append(self.kernels.clock.add("product_pad", event))
-        events += outer._launch_passes(6 * p0 - 2 * self.reach)
+        stacked = 6 * p0 - 2 * self.reach
+        if outer.plan.fused:  # one kernel over the stack, the rows between slabs included
+            events += outer._launch_passes(stacked)
+        else:  # the tree over each slab's own rows
+            spans = [(i * p0, depth) for i in range(6)]
+            events += outer._passes.launch(outer._padded, outer._out, stacked, spans)
         n = depth * ny * nz
         events.append(self.kernels.launch("eigen3", outer._out, range(6), self._values, 0, n,
                                           stride=p0 * ny * nz))  # fmt: skip

@@ -133,14 +133,17 @@ class PassTree:
         mids = [m for r in self.roots.values() for m in r.children.values()]
         return len(self.roots), len(mids), sum(len(m.children) for m in mids)
 
-    def launch(self, padded: cl.Buffer, out: cl.Buffer, depth: int) -> list[cl.Event]:
+    def launch(self, padded: cl.Buffer, out: cl.Buffer, depth: int,
+               spans: Sequence[tuple[int, int]] | None = None) -> list[cl.Event]:  # fmt: skip
         """Enqueue the tree over the padded slab of ``depth`` output rows, into ``out``'s
-        response planes."""
+        response planes: every row, or only the output rows ``[c0, c0 + rows)`` of each
+        ``(c0, rows)`` of ``spans``."""
+        if spans is None:
+            block = self.plan.block_rows or depth
+            spans = [(c0, min(block, depth - c0)) for c0 in range(0, depth, block)]
         events = []
-        block = self.plan.block_rows or depth
         for root in self.roots.values():
-            for c0 in range(0, depth, block):
-                rows = min(block, depth - c0)  # output rows [c0, c0 + rows) of the slab
+            for c0, rows in spans:
                 events += self._launch_root(root, padded, out, c0, rows, depth)
         return events
 

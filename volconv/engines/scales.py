@@ -148,7 +148,9 @@ class PresetStage:
         self._group = min(32, device.max_work_group_size)
         self.seconds = 0.0
         self.clock = KernelClock()  # the stencils' device seconds by name
-        self.clocks = [self.clock] + ([self._eigen.clock] if self._eigen is not None else [])
+        # its `volconv.engines.clock.KernelClock`s: stage 1's, the stencils', eigen3's
+        self.clocks = [self.conv.clock, self.clock]
+        self.clocks += [self._eigen.clock] if self._eigen is not None else []
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
@@ -168,6 +170,11 @@ class PresetStage:
     def device_bytes(self) -> int:
         """Device memory of the stage at its slab depth (`preset_bytes`)."""
         return self.conv.plan.device_bytes + _buffer_bytes(self.preset, self.shape, self.depth)
+
+    @property
+    def held_bytes(self) -> int:
+        """Device memory the stage holds (as a structure tensor's stage says it)."""
+        return self.device_bytes
 
     def _launch(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups along axis 2 (the kernels check their bounds)."""

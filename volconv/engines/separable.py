@@ -604,6 +604,9 @@ class SeparableConvolver(SlabConvolver):
                 stage = PresetStage(preset, plan.shape, dtype, plan.mode, plan.cval,
                                     self.device, plan.slab_depth)  # fmt: skip
                 self._tensors.append((stage, at))
+        # responses that feed nothing (structure tensors or presets only: the filter `expand`
+        # adds so that a convolver runs one) are not computed
+        self._idle = not self._features and not any(f < plan.stored for f in self._slots)
         if self._slots:
             self._setup()
 
@@ -721,7 +724,7 @@ class SeparableConvolver(SlabConvolver):
                 out[idx] = conv.convolve_slab(a, b, **given)
             for stage, seconds in conv.timings.items():
                 self.timings[stage] += seconds - before[stage]
-        if self._slots:
+        if self._slots and not self._idle:
             self._separable_slab(a, b, raw, needed, frame, nonfinite, out)
         for stage, at in self._tensors:
             before = [dict(c.timings) for c in stage.convolvers]
@@ -734,6 +737,8 @@ class SeparableConvolver(SlabConvolver):
                 for name, seconds in conv.timings.items():
                     self.timings[name] += seconds - was[name]
             self.timings["kernel"] += stage.seconds - t0
+        for clock in self._clocks():  # their events are complete: let them go
+            clock.settle()
         return out
 
     def _separable_slab(
@@ -859,12 +864,15 @@ class SeparableConvolver(SlabConvolver):
     def kernel_seconds(self) -> dict[str, float]:
         """Device seconds per kernel name (passes, features, a structure tensor's stages)
         since the convolver was made; the direct groups' are in `timings` only."""
+        return merged(self._clocks())
+
+    def _clocks(self) -> list[KernelClock]:
         clocks = [self.clock]
         if self._feature_kernels is not None:
             clocks.append(self._feature_kernels.clock)
         for stage, _ in self._tensors:
-            clocks += [c.clock for c in stage.convolvers] + list(getattr(stage, "clocks", ()))
-        return merged(clocks)
+            clocks += getattr(stage, "clocks", [])
+        return clocks
 
     # -- work --------------------------------------------------------------------------
     @property
