@@ -166,6 +166,10 @@ __kernel void skimage_z(__global const float *restrict G, const int gp, const in
  * NQ rows: X (4: the Gaussian, its first and second derivatives, DoG's Gaussian along axis 0)
  * over axes 1 and 2 widened by 2 (PY = NY + 4, PZ = NZ + 4); Y (7 combinations) over axis 2
  * widened; Z (11): S, DoG's S, g0, g1, g2, H00, H11, H22, H01, H02, H12. */
+/* the five tap arrays of a scale's weights wt, each centred: w[t] for t = -R .. R */
+#define TAPS_OF(wt)                                                                    \
+    __global const float *w0 = (wt) + 2, *w1 = (wt) + TAPS + 2, *w2 = (wt) + 2 * TAPS + 2, \
+                         *wd = (wt) + 3 * TAPS + 2, *wo = (wt) + 4 * TAPS + 2
 #define PY (NY + 4)
 #define PZ (NZ + 4)
 
@@ -178,8 +182,7 @@ __kernel void ilastik_x(__global const float *restrict P_all, const int pp, cons
     const int ze = (int)get_global_id(0), ye = (int)get_global_id(1), q = (int)get_global_id(2);
     if (ze >= PZ || ye >= PY || q >= NQ) return;
     __global const float *P = P_all + (long)pp * NP * NY * NZ;
-    __global const float *w0 = wt + 2, *w1 = wt + TAPS + 2, *w2 = wt + 2 * TAPS + 2;
-    __global const float *wd = wt + 3 * TAPS + 2;
+    TAPS_OF(wt);
     const int yy = my[ye], zz = mz[ze];
     float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f;
 #pragma unroll
@@ -200,8 +203,7 @@ __kernel void ilastik_y(__global const float *restrict X, const int NQ,
 {
     const int ze = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
     if (ze >= PZ || y >= NY || q >= NQ) return;
-    __global const float *w0 = wt + 2, *w1 = wt + TAPS + 2, *w2 = wt + 2 * TAPS + 2;
-    __global const float *wd = wt + 3 * TAPS + 2;
+    TAPS_OF(wt);
     const long xp = (long)NQ * PY * PZ, at = ((long)q * PY + y + 2) * PZ + ze;
     float y00 = 0.0f, y10 = 0.0f, y20 = 0.0f, y01 = 0.0f, y11 = 0.0f, y02 = 0.0f, ydd = 0.0f;
 #pragma unroll
@@ -223,8 +225,7 @@ __kernel void ilastik_z(__global const float *restrict Y, const int NQ,
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
     if (z >= NZ || y >= NY || q >= NQ) return;
-    __global const float *w0 = wt + 2, *w1 = wt + TAPS + 2, *w2 = wt + 2 * TAPS + 2;
-    __global const float *wd = wt + 3 * TAPS + 2;
+    TAPS_OF(wt);
     const long yp = (long)NQ * NY * PZ, at = ((long)q * NY + y) * PZ + z + 2;
     float s = 0.0f, sd = 0.0f, g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, h00 = 0.0f, h11 = 0.0f,
           h22 = 0.0f, h01 = 0.0f, h02 = 0.0f, h12 = 0.0f;
@@ -268,7 +269,7 @@ __kernel void ilastik_outer_x(__global const float *restrict T, const int NQ,
 {
     const int ze = (int)get_global_id(0), ye = (int)get_global_id(1), i = (int)get_global_id(2);
     if (ze >= NZ + 2 || ye >= NY + 2 || i >= D) return;
-    __global const float *wo = wt + 4 * TAPS + 2;
+    TAPS_OF(wt);
     const int yy = my[ye + 1], zz = mz[ze + 1];
     const long plane = (long)NQ * NY * NZ;
     float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -292,7 +293,7 @@ __kernel void ilastik_outer_y(__global const float *restrict U, __global const f
 {
     const int ze = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (ze >= NZ + 2 || y >= NY || i >= D) return;
-    __global const float *wo = wt + 4 * TAPS + 2;
+    TAPS_OF(wt);
     const long uplane = (long)D * (NY + 2) * (NZ + 2);
     float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -318,7 +319,7 @@ __kernel void ilastik_out(__global const float *restrict Z, const int NQ,
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
-    __global const float *wo = wt + 4 * TAPS + 2;
+    TAPS_OF(wt);
     const long plane = (long)NQ * NY * NZ;
     __global const float *g = Z + 2 * plane;
     float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
