@@ -22,8 +22,9 @@ the features there (`volconv.engines.features`) before the download. The structu
 smooths the products of gradients a second time, with the mode applied to the product field:
 `StructureTensorStage` computes the gradients over the rows the second smoothing reads, forms
 the products in that smoothing's padded slab and filters them with the bank's mode and cval,
-on the device. The presets (`volconv.bank.presets`) are features whose
-filters are chains of Gaussians and differences, each one separable filter.
+on the device. The presets (`volconv.bank.presets`) read no filter of the bank: each is
+computed in two stages per scale, a Gaussian smoothing and one stencil kernel for all of that
+scale's channels (`volconv.engines.scales.PresetStage`).
 """
 
 from __future__ import annotations
@@ -344,6 +345,9 @@ class Expanded:
         Structure tensors with the output planes they fill (`StructureTensorStage`).
     separable : tuple of int
         Indices of the filters the device features read: they must run on the separable path.
+    presets : list of (PresetPlan, tuple of int)
+        A preset (`volconv.bank.presets.PresetPlan`) with the output planes it fills
+        (`volconv.engines.scales.PresetStage`).
     """
 
     filters: list[Filter]
@@ -353,6 +357,7 @@ class Expanded:
     tensors: list[tuple[Feature, tuple[int, ...]]] = field(default_factory=list)
     separable: tuple[int, ...] = ()
     features: tuple[Feature, ...] = ()
+    presets: list[tuple[object, tuple[int, ...]]] = field(default_factory=list)
 
     @property
     def names(self) -> list[str]:
@@ -363,7 +368,7 @@ class Expanded:
         return {
             "n_stored": self.n_stored,
             "feature_planes": sum(len(f.at) for f in self.device),
-            "n_tensor": sum(len(at) for _, at in self.tensors),
+            "n_tensor": sum(len(at) for _, at in [*self.tensors, *self.presets]),
         }
 
     def stored_kernels(self) -> tuple[np.ndarray, np.ndarray]:
@@ -390,9 +395,13 @@ def expand(filters: Sequence[Filter], features: Sequence[Feature]) -> Expanded:
     index = {_kernel_key(f): i for i, f in enumerate(all_filters)}
     outputs = responses(list(filters))
     device, tensors, separable = [], [], set()
+    preset: list[tuple[Feature, tuple[int, ...]]] = []
     for feat in features:
         at = tuple(range(len(outputs), len(outputs) + len(feat.output_names)))
         outputs += feat.outputs()
+        if "preset" in feat.params:
+            preset.append((feat, at))
+            continue
         if feat.type == "structure_tensor_eigenvalues":
             tensors.append((feat, at))
             continue
@@ -407,7 +416,20 @@ def expand(filters: Sequence[Filter], features: Sequence[Feature]) -> Expanded:
         kinds = {"hessian_eigenvalues": "eigen3", "linear": "pick", "difference": "difference"}
         kernel = kinds.get(feat.type, "magnitude")
         device.append(DeviceFeature(kernel, tuple(idx), at))
+    presets = []
+    if preset:
+        from volconv.bank.presets import preset_plan
+
+        first = preset[0][1][0]
+        planes = tuple(o for _, at in preset for o in at)
+        if planes != tuple(range(first, first + len(planes))):
+            raise ValueError("expand: a preset's outputs must be consecutive")
+        plan = preset_plan([(f, tuple(o - first for o in at)) for f, at in preset])
+        presets.append((plan, planes))
     if not all_filters and tensors:  # the convolver runs at least one filter: a cheap one
         all_filters.append(tensors[0][0].inputs[0])
+    elif not all_filters and presets:  # one tap: the identity
+        all_filters.append(gaussian_filter_of("identity", (0.1,) * 3, (0, 0, 0), 1.0))
+        separable.add(0)
     return Expanded(all_filters, len(filters), outputs, device, tensors,
-                    tuple(sorted(separable)), tuple(features))  # fmt: skip
+                    tuple(sorted(separable)), tuple(features), presets)  # fmt: skip

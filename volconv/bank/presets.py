@@ -1,24 +1,20 @@
 """Feature presets: ilastik's pixel-classification features and scikit-image's
-``multiscale_basic_features``, each expanded into named `Feature`s (``[bank] preset``)."""
+``multiscale_basic_features``, each expanded into named `Feature`s (``[bank] preset``).
+
+Both are computed as their libraries compute them, in two stages per scale: one Gaussian
+smoothing of the input (`PresetScale.smooth`), then every channel of that scale from the
+smoothed field by short stencils (`volconv.engines.scales.PresetStage`, kernels/stencils.cl).
+`preset_plan` gives the stage what it runs: the scales and each one's output planes."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from volconv.bank.factor import term
-from volconv.bank.features import (
-    AXES,
-    PAIRS,
-    Feature,
-    _fail,
-    _order,
-    gaussian_filter_of,
-    radius,
-)
-from volconv.bank.filters import Filter
+from volconv.bank.features import Feature, _fail, radius
 from volconv.bank.kernels import gaussian_kernel1d
 from volconv.bank.spec import BankError
 from volconv.plan.direct import MAX_SEPARABLE_EXTENT
@@ -69,138 +65,150 @@ ILASTIK_SCALES = (0.3, 0.7, 1.0, 1.6, 3.5, 5.0, 10.0)  # the scales ilastik's di
 # itself for s <= 1) with window 3.5 (OpPixelFeaturesPresmoothed.WINDOW_SIZE), then at scale
 # min(s, 1) with window 2 (OpBaseFilter.window_size_feature); vigra's radius is
 # int(window * sigma + 0.5), scipy's truncate. DoG's second sigma is 0.66 of the first, the
-# structure tensor's outer scale 0.5 of its inner one.
+# structure tensor's outer scale 0.5 of its inner one. Each stage takes the bank's mode (vigra
+# filters the presmoothed block, itself extended past the volume's border).
 ILASTIK_PRESMOOTH_WINDOW = 3.5
 ILASTIK_WINDOW = 2.0
 ILASTIK_DOG = 0.66
 ILASTIK_OUTER = 0.5
 
 
-def _padded(a: np.ndarray, n: int) -> np.ndarray:
-    """A centred odd 1D factor zero-padded to odd length ``n`` (its centre kept)."""
-    pad = (n - len(a)) // 2
-    return np.pad(a, pad)
+@dataclass(frozen=True)
+class PresetScale:
+    """One scale of a preset: the Gaussian of stage 1 (``smooth`` at ``truncate``) and the
+    planes (among the preset's outputs) its channels go to.
+
+    ``inner`` is ilastik's feature scale min(s, 1) (0 for skimage). ``at``: skimage: the
+    intensity's plane (edges and the three eigenvalues follow it); ilastik: the planes of the
+    smoothing, LoG, gradient magnitude, DoG and the first of each eigenvalue triple
+    (structure tensor, Hessian)."""
+
+    smooth: float
+    truncate: float
+    inner: float
+    at: tuple[int, ...]
+
+    @property
+    def smooth_radius(self) -> int:
+        return radius(self.smooth, self.truncate)
+
+    def taps(self) -> np.ndarray:
+        """ilastik's stage-2 correlation weights (5, 5) float32: the Gaussian at ``inner``, its
+        first and second derivatives, DoG's second Gaussian and the structure tensor's outer
+        one, each centred at index 2 (window 2: radius int(2 * sigma + 0.5) <= 2)."""
+        out = np.zeros((5, 5), np.float32)
+        rows = [(self.inner, 0), (self.inner, 1), (self.inner, 2),
+                (ILASTIK_DOG * self.inner, 0), (ILASTIK_OUTER * self.inner, 0)]  # fmt: skip
+        for k, (sigma, order) in enumerate(rows):
+            r = radius(sigma, ILASTIK_WINDOW)
+            out[k, 2 - r : 3 + r] = gaussian_kernel1d(sigma, order, r)[::-1]
+        return out
+
+    def radii(self) -> tuple[int, int, int]:
+        """Stage 2's radii: the inner Gaussian's, DoG's second one's, the outer one's."""
+        return tuple(radius(f * self.inner, ILASTIK_WINDOW) for f in (1.0, ILASTIK_DOG,
+                                                                        ILASTIK_OUTER))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PresetPlan:
+    """A preset as `volconv.engines.scales.PresetStage` computes it: ``kind`` ('ilastik' or
+    'skimage'), its scales, and its number of outputs (the planes ``at`` index)."""
+
+    kind: str
+    scales: tuple[PresetScale, ...]
+    n_outputs: int
+
+
+def preset_plan(features: Sequence[tuple[Feature, tuple[int, ...]]]) -> PresetPlan:
+    """The plan of a preset's features, each with its output planes among the preset's."""
+    kind = str(features[0][0].params["preset"])
+    by_scale: dict[float, dict[str, int]] = {}
+    for feat, at in features:
+        s = float(feat.params["scale" if kind == "ilastik" else "sigma"])
+        by_scale.setdefault(s, {})[str(feat.params["feature"])] = at[0]
+    scales = []
+    for s, planes in by_scale.items():
+        if kind == "skimage":
+            scales.append(PresetScale(s, SKIMAGE_TRUNCATE, 0.0, (planes["intensity"],)))
+        else:
+            pre = math.sqrt(s * s - 1.0) if s > 1.0 else s
+            at = tuple(planes[fid] for fid, _ in ILASTIK_FEATURES)
+            scales.append(PresetScale(pre, ILASTIK_PRESMOOTH_WINDOW, min(s, 1.0), at))
+    n = sum(len(f.output_names) for f, _ in features)
+    return PresetPlan(kind, tuple(scales), n)
+
+
+def _check_extent(key: str, sigma: float, truncate: float) -> None:
+    extent = 2 * radius(sigma, truncate) + 1
+    if extent > MAX_SEPARABLE_EXTENT:
+        raise BankError(f"{key}: sigma {sigma:g} at truncate {truncate:g} needs an extent of "
+                        f"{extent}; at most {MAX_SEPARABLE_EXTENT}")  # fmt: skip
 
 
 def ilastik_features(scales: Sequence[float]) -> list[Feature]:
     """ilastik's six pixel-classification features at each of ``scales``, in ilastik's
     channel order and with its names ("Gaussian Smoothing (<sigma>=0.7)", "Hessian of
-    Gaussian Eigenvalues (<sigma>=1.0) [0]", with the Greek letter), each from scipy's
-    Gaussians with the bank's mode."""
+    Gaussian Eigenvalues (<sigma>=1.0) [0]", with the Greek letter)."""
     features = []
     for fid, title in ILASTIK_FEATURES:
         for s in scales:
             name = f"{title} ({SIGMA}={s})"
             inner = min(s, 1.0)
             pre_sigma = math.sqrt(s * s - 1.0) if s > 1.0 else s
-            pre = [((pre_sigma,) * 3, (0, 0, 0), ILASTIK_PRESMOOTH_WINDOW)]
-            sig = (inner,) * 3
+            _check_extent("bank.scales", pre_sigma, ILASTIK_PRESMOOTH_WINDOW)
             params: dict[str, object] = {"preset": "ilastik", "feature": fid, "scale": s,
                                          "presmooth": pre_sigma, "sigma": inner}  # fmt: skip
-
-            def g(suffix: str, order=(0, 0, 0), sigma=sig, terms=None, name=name,
-                  pre=pre) -> Filter:  # fmt: skip
-                return gaussian_filter_of(f"{name}.{suffix}", sigma, order, ILASTIK_WINDOW,
-                                          "bank.scales", pre, terms)  # fmt: skip
-
-            if fid == "GaussianSmoothing":
-                features.append(Feature(name, "linear", params, (g("g"),)))
-            elif fid == "LaplacianOfGaussian":
-                lap = [(1.0, _order(AXES[a], AXES[a])) for a in range(3)]
-                features.append(Feature(name, "linear", params, (g("log", terms=lap),)))
-            elif fid == "GaussianGradientMagnitude":
-                grads = tuple(g(f"d{a}", AXES[a]) for a in range(3))
-                features.append(Feature(name, "gradient_magnitude", params, grads))
-            elif fid == "DifferenceOfGaussians":
-                # the difference of the two responses: as one filter the two Gaussians of
-                # close sigmas would cancel too much for float32 passes at large scales
-                second = g("g2", sigma=(ILASTIK_DOG * inner,) * 3)
+            kind = {"GaussianSmoothing": "linear", "LaplacianOfGaussian": "linear",
+                    "GaussianGradientMagnitude": "gradient_magnitude",
+                    "DifferenceOfGaussians": "difference",
+                    "StructureTensorEigenvalues": "structure_tensor_eigenvalues",
+                    "HessianOfGaussianEigenvalues": "hessian_eigenvalues"}[fid]  # fmt: skip
+            if fid == "DifferenceOfGaussians":
                 params["sigma2"] = ILASTIK_DOG * inner
-                features.append(Feature(name, "difference", params, (g("g"), second)))
-            else:
-                names = tuple(f"{name} [{i}]" for i in range(3))
-                if fid == "StructureTensorEigenvalues":
-                    grads = tuple(g(f"d{a}", AXES[a]) for a in range(3))
-                    rho = ILASTIK_OUTER * inner
-                    params["rho"] = rho
-                    outer = gaussian_filter_of(f"{name}.rho", (rho,) * 3, (0, 0, 0),
-                                               ILASTIK_WINDOW)  # fmt: skip
-                    features.append(Feature(name, "structure_tensor_eigenvalues", params,
-                                            grads, outer, names))  # fmt: skip
-                else:
-                    entries = tuple(g(f"d{a}{b}", _order(AXES[a], AXES[b])) for a, b in PAIRS)
-                    features.append(Feature(name, "hessian_eigenvalues", params, entries,
-                                            names=names))  # fmt: skip
+            if fid == "StructureTensorEigenvalues":
+                params["rho"] = ILASTIK_OUTER * inner
+            names = tuple(f"{name} [{i}]" for i in range(3)) if "Eigen" in fid else (name,)
+            features.append(Feature(name, kind, params, (), names=names))
     return features
 
 
 # -- scikit-image's multiscale_basic_features ------------------------------------------------
 # As skimage/feature/_basic_features.py (scikit-image 0.26) computes them with its defaults
-# (intensity, edges, texture; sigma_min 0.5, sigma_max 16, num_sigma None): sigmas 0.5 * 2^k
-# up to 16; at each, in this order, G = skimage.filters.gaussian(img, sigma) (scipy's
-# gaussian_filter, truncate 4, its mode 'nearest'), the Sobel magnitude of G
-# (skimage.filters.sobel: sqrt(mean over axes of convolve(G, [1, 0, -1] x [1, 2, 1] / 4)^2)),
-# and the eigenvalues (descending, feature.hessian_matrix_eigvals) of the Hessian of G by
-# np.gradient twice (central differences (f[i+1] - f[i-1]) / 2).
+# (intensity, edges, texture; sigma_min 0.5, sigma_max 16, num_sigma None): the image as
+# img_as_float32 gives it (uint8 / 255, uint16 / 65535, signed integers / their maximum and
+# clipped at -1, floats as they are); sigmas 0.5 * 2^k up to 16; at each, in this order,
+# G = skimage.filters.gaussian(img, sigma) (scipy's gaussian_filter, truncate 4, mode
+# 'nearest'), the Sobel magnitude of G (skimage.filters.sobel, mode 'reflect':
+# sqrt(sum over axes of convolve(G, [1, 0, -1] x [1, 2, 1] / 4)^2 / 3)), and the eigenvalues
+# (descending, feature.hessian_matrix_eigvals) of the Hessian of G by np.gradient twice
+# (central differences inside, one-sided at the border). The bank's mode does not apply.
 SKIMAGE_SIGMAS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 SKIMAGE_TRUNCATE = 4.0
-SOBEL_EDGE = np.array([1.0, 0.0, -1.0])  # convolution kernels, as skimage convolves
-SOBEL_SMOOTH = np.array([1.0, 2.0, 1.0]) / 4
-GRADIENT = np.array([0.5, 0.0, -0.5])  # np.gradient inside the volume, as a convolution
 
 
-def filter_of_terms(name: str, terms: Sequence[tuple[float, Sequence[np.ndarray]]]) -> Filter:
-    """A filter of separable terms ``coef * outer(a0, a1, a2)`` (odd centred factors, padded
-    to one extent per axis)."""
-    ext = [max(len(axes[d]) for _, axes in terms) for d in range(3)]
-    if max(ext) > MAX_SEPARABLE_EXTENT:
-        raise BankError(f"{name}: an extent of {max(ext)}; at most {MAX_SEPARABLE_EXTENT}")
-    built = tuple(
-        term(c, *(_padded(np.asarray(a, np.float64), n) for a, n in zip(axes, ext, strict=True)))
-        for c, axes in terms
-    )
-    kernel = np.array(sum(t.array() for t in built), np.float64, order="C")
-    kernel.flags.writeable = False
-    return Filter(name, "gaussian", kernel, built)
+def skimage_scale(dtype: np.dtype) -> float:
+    """img_as_float32's factor for an input of ``dtype`` (signed integers are also clipped at
+    -1: their minimum maps to -1)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "ui":
+        return 1.0 / np.iinfo(dtype).max
+    return 1.0
 
 
 def skimage_features() -> list[Feature]:
     """``skimage.feature.multiscale_basic_features(volume)``'s 30 channels with its defaults,
-    in its order, named ``intensity_s<sigma>``, ``edges_s<sigma>``, ``texture_s<sigma>_<i>``:
-    each channel a composite separable filter (the Gaussian convolved with the Sobel or
-    difference factors) or a magnitude or eigenvalues of such filters."""
+    in its order, named ``intensity_s<sigma>``, ``edges_s<sigma>``, ``texture_s<sigma>_<i>``."""
     features = []
     for s in SKIMAGE_SIGMAS:
-        g = gaussian_kernel1d(s, 0, radius(s, SKIMAGE_TRUNCATE))
         tag = f"s{s:g}"
         params: dict[str, object] = {"preset": "skimage", "sigma": s,
                                      "truncate": SKIMAGE_TRUNCATE}  # fmt: skip
-
-        def axes(kinds: Sequence[np.ndarray], g=g) -> list[np.ndarray]:
-            return [np.convolve(g, k) for k in kinds]
-
-        one = np.ones(1)
-        smooth = filter_of_terms(f"intensity_{tag}.g", [(1.0, axes([one] * 3))])
-        features.append(Feature(f"intensity_{tag}", "linear", {**params, "feature": "intensity"},
-                                (smooth,)))  # fmt: skip
-        sobel = tuple(
-            filter_of_terms(
-                f"edges_{tag}.d{a}",
-                [(1 / math.sqrt(3), axes([SOBEL_EDGE if d == a else SOBEL_SMOOTH
-                                          for d in range(3)]))],
-            )
-            for a in range(3)
-        )  # fmt: skip
+        features.append(Feature(f"intensity_{tag}", "linear",
+                                {**params, "feature": "intensity"}, ()))  # fmt: skip
         features.append(Feature(f"edges_{tag}", "gradient_magnitude",
-                                {**params, "feature": "edges"}, sobel))  # fmt: skip
-        entries = []
-        for a, b in PAIRS:
-            kinds = [one, one, one]
-            kinds[a] = GRADIENT
-            kinds[b] = np.convolve(kinds[b], GRADIENT)
-            entries.append(filter_of_terms(f"texture_{tag}.d{a}{b}", [(1.0, axes(kinds))]))
+                                {**params, "feature": "edges"}, ()))  # fmt: skip
         names = tuple(f"texture_{tag}_{i}" for i in range(3))
         features.append(Feature(f"texture_{tag}", "hessian_eigenvalues",
-                                {**params, "feature": "texture"}, tuple(entries),
-                                names=names))  # fmt: skip
+                                {**params, "feature": "texture"}, (), names=names))  # fmt: skip
     return features

@@ -221,6 +221,11 @@ class StructureTensorStage:
         reach`` rows, less one halo."""
         return 6 * (depth + 2 * reach) - 2 * reach
 
+    @property
+    def convolvers(self) -> tuple:
+        """The convolvers whose timings the slab's count (`SeparableConvolver.convolve_slab`)."""
+        return (self.grad, self.outer)
+
     def product_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted rows of the product field the outer smoothing of ``[a, b)`` reads."""
         return sources(self._row_map(a, b))

@@ -66,6 +66,7 @@ from volconv.engines.features import (
 from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.engines.padder import Padder, frame_bytes, native_volume, slab_rows
 from volconv.engines.passes import MID_ROWS, FusedKernel, FusedTree, PassTree, fused_tree
+from volconv.engines.scales import PresetStage
 from volconv.plan.direct import (
     MAX_EXTENT,
     MAX_SEPARABLE_EXTENT,
@@ -584,8 +585,8 @@ class SeparableConvolver(SlabConvolver):
             raise ValueError("expanded: every filter only features read must be separable")
         self._features: list[DeviceFeature] = list(expanded.device) if expanded else []
         self._feature_kernels: FeatureKernels | None = None
-        self._tensors: list[tuple[StructureTensorStage, tuple[int, ...]]] = []
-        if expanded is not None and (self._features or expanded.tensors):
+        self._tensors: list[tuple[StructureTensorStage | PresetStage, tuple[int, ...]]] = []
+        if expanded is not None and (self._features or expanded.tensors or expanded.presets):
             self._feature_kernels = FeatureKernels(self.ctx, self.queue)
             for feat, at in expanded.tensors:
                 stage = StructureTensorStage(
@@ -593,8 +594,12 @@ class SeparableConvolver(SlabConvolver):
                     plan.slab_depth, self._feature_kernels, fused=fused,
                 )  # fmt: skip
                 self._tensors.append((stage, at))
-        # responses that feed nothing (structure tensors only: the filter `expand` adds so
-        # that a convolver runs one) are not computed
+            for preset, at in expanded.presets:
+                stage = PresetStage(preset, plan.shape, dtype, plan.mode, plan.cval,
+                                    self.device, plan.slab_depth)  # fmt: skip
+                self._tensors.append((stage, at))
+        # responses that feed nothing (structure tensors or presets only: the filter `expand`
+        # adds so that a convolver runs one) are not computed
         self._idle = not self._features and not any(f < plan.stored for f in self._slots)
         if self._slots:
             self._setup()
@@ -716,13 +721,13 @@ class SeparableConvolver(SlabConvolver):
         if self._slots and not self._idle:
             self._separable_slab(a, b, raw, needed, frame, nonfinite, out)
         for stage, at in self._tensors:
-            before = [dict(c.timings) for c in (stage.grad, stage.outer)]
+            before = [dict(c.timings) for c in stage.convolvers]
             t0 = stage.seconds
             if getattr(stage, "fills_out", False):  # downloads into out itself
                 stage.compute(a, b, raw, needed, frame, out=out[at[0] : at[-1] + 1])
             else:
                 out[at[0] : at[-1] + 1] = stage.compute(a, b, raw, needed, frame)
-            for conv, was in zip((stage.grad, stage.outer), before, strict=True):
+            for conv, was in zip(stage.convolvers, before, strict=True):
                 for name, seconds in conv.timings.items():
                     self.timings[name] += seconds - was[name]
             self.timings["kernel"] += stage.seconds - t0

@@ -1,0 +1,341 @@
+/* The presets' second stage: every channel of one scale from that scale's smoothed field,
+ * written into the preset's output planes (plane o at o * n, n = depth * NY * NZ), by 1D passes
+ * along axes 0, 1 and 2 (scipy's and numpy's order) and a kernel for a scale's channels.
+ *
+ * Built behind kernels/eigen.cl (volconv/engines/features.py's build_with_features): its
+ * eigen_sym3 and magnitude3, one voxel per work-item (EV 1).
+ *
+ * skimage_x, skimage_y, skimage_z: skimage.feature.multiscale_basic_features at one sigma from G, the Gaussian of
+ * the image (rows R0 .. R0 + NR - 1 of the volume, covering the slab's rows and 2 more on each
+ * side inside the volume): the intensity G * c (c: img_as_float32's scale of integer inputs),
+ * the Sobel magnitude as skimage.filters.sobel computes it (the axis Sobels with ndi's 'reflect',
+ * sqrt of the sum of their squares / 3) and the descending eigenvalues of the Hessian by
+ * np.gradient twice (central differences inside, one-sided at the volume's border).
+ *
+ * ilastik_x, ilastik_y, ilastik_z, ilastik_out: ilastik's features at its inner scale from P,
+ * the presmoothed volume; P's rows are given by row tables (the local row of each neighbour,
+ * -1 where constant mode gives cval), the other axes are extended by the bank's mode through
+ * index maps, so every stage takes the bank's mode as scipy's gaussian_filter of P would.
+ * Taps: the correlation weights w[t], t = -R .. R, of the Gaussian (w0), its first (w1) and
+ * second (w2) derivatives at the inner scale, DoG's second Gaussian (wd, radius RD) and the
+ * structure tensor's outer Gaussian (wo, radius RO), each stored centred at index 2 of 5. The
+ * passes run axis 0, then 1, then 2 (scipy's order) over every tap of each radius (scipy's
+ * correlate1d multiplies the zero centre tap of odd orders too), so NaN and Inf spread as
+ * they do there. */
+
+#define TAPS 5 /* the inner scale's radius int(2 * sigma + 0.5) <= 2 */
+
+/* The eigenvalues of (a00, .., a12) into planes p .. p + 2 of dst; with ENTRIES (CPUs) the
+ * six entries into planes e .. e + 5 of E instead, for kernels/features.cl's eigen3, which runs
+ * EV voxels per work-item in vectors. */
+#ifdef ENTRIES
+#define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
+    E[(e) * n + v] = a00, E[((e) + 1) * n + v] = a11, E[((e) + 2) * n + v] = a22,           \
+    E[((e) + 3) * n + v] = a01, E[((e) + 4) * n + v] = a02, E[((e) + 5) * n + v] = a12
+#else
+#define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
+    do {                                                                                    \
+        float l0_, l1_, l2_;                                                                \
+        eigen_sym3(a00, a11, a22, a01, a02, a12, &l0_, &l1_, &l2_);                         \
+        dst[(p) * n + v] = l0_, dst[((p) + 1) * n + v] = l1_, dst[((p) + 2) * n + v] = l2_; \
+    } while (0)
+#endif
+
+/* np.gradient at index i of an axis of length n: (f[j0] - f[j1]) * w, one-sided at the ends
+ * (w = 1), central inside (w = 1/2); 0 on a 1-voxel axis */
+inline float gradient_taps(const int i, const int n, int *j0, int *j1)
+{
+    *j0 = min(i + 1, n - 1), *j1 = max(i - 1, 0);
+    const int span = *j0 - *j1;
+    return span == 2 ? 0.5f : span == 1 ? 1.0f : 0.0f;
+}
+
+/* D_a D_a g at g[b] by np.gradient twice along an axis of stride S, index i, length n */
+inline float second_difference(__global const float *g, const long b, const long S, const int i,
+                               const int n)
+{
+    int j0, j1, k0, k1, l0, l1;
+    const float w = gradient_taps(i, n, &j0, &j1);
+    const float w0 = gradient_taps(j0, n, &k0, &k1), w1 = gradient_taps(j1, n, &l0, &l1);
+    const float d0 = (g[b + (k0 - i) * S] - g[b + (k1 - i) * S]) * w0;
+    const float d1 = (g[b + (l0 - i) * S] - g[b + (l1 - i) * S]) * w1;
+    return (d0 - d1) * w;
+}
+
+/* skimage's second stage by passes along axis 0 (skimage_x), 1 (skimage_y) and 2 (skimage_z)
+ * over the output rows, each pass reading the previous one's planes (D rows each): the Sobel
+ * along an axis is the [1, 0, -1] difference along it and the [1, 2, 1] / 4 smoothing along
+ * the two others ('reflect' at distance 1 repeats the border voxel); np.gradient's taps come
+ * from gradient_taps. X: the Sobel difference and smoothing along axis 0, N_0 G, N_0 N_0 G;
+ * Y: the Sobels' axis-1 steps, N_1 N_0 G, N_1 N_1 G, N_1 G. */
+inline float sobel_difference(__global const float *f, const long b, const long m, const long p)
+{
+    return f[b + p] - f[b + m];
+}
+
+inline float sobel_smoothing(__global const float *f, const long b, const long m, const long p)
+{
+    return 0.25f * f[b + m] + 0.5f * f[b] + 0.25f * f[b + p];
+}
+
+/* np.gradient of f at b along an axis of stride S, index i, length n */
+inline float first_difference(__global const float *f, const long b, const long S, const int i,
+                              const int n)
+{
+    int j0, j1;
+    const float w = gradient_taps(i, n, &j0, &j1);
+    return (f[b + (j0 - i) * S] - f[b + (j1 - i) * S]) * w;
+}
+
+__kernel void skimage_x(__global const float *restrict G, const int gp, const int R0,
+                        const int NR, const int A, const int N0, const int NY, const int NZ,
+                        const int D, __global float *restrict X)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || i >= D) return;
+    const int x = A + i;
+    __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
+    const long SX = (long)NY * NZ, b = ((long)x * NY + y) * NZ + z;
+    const long m = (max(x - 1, 0) - x) * SX, p = (min(x + 1, N0 - 1) - x) * SX;
+    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
+    X[v] = sobel_difference(g, b, m, p);
+    X[plane + v] = sobel_smoothing(g, b, m, p);
+    X[2 * plane + v] = first_difference(g, b, SX, x, N0);
+    X[3 * plane + v] = second_difference(g, b, SX, x, N0);
+}
+
+__kernel void skimage_y(__global const float *restrict G, const int gp, const int R0,
+                        const int NR, const int A, const int NY, const int NZ, const int D,
+                        __global const float *restrict X, __global float *restrict Y)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || i >= D) return;
+    __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
+    const long b = ((long)(A + i) * NY + y) * NZ + z;
+    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
+    const long m = (long)(max(y - 1, 0) - y) * NZ, p = (long)(min(y + 1, NY - 1) - y) * NZ;
+    Y[v] = sobel_smoothing(X, v, m, p);                  /* axis 0's Sobel */
+    Y[plane + v] = sobel_difference(X + plane, v, m, p); /* axis 1's */
+    Y[2 * plane + v] = sobel_smoothing(X + plane, v, m, p); /* axis 2's */
+    Y[3 * plane + v] = first_difference(X + 2 * plane, v, NZ, y, NY); /* N_1 N_0 G */
+    Y[4 * plane + v] = second_difference(g, b, NZ, y, NY);            /* N_1 N_1 G */
+    Y[5 * plane + v] = first_difference(g, b, NZ, y, NY);             /* N_1 G */
+}
+
+__kernel void skimage_z(__global const float *restrict G, const int gp, const int R0,
+                        const int NR, const int A, const int NY, const int NZ, const int D,
+                        const float c, __global const float *restrict X,
+                        __global const float *restrict Y, __global float *restrict dst,
+                        const long n, const int o, __global float *restrict E)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || i >= D) return;
+    __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
+    const long b = ((long)(A + i) * NY + y) * NZ + z;
+    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
+    const long m = max(z - 1, 0) - z, p = min(z + 1, NZ - 1) - z;
+    const float e0 = sobel_smoothing(Y, v, m, p), e1 = sobel_smoothing(Y + plane, v, m, p);
+    const float e2 = sobel_difference(Y + 2 * plane, v, m, p);
+    const float h00 = X[3 * plane + v], h11 = Y[4 * plane + v], h01 = Y[3 * plane + v];
+    const float h22 = second_difference(g, b, 1, z, NZ);
+    const float h02 = first_difference(X + 2 * plane, v, 1, z, NZ);
+    const float h12 = first_difference(Y + 5 * plane, v, 1, z, NZ);
+    dst[o * n + v] = c * g[b];
+    dst[(o + 1) * n + v] = c * magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
+    /* the scale c is linear: applied to the results, not to each tap */
+    EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, 0);
+}
+
+/* ilastik's kernels are built for one scale's radii: R (inner), RD (DoG's second Gaussian),
+ * RO (outer), so that their loops unroll. The axes 1 and 2 are extended through the index maps
+ * my, mz (position p at p + 2: its index, or -1 for cval). */
+#ifndef R
+#define R 2
+#define RD 1
+#define RO 1
+#endif
+
+/* P at local row r (-1: cval) and mapped yy, zz */
+#define P_AT(r, yy, zz) \
+    select(P[((long)max(r, 0) * NY + max(yy, 0)) * NZ + max(zz, 0)], cval, \
+           (r) < 0 || (yy) < 0 || (zz) < 0)
+
+/* ilastik's features at the inner scale as scipy's gaussian_filter runs them: 1D passes along
+ * axis 0 (ilastik_x), 1 (ilastik_y), 2 (ilastik_z) over the rows q of the structure tensor's
+ * product field, then every channel of the output rows from those (ilastik_out). Planes of
+ * NQ rows: X (4: the Gaussian, its first and second derivatives, DoG's Gaussian along axis 0)
+ * over axes 1 and 2 widened by 2 (PY = NY + 4, PZ = NZ + 4); Y (7 combinations) over axis 2
+ * widened; Z (11): S, DoG's S, g0, g1, g2, H00, H11, H22, H01, H02, H12. */
+/* the five tap arrays of a scale's weights wt, each centred: w[t] for t = -R .. R */
+#define TAPS_OF(wt)                                                                    \
+    __global const float *w0 = (wt) + 2, *w1 = (wt) + TAPS + 2, *w2 = (wt) + 2 * TAPS + 2, \
+                         *wd = (wt) + 3 * TAPS + 2, *wo = (wt) + 4 * TAPS + 2
+#define PY (NY + 4)
+#define PZ (NZ + 4)
+
+__kernel void ilastik_x(__global const float *restrict P_all, const int pp, const int NP,
+                        __global const int *restrict rows, const int NQ,
+                        __global const float *restrict wt, __global const int *restrict my,
+                        __global const int *restrict mz, const int NY, const int NZ,
+                        const float cval, __global float *restrict X)
+{
+    const int ze = (int)get_global_id(0), ye = (int)get_global_id(1), q = (int)get_global_id(2);
+    if (ze >= PZ || ye >= PY || q >= NQ) return;
+    __global const float *P = P_all + (long)pp * NP * NY * NZ;
+    TAPS_OF(wt);
+    const int yy = my[ye], zz = mz[ze];
+    float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f;
+#pragma unroll
+    for (int cx = -R; cx <= R; ++cx) {
+        const float v = P_AT(rows[q * TAPS + 2 + cx], yy, zz);
+        x0 += w0[cx] * v;
+        x1 += w1[cx] * v;
+        x2 += w2[cx] * v;
+        if (cx >= -RD && cx <= RD) xd += wd[cx] * v;
+    }
+    const long plane = (long)NQ * PY * PZ, v = ((long)q * PY + ye) * PZ + ze;
+    X[v] = x0, X[plane + v] = x1, X[2 * plane + v] = x2, X[3 * plane + v] = xd;
+}
+
+__kernel void ilastik_y(__global const float *restrict X, const int NQ,
+                        __global const float *restrict wt, const int NY, const int NZ,
+                        __global float *restrict Y)
+{
+    const int ze = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
+    if (ze >= PZ || y >= NY || q >= NQ) return;
+    TAPS_OF(wt);
+    const long xp = (long)NQ * PY * PZ, at = ((long)q * PY + y + 2) * PZ + ze;
+    float y00 = 0.0f, y10 = 0.0f, y20 = 0.0f, y01 = 0.0f, y11 = 0.0f, y02 = 0.0f, ydd = 0.0f;
+#pragma unroll
+    for (int cy = -R; cy <= R; ++cy) {
+        const long v = at + (long)cy * PZ;
+        const float x0 = X[v], x1 = X[xp + v], x2 = X[2 * xp + v];
+        y00 += w0[cy] * x0, y10 += w0[cy] * x1, y20 += w0[cy] * x2;
+        y01 += w1[cy] * x0, y11 += w1[cy] * x1, y02 += w2[cy] * x0;
+        if (cy >= -RD && cy <= RD) ydd += wd[cy] * X[3 * xp + v];
+    }
+    const long plane = (long)NQ * NY * PZ, v = ((long)q * NY + y) * PZ + ze;
+    Y[v] = y00, Y[plane + v] = y10, Y[2 * plane + v] = y20, Y[3 * plane + v] = y01;
+    Y[4 * plane + v] = y11, Y[5 * plane + v] = y02, Y[6 * plane + v] = ydd;
+}
+
+__kernel void ilastik_z(__global const float *restrict Y, const int NQ,
+                        __global const float *restrict wt, const int NY, const int NZ,
+                        __global float *restrict Z)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || q >= NQ) return;
+    TAPS_OF(wt);
+    const long yp = (long)NQ * NY * PZ, at = ((long)q * NY + y) * PZ + z + 2;
+    float s = 0.0f, sd = 0.0f, g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, h00 = 0.0f, h11 = 0.0f,
+          h22 = 0.0f, h01 = 0.0f, h02 = 0.0f, h12 = 0.0f;
+#pragma unroll
+    for (int cz = -R; cz <= R; ++cz) {
+        const long v = at + cz;
+        const float y00 = Y[v], y10 = Y[yp + v], y20 = Y[2 * yp + v], y01 = Y[3 * yp + v];
+        const float y11 = Y[4 * yp + v], y02 = Y[5 * yp + v];
+        s += w0[cz] * y00, h00 += w0[cz] * y20, h11 += w0[cz] * y02, h22 += w2[cz] * y00;
+        h01 += w0[cz] * y11, h02 += w1[cz] * y10, h12 += w1[cz] * y01;
+        g0 += w0[cz] * y10, g1 += w0[cz] * y01, g2 += w1[cz] * y00;
+        if (cz >= -RD && cz <= RD) sd += wd[cz] * Y[6 * yp + v];
+    }
+    const long plane = (long)NQ * NY * NZ, v = ((long)q * NY + y) * NZ + z;
+    Z[v] = s, Z[plane + v] = sd, Z[2 * plane + v] = g0, Z[3 * plane + v] = g1;
+    Z[4 * plane + v] = g2, Z[5 * plane + v] = h00, Z[6 * plane + v] = h11;
+    Z[7 * plane + v] = h22, Z[8 * plane + v] = h01, Z[9 * plane + v] = h02;
+    Z[10 * plane + v] = h12;
+}
+
+/* The structure tensor's products g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows */
+__kernel void ilastik_products(__global const float *restrict Z, const int NQ, const int NY,
+                               const int NZ, __global float *restrict T)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || q >= NQ) return;
+    const long plane = (long)NQ * NY * NZ, v = ((long)q * NY + y) * NZ + z;
+    const float a = Z[2 * plane + v], b = Z[3 * plane + v], c = Z[4 * plane + v];
+    T[v] = a * a, T[plane + v] = b * b, T[2 * plane + v] = c * c;
+    T[3 * plane + v] = a * b, T[4 * plane + v] = a * c, T[5 * plane + v] = b * c;
+}
+
+/* The outer smoothing of the products along axis 0, on output rows i (grows: their
+ * neighbours among the NQ rows by the mode, -1: cval), over axes 1 and 2 widened by 1 and
+ * extended by the mode (the product field's extension; cval in constant mode) */
+__kernel void ilastik_outer_x(__global const float *restrict T, const int NQ,
+                              __global const int *restrict grows,
+                              __global const float *restrict wt, __global const int *restrict my,
+                              __global const int *restrict mz, const int D, const int NY,
+                              const int NZ, const float cval, __global float *restrict U)
+{
+    const int ze = (int)get_global_id(0), ye = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (ze >= NZ + 2 || ye >= NY + 2 || i >= D) return;
+    TAPS_OF(wt);
+    const int yy = my[ye + 1], zz = mz[ze + 1];
+    const long plane = (long)NQ * NY * NZ;
+    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int cx = -RO; cx <= RO; ++cx) {
+        const int r = grows[i * 3 + 1 + cx];
+        const int out = r < 0 || yy < 0 || zz < 0;
+        const long v = out ? 0 : ((long)r * NY + yy) * NZ + zz;
+#pragma unroll
+        for (int p = 0; p < 6; ++p) t[p] += wo[cx] * (out ? cval : T[p * plane + v]);
+    }
+    const long uplane = (long)D * (NY + 2) * (NZ + 2);
+    const long u = ((long)i * (NY + 2) + ye) * (NZ + 2) + ze;
+#pragma unroll
+    for (int p = 0; p < 6; ++p) U[p * uplane + u] = t[p];
+}
+
+/* ... and along axis 1 */
+__kernel void ilastik_outer_y(__global const float *restrict U, __global const float *restrict wt,
+                              const int D, const int NY, const int NZ, __global float *restrict V)
+{
+    const int ze = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (ze >= NZ + 2 || y >= NY || i >= D) return;
+    TAPS_OF(wt);
+    const long uplane = (long)D * (NY + 2) * (NZ + 2);
+    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int cy = -RO; cy <= RO; ++cy) {
+        const long u = ((long)i * (NY + 2) + y + 1 + cy) * (NZ + 2) + ze;
+#pragma unroll
+        for (int p = 0; p < 6; ++p) t[p] += wo[cy] * U[p * uplane + u];
+    }
+    const long vplane = (long)D * NY * (NZ + 2), v = ((long)i * NY + y) * (NZ + 2) + ze;
+#pragma unroll
+    for (int p = 0; p < 6; ++p) V[p * vplane + v] = t[p];
+}
+
+/* One scale's ten channels for output rows i (grows: their rows among the NQ): smoothing,
+ * LoG, gradient magnitude, DoG, the structure tensor's eigenvalues (the outer smoothing's step
+ * along axis 2 over V) and the Hessian's. */
+__kernel void ilastik_out(__global const float *restrict Z, const int NQ,
+                          __global const int *restrict grows, __global const float *restrict wt,
+                          __global const float *restrict V, const int D, const int NY,
+                          const int NZ, __global float *restrict dst, const long n, const int os,
+                          const int ol, const int om, const int od, const int ot, const int oh,
+                          __global float *restrict E)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || i >= D) return;
+    TAPS_OF(wt);
+    const long plane = (long)NQ * NY * NZ;
+    __global const float *g = Z + 2 * plane;
+    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const long vplane = (long)D * NY * (NZ + 2), at = ((long)i * NY + y) * (NZ + 2) + z + 1;
+#pragma unroll
+    for (int cz = -RO; cz <= RO; ++cz)
+#pragma unroll
+        for (int p = 0; p < 6; ++p) t[p] += wo[cz] * V[p * vplane + at + cz];
+    const long own = ((long)grows[i * 3 + 1] * NY + y) * NZ + z;
+    const float s = Z[own], sd = Z[plane + own];
+    const float h00 = Z[5 * plane + own], h11 = Z[6 * plane + own], h22 = Z[7 * plane + own];
+    const long v = ((long)i * NY + y) * NZ + z;
+    dst[os * n + v] = s;
+    dst[ol * n + v] = h00 + h11 + h22;
+    dst[om * n + v] = magnitude3(g[own], g[plane + own], g[2 * plane + own]);
+    dst[od * n + v] = s - sd;
+    EIGEN(t[0], t[1], t[2], t[3], t[4], t[5], ot, 0);
+    EIGEN(h00, h11, h22, Z[8 * plane + own], Z[9 * plane + own], Z[10 * plane + own], oh, 6);
+}

@@ -1,0 +1,390 @@
+"""The presets on the device, two stages per scale (`PresetStage`): one Gaussian smoothing of
+the input per scale on the separable passes, then one kernel of kernels/stencils.cl per scale
+that writes all of that scale's channels from the smoothed field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.bank.features import gaussian_filter_of
+from volconv.bank.presets import PresetPlan, skimage_scale
+from volconv.device.programs import device_seconds
+from volconv.engines.boundary import extend_indices, sources
+from volconv.engines.clock import KernelClock
+from volconv.engines.features import FeatureKernels, build_with_features, lanes_for
+
+SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
+
+
+def stencil_program(
+    ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False
+) -> cl.Program:
+    """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
+    kernels built for the radii (inner, DoG's second, outer) of one scale; ``entries``: the
+    eigenvalues' entries written out for kernels/features.cl's eigen3 (CPUs: its lanes)."""
+    defines = tuple(zip(("R", "RD", "RO"), radii, strict=True))
+    return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
+                                                              else ()))  # fmt: skip
+
+
+def smoothing_filters(preset: PresetPlan) -> list:
+    """Stage 1's filters: every scale's Gaussian."""
+    return [gaussian_filter_of(f"smooth{i}", (s.smooth,) * 3, (0, 0, 0), s.truncate)
+            for i, s in enumerate(preset.scales)]  # fmt: skip
+
+
+def reach(preset: PresetPlan) -> int:
+    """Rows of stage 1 past a slab: np.gradient twice (skimage), the inner radius 2 and the
+    outer 1 (ilastik)."""
+    return 2 if preset.kind == "skimage" else 3
+
+
+def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -> int:
+    """The stage's own device buffers: stage 1's field (ilastik: a copy, wrap's two runs),
+    the passes over the product rows (ilastik; wrap's two runs) and stage 2's outputs."""
+    n0, ny, nz = shape
+    sub = min(depth, SUB_ROWS)
+    rows = min(n0, depth + 2 * reach(preset))
+    own = preset.n_outputs * sub * ny * nz
+    if preset.kind == "skimage":
+        own += (10 + 6) * sub * ny * nz  # the passes' planes; the entries (CPUs)
+    else:
+        q = 2 * (sub + 2)
+        own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
+        own += q * (4 * (ny + 4) * (nz + 4) + 7 * ny * (nz + 4) + 17 * ny * nz)
+        own += 6 * sub * ((ny + 2) * (nz + 2) + ny * (nz + 2))  # the outer smoothing's passes
+    return own * 4
+
+
+def preset_bytes(
+    preset: PresetPlan, shape: tuple[int, int, int], dtype: np.dtype, mode: str, cval: float,
+    device: cl.Device, depth: int,
+) -> tuple[int, int]:  # fmt: skip
+    """The memory a `PresetStage` takes at slab depth ``depth``, as ``(host, device)``: on the
+    host the outputs of a slab and stage 1's field of a slab holding NaN or Inf; on the device
+    stage 1's convolver (`make_separable_plan`), its field, the gradients and stage 2's
+    outputs."""
+    from volconv.engines.separable import make_separable_plan, plan_bank
+
+    n0, ny, nz = shape
+    filters = smoothing_filters(preset)
+    rows = min(n0, depth + 2 * reach(preset))
+    skimage = preset.kind == "skimage"
+    plan = make_separable_plan(
+        filters, shape, dtype, "nearest" if skimage else mode, 0.0 if skimage else cval, device,
+        choices=plan_bank(filters, force="separable"), slab_depth=rows, fused=False,
+    )  # fmt: skip
+    host = (preset.n_outputs * depth + len(filters) * rows) * ny * nz * 4
+    return host, plan.device_bytes + _buffer_bytes(preset, shape, depth)
+
+
+class PresetStage:
+    """A preset's outputs for a slab of output rows, in its order (`PresetPlan`).
+
+    Stage 1 smooths the input by every scale's Gaussian at once: one `SeparableConvolver`
+    (forced separable, the scales' Gaussians as its filters) over the rows stage 2 reads, in
+    chunks of at most its slab depth, kept on the device. Stage 2 runs per scale over
+    sub-slabs of at most `SUB_ROWS` rows (its outputs' buffer), each downloaded into ``out``.
+    skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over the slab's rows
+    and 2 more on each side inside the volume (Sobel's 'reflect' and np.gradient's one-sided
+    differences stay inside it); three 1D passes per scale, the last writing its five
+    channels. ilastik: the
+    presmoothing takes the bank's mode and cval; stage 2 reads it over the rows the bank's mode
+    maps the slab's, widened by the inner radius (2) and the structure tensor's outer one (1),
+    through row tables: three 1D passes (axes 0, 1, 2) give the smoothing, DoG's second one,
+    the gradients and the Hessian over the rows the outer smoothing reads, and one kernel the
+    scale's ten channels.
+
+    A slab whose source holds NaN or Inf is smoothed through the convolver's host path (scipy's
+    non-finite responses), uploaded, and goes through the same stage 2, whose sums take every
+    tap as scipy's correlate1d does (0 * Inf is NaN there too). skimage's Gaussians are wider
+    than that host path counts (31 taps): its slabs with NaN or Inf are refused.
+    """
+
+    def __init__(
+        self,
+        preset: PresetPlan,
+        shape: tuple[int, int, int],
+        dtype: np.dtype,
+        mode: str,
+        cval: float,
+        device: cl.Device,
+        slab_depth: int,
+    ) -> None:
+        from volconv.engines.separable import SeparableConvolver, plan_bank
+
+        self.preset, self.shape, self.dtype = preset, tuple(shape), np.dtype(dtype)
+        self.skimage = preset.kind == "skimage"
+        self.mode = "nearest" if self.skimage else mode
+        self.cval = 0.0 if self.skimage else float(cval)
+        self.reach = reach(preset)
+        self.depth = slab_depth
+        self.sub = min(slab_depth, SUB_ROWS)
+        filters = smoothing_filters(preset)
+        self.conv = SeparableConvolver(
+            filters, shape, dtype, self.mode, self.cval, device=device,
+            slab_depth=min(shape[0], slab_depth + 2 * self.reach),
+            choices=plan_bank(filters, force="separable"), fused=False,
+        )  # fmt: skip
+        self.convolvers = (self.conv,)
+        self.ctx, self.queue = self.conv.ctx, self.conv.queue
+        # CPUs: the eigenvalues by eigen3 over written-out entries, in vectors of its lanes
+        self._eigen = FeatureKernels(self.ctx, self.queue) if lanes_for(device) > 1 else None
+        entries = self._eigen is not None
+        if self.skimage:
+            prog = stencil_program(self.ctx, entries=entries)
+            self._k = [cl.Kernel(prog, name) for name in ("skimage_x", "skimage_y", "skimage_z")]
+        else:
+            self._k = []
+            for scale in preset.scales:
+                prog = stencil_program(self.ctx, scale.radii(), entries)
+                names = ("ilastik_x", "ilastik_y", "ilastik_z", "ilastik_products",
+                         "ilastik_outer_x", "ilastik_outer_y", "ilastik_out")  # fmt: skip
+                self._k.append(tuple(cl.Kernel(prog, name) for name in names))
+            maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
+            self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                                    hostbuf=m) for m in maps]  # fmt: skip
+        self._group = min(32, device.max_work_group_size)
+        self.seconds = 0.0
+        self.clock = KernelClock()  # the stencils' device seconds by name
+        # its `volconv.engines.clock.KernelClock`s: stage 1's, the stencils', eigen3's
+        self.clocks = [self.conv.clock, self.clock]
+        self.clocks += [self._eigen.clock] if self._eigen is not None else []
+        self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
+        self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
+        self._dst: cl.Buffer | None = None  # the preset's planes of a slab
+        mf = cl.mem_flags
+        self._taps = (
+            []
+            if self.skimage
+            else [
+                cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=s.taps())
+                for s in preset.scales
+            ]
+        )
+        self.clip = self.skimage and self.dtype.kind == "i"  # img_as_float32: min -> -1
+        self.factor = np.float32(skimage_scale(self.dtype) if self.skimage else 1.0)
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory of the stage at its slab depth (`preset_bytes`)."""
+        return self.conv.plan.device_bytes + _buffer_bytes(self.preset, self.shape, self.depth)
+
+    @property
+    def held_bytes(self) -> int:
+        """Device memory the stage holds (as a structure tensor's stage says it)."""
+        return self.device_bytes
+
+    def _launch(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
+        """Work-groups along axis 2 (the kernels check their bounds)."""
+        w = self._group
+        return cl.enqueue_nd_range_kernel(self.queue, kernel, (-(-size[0] // w) * w, *size[1:]),
+                                          (w, 1, 1))  # fmt: skip
+
+    # -- rows -------------------------------------------------------------------------------
+    def _rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of stage 1 that stage 2 reads for output rows ``[a, b)``, and (ilastik) the
+        rows of the structure tensor's product field."""
+        n0 = self.shape[0]
+        if self.skimage:
+            return np.arange(max(0, a - 2), min(n0, b + 2)), np.arange(0)
+        q = sources(extend_indices(n0, a - 1, b + 1, self.mode))
+        near = (q[:, None] + np.arange(-2, 3)[None, :]).ravel()
+        lo = int(near.min())
+        folded = extend_indices(n0, lo, int(near.max()) + 1, self.mode)[near - lo]
+        return sources(folded), q
+
+    def _chunks(self, rows: np.ndarray) -> list[tuple[int, int]]:
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        out = []
+        for run in np.split(rows, breaks):
+            r0, r1 = int(run[0]), int(run[-1]) + 1
+            step = self.conv.plan.slab_depth
+            out += [(c, min(c + step, r1)) for c in range(r0, r1, step)]
+        return out
+
+    def source_rows(self, a: int, b: int) -> np.ndarray:
+        """Sorted source rows of the volume that output rows ``[a, b)`` read."""
+        rows, _ = self._rows(a, b)
+        parts = [self.conv.source_rows(c0, c1) for c0, c1 in self._chunks(rows)]
+        return sources(np.concatenate(parts))
+
+    def _table(self, targets: np.ndarray, local: np.ndarray, reach: int) -> np.ndarray:
+        """For each row of ``targets``, the local index in ``local`` of its neighbours at
+        -reach .. reach, extended by the mode (-1: cval)."""
+        n0 = self.shape[0]
+        out = np.empty((len(targets), 2 * reach + 1), np.int32)
+        for i, t in enumerate(targets):
+            m = extend_indices(n0, int(t) - reach, int(t) + reach + 1, self.mode)
+            out[i] = np.where(m >= 0, np.searchsorted(local, m), -1)
+        return out
+
+    # -- a slab -----------------------------------------------------------------------------
+    fills_out = True  # `compute` takes ``out`` and downloads into it
+
+    def compute(
+        self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
+        frame: np.ndarray | None, out: np.ndarray | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """The preset's outputs (n_outputs, b - a, ny, nz) float32 of output rows ``[a, b)``,
+        from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its whole
+        ``frame``; downloaded into ``out`` if given (float32, each plane contiguous)."""
+        from volconv.engines.nonfinite import has_nonfinite
+
+        conv, queue, mf = self.conv, self.queue, cl.mem_flags
+        ny, nz = self.shape[1:]
+        plane = ny * nz
+        depth, k = b - a, len(self.preset.scales)
+        srows, _ = self._rows(a, b)
+        ns = len(srows)
+        chunks = self._chunks(srows)
+        host = rows is not None and has_nonfinite(rows)
+        events: list[cl.Event] = []  # stage 1's uploads and pads, copies
+        work: list[cl.Event] = []  # the passes and the stencils
+        if len(chunks) == 1 and not host:  # stage 1's responses are the field: no copy
+            smooth = None
+        else:
+            if self._smooth is None or self._smooth.size < k * ns * plane * 4:
+                self._smooth = cl.Buffer(self.ctx, mf.READ_WRITE, k * ns * plane * 4)
+            smooth = self._smooth
+        at = 0
+        for c0, c1 in chunks:
+            if rows is None:
+                own = frame[conv.source_rows(c0, c1)] if self.clip else None
+            else:
+                own = rows[np.searchsorted(needed, conv.source_rows(c0, c1))]
+            if own is not None and self.clip:
+                own = np.maximum(own, -np.iinfo(self.dtype).max).astype(self.dtype)
+            n = (c1 - c0) * plane
+            if host:
+                field = np.ascontiguousarray(conv.convolve_slab(c0, c1, rows=own), np.float32)
+                for s in range(k):
+                    events.append(cl.enqueue_copy(queue, smooth, field[s],
+                                                  dst_offset=(s * ns + at) * plane * 4,
+                                                  is_blocking=False))  # fmt: skip
+                cl.wait_for_events(events[-k:])
+            else:
+                given = {"frame": frame} if own is None else {"rows": own}
+                up, pad = conv.padder(c0, c1, conv._padded, **given)
+                events += [*up, pad]
+                work += conv._launch_passes(c1 - c0)
+                if smooth is not None:
+                    for s in range(k):
+                        slot = conv._slots.index(s)
+                        events.append(cl.enqueue_copy(
+                            queue, smooth, conv._out, byte_count=n * 4, src_offset=slot * n * 4,
+                            dst_offset=(s * ns + at) * plane * 4))  # fmt: skip
+            at += c1 - c0
+        field = conv._out if smooth is None else smooth
+        slots = conv._slots if smooth is None else list(range(k))
+        n_out = self.preset.n_outputs
+        if self._dst is None:
+            self._dst = cl.Buffer(self.ctx, mf.READ_WRITE, n_out * self.sub * plane * 4)
+        values = np.empty((n_out, depth, ny, nz), np.float32) if out is None else out
+        downloads: list[cl.Event] = []
+        for a2 in range(a, b, self.sub):  # stage 2 by sub-slabs: its outputs' memory bounded
+            b2 = min(a2 + self.sub, b)
+            n = (b2 - a2) * plane
+            if self.skimage:
+                work += self._skimage(a2, b2, field, slots, srows)
+            else:
+                qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
+                work += self._ilastik(a2, b2, field, slots, srows, qrows)
+            for o in range(n_out):  # in order after the kernels
+                downloads.append(cl.enqueue_copy(
+                    queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
+                    is_blocking=False))  # fmt: skip
+        cl.wait_for_events(events + work + downloads)
+        self.seconds += device_seconds(work)
+        conv.timings["upload"] += device_seconds(events)  # with the copies of stage 1's field
+        conv.timings["download"] += device_seconds(downloads)
+        return values
+
+    def _skimage(
+        self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray
+    ) -> list[cl.Event]:
+        """Enqueue skimage's stage 2 for every scale: passes along axes 0, 1, 2 over output
+        rows ``[a, b)``, the last writing the scale's five channels."""
+        ny, nz = self.shape[1:]
+        depth, plane = b - a, (b - a) * ny * nz
+        for key, planes in (("x", 4), ("y", 6)):
+            if key not in self._passes or self._passes[key].size < planes * plane * 4:
+                self._passes[key] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
+                                              planes * self.sub * ny * nz * 4)  # fmt: skip
+        bx, by = self._passes["x"], self._passes["y"]
+        kx, ky, kz = self._k
+        i32 = np.int32
+        events = []
+        for s, scale in enumerate(self.preset.scales):
+            at = (field, i32(slots.index(s)), i32(srows[0]), i32(len(srows)), i32(a))
+            kx.set_args(*at, i32(self.shape[0]), i32(ny), i32(nz), i32(depth), bx)
+            ky.set_args(*at, i32(ny), i32(nz), i32(depth), bx, by)
+            kz.set_args(*at, i32(ny), i32(nz), i32(depth), self.factor, bx, by, self._dst,
+                        np.int64(plane), i32(scale.at[0]), self._entries(6))  # fmt: skip
+            for name, k in (("skimage_x", kx), ("skimage_y", ky), ("skimage_z", kz)):
+                events.append(self.clock.add(name, self._launch(k, (nz, ny, depth))))
+            events += self._eigenvalues([scale.at[0] + 2], plane)
+        return events
+
+    def _entries(self, planes: int) -> cl.Buffer:
+        """The buffer of the eigenvalues' entries (CPUs), ``planes`` of a sub-slab."""
+        ny, nz = self.shape[1:]
+        size = (planes * self.sub * ny * nz if self._eigen is not None else 1) * 4
+        if "e" not in self._passes or self._passes["e"].size < size:
+            self._passes["e"] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+        return self._passes["e"]
+
+    def _eigenvalues(self, planes: list[int], n: int) -> list[cl.Event]:
+        """eigen3 over the entries the stencils wrote (CPUs): six per output triple, into
+        ``planes`` of the outputs."""
+        if self._eigen is None:
+            return []
+        e = self._passes["e"]
+        return [self._eigen.launch("eigen3", e, range(6 * i, 6 * i + 6), self._dst, o, n)
+                for i, o in enumerate(planes)]  # fmt: skip
+
+    def _ilastik(
+        self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray,
+        qrows: np.ndarray,
+    ) -> list[cl.Event]:  # fmt: skip
+        """Enqueue ilastik's stage 2 for every scale: the passes over the product rows
+        ``qrows``, then the channels of output rows ``[a, b)``."""
+        mf, ctx = cl.mem_flags, self.ctx
+        ny, nz = self.shape[1:]
+        depth, nq, ns = b - a, len(qrows), len(srows)
+        tables = [self._table(qrows, srows, 2), self._table(np.arange(a, b), qrows, 1)]
+        rows, grows = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t) for t in tables)
+        sizes = {"x": 4 * nq * (ny + 4) * (nz + 4), "y": 7 * nq * ny * (nz + 4),
+                 "z": 11 * nq * ny * nz, "t": 6 * nq * ny * nz,
+                 "u": 6 * depth * (ny + 2) * (nz + 2), "v": 6 * depth * ny * (nz + 2)}  # fmt: skip
+        for key, size in sizes.items():
+            if key not in self._passes or self._passes[key].size < size * 4:
+                self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
+        bx, by, bz, bt, bu, bv = (self._passes[k] for k in "xyztuv")
+        i32, cval = np.int32, np.float32(self.cval)
+        my, mz = self._maps
+        events = []
+        for s, scale in enumerate(self.preset.scales):
+            kx, ky, kz, kt, kox, koy, ko = self._k[s]
+            taps = self._taps[s]
+            kx.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz,
+                        i32(ny), i32(nz), cval, bx)  # fmt: skip
+            ky.set_args(bx, i32(nq), taps, i32(ny), i32(nz), by)
+            kz.set_args(by, i32(nq), taps, i32(ny), i32(nz), bz)
+            kt.set_args(bz, i32(nq), i32(ny), i32(nz), bt)
+            kox.set_args(bt, i32(nq), grows, taps, my, mz, i32(depth), i32(ny), i32(nz), cval, bu)
+            koy.set_args(bu, taps, i32(depth), i32(ny), i32(nz), bv)
+            ko.set_args(bz, i32(nq), grows, taps, bv, i32(depth), i32(ny), i32(nz), self._dst,
+                        np.int64(depth * ny * nz), *map(i32, scale.at),
+                        self._entries(12))  # fmt: skip
+            for name, k, size in (("ilastik_x", kx, (nz + 4, ny + 4, nq)),
+                                  ("ilastik_y", ky, (nz + 4, ny, nq)),
+                                  ("ilastik_z", kz, (nz, ny, nq)),
+                                  ("ilastik_products", kt, (nz, ny, nq)),
+                                  ("ilastik_outer_x", kox, (nz + 2, ny + 2, depth)),
+                                  ("ilastik_outer_y", koy, (nz + 2, ny, depth)),
+                                  ("ilastik_out", ko, (nz, ny, depth))):  # fmt: skip
+                events.append(self.clock.add(name, self._launch(k, size)))
+            events += self._eigenvalues([scale.at[4], scale.at[5]], depth * ny * nz)
+        return events
