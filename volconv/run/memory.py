@@ -16,9 +16,10 @@ import pyopencl as cl
 from volconv.bank.filters import stack_kernels
 from volconv.config import Config, PipelineError
 from volconv.engines.convert import device_encodes
+from volconv.engines.features import StructureTensorStage
 from volconv.engines.nonfinite import APPLY_BYTES, OverridePlan
 from volconv.engines.padder import frame_bytes
-from volconv.engines.separable import make_separable_plan, plan_bank
+from volconv.engines.scales import preset_bytes
 from volconv.output import backlog_bytes, slabs_in_flight
 from volconv.plan.direct import MAX_EXTENT, make_plan
 
@@ -78,27 +79,26 @@ def host_bytes(job: Job, cfg: Config, depth: int, device: cl.Device) -> int:
 
 
 def tensor_bytes(job: Job, depth: int, device: cl.Device) -> tuple[int, int]:
-    """The memory the structure tensors (`volconv.engines.features.StructureTensorStage`) take at
-    slab depth ``depth``, as ``(host, device)``: on the host the gradients over the product
-    rows, a product in float64 and one in float32, the six entries and the eigenvalues of a
-    slab (a slab holding NaN or Inf goes through the host); on the device the gradients'
-    and the second smoothing's convolvers, the gradients over the product rows, S's entries
-    and the eigenvalues."""
+    """The memory the feature stages take at slab depth ``depth``, as ``(host, device)``: the
+    structure tensors' (`volconv.engines.features.StructureTensorStage`; on the host the
+    gradients over the product rows, a product in float64 and one in float32, the six entries
+    and the eigenvalues of a slab, as a slab holding NaN or Inf goes through the host; on the
+    device `StructureTensorStage.device_bytes`) and the presets' (`preset_bytes`)."""
     n0, ny, nz = job.shape3
     host = device_total = 0
     for feat, _ in job.expanded.tensors:
         r = (feat.rho_filter.kernel.shape[0] - 1) // 2
         rows = min(n0, depth + 2 * r)
         host += (3 * rows + 3 * rows + 9 * depth) * ny * nz * 4
-        for filters, dtype in ((feat.inputs, job.volume.dtype), ((feat.rho_filter,), np.float32)):
-            plan = make_separable_plan(
-                list(filters), job.shape3, dtype, job.plan.mode, job.plan.cval, device,
-                choices=plan_bank(list(filters), force="separable"), slab_depth=depth,
-                fused=False,
-            )  # fmt: skip
-            device_total += plan.device_bytes
-        device_total += (9 * depth + 3 * rows) * ny * nz * 4  # S and eigenvalues; gradients
+        device_total += StructureTensorStage.device_bytes(
+            feat, job.shape3, job.volume.dtype, job.plan.mode, job.plan.cval, device, depth
+        )
         host += 2 * min(n0, rows + feat.inputs[0].kernel.shape[0]) * ny * nz * 4  # overrides
+    for preset, _ in job.expanded.presets:
+        h, d = preset_bytes(preset, job.shape3, job.volume.dtype, job.plan.mode, job.plan.cval,
+                            device, depth)  # fmt: skip
+        host += h
+        device_total += d
     return host, device_total
 
 
