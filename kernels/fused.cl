@@ -37,9 +37,7 @@
  * plane), PICK(one, plane), DIFF(two, plane) (response indices, feature output planes).
  */
 
-#ifndef FEATURES
-#define FEATURES
-#endif
+/* without features (the host defines none) the store is the plain loop: no test per output */
 #define RESP(f) acc[f][0]
 #define FEAT(o) feat[(long)(o) * DEPTH * plane_size + at]
 #define EIG3(a, b, c, d, e, f, o)                                                      \
@@ -150,6 +148,7 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
         }
         if (p >= KX - 1 && stored) {
             const long at = ((long)(x0 + p - (KX - 1)) * NY + y) * NZ + z;
+#ifdef FEATURES
 #pragma unroll
             for (int f = 0; f < N_OUT; ++f) {
                 if (N_STORED < 0 || f < N_STORED) out[f * DEPTH * plane_size + at] = acc[f][0];
@@ -157,6 +156,10 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
             if (N_STORED >= 0) {
                 FEATURES
             }
+#else
+#pragma unroll
+            for (int f = 0; f < N_OUT; ++f) out[f * DEPTH * plane_size + at] = acc[f][0];
+#endif
         }
 #pragma unroll
         for (int f = 0; f < N_OUT; ++f) {
