@@ -100,6 +100,10 @@ BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab
 # mids' values at most MAX_FUSED_VALUES (measured: benchmarks/README.md).
 FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
 MAX_FUSED_VALUES = 128
+# ... and by default only where no window is longer than this: longer windows' tiles cost more
+# than the passes (benchmarks/results/h100-features-final.json: a 25-tap smoothing of six
+# planes 8.1 ms fused against 2.9 ms as passes; 9 taps fused win).
+MAX_FUSED_TAPS = 13
 
 
 @dataclass(frozen=True)
@@ -420,8 +424,11 @@ def make_separable_plan(
     choices = tuple(choices)
     if len(choices) != len(entries):
         raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
+    tree = fused_tree(choices, lo)
     want = kind == "gpu" if fused is None else bool(fused)
-    if want and not fused_fits(fused_tree(choices, lo), tile, device):
+    if fused is None and tree is not None and max(tree.taps) > MAX_FUSED_TAPS:
+        want = False
+    if want and not fused_fits(tree, tile, device):
         if fused:
             raise ValueError(
                 f"fused: the bank's separable filters do not fit the fused kernel (at most "
