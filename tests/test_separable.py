@@ -14,12 +14,8 @@ from conftest import assert_spec_close, reference
 from volconv.bank.factor import amplification, factorise, reconstruct, reconstruction_ok
 from volconv.bank.filters import build_bank
 from volconv.checks import MODES, spec_tolerance
-from volconv.engines.separable import (
-    SeparableConvolver,
-    convolve_separable,
-    describe_plan,
-    plan_bank,
-)
+from volconv.engines.separable import SeparableConvolver, convolve_separable
+from volconv.plan.separable import describe_plan, plan_bank
 
 RNG = np.random.default_rng(20261123)
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +172,7 @@ def test_the_fused_kernel_is_the_gpus_for_banks_that_fit():
     the tree; asking to fuse a bank that does not fit is an error."""
     from test_plan import fake_device
 
-    from volconv.engines.separable import MAX_FUSED_VALUES, make_separable_plan
+    from volconv.plan.separable import MAX_FUSED_VALUES, make_separable_plan
 
     bank = tomllib.loads((ROOT / "pipelines" / "demo.toml").read_text())["bank"]
     demo = build_bank(bank["filter"], bank["size"])
@@ -362,7 +358,7 @@ def test_the_pass_shape_and_cost_model_follow_the_device_kind():
     """GPUs get narrow vectors (coalesced loads) and costlier passes than CPUs, as measured."""
     from test_plan import fake_device
 
-    from volconv.engines.separable import PASS_SHAPE, make_separable_plan
+    from volconv.plan.separable import PASS_SHAPE, make_separable_plan
 
     filters = build_bank([{"type": "gaussian", "sigma": 3.5, "size": 23}], 7)
     for gpu, kind in ((True, "gpu"), (False, "cpu")):

@@ -24,7 +24,7 @@ from volconv.engines.choose import (
 from volconv.engines.digits import FLOAT_DIGITS, DigitConvolver, digit_types
 from volconv.engines.direct import BankConvolver
 from volconv.engines.registry import ENGINES
-from volconv.engines.separable import SeparableConvolver, make_separable_plan, plan_bank
+from volconv.engines.separable import SeparableConvolver
 from volconv.engines.tensor import (
     DIGIT_MAX,
     DIGITS,
@@ -45,6 +45,7 @@ from volconv.engines.tensor import (
 )
 from volconv.plan.direct import make_plan
 from volconv.plan.knobs import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys
+from volconv.plan.separable import make_separable_plan, plan_bank
 from volconv.report import write_json
 
 MODES = ("reflect", "mirror", "nearest", "constant", "wrap")

@@ -15,8 +15,8 @@ from rich.console import Console
 import volconv
 from volconv.config import Config, PipelineError
 from volconv.device.devices import device_name
-from volconv.engines.separable import describe_plan
 from volconv.errors import MidRunError, one_line
+from volconv.plan.separable import describe_plan
 from volconv.report import (
     VolumeReport,
     fmt_seconds,

@@ -54,7 +54,8 @@ from volconv.bank.features import PAIRS, build_features, expand
 from volconv.bench import device_record
 from volconv.device.devices import select_device
 from volconv.engines.features import eigenvalues
-from volconv.engines.separable import SeparableConvolver, make_separable_plan, plan_paths
+from volconv.engines.separable import SeparableConvolver
+from volconv.plan.separable import make_separable_plan, plan_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 AXES = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
@@ -288,7 +289,7 @@ def main() -> None:
     args = p.parse_args()
     device = select_device(args.device or ("cpu" if args.mode == "pocl" else "gpu"))
     if args.max_fused_values is not None:
-        from volconv.engines import separable
+        from volconv.plan import separable
 
         separable.MAX_FUSED_VALUES = args.max_fused_values
     volume = volume_of(args.size)

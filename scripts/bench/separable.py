@@ -43,7 +43,8 @@ from volconv.device.devices import select_device
 from volconv.device.peak import measured_peak, theoretical_peak
 from volconv.device.programs import context_for
 from volconv.engines.direct import BankConvolver
-from volconv.engines.separable import SeparableConvolver, describe_plan, plan_bank
+from volconv.engines.separable import SeparableConvolver
+from volconv.plan.separable import describe_plan, plan_bank
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,8 +24,9 @@ from separable import derivative_specs
 from volconv.bank.filters import build_bank
 from volconv.device.devices import select_device
 from volconv.device.programs import context_for, device_seconds
-from volconv.engines import separable
-from volconv.engines.separable import SeparableConvolver, plan_bank
+from volconv.engines.separable import SeparableConvolver
+from volconv.plan import separable
+from volconv.plan.separable import plan_bank
 
 ROOT = Path(__file__).resolve().parents[2]
 TILES = [(4, 16), (8, 8), (2, 32), (4, 32), (8, 16), (16, 16), (2, 64), (8, 32)]

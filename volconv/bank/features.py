@@ -364,7 +364,7 @@ class Expanded:
         return [o.name for o in self.outputs]
 
     def plan_sizes(self) -> dict[str, int]:
-        """`volconv.engines.separable.make_separable_plan`'s sizes of the outputs."""
+        """`volconv.plan.separable.make_separable_plan`'s sizes of the outputs."""
         return {
             "n_stored": self.n_stored,
             "feature_planes": sum(len(f.at) for f in self.device),

@@ -151,8 +151,9 @@ class StructureTensorStage:
         fused: bool | None = None,
     ) -> None:
         """``fused``: the gradients and the outer smoothing each as one fused kernel (default:
-        on GPUs; `volconv.engines.separable.make_separable_plan`)."""
-        from volconv.engines.separable import SeparableConvolver, plan_bank
+        on GPUs; `volconv.plan.separable.make_separable_plan`)."""
+        from volconv.engines.separable import SeparableConvolver
+        from volconv.plan.separable import plan_bank
 
         self.feature, self.shape, self.mode, self.cval = feature, tuple(shape), mode, cval
         self.device, self.kernels, self.depth = device, kernels, slab_depth
@@ -188,7 +189,7 @@ class StructureTensorStage:
     ) -> int:  # fmt: skip
         """Device memory of the stage for slabs of ``slab_depth`` rows: the gradients'
         convolver, the stacked outer smoothing's and the eigenvalues."""
-        from volconv.engines.separable import make_separable_plan, plan_bank
+        from volconv.plan.separable import make_separable_plan, plan_bank
 
         n0, ny, nz = shape
         reach = (feature.rho_filter.kernel.shape[0] - 1) // 2
@@ -325,7 +326,8 @@ class StructureTensorStage:
             g[:, at : at + c1 - c0] = self.grad.convolve_slab(c0, c1, **given)
             at += c1 - c0
         if self._host_outer is None:
-            from volconv.engines.separable import SeparableConvolver, plan_bank
+            from volconv.engines.separable import SeparableConvolver
+            from volconv.plan.separable import plan_bank
 
             rho = [self.feature.rho_filter]
             self._host_outer = SeparableConvolver(

@@ -1,5 +1,5 @@
 """The separable path's kernels over a padded slab: the pass tree (kernels/separable.cl) and
-the fused kernel (kernels/fused.cl), built for a `volconv.engines.separable.SeparablePlan`.
+the fused kernel (kernels/fused.cl), built for a `volconv.plan.separable.SeparablePlan`.
 
 `PassTree` runs, for each distinct axis-2 factor, `pass_fast` over the padded slab; for each
 distinct (axis-2, axis-1) pair `pass_mid`; for each distinct term `pass_out`, adding the term
@@ -25,7 +25,7 @@ from volconv.engines.features import build_with_features
 from volconv.plan.direct import CL_TYPES
 
 if TYPE_CHECKING:
-    from volconv.engines.separable import Choice, SeparablePlan
+    from volconv.plan.separable import Choice, SeparablePlan
 
 MID_ROWS = 2  # outputs per work-item along axis 1 in pass_mid
 

@@ -65,7 +65,7 @@ def preset_bytes(
     host the outputs of a slab and stage 1's field of a slab holding NaN or Inf; on the device
     stage 1's convolver (`make_separable_plan`), its field, the gradients and stage 2's
     outputs."""
-    from volconv.engines.separable import make_separable_plan, plan_bank
+    from volconv.plan.separable import make_separable_plan, plan_bank
 
     n0, ny, nz = shape
     filters = smoothing_filters(preset)
@@ -112,7 +112,8 @@ class PresetStage:
         device: cl.Device,
         slab_depth: int,
     ) -> None:
-        from volconv.engines.separable import SeparableConvolver, plan_bank
+        from volconv.engines.separable import SeparableConvolver
+        from volconv.plan.separable import plan_bank
 
         self.preset, self.shape, self.dtype = preset, tuple(shape), np.dtype(dtype)
         self.skimage = preset.kind == "skimage"

@@ -23,10 +23,10 @@ from volconv.checks import file_kind
 from volconv.config import Config, PipelineError
 from volconv.device.devices import DeviceError, select_device
 from volconv.engines.convert import output_scale
-from volconv.engines.separable import Choice, SeparablePlan, make_separable_plan, plan_paths
 from volconv.output import OutputError, check_output_path, holds, is_complete, is_regular
 from volconv.output import made as made_with
 from volconv.plan.direct import MAX_FILTERS, MAX_SEPARABLE_FILTERS
+from volconv.plan.separable import Choice, SeparablePlan, make_separable_plan, plan_paths
 from volconv.report import VolumeReport, is_report, work_gflop
 from volconv.run.inputs import expand_inputs, open_volume, split_spec
 from volconv.run.memory import fit_host_memory
