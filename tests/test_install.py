@@ -19,6 +19,7 @@ import pyopencl as cl
 import volconv
 from volconv.device.devices import select_device
 from volconv.device.programs import build, context_for
+from volconv.engines.features import build_with_features
 
 assert volconv.__file__.startswith(sys.argv[1]), volconv.__file__
 device = select_device(sys.argv[2])
@@ -41,11 +42,16 @@ defines = {
                  ("WX", "0.5f,0.5f,0.5f"), ("IN_T", "uchar")),
     "convert.cl": (),
     "digits.cl": (("SRC_T", "float"), ("DIGITS", 3), ("FIXED_POINT", 1)),
-    "features.cl": (),
+    "features.cl": (("EV", 1),),
+    "stencils.cl": (("R", 2), ("RD", 1), ("RO", 1)),
 }
 options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
+behind_eigen = ("features.cl", "stencils.cl", "fused.cl")  # built behind eigen.cl, as they run
 for name in names:
-    build(ctx, name, defines[name], options.get(name, ()))
+    if name in behind_eigen:
+        build_with_features(ctx, name, defines[name])
+    elif name != "eigen.cl":  # functions only: built in front of each of behind_eigen
+        build(ctx, name, defines[name], options.get(name, ()))
 out = volconv.convolve_bank(np.arange(60, dtype=np.uint8).reshape(3, 4, 5), np.ones((2, 3, 3, 3)),
                             device=device)
 assert out.shape == (2, 3, 4, 5)
