@@ -728,5 +728,6 @@ def test_this_process_and_a_worker_share_the_inputs_a_killed_worker_is_replaced(
     # the worker's loss is said, and its input ran again (done above, exactly once)
     assert re.search(r"^worker volconv-1 lost \(exit -9\); its inputs run again", text,
                      re.M), text  # fmt: skip
-    assert re.search(r"^10 input\(s\): 10 done in .* on this process and 1 worker\(s\)", text,
-                     re.M), text  # fmt: skip
+    # two processes on the one CPU device: the label counts both, and the device once
+    assert re.search(r"^10 input\(s\): 10 done in .* on this process and 1 worker\(s\) on 1 "
+                     r"device\(s\)", text, re.M), text  # fmt: skip

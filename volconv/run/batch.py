@@ -72,6 +72,7 @@ class BatchResult:
     seconds: float = 0.0  # from the first task submitted to the last record
     ready_seconds: float | None = None  # until the last local worker was warm (`warm_up`)
     devices: list[str] = field(default_factory=list)  # the devices the batch could use
+    n_devices: int = 0  # distinct devices among them (processes may share one)
     in_process: bool = False  # run in this process alone, on the first device (`workers_for`)
     here: bool = False  # this process filtered on the first device (a local batch)
     why: str = ""  # the model's reason for the workers used
@@ -87,7 +88,9 @@ class BatchResult:
         if self.in_process or (self.here and len(self.workers) == 1):
             return f"this process: {self.workers[0]}"
         if self.here:
-            return f"this process and {len(self.workers) - 1} worker(s): {_count(self.workers)}"
+            on = f" on {self.n_devices} device(s)" if self.n_devices else ""
+            return (f"this process and {len(self.workers) - 1} worker(s){on}: "
+                    f"{_count(self.workers)}")  # fmt: skip
         if not self.workers and self.scheduler:
             return f"scheduler {self.scheduler}: no worker asked"
         if not self.workers:
@@ -366,7 +369,8 @@ def _local_batch(
             on_plan(jobs)
         records = skip_complete(jobs, overwrite, on_volume)
         todo = [j for j in jobs if j.spec not in records]  # the pipeline's order
-        result = BatchResult(workers=[], devices=[device_names[s] for s in devices])
+        result = BatchResult(workers=[], devices=[device_names[s] for s in devices],
+                             n_devices=len(set(devices)))  # fmt: skip
         specs = specs or devices  # decided with the first input (and its plan)
         left = cost - (time.perf_counter() - pool.began) if pool else cost
         w = workers_for([input_seconds(j, cfg, peak) for j in todo], len(specs), max(0, left))
