@@ -838,6 +838,32 @@ def test_an_input_failing_mid_run_says_why_on_stderr(tmp_path, capsys, device_sp
     assert "failed" in out and says_complete(tmp_path / "out/good.h5")  # the other completes
 
 
+def test_an_hdf5_input_unreadable_mid_run_fails_alone(tmp_path, capsys, device_spec):
+    """An HDF5 input whose header plans but whose data cannot be read (a chunk that no longer
+    inflates) is that input's failure: the other input completes, the table is printed, exit 1."""
+    import h5py
+
+    np.save(tmp_path / "good.npy", random_volume((6, 5, 4), "uint8"))
+    bad = tmp_path / "bad.h5"
+    with h5py.File(bad, "w") as f:
+        d = f.create_dataset("data", data=random_volume((6, 5, 4), "uint8"), chunks=(1, 5, 4),
+                             compression="gzip")  # fmt: skip
+        chunk = d.id.get_chunk_info(3)
+    data = bytearray(bad.read_bytes())
+    data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
+    bad.write_bytes(bytes(data))
+    pipeline = write_pipeline(
+        tmp_path, BOX, input={"paths": ["bad.h5:data", "good.npy"]}, device=device_spec
+    )
+    code, out, err = volconv("run", pipeline, capsys=capsys)
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "bad.h5" in lines[0], err
+    assert "cannot read it" in lines[0], err
+    assert "failed" in out and says_complete(tmp_path / "out/good.h5")  # the other completes
+    assert not (tmp_path / "out/bad.h5").exists()
+
+
 def test_a_mistake_found_mid_run_is_exit_1(tmp_path, capsys, monkeypatch):
     """SPEC keeps 2 for mistakes found before any work: one found after (an input's reader
     refusing it mid-run) is 1, the message kept."""

@@ -27,14 +27,14 @@ from volconv.config import Config
 from volconv.device.devices import device_name
 from volconv.engines.direct import STAGES
 from volconv.engines.separable import SeparableConvolver
-from volconv.errors import OutputWriteError
+from volconv.errors import OutputWriteError, resource_cause
 from volconv.output import OutputExistsError, Space, is_complete, open_writer
 from volconv.report import VolumeReport, throughput
 from volconv.run.convolvers import Convolvers, PinnedSlabs, RunResult, peaks
 from volconv.run.interrupts import OPEN_WRITERS, STOP, Interrupted, interruptible, stop_on_ctrl_c
 from volconv.run.jobs import USER_ERRORS, Job, choose_device, differences, plan_jobs
 from volconv.run.resume import Progress, fingerprint
-from volconv.run.volume import CorruptInputError, InputError
+from volconv.run.volume import InputError
 
 
 def run(
@@ -132,8 +132,10 @@ def run_overlapped(
                 on_device_done=left.set,
                 first_frame=ahead.get(index[id(job)]),
             )
-        except CorruptInputError as e:
-            return job.failed(str(e))
+        except InputError as e:  # planned, then unreadable (corrupt, changed): this input's
+            if resource_cause(e) is not None:  # the machine's trouble: it stops the run
+                raise
+            return job.failed(str(e))  # own trouble, the others go on
         except STOPS_THE_RUN:
             raise
         except Exception as e:  # this input's own trouble: the others go on (exit status 1)
