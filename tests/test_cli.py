@@ -824,42 +824,38 @@ def _corrupt_nii_gz(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_an_input_failing_mid_run_says_why_on_stderr(tmp_path, capsys, device_spec):
-    np.save(tmp_path / "good.npy", random_volume((6, 5, 4), "uint8"))
-    _corrupt_nii_gz(tmp_path / "bad.nii.gz")
-    pipeline = write_pipeline(
-        tmp_path, BOX, input={"paths": ["bad.nii.gz", "good.npy"]}, device=device_spec
-    )
-    code, out, err = volconv("run", pipeline, capsys=capsys)
-    assert code == 1, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "bad.nii.gz" in lines[0], err
-    assert "gzip stream is corrupt" in lines[0], err
-    assert "failed" in out and says_complete(tmp_path / "out/good.h5")  # the other completes
-
-
-def test_an_hdf5_input_unreadable_mid_run_fails_alone(tmp_path, capsys, device_spec):
-    """An HDF5 input whose header plans but whose data cannot be read (a chunk that no longer
-    inflates) is that input's failure: the other input completes, the table is printed, exit 1."""
+def _corrupt_h5(path: Path) -> None:
+    """An HDF5 file whose header plans but one of whose chunks no longer inflates."""
     import h5py
 
-    np.save(tmp_path / "good.npy", random_volume((6, 5, 4), "uint8"))
-    bad = tmp_path / "bad.h5"
-    with h5py.File(bad, "w") as f:
+    with h5py.File(path, "w") as f:
         d = f.create_dataset("data", data=random_volume((6, 5, 4), "uint8"), chunks=(1, 5, 4),
                              compression="gzip")  # fmt: skip
         chunk = d.id.get_chunk_info(3)
-    data = bytearray(bad.read_bytes())
+    data = bytearray(path.read_bytes())
     data[chunk.byte_offset : chunk.byte_offset + chunk.size] = b"\xff" * chunk.size
-    bad.write_bytes(bytes(data))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "corrupt", "says"),
+    [("bad.nii.gz", "bad.nii.gz", _corrupt_nii_gz, "gzip stream is corrupt"),
+     ("bad.h5", "bad.h5:data", _corrupt_h5, "cannot read it")],
+)  # fmt: skip
+def test_an_input_failing_mid_run_fails_alone(tmp_path, capsys, device_spec, name, spec,
+                                              corrupt, says):  # fmt: skip
+    """An input that plans but cannot be read mid-run is that input's failure, said on stderr:
+    the other input completes, the table is printed, exit 1."""
+    np.save(tmp_path / "good.npy", random_volume((6, 5, 4), "uint8"))
+    corrupt(tmp_path / name)
     pipeline = write_pipeline(
-        tmp_path, BOX, input={"paths": ["bad.h5:data", "good.npy"]}, device=device_spec
+        tmp_path, BOX, input={"paths": [spec, "good.npy"]}, device=device_spec
     )
     code, out, err = volconv("run", pipeline, capsys=capsys)
     assert code == 1, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "bad.h5" in lines[0], err
-    assert "cannot read it" in lines[0], err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and name in lines[0], err
+    assert says in lines[0], err
     assert "failed" in out and says_complete(tmp_path / "out/good.h5")  # the other completes
     assert not (tmp_path / "out/bad.h5").exists()
 
