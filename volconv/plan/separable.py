@@ -214,7 +214,7 @@ def plan_paths(
     if kind == "gpu" and fused is not False:
         choices = forced(plan_bank(filters, kind="gpu-fused"))
         lo, _ = _bank_halo(_entries(filters))
-        if fused_fits(fused_tree(choices, lo), tile or FUSED_TILE, device):
+        if fused_fits(fused_tree(choices, lo), tile or FUSED_TILE, device, forced=bool(fused)):
             return choices
     return forced(plan_bank(filters, kind=kind))
 
@@ -381,9 +381,7 @@ def make_separable_plan(
         raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
     tree = fused_tree(choices, lo)
     want = kind == "gpu" if fused is None else bool(fused)
-    if fused is None and tree is not None and max(tree.taps) > MAX_FUSED_TAPS:
-        want = False
-    if want and not fused_fits(tree, tile, device):
+    if want and not fused_fits(tree, tile, device, forced=bool(fused)):
         if fused:
             raise ValueError(
                 f"fused: the bank's separable filters do not fit the fused kernel (at most "
@@ -431,10 +429,13 @@ def make_separable_plan(
     return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
 
 
-def fused_fits(tree: FusedTree | None, tile: tuple[int, int, int], device: cl.Device) -> bool:
+def fused_fits(
+    tree: FusedTree | None, tile: tuple[int, int, int], device: cl.Device, forced: bool = True
+) -> bool:
     """Whether the fused kernel can run ``tree``: its values in registers, its tiles (two of
-    each) in the device's local memory."""
-    if tree is None:
+    each) in the device's local memory; and, unless ``forced``, whether it pays by default (no
+    window longer than `MAX_FUSED_TAPS`)."""
+    if tree is None or (not forced and max(tree.taps) > MAX_FUSED_TAPS):
         return False
     ty, tz, _ = tile
     tile_y = ty + tree.taps[1] - 1
