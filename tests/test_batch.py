@@ -396,7 +396,7 @@ def test_workers_for_is_never_slower_than_one_device():
     start pays: this process filters on the first device from the start, so two inputs of
     0.1 s against a 1 s start stay in this process, 48 of 0.3 s get a worker for each other
     device, 8 inputs of 0.09 s wait for no worker."""
-    from volconv.run.batch import workers_for
+    from volconv.run.model import workers_for
 
     assert workers_for([0.1, 0.1], 2, 1.0) == 0
     assert workers_for([0.3] * 48, 2, 1.0) == 1  # the second device's worker
@@ -416,17 +416,64 @@ def test_workers_for_is_never_slower_than_one_device():
             assert ends < sum(seconds) and start < sum(seconds)
 
 
+def test_workers_cost_this_process_too():
+    """What workers cost the command's own process (``pool``) counts against them: 8 float16
+    demo inputs at the H100 node's pace (0.105 s each, workers ready in 0.77 s) stay in this
+    process, though the workers' share alone would end 0.05 s sooner; 48 such inputs take all
+    three workers; the pool's cost never makes workers pay where they did not."""
+    from volconv.run.model import workers_for
+
+    assert workers_for([0.105] * 8, 4, 0.77) == 3
+    assert workers_for([0.105] * 8, 4, 0.77, 0.15) == 0
+    assert workers_for([0.105] * 48, 4, 0.77, 0.15) == 3
+    rng = np.random.default_rng(2)
+    for _ in range(300):
+        seconds = list(rng.exponential(rng.uniform(0.01, 3), rng.integers(2, 60)))
+        start, pool, devices = float(rng.uniform(0, 5)), float(rng.uniform(0, 1)), 4
+        w = workers_for(seconds, devices, start, pool)
+        assert w <= workers_for(seconds, devices, start) or not workers_for(seconds, 4, start)
+        if w:
+            ends = max(max(seconds), (sum(seconds) + w * start) / (w + 1)) + pool
+            assert ends < sum(seconds)
+
+
+def test_the_pace_is_this_machines_measured_one(tmp_path, monkeypatch):
+    """`pace`: 1 until a run of two or more inputs in one process measured this machine, then
+    its seconds per input over the model's (cached); a run of one input, or a failed input,
+    measures nothing; a value out of range or not a number in the cache is refused (1)."""
+    from volconv.config import load
+    from volconv.report import VolumeReport
+    from volconv.run.model import PACE_FILE, modelled_costs, pace, remember_pace
+
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
+    cfg = load(write_pipeline(tmp_path, FILTERS))
+    assert pace() == 1.0
+    shape, n, gflop, peak = (64, 64, 64), 3, 2.0, 1000.0
+    done = VolumeReport(source="a", output="a.h5", shape=shape, n_filters=n, status="done",
+                        gflop=gflop)  # fmt: skip
+    failed = VolumeReport.failed("b", "", shape, n, "gone")
+    one = sum(modelled_costs(64**3, n, np.dtype(cfg.dtype).itemsize, gflop, peak))
+    remember_pace(cfg, [done, failed], 0.5 * one, peak)  # one done input: no measurement
+    assert pace() == 1.0
+    remember_pace(cfg, [done, done, failed], 2 * 0.4 * one, peak)
+    assert pace() == pytest.approx(0.4, abs=1e-3)
+    for planted in ('{"pace": -1}', '{"pace": 1e9}', "not json", '{"pace": "fast"}'):
+        (tmp_path / PACE_FILE).write_text(planted)
+        os.chmod(tmp_path / PACE_FILE, 0o600)
+        assert pace() == 1.0, planted
+
+
 def test_the_start_cost_is_the_last_measured_ready_time(tmp_path, monkeypatch):
     """`start_cost`: the default until a batch measured this machine's ready time, then that
     time (cached); a value out of range or not a number in the cache is refused (the default);
     ``VOLCONV_WORKER_START_SECONDS`` wins, and a wrong one exits 2."""
     from volconv.config import PipelineError
-    from volconv.run.batch import START_FILE, WORKER_START_SECONDS, _remember_start, start_cost
+    from volconv.run.model import START_FILE, WORKER_START_SECONDS, remember_start, start_cost
 
     monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("VOLCONV_WORKER_START_SECONDS")
     assert start_cost() == WORKER_START_SECONDS
-    _remember_start(0.8123)
+    remember_start(0.8123)
     assert start_cost() == 0.812
     for planted in ('{"ready_seconds": -1}', '{"ready_seconds": 1e9}', "not json", "{}"):
         (tmp_path / START_FILE).write_text(planted)
@@ -443,7 +490,7 @@ def test_two_processes_per_device_only_where_writing_limits():
     """`processes_per_device`: one process per device where the device's work is as long as
     the writing or longer, two where the writing is longer and the host has the cores (four
     per process), never more than the host carries."""
-    from volconv.run.batch import CORES_PER_PROCESS, processes_per_device
+    from volconv.run.model import CORES_PER_PROCESS, processes_per_device
 
     assert processes_per_device(0.05, 0.27, 2, 32) == 2  # 256^3 float32 on two H100s
     assert processes_per_device(0.05, 0.13, 2, 32) == 2  # float16
@@ -507,10 +554,16 @@ def test_a_failed_task_names_its_worker_and_device(tmp_path, monkeypatch):
 
 def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
     """Two small inputs, workers costing 30 s to start: no worker starts, the batch runs in
-    this process on the first device, as one device would, and says why."""
+    this process on the first device, as one device would, and says why; the one-device run
+    and the batch each keep this machine's pace for the next batch's model."""
+    from volconv.run.model import PACE_FILE, pace
+
     monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "30")
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path / "cache"))
     pipeline = make_inputs(tmp_path, {k: SHAPES[k] for k in "ab"})
     reference = one_device(pipeline, capsys)
+    assert (tmp_path / "cache" / PACE_FILE).is_file() and pace() != 1.0
+    (tmp_path / "cache" / PACE_FILE).unlink()
     report = tmp_path / "report.json"
     code, out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}",
                              "--report", report, capsys=capsys)  # fmt: skip
@@ -522,6 +575,7 @@ def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
     assert_same_outputs(tmp_path / "out", reference, list("ab"))
     doc = json.loads(report.read_text())
     assert doc["in_process"] and doc["workers"] == [name]
+    assert (tmp_path / "cache" / PACE_FILE).is_file()
     assert {(r["worker"].split(" (")[0], r["device"]) for r in doc["inputs"]} == {
         ("this process", name)
     }

@@ -212,8 +212,11 @@ def run(
 
         since = _state["t0"] if isinstance(_state["t0"], float) else None
         result = run_and_report(cfg, console, overwrite=overwrite, report=report, since=since)
-        if cfg.devices == "one" and not cfg.scheduler:  # for the next run's start
+        if cfg.devices == "one" and not cfg.scheduler:  # for the next run's start and batch
+            from volconv.run.model import remember_pace
+
             record_programs(result.device, cfg.source)
+            remember_pace(cfg, result.reports, result.seconds, result.peak_gflops)
     except ValueError as e:  # every one of USER_ERRORS is one
         from volconv.run.jobs import USER_ERRORS
 

@@ -13,6 +13,13 @@ process less its first input's own wall: what scripts/bench/e2e.py reports as th
 ``minus_run`` (less the run's total wall, which counts making the convolvers), ``start``
 (the report's: the process's start to its first input) and whether it said it built
 kernels. Medians and minima per tree; ``--json`` saves it all.
+
+``--timeline R`` also runs this checkout's process R more times with a ``sitecustomize``
+first on its path that notes when the interpreter reached site, when chosen modules began to
+import and when the process called ``os._exit``; with the report's start and run walls and
+the time this parent saw it end, each process splits into: the interpreter's start, the
+imports and planning before the run, the run, what follows the run inside the process (the
+table, the report, the start record) and the exit (the kernel's and driver's teardown).
 """
 
 from __future__ import annotations
@@ -63,6 +70,69 @@ def one_run(cmd: list[str], report: Path, tree: Path, cache: Path) -> dict:
     }
 
 
+# Noted by the timed process (scripts/bench/start.py --timeline): where it was when each of
+# these began to import, and when it called os._exit; written as JSON to $VOLCONV_TIMELINE.
+WATCHED = (
+    "numpy", "pyopencl", "typer", "rich.console", "h5py", "volconv.commands", "volconv.config",
+    "volconv.console", "volconv.run.pipeline", "volconv.output",
+)  # fmt: skip
+SITECUSTOMIZE = f"""
+import json, os, sys, time
+_noted = {{"site": time.perf_counter()}}
+try:
+    with open("/proc/self/stat") as _f:
+        _ticks = int(_f.read().rsplit(")", 1)[1].split()[19])
+    _noted["proc_start"] = _noted["site"] - (time.clock_gettime(time.CLOCK_BOOTTIME)
+                                             - _ticks / os.sysconf("SC_CLK_TCK"))
+except (OSError, ValueError, IndexError):
+    pass
+class _Noting:
+    def find_spec(self, name, path=None, target=None):
+        if name in {WATCHED!r} and name not in _noted:
+            _noted[name] = time.perf_counter()
+        return None
+sys.meta_path.insert(0, _Noting())
+_exit = os._exit
+def _noted_exit(code):
+    _noted["exit"] = time.perf_counter()
+    with open(os.environ["VOLCONV_TIMELINE"], "w") as f:
+        json.dump(_noted, f)
+    _exit(code)
+os._exit = _noted_exit
+"""
+
+
+def timeline_run(cmd: list[str], report: Path, cache: Path) -> dict:
+    """One process of this checkout, split by the sitecustomize's notes (ms from its spawn)."""
+    folder = Path(tempfile.mkdtemp(prefix="volconv-timeline-"))
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    path = [str(folder), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {
+        **os.environ, "VOLCONV_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(path),
+        "VOLCONV_TIMELINE": str(folder / "noted.json"),
+    }  # fmt: skip
+    spawned = time.perf_counter()
+    subprocess.run([*cmd, "--report", str(report)], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, cwd=OUTSIDE, env=env)  # fmt: skip
+    ended = time.perf_counter()
+    noted = json.loads((folder / "noted.json").read_text())
+    doc = json.loads(report.read_text())
+    shutil.rmtree(folder, ignore_errors=True)
+    t0 = noted.get("proc_start", spawned)
+    run_begins = t0 + doc["start_seconds"]
+    run_ends = run_begins + doc["run_seconds"]
+    ms = {f"import {k}": (v - spawned) * 1000 for k, v in noted.items() if k in WATCHED}
+    return {
+        "process": (ended - spawned) * 1000,
+        "to_site": (noted["site"] - spawned) * 1000,
+        **dict(sorted(ms.items(), key=lambda kv: kv[1])),
+        "run_begins": (run_begins - spawned) * 1000,
+        "run": doc["run_seconds"] * 1000,
+        "after_run": (noted["exit"] - run_ends) * 1000,
+        "exit": (ended - noted["exit"]) * 1000,
+    }
+
+
 def summary(runs: list[dict]) -> dict:
     out = {}
     for key in ("process", "input_wall", "minus_input", "minus_run", "start"):
@@ -95,6 +165,8 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--timeline", type=int, default=0, metavar="R",
+                    help="R more processes of this checkout, split by where time goes")  # fmt: skip
     a = ap.parse_args()
     pipeline = str(Path(a.pipeline).resolve())  # the processes run in OUTSIDE
     dev = ["--device", a.device] if a.device else []
@@ -127,12 +199,18 @@ def main() -> None:
             out["runs"][name].append(one_run(cmd, report, tree, caches[name]))
     out["summary"] = {name: summary(runs) for name, runs in out["runs"].items()}
     out["imports_after"] = import_times(cmd, HERE, caches["after"])
+    if a.timeline:
+        runs = [timeline_run(cmd, report, caches["after"]) for _ in range(a.timeline)]
+        out["timeline"] = {"runs": runs, "median_ms": {
+            k: statistics.median(r[k] for r in runs if k in r) for k in runs[-1]}}  # fmt: skip
     for name, figures in out["summary"].items():
         shown = "  ".join(f"{k} {v * 1000:.0f} ms" for k, v in figures.items() if "median" in k)
         print(f"{name:<7} {shown}")
     print(f"python -c pass {out['python_pass'] * 1000:.0f} ms, --help {out['help'] * 1000:.0f} ms")
     for name, ms in out["imports_after"][:8]:
         print(f"{ms:8.1f} ms  import {name}")
+    for name, ms in out.get("timeline", {}).get("median_ms", {}).items():
+        print(f"timeline {name:<28} {ms:8.1f} ms")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     for folder in caches.values():

@@ -6,17 +6,15 @@ any work. On one machine this process then filters on the first device from the 
 the inputs largest first from one queue (volconv.run.pool's `Pending`), while a plain worker
 process per other device (volconv.run.pool, volconv.run.workers), started before the plan,
 warms up for the first input and, once ready, takes inputs from the same queue. How many
-workers start is a model's choice (`workers_for`): a batch too small to pay for starting them
-runs in this process alone, as one device would; where writing an input takes longer than
-its device's work (the host, not the device, limits), each device gets two processes
-(`processes_per_device`). Every record is gathered: done, skipped or failed.
+workers start is a model's choice (volconv.run.model): a batch too small to pay for starting
+them runs in this process alone, as one device would; where writing an input takes longer
+than its device's work (the host, not the device, limits), each device gets two processes.
+Every record is gathered: done, skipped or failed.
 """
 
 from __future__ import annotations
 
 import collections
-import json
-import math
 import os
 import signal
 import threading
@@ -27,11 +25,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import pyopencl as cl
 
 from volconv.config import Config, PipelineError
-from volconv.device.cache import cache_folder, read_cached, write_cached
 from volconv.device.devices import NoDeviceError, device_name, list_devices, select_device
 from volconv.device.programs import start_context
 from volconv.output import remove_stale_temps
@@ -40,26 +36,23 @@ from volconv.run.convolvers import Convolvers, RunResult, peaks
 from volconv.run.inputs import expand_inputs
 from volconv.run.interrupts import Interrupted, interruptible, stop_on_ctrl_c
 from volconv.run.jobs import Job, plan_jobs
+from volconv.run.model import (
+    START_ENV,
+    input_costs,
+    input_seconds,
+    pace,
+    pool_cost,
+    processes_asked,
+    processes_per_device,
+    remember_pace,
+    remember_start,
+    start_cost,
+    workers_for,
+)
 from volconv.run.pipeline import run_overlapped
 from volconv.run.pool import Pending, Pool, Worker
 from volconv.run.volume import InputError
 from volconv.run.workers import plan_one
-
-# The model that sizes a local batch (`workers_for`, `processes_per_device`): what starting
-# the workers costs until this machine has measured it (`start_cost`), and what one input
-# costs on one device: a fixed share of host work, the output's bytes at one writer's rate on
-# a local disk, the filtering at a fraction of the device's peak.
-WORKER_START_SECONDS = 1.5
-INPUT_SECONDS = 0.03
-WRITE_BYTES_PER_SECOND = 2e9
-PEAK_SHARE = 0.3
-# Worker processes per device: more where the host, not the device, is what limits, as many
-# as the host's cores carry (each process filters one input while it writes another).
-PROCESSES_ENV = "VOLCONV_PROCESSES_PER_DEVICE"
-MAX_PROCESSES_PER_DEVICE = 2
-CORES_PER_PROCESS = 4
-# The start cost the model assumes, in seconds, over the measured one (0: always workers).
-START_ENV = "VOLCONV_WORKER_START_SECONDS"
 
 
 @dataclass
@@ -147,42 +140,6 @@ def first_device(cfg: Config) -> cl.Device:
     return select_device(local_devices(cfg)[0])
 
 
-# -- how many workers: the model --------------------------------------------------------------
-def input_costs(job: Job, cfg: Config, peak_gflops: float | None) -> tuple[float, float]:
-    """What one input costs on one device, as the model sees it: (seconds of host work and
-    filtering, seconds of writing its output)."""
-    voxels = math.prod(int(s) for s in job.volume.shape)
-    stored = np.dtype(cfg.dtype).itemsize
-    work = INPUT_SECONDS + (job.gflop / (PEAK_SHARE * peak_gflops) if peak_gflops else 0.0)
-    return work, voxels * len(job.filters) * stored / WRITE_BYTES_PER_SECOND
-
-
-def input_seconds(job: Job, cfg: Config, peak_gflops: float | None) -> float:
-    """What one input costs on one device, as the model sees it (`workers_for`)."""
-    return sum(input_costs(job, cfg, peak_gflops))
-
-
-def processes_per_device(work: float, write: float, devices: int, cpus: int) -> int:
-    """How many processes filter on each device: one where an input's device-side ``work``
-    takes as long as its ``write`` or longer (the device limits: a second process would only
-    wait for it); where the writing takes longer (the host limits: a process filters its next
-    input while it writes one, so its device waits), `MAX_PROCESSES_PER_DEVICE`, as far as
-    the host's ``cpus`` give each process `CORES_PER_PROCESS` cores."""
-    if write <= work:
-        return 1
-    return max(1, min(MAX_PROCESSES_PER_DEVICE, cpus // (CORES_PER_PROCESS * max(1, devices))))
-
-
-def _processes_asked() -> int | None:
-    """``$VOLCONV_PROCESSES_PER_DEVICE``, where set (a `PipelineError` where it is wrong)."""
-    text = os.environ.get(PROCESSES_ENV)
-    if text is None:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise PipelineError(f"{PROCESSES_ENV}={text!r}: give a whole number of 1 or more")
-    return int(text)
-
-
 def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.Device,
                   peak_gflops: float | None) -> tuple[Config, tuple[str, ...]]:  # fmt: skip
     """The device spec of each process of a local batch (this one first) for inputs like
@@ -190,7 +147,7 @@ def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.De
     ``$VOLCONV_PROCESSES_PER_DEVICE``), the devices' first processes first; and the
     pipeline each process runs, its ``host_memory`` shared among a device's processes (one
     process per device where a share holds no slab of ``job``)."""
-    per = _processes_asked()
+    per = processes_asked()
     if per is None:
         work, write = input_costs(job, cfg, peak_gflops)
         per = processes_per_device(work, write, len(devices), os.cpu_count() or 1)
@@ -202,49 +159,6 @@ def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.De
     except (PipelineError, OSError, ValueError):
         return cfg, devices
     return shared, devices * per
-
-
-def workers_for(seconds: list[float], devices: int, start: float) -> int:
-    """How many local worker processes a batch of inputs costing ``seconds`` each on one
-    device should start besides this process, which filters on the first device from the
-    start, when they are ready ``start`` seconds from now: the count whose batch ends first
-    (this process's share of the work from time 0, each worker's from ``start``: the sum plus
-    ``start`` per worker, shared out; at least the largest input), or 0 where no count ends
-    before this process alone would (the sum of ``seconds``) -- so a batch is never slower
-    than one device by the model."""
-    best, best_seconds = 0, sum(seconds)
-    for w in range(1, min(devices, len(seconds))):
-        ends = max(max(seconds), (sum(seconds) + w * start) / (w + 1))
-        if ends < best_seconds:
-            best, best_seconds = w, ends
-    return best
-
-
-START_FILE = "batch_start.json"  # in the cache folder (volconv.device.cache: its trust rule)
-
-
-def start_cost() -> float:
-    """Seconds until local workers are ready: ``$VOLCONV_WORKER_START_SECONDS``, else what
-    this machine's last batch measured (cached), else `WORKER_START_SECONDS`."""
-    if (text := os.environ.get(START_ENV)) is not None:
-        try:
-            return max(0.0, float(text))
-        except ValueError:
-            raise PipelineError(f"{START_ENV}={text!r}: give seconds, e.g. 1.5") from None
-    try:
-        data = read_cached(cache_folder(), START_FILE, "the default start cost applies")
-        value = float(json.loads(data)["ready_seconds"]) if data and len(data) < 4096 else None
-    except (OSError, ValueError, KeyError, TypeError):
-        value = None
-    if value is not None and math.isfinite(value) and 0 <= value < 600:
-        return value
-    return WORKER_START_SECONDS
-
-
-def _remember_start(seconds: float) -> None:
-    with suppress(OSError):  # a read-only cache: the next batch assumes the default
-        write_cached(cache_folder(), START_FILE,
-                     json.dumps({"ready_seconds": round(seconds, 3)}).encode())  # fmt: skip
 
 
 def _input_specs(cfg: Config) -> list[str]:
@@ -343,12 +257,12 @@ def _local_batch(
     say: Say,
 ) -> BatchResult:
     devices = local_devices(cfg)
-    _processes_asked()  # a wrong count: exit 2 before any work
+    processes_asked()  # a wrong count: exit 2 before any work
     planner = select_device(devices[0])  # this process plans, and filters, on the first device
     with suppress(Exception):  # its context made meanwhile (the command started it sooner)
         start_context(planner)
     device_names = {s: device_name(select_device(s)) for s in dict.fromkeys(devices)}
-    cost = start_cost()
+    cost, pool_seconds, my_pace = start_cost(), pool_cost(), pace()
     peak = peaks(planner)[0]
     # Before planning, from the first input alone: start the other processes now, if worth it.
     pool: Pool | None = None
@@ -358,10 +272,10 @@ def _local_batch(
         with suppress(Exception):  # a mistake: the whole plan below says it
             first = plan_one(cfg, inputs[0], planner, overwrite=overwrite)
             cfg, specs = process_specs(cfg, devices, first, planner, peak)
-            seconds = input_seconds(first, cfg, peak)
+            seconds = input_seconds(first, cfg, peak, my_pace)
             if first.complete and not overwrite:
                 seconds = 0.0
-            if w := workers_for([seconds] * len(inputs), len(specs), cost):
+            if w := workers_for([seconds] * len(inputs), len(specs), cost, pool_seconds):
                 pool = Pool(specs[1 : 1 + w], (cfg, inputs[0]))
     try:
         jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
@@ -373,7 +287,8 @@ def _local_batch(
                              n_devices=len(set(devices)))  # fmt: skip
         specs = specs or devices  # decided with the first input (and its plan)
         left = cost - (time.perf_counter() - pool.began) if pool else cost
-        w = workers_for([input_seconds(j, cfg, peak) for j in todo], len(specs), max(0, left))
+        seconds = [input_seconds(j, cfg, peak, my_pace) for j in todo]
+        w = workers_for(seconds, len(specs), max(0, left), pool_seconds)
         if pool and w == 0:
             pool.close()  # while this process runs the batch
             pool = None
@@ -384,7 +299,7 @@ def _local_batch(
             result.workers, result.here = names[:1], True
             if pool is None:
                 result.in_process = True
-                alone = sum(input_seconds(j, cfg, peak) for j in todo)
+                alone = sum(seconds)
                 result.why = (
                     f"{len(todo)} input(s), about {alone:.1f} s on one device: less than "
                     f"workers ready in {cost:.1f} s would save" if len(specs) > 1 else
@@ -394,6 +309,8 @@ def _local_batch(
                 todo.sort(key=lambda j: -j.gflop)
             _run_shared(cfg, todo, planner, records, overwrite, on_volume, say, pool, names,
                         result)  # fmt: skip
+            if result.in_process:  # this process alone: the machine's pace, for the next
+                remember_pace(cfg, [records[j.spec] for j in todo], result.seconds, peak)
         result.reports = [records[j.spec] for j in jobs]
         return result
     finally:
@@ -495,4 +412,4 @@ def _measure_ready(pool: Pool, result: BatchResult) -> None:
     if ready and len(ready) == len(pool.workers):
         result.ready_seconds = max(ready)
         if START_ENV not in os.environ:
-            _remember_start(result.ready_seconds)
+            remember_start(result.ready_seconds)
