@@ -329,9 +329,10 @@ def bench(
 ) -> None:
     """Kernel throughput on a synthetic volume as a fraction of the device's peak."""
     from volconv import bench as b  # loaded for this command only
+    from volconv.bank.spec import MAX_EXTENT
     from volconv.checks import check_mode
     from volconv.device.devices import select_device
-    from volconv.plan.direct import CL_TYPES, MAX_EXTENT, MAX_FILTERS
+    from volconv.plan.direct import CL_TYPES, MAX_FILTERS
     from volconv.plan.knobs import MAX_UNROLL
     from volconv.report import write_json
 

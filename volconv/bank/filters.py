@@ -29,6 +29,7 @@ from volconv.bank.kernels import (
 )
 from volconv.bank.spec import (
     COMMON_PARAMS,
+    MAX_EXTENT,
     REQUIRED,
     BankError,
     Derived,
@@ -44,7 +45,6 @@ from volconv.bank.spec import (
     show_value,
 )
 from volconv.checks import fits_float32
-from volconv.plan.direct import MAX_EXTENT
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,7 +17,10 @@ from typing import NamedTuple
 import numpy as np
 
 from volconv.checks import closest
-from volconv.plan.direct import MAX_EXTENT
+
+# The widest a filter of the bank may be per axis: what the direct kernel takes (the
+# separable passes take wider generated filters: volconv.plan.direct.MAX_SEPARABLE_EXTENT).
+MAX_EXTENT = 31
 
 
 class BankError(ValueError):

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyopencl as cl
 
+from volconv.bank.spec import MAX_EXTENT
 from volconv.checks import (
     check_cval,
     check_mode,
@@ -28,7 +29,7 @@ from volconv.device.programs import build, context_for, device_seconds
 from volconv.engines.convert import DeviceEncoder, encode
 from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfinite
 from volconv.engines.padder import Padder, frame_bytes, native_volume, slab_rows
-from volconv.plan.direct import MAX_EXTENT, MAX_FILTERS, Plan, make_plan
+from volconv.plan.direct import MAX_FILTERS, Plan, make_plan
 from volconv.report import work_gflop
 
 # Device stages each convolver times (OpenCL profiling), in seconds: `timings`.

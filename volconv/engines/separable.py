@@ -45,6 +45,7 @@ import pyopencl as cl
 
 from volconv.bank.features import DeviceFeature, Expanded, Feature, expand
 from volconv.bank.filters import stack_kernels
+from volconv.bank.spec import MAX_EXTENT
 from volconv.device.devices import select_device
 from volconv.device.programs import context_for, device_seconds
 from volconv.engines.boundary import extend_indices, halo, sources
@@ -66,9 +67,6 @@ from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfin
 from volconv.engines.padder import Padder, frame_bytes, slab_rows
 from volconv.engines.passes import FusedKernel, PassTree, fused_tree
 from volconv.engines.scales import PresetStage
-from volconv.plan.direct import (
-    MAX_EXTENT,
-)
 from volconv.plan.separable import (
     BLOCK_ROWS,
     Choice,

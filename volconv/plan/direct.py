@@ -31,9 +31,8 @@ from volconv.plan.knobs import (
 )
 
 MAX_FILTERS = 64
-MAX_EXTENT = 31
-# Generated filters the separable path runs as 1D passes may be wider (a Gaussian of sigma 16
-# at truncate 4 is 129 taps): the passes take any extent, the direct kernel 1..MAX_EXTENT.
+# Generated filters the separable path runs as 1D passes may be wider than the direct kernel's
+# volconv.bank.spec.MAX_EXTENT (a Gaussian of sigma 16 at truncate 4 is 129 taps).
 MAX_SEPARABLE_EXTENT = 257
 # ... and a bank with derived features may run more filters than the direct kernel's floatN
 # accumulators hold (ilastik's preset at its seven default scales runs 84): the passes keep

@@ -15,6 +15,7 @@ import pyopencl as cl
 
 from volconv.bank.factor import Term, factorise, reconstruction_ok
 from volconv.bank.filters import Filter
+from volconv.bank.spec import MAX_EXTENT
 from volconv.checks import check_cval, check_mode
 from volconv.engines.boundary import halo
 from volconv.engines.choose import direct_plan
@@ -24,7 +25,6 @@ from volconv.engines.direct import (
 from volconv.engines.padder import native_volume
 from volconv.engines.passes import MID_ROWS, FusedTree, fused_tree
 from volconv.plan.direct import (
-    MAX_EXTENT,
     MAX_SEPARABLE_EXTENT,
     MAX_SEPARABLE_FILTERS,
     Plan,

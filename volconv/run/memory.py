@@ -14,6 +14,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.bank.filters import stack_kernels
+from volconv.bank.spec import MAX_EXTENT
 from volconv.config import Config, PipelineError
 from volconv.engines.convert import device_encodes
 from volconv.engines.features import StructureTensorStage
@@ -21,7 +22,7 @@ from volconv.engines.nonfinite import APPLY_BYTES, OverridePlan
 from volconv.engines.padder import frame_bytes
 from volconv.engines.scales import preset_bytes
 from volconv.output import backlog_bytes, slabs_in_flight
-from volconv.plan.direct import MAX_EXTENT, make_plan
+from volconv.plan.direct import make_plan
 
 if TYPE_CHECKING:
     from volconv.run.jobs import Job
