@@ -146,6 +146,48 @@ def test_an_overwrite_that_fails_keeps_the_old_output_whole(tmp_path, capsys, mo
         assert f.attrs["complete"]
 
 
+LEAVE = (
+    "import os, sys\n"
+    "import pyopencl\n"
+    "from volconv.device import driver\n"
+    "driver.start_driver(); driver.driver_started()\n"
+    "fork = os.fork\n"
+    "def noted():\n"
+    "    print('forked', flush=True)\n"
+    "    return fork()\n"
+    "os.fork = noted\n"
+    "driver.leave(int(sys.argv[1]))  # volconv-leave-test\n"
+)
+
+
+def _leaving() -> list[int]:
+    """The processes still running LEAVE (its child, after it ended)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"volconv-leave-test" in f.read() and entry.isdigit():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_program_leaves_the_drivers_teardown_to_a_child(status) -> None:
+    """`driver.leave`: a process that loaded the OpenCL driver ends at once with its status,
+    its stdout and stderr ending with it (the reader of its pipes is not kept waiting); the
+    child it forked to hold the driver's files ends right after it."""
+    done = subprocess.run([sys.executable, "-c", LEAVE, str(status)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode == status, done.stderr
+    assert done.stdout.split() == ["forked"] and not done.stderr, done
+    deadline = time.monotonic() + 10
+    while _leaving() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _leaving()
+
+
 RUN_IMPORTS = (
     "import sys; from volconv.cli import main; names = sys.argv[2:]\n"
     "sys.argv = ['volconv', 'run', sys.argv[1]]\n"

@@ -60,10 +60,10 @@ def entry_point() -> None:
     """The `volconv` program: `main`, then leave at once.
 
     Every output is closed and renamed, and the report written, before a command returns, so
-    the interpreter's teardown (freeing pinned memory, the OpenCL driver's clean-up: 0.1 s
-    here, more on a GPU node) is skipped; so is the wait for the file system to free the
-    outputs ``--overwrite`` replaced, which an ``rm`` process finishes on its own
-    (`volconv.output.staging.remove_later`).
+    the interpreter's teardown is skipped, and the OpenCL driver's (its contexts and pinned
+    memory freed) is left to a child that outlives this process (`volconv.device.driver.leave`);
+    so is the wait for the file system to free the outputs ``--overwrite`` replaced, which an
+    ``rm`` process finishes on its own (`volconv.output.staging.remove_later`).
     """
     _state["t0"], _state["leaving"] = _process_start(), True
     _one_blas_thread()
@@ -80,7 +80,9 @@ def entry_point() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to say
             stream.flush()
-    os._exit(status or 0)
+    from volconv.device.driver import leave
+
+    leave(status or 0)
 
 
 # What OpenBLAS reads for its thread count, in that order.

@@ -5,19 +5,25 @@ CUDA (benchmarks/README.md); through ctypes the same calls release it. `start_dr
 the ICD loader pyopencl links (the one its wheel bundles, found without importing pyopencl)
 and lets it find its platforms in a thread while the program imports its modules;
 `volconv.device.programs.start_context` makes a context the same way. Nothing here imports
-numpy or pyopencl, and nothing starts at import.
+numpy or pyopencl, and nothing starts at import. `leave` ends the program without waiting for
+the driver's teardown.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
+import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import suppress
 from functools import cache
 from importlib.util import find_spec
 from pathlib import Path
+from typing import NoReturn
 
 _DRIVER: list[Future[None]] = []  # the platforms' start, once a process
 
@@ -112,3 +118,36 @@ def driver_started() -> None:
     begin only after it, as the loader starts its platforms once."""
     if _DRIVER:
         _DRIVER[0].exception()  # a failure: pyopencl's own call then reports it
+
+
+# How long the child `leave` forks waits for its parent to end before it ends itself.
+HANDOFF_SECONDS = 10.0
+
+
+def leave(status: int) -> NoReturn:
+    """End this process with ``status`` at once. Where it loaded the OpenCL driver, whose
+    teardown at exit (its contexts and pinned memory freed as its device files close) the
+    shell would otherwise wait for (benchmarks/README.md, "Start-up"), a forked child
+    holding the same device files takes it over: the child closes stdin, stdout and stderr at
+    once (whoever reads them sees their end with this process's), waits for this process to
+    end, then ends itself, the last to close the driver's files. Call it with every output
+    complete and every stream flushed."""
+    if (_DRIVER or "pyopencl" in sys.modules) and hasattr(os, "fork"):
+        parent = os.getpid()
+        with warnings.catch_warnings():  # a threaded process's fork: the child only ends
+            warnings.simplefilter("ignore")
+            try:
+                child = os.fork()
+            except OSError:  # no process to spare: this one tears the driver down
+                child = -1
+        if child == 0:
+            try:
+                for fd in (0, 1, 2):
+                    with suppress(OSError):
+                        os.close(fd)
+                deadline = time.monotonic() + HANDOFF_SECONDS
+                while os.getppid() == parent and time.monotonic() < deadline:
+                    time.sleep(0.002)
+            finally:
+                os._exit(0)
+    os._exit(status)
