@@ -92,11 +92,12 @@ class _Noting:
             _noted[name] = time.perf_counter()
         return None
 sys.meta_path.insert(0, _Noting())
-_exit = os._exit
+_exit, _pid = os._exit, os.getpid()
 def _noted_exit(code):
-    _noted["exit"] = time.perf_counter()
-    with open(os.environ["VOLCONV_TIMELINE"], "w") as f:
-        json.dump(_noted, f)
+    if os.getpid() == _pid:  # not a child it forked (volconv.device.driver.leave)
+        _noted["exit"] = time.perf_counter()
+        with open(os.environ["VOLCONV_TIMELINE"], "w") as f:
+            json.dump(_noted, f)
     _exit(code)
 os._exit = _noted_exit
 """
