@@ -36,10 +36,9 @@ INPUT_SECONDS = 0.03
 WRITE_BYTES_PER_SECOND = 2e9
 PEAK_SHARE = 0.3
 # What starting workers costs the command's own process besides their wait: spawning them,
-# planning the first input for them, sharing the host and the devices while they start
-# (benchmarks/results/h100x2-batch-pipe-workers.json: the command less its run, with workers
-# and without).
-POOL_SECONDS = 0.15
+# planning the first input for them, sharing the host and the devices while they start (the
+# command less its run, with workers against one device: benchmarks/README.md, "Batches").
+POOL_SECONDS = 0.3
 # Worker processes per device: more where the host, not the device, is what limits, as many
 # as the host's cores carry (each process filters one input while it writes another).
 PROCESSES_ENV = "VOLCONV_PROCESSES_PER_DEVICE"
