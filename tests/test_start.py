@@ -453,7 +453,7 @@ def recorded_run(tmp_path, monkeypatch) -> tuple[object, cl.Device, list[tuple],
     start.forget()
     device = run(cfg, overwrite=True).device
     assert built  # a new process builds (or loads from the binary cache) what it takes
-    start.record_programs(device, cfg.source)
+    start.record_programs(device, cfg.source, cfg.text)
     return cfg, device, built, volume
 
 
@@ -468,9 +468,11 @@ def test_a_run_loads_ahead_the_programs_its_last_run_took(tmp_path, monkeypatch)
     assert record.stat().st_mode & 0o077 == 0
     taken, built[:] = list(built), []
     start.forget()
-    start.start_programs(device, tmp_path / "another.toml").result(60)
+    start.start_programs(device, tmp_path / "another.toml", cfg.text).result(60)
     assert built == []  # another pipeline: no record
-    start.start_programs(device, cfg.source).result(60)
+    start.start_programs(device, cfg.source, cfg.text + "\n# --set").result(60)
+    assert built == []  # the same file with another --set: no record
+    start.start_programs(device, cfg.source, cfg.text).result(60)
     assert sorted(map(repr, built)) == sorted(map(repr, taken))  # loaded ahead, in the thread
     (record,) = (tmp_path / "cache" / "programs").glob("start-*.json")
     assert len(json.loads(record.read_text())["page_locked"]) == 1  # one slab: one buffer
@@ -534,7 +536,7 @@ def test_a_start_record_another_user_could_have_written_is_not_used(tmp_path, mo
     start.forget()
     built.clear()
     with pytest.warns(RuntimeWarning, match="not this user.*not used"):
-        start.start_programs(device, cfg.source).result(60)
+        start.start_programs(device, cfg.source, cfg.text).result(60)
     assert built == [] and not start._LOCKED
     start.forget()
 

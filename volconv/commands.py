@@ -207,7 +207,7 @@ def run(
             with contextlib.suppress(Exception):  # a spec naming no device: the run says so
                 chosen = select_device(cfg.device)
                 start_context(chosen)
-                start_programs(chosen, cfg.source)
+                start_programs(chosen, cfg.source, cfg.text)
         from volconv.console import run_and_report
 
         since = _state["t0"] if isinstance(_state["t0"], float) else None
@@ -215,7 +215,7 @@ def run(
         if cfg.devices == "one" and not cfg.scheduler:  # for the next run's start and batch
             from volconv.run.model import remember_pace
 
-            record_programs(result.device, cfg.source)
+            record_programs(result.device, cfg.source, cfg.text)
             remember_pace(cfg, result.reports, result.seconds, result.peak_gflops)
     except ValueError as e:  # every one of USER_ERRORS is one
         from volconv.run.jobs import USER_ERRORS

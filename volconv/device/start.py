@@ -2,13 +2,14 @@
 last run of the same pipeline on that device took, and that run's first page-locked slab
 buffer.
 
-A run records, per pipeline file and device (``programs/start-*.json`` in the cache folder,
-under its trust rule), the programs it took (`volconv.device.programs.TAKEN`) and the
-shapes of the page-locked slab buffers it made (`page_locked`); the next run of that pipeline
-starts loading them as soon as its context is started (`start_programs`): the driver's
-clBuildProgram and the mapping that page-locks memory release the GIL, so they are made
-while the modules import and the pipeline is read and planned. `build` then finds each
-program made, or waits for the one being made; `page_locked` takes the buffer made ahead.
+A run records, per pipeline (its file and its text as ``--set`` left it) and device
+(``programs/start-*.json`` in the cache folder, under its trust rule), the programs it took
+(`volconv.device.programs.TAKEN`) and the shapes of the page-locked slab buffers it made
+(`page_locked`); the next run of that pipeline starts loading them as soon as its context is
+started (`start_programs`): the driver's clBuildProgram and the mapping that page-locks memory
+release the GIL, so they are made while the modules import and the pipeline is read and
+planned. `build` then finds each program made, or waits for the one being made; `page_locked`
+takes the buffer made ahead.
 A record that names another pipeline's programs costs background work only.
 """
 
@@ -84,8 +85,9 @@ def _page_locked(device: cl.Device, shape: tuple[int, ...], dtype: np.dtype) -> 
     return array
 
 
-def _start_name(device: cl.Device, pipeline: Path) -> str:
-    digest = hashlib.sha256(f"{device_key(device)}\0{pipeline.resolve()}".encode()).hexdigest()
+def _start_name(device: cl.Device, pipeline: Path, text: str) -> str:
+    key = f"{device_key(device)}\0{pipeline.resolve()}\0{text}"
+    digest = hashlib.sha256(key.encode()).hexdigest()
     return f"programs/start-{digest[:32]}.json"
 
 
@@ -113,17 +115,18 @@ def _started_entries(data: bytes) -> tuple[list[tuple[str, str, tuple, tuple]], 
     return found, locked
 
 
-def start_programs(device: cl.Device, pipeline: Path) -> Future[None] | None:
-    """Load, in a background thread, the programs the last run of ``pipeline`` on ``device``
-    took (`record_programs`), from the binary cache (or built, where it misses): `build`
-    then finds them made, or waits for the one being made. The thread's future, or None
-    where ``device`` has no context made or started (`start_context`)."""
+def start_programs(device: cl.Device, pipeline: Path, text: str = "") -> Future[None] | None:
+    """Load, in a background thread, the programs the last run of ``pipeline`` (whose text, after
+    ``--set``, was ``text``) on ``device`` took (`record_programs`), from the binary cache
+    (or built, where it misses): `build` then finds them made, or waits for the one being
+    made. The thread's future, or None where ``device`` has no context made or started
+    (`start_context`)."""
     if _CONTEXTS.get(device.int_ptr) is None and device.int_ptr not in _MADE:
         return None
 
     def load() -> None:
         folder = cache_folder()
-        data = read_cached(folder, _start_name(device, pipeline), "not used")
+        data = read_cached(folder, _start_name(device, pipeline, text), "not used")
         entries, locked = _started_entries(data) if data is not None else ([], [])
         if not entries and not locked:
             return
@@ -141,16 +144,18 @@ def start_programs(device: cl.Device, pipeline: Path) -> Future[None] | None:
     return background(load, "volconv-programs")
 
 
-def record_programs(device: cl.Device, pipeline: Path) -> None:
+def record_programs(device: cl.Device, pipeline: Path, text: str = "") -> None:
     """Record the programs and page-locked buffers this process took on ``device`` for the
-    next run of ``pipeline`` (`start_programs`), where they differ from the record."""
+    next run of ``pipeline`` with ``text`` (`start_programs`), where they differ from the
+    record: a run of the same file with another ``--set`` (another output type) takes other
+    programs and buffers."""
     taken = TAKEN.get(device.int_ptr)
     if not taken:
         return
     folder = cache_folder()
     if is_private(folder):
         return
-    name = _start_name(device, pipeline)
+    name = _start_name(device, pipeline, text)
     try:
         locked = _LOCKED_TAKEN.get(device.int_ptr, [])[:MOST_LOCKED]
         doc = {"format": START_FORMAT, "programs": taken[:MOST_STARTED], "page_locked": locked}
