@@ -1,13 +1,14 @@
 /* The presets' second stage: every channel of one scale from that scale's smoothed field,
- * written into the preset's output planes (plane o at o * n, n = depth * NY * NZ), by 1D passes
- * along axes 0, 1 and 2 (scipy's and numpy's order) and a kernel for a scale's channels.
+ * written into the preset's output planes (plane o at o * n, n = depth * NY * NZ): skimage's in
+ * one kernel per scale, ilastik's by 1D passes along axes 0, 1 and 2 (scipy's order) and a
+ * kernel for a scale's channels.
  *
  * Built behind kernels/eigen.cl (volconv/engines/features.py's build_with_features): its
  * eigen_sym3 and magnitude3, one voxel per work-item (EV 1).
  *
- * skimage_x, skimage_y, skimage_z: skimage.feature.multiscale_basic_features at one sigma from G, the Gaussian of
- * the image (rows R0 .. R0 + NR - 1 of the volume, covering the slab's rows and 2 more on each
- * side inside the volume): the intensity G * c (c: img_as_float32's scale of integer inputs),
+ * skimage_scale: skimage.feature.multiscale_basic_features at one sigma from G, the Gaussian
+ * of the image (kernels/smoothing.cl; rows R0 .. of the volume, covering the slab's rows and 2
+ * more on each side inside the volume), every channel of a voxel in one work-item: the intensity G * c (c: img_as_float32's scale of integer inputs),
  * the Sobel magnitude as skimage.filters.sobel computes it (the axis Sobels with ndi's 'reflect',
  * sqrt of the sum of their squares / 3) and the descending eigenvalues of the Hessian by
  * np.gradient twice (central differences inside, one-sided at the volume's border).
@@ -62,85 +63,68 @@ inline float second_difference(__global const float *g, const long b, const long
     return (d0 - d1) * w;
 }
 
-/* skimage's second stage by passes along axis 0 (skimage_x), 1 (skimage_y) and 2 (skimage_z)
- * over the output rows, each pass reading the previous one's planes (D rows each): the Sobel
- * along an axis is the [1, 0, -1] difference along it and the [1, 2, 1] / 4 smoothing along
- * the two others ('reflect' at distance 1 repeats the border voxel); np.gradient's taps come
- * from gradient_taps. X: the Sobel difference and smoothing along axis 0, N_0 G, N_0 N_0 G;
- * Y: the Sobels' axis-1 steps, N_1 N_0 G, N_1 N_1 G, N_1 G. */
-inline float sobel_difference(__global const float *f, const long b, const long m, const long p)
+/* skimage's second stage at one sigma, one kernel (skimage_scale) per voxel: G's 3x3x3
+ * neighbourhood, clamped at the volume's border, holds the Sobels' taps ('reflect' at distance
+ * 1 repeats the border voxel) and np.gradient's first differences (its indices j0, j1 are the
+ * same clamped neighbours); the Hessian's diagonal (np.gradient twice along one axis) reads
+ * the voxels 2 away too. Each value is computed as scipy and numpy compute it, axis 0 first:
+ * the Sobel along an axis is the [1, 0, -1] difference along it and the [1, 2, 1] / 4
+ * smoothing along the two others; H_ab = np.gradient along b of np.gradient along a. */
+inline float sobel_smoothing3(const float m, const float c, const float p)
 {
-    return f[b + p] - f[b + m];
+    return 0.25f * m + 0.5f * c + 0.25f * p;
 }
 
-inline float sobel_smoothing(__global const float *f, const long b, const long m, const long p)
-{
-    return 0.25f * f[b + m] + 0.5f * f[b] + 0.25f * f[b + p];
-}
-
-/* np.gradient of f at b along an axis of stride S, index i, length n */
-inline float first_difference(__global const float *f, const long b, const long S, const int i,
-                              const int n)
-{
-    int j0, j1;
-    const float w = gradient_taps(i, n, &j0, &j1);
-    return (f[b + (j0 - i) * S] - f[b + (j1 - i) * S]) * w;
-}
-
-__kernel void skimage_x(__global const float *restrict G, const int gp, const int R0,
-                        const int NR, const int A, const int N0, const int NY, const int NZ,
-                        const int D, __global float *restrict X)
+/* G holds rows R0 .. of the volume (N0, NY, NZ); the output rows A .. A + D - 1 */
+__kernel void skimage_scale(__global const float *restrict G, const int R0, const int A,
+                            const int N0, const int NY, const int NZ, const int D,
+                            const float c, __global float *restrict dst, const long n,
+                            const int o, __global float *restrict E)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
     const int x = A + i;
-    __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
+    __global const float *g = G - (long)R0 * NY * NZ;
     const long SX = (long)NY * NZ, b = ((long)x * NY + y) * NZ + z;
-    const long m = (max(x - 1, 0) - x) * SX, p = (min(x + 1, N0 - 1) - x) * SX;
-    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
-    X[v] = sobel_difference(g, b, m, p);
-    X[plane + v] = sobel_smoothing(g, b, m, p);
-    X[2 * plane + v] = first_difference(g, b, SX, x, N0);
-    X[3 * plane + v] = second_difference(g, b, SX, x, N0);
-}
-
-__kernel void skimage_y(__global const float *restrict G, const int gp, const int R0,
-                        const int NR, const int A, const int NY, const int NZ, const int D,
-                        __global const float *restrict X, __global float *restrict Y)
-{
-    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
-    if (z >= NZ || y >= NY || i >= D) return;
-    __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
-    const long b = ((long)(A + i) * NY + y) * NZ + z;
-    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
-    const long m = (long)(max(y - 1, 0) - y) * NZ, p = (long)(min(y + 1, NY - 1) - y) * NZ;
-    Y[v] = sobel_smoothing(X, v, m, p);                  /* axis 0's Sobel */
-    Y[plane + v] = sobel_difference(X + plane, v, m, p); /* axis 1's */
-    Y[2 * plane + v] = sobel_smoothing(X + plane, v, m, p); /* axis 2's */
-    Y[3 * plane + v] = first_difference(X + 2 * plane, v, NZ, y, NY); /* N_1 N_0 G */
-    Y[4 * plane + v] = second_difference(g, b, NZ, y, NY);            /* N_1 N_1 G */
-    Y[5 * plane + v] = first_difference(g, b, NZ, y, NY);             /* N_1 G */
-}
-
-__kernel void skimage_z(__global const float *restrict G, const int gp, const int R0,
-                        const int NR, const int A, const int NY, const int NZ, const int D,
-                        const float c, __global const float *restrict X,
-                        __global const float *restrict Y, __global float *restrict dst,
-                        const long n, const int o, __global float *restrict E)
-{
-    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
-    if (z >= NZ || y >= NY || i >= D) return;
-    __global const float *g = G + (long)gp * NR * NY * NZ - (long)R0 * NY * NZ;
-    const long b = ((long)(A + i) * NY + y) * NZ + z;
-    const long plane = (long)D * NY * NZ, v = ((long)i * NY + y) * NZ + z;
-    const long m = max(z - 1, 0) - z, p = min(z + 1, NZ - 1) - z;
-    const float e0 = sobel_smoothing(Y, v, m, p), e1 = sobel_smoothing(Y + plane, v, m, p);
-    const float e2 = sobel_difference(Y + 2 * plane, v, m, p);
-    const float h00 = X[3 * plane + v], h11 = Y[4 * plane + v], h01 = Y[3 * plane + v];
+    int jx0, jx1, jy0, jy1, jz0, jz1;
+    const float wx = gradient_taps(x, N0, &jx0, &jx1), wy = gradient_taps(y, NY, &jy0, &jy1);
+    const float wz = gradient_taps(z, NZ, &jz0, &jz1);
+    const int xs[3] = {jx1, x, jx0}, ys[3] = {jy1, y, jy0}, zs[3] = {jz1, z, jz0};
+    float f[3][3][3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int e = 0; e < 3; ++e)
+#pragma unroll
+            for (int h = 0; h < 3; ++h) f[a][e][h] = g[((long)xs[a] * NY + ys[e]) * NZ + zs[h]];
+    /* the Sobels: along axis 0, then 1, then 2 */
+    float dx[3][3], sx[3][3];
+#pragma unroll
+    for (int e = 0; e < 3; ++e)
+#pragma unroll
+        for (int h = 0; h < 3; ++h) {
+            dx[e][h] = f[2][e][h] - f[0][e][h];
+            sx[e][h] = sobel_smoothing3(f[0][e][h], f[1][e][h], f[2][e][h]);
+        }
+    float a0[3], a1[3], a2[3];
+#pragma unroll
+    for (int h = 0; h < 3; ++h) {
+        a0[h] = sobel_smoothing3(dx[0][h], dx[1][h], dx[2][h]);
+        a1[h] = sx[2][h] - sx[0][h];
+        a2[h] = sobel_smoothing3(sx[0][h], sx[1][h], sx[2][h]);
+    }
+    const float e0 = sobel_smoothing3(a0[0], a0[1], a0[2]);
+    const float e1 = sobel_smoothing3(a1[0], a1[1], a1[2]);
+    const float e2 = a2[2] - a2[0];
+    /* the Hessian: N_0 G at (y', z'), N_1 G at (z'), then their differences */
+    const float h00 = second_difference(g, b, SX, x, N0);
+    const float h11 = second_difference(g, b, NZ, y, NY);
     const float h22 = second_difference(g, b, 1, z, NZ);
-    const float h02 = first_difference(X + 2 * plane, v, 1, z, NZ);
-    const float h12 = first_difference(Y + 5 * plane, v, 1, z, NZ);
-    dst[o * n + v] = c * g[b];
+    const float h01 = (dx[2][1] * wx - dx[0][1] * wx) * wy;
+    const float h02 = (dx[1][2] * wx - dx[1][0] * wx) * wz;
+    const float h12 = ((f[1][2][2] - f[1][0][2]) * wy - (f[1][2][0] - f[1][0][0]) * wy) * wz;
+    const long v = ((long)i * NY + y) * NZ + z;
+    dst[o * n + v] = c * f[1][1][1];
     dst[(o + 1) * n + v] = c * magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
     /* the scale c is linear: applied to the results, not to each tap */
     EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, 0);

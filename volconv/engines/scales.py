@@ -1,6 +1,7 @@
 """The presets on the device, two stages per scale (`PresetStage`): one Gaussian smoothing of
-the input per scale on the separable passes, then one kernel of kernels/stencils.cl per scale
-that writes all of that scale's channels from the smoothed field."""
+the input per scale (skimage: `volconv.engines.smoothing.NearestGaussians`; ilastik: the
+separable passes), then kernels/stencils.cl's kernels that write all of that scale's channels
+from the smoothed field."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import pyopencl as cl
 
 from volconv.bank.features import gaussian_filter_of
 from volconv.bank.presets import PresetPlan, skimage_scale
-from volconv.device.programs import device_seconds
+from volconv.device.programs import context_for, device_seconds
 from volconv.engines.boundary import extend_indices, sources
 from volconv.engines.clock import KernelClock
 from volconv.engines.features import FeatureKernels, build_with_features, lanes_for
+from volconv.engines.nonfinite import has_nonfinite
+from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 
 SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
+TILE = (32, 4, 2)  # skimage_scale's work-groups (axes 2, 1, 0)
 
 
 def stencil_program(
@@ -29,7 +33,7 @@ def stencil_program(
 
 
 def smoothing_filters(preset: PresetPlan) -> list:
-    """Stage 1's filters: every scale's Gaussian."""
+    """ilastik's stage 1's filters: every scale's Gaussian."""
     return [gaussian_filter_of(f"smooth{i}", (s.smooth,) * 3, (0, 0, 0), s.truncate)
             for i, s in enumerate(preset.scales)]  # fmt: skip
 
@@ -48,7 +52,7 @@ def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -
     rows = min(n0, depth + 2 * reach(preset))
     own = preset.n_outputs * sub * ny * nz
     if preset.kind == "skimage":
-        own += (10 + 6) * sub * ny * nz  # the passes' planes; the entries (CPUs)
+        own += 6 * sub * ny * nz  # the entries (CPUs)
     else:
         q = 2 * (sub + 2)
         own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
@@ -70,36 +74,52 @@ def preset_bytes(
     n0, ny, nz = shape
     filters = smoothing_filters(preset)
     rows = min(n0, depth + 2 * reach(preset))
-    skimage = preset.kind == "skimage"
+    own = _buffer_bytes(preset, shape, depth)
+    if preset.kind == "skimage":  # the outputs of a slab, the input rows it reads
+        host = preset.n_outputs * depth * ny * nz * 4 + (rows + 2 * skimage_reach(preset)) * (
+            ny * nz * np.dtype(dtype).itemsize
+        )
+        return host, own + nearest_gaussians_bytes(skimage_radii(preset), shape, dtype, rows)
     plan = make_separable_plan(
-        filters, shape, dtype, "nearest" if skimage else mode, 0.0 if skimage else cval, device,
-        choices=plan_bank(filters, force="separable"), slab_depth=rows, fused=False,
+        filters, shape, dtype, mode, cval, device, choices=plan_bank(filters, force="separable"),
+        slab_depth=rows, fused=False,
     )  # fmt: skip
     host = (preset.n_outputs * depth + len(filters) * rows) * ny * nz * 4
-    return host, plan.device_bytes + _buffer_bytes(preset, shape, depth)
+    return host, plan.device_bytes + own
+
+
+def skimage_radii(preset: PresetPlan) -> list[int]:
+    """The radii of skimage's Gaussians."""
+    return [s.smooth_radius for s in preset.scales]
+
+
+def skimage_reach(preset: PresetPlan) -> int:
+    """Input rows skimage's widest Gaussian reads past its field's."""
+    return max(skimage_radii(preset))
 
 
 class PresetStage:
     """A preset's outputs for a slab of output rows, in its order (`PresetPlan`).
 
-    Stage 1 smooths the input by every scale's Gaussian at once: one `SeparableConvolver`
-    (forced separable, the scales' Gaussians as its filters) over the rows stage 2 reads, in
-    chunks of at most its slab depth, kept on the device. Stage 2 runs per scale over
-    sub-slabs of at most `SUB_ROWS` rows (its outputs' buffer), each downloaded into ``out``.
+    Stage 1 smooths the input by every scale's Gaussian, kept on the device; stage 2 runs
+    per scale over sub-slabs of at most `SUB_ROWS` rows (its outputs' buffer), each downloaded
+    into ``out``.
+
     skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over the slab's rows
     and 2 more on each side inside the volume (Sobel's 'reflect' and np.gradient's one-sided
-    differences stay inside it); three 1D passes per scale, the last writing its five
-    channels. ilastik: the
-    presmoothing takes the bank's mode and cval; stage 2 reads it over the rows the bank's mode
-    maps the slab's, widened by the inner radius (2) and the structure tensor's outer one (1),
-    through row tables: three 1D passes (axes 0, 1, 2) give the smoothing, DoG's second one,
-    the gradients and the Hessian over the rows the outer smoothing reads, and one kernel the
-    scale's ten channels.
+    differences stay inside it), by `NearestGaussians` (the rows smoothed along axes 2 and 1
+    kept for the next slab); one kernel per scale writes its five channels. Slabs with NaN or
+    Inf are refused.
 
-    A slab whose source holds NaN or Inf is smoothed through the convolver's host path (scipy's
-    non-finite responses), uploaded, and goes through the same stage 2, whose sums take every
-    tap as scipy's correlate1d does (0 * Inf is NaN there too). skimage's Gaussians are wider
-    than that host path counts (31 taps): its slabs with NaN or Inf are refused.
+    ilastik: one `SeparableConvolver` (forced separable, the scales' Gaussians as its filters)
+    over the rows stage 2 reads, in chunks of at most its slab depth. The presmoothing takes
+    the bank's mode and cval; stage 2 reads it over the rows the bank's mode maps the slab's,
+    widened by the inner radius (2) and the structure tensor's outer one (1), through row
+    tables: three 1D passes (axes 0, 1, 2) give the smoothing, DoG's second one, the gradients
+    and the Hessian over the rows the outer smoothing reads, and one kernel the scale's ten
+    channels. A slab whose source holds NaN or Inf is smoothed through the convolver's host
+    path (scipy's non-finite responses), uploaded, and goes through the same stage 2, whose
+    sums take every tap as scipy's correlate1d does (0 * Inf is NaN there too).
     """
 
     def __init__(
@@ -122,20 +142,31 @@ class PresetStage:
         self.reach = reach(preset)
         self.depth = slab_depth
         self.sub = min(slab_depth, SUB_ROWS)
-        filters = smoothing_filters(preset)
-        self.conv = SeparableConvolver(
-            filters, shape, dtype, self.mode, self.cval, device=device,
-            slab_depth=min(shape[0], slab_depth + 2 * self.reach),
-            choices=plan_bank(filters, force="separable"), fused=False,
-        )  # fmt: skip
-        self.convolvers = (self.conv,)
-        self.ctx, self.queue = self.conv.ctx, self.conv.queue
+        self.seconds = 0.0
+        self.clock = KernelClock()  # the stencils' (and skimage's stage 1's) seconds by name
+        self.timings = {"upload": 0.0, "download": 0.0}  # skimage's
+        if self.skimage:
+            self.conv = None
+            self.ctx, self.queue = context_for(device)
+            self.smoother = NearestGaussians(
+                self.ctx, self.queue, [s.smooth for s in preset.scales], preset.scales[0].truncate,
+                shape, dtype, min(shape[0], slab_depth + 2 * self.reach), self.clock,
+            )  # fmt: skip
+            self.convolvers = (self,)
+        else:
+            filters = smoothing_filters(preset)
+            self.conv = SeparableConvolver(
+                filters, shape, dtype, self.mode, self.cval, device=device,
+                slab_depth=min(shape[0], slab_depth + 2 * self.reach),
+                choices=plan_bank(filters, force="separable"), fused=False,
+            )  # fmt: skip
+            self.convolvers = (self.conv,)
+            self.ctx, self.queue = self.conv.ctx, self.conv.queue
         # CPUs: the eigenvalues by eigen3 over written-out entries, in vectors of its lanes
         self._eigen = FeatureKernels(self.ctx, self.queue) if lanes_for(device) > 1 else None
         entries = self._eigen is not None
         if self.skimage:
-            prog = stencil_program(self.ctx, entries=entries)
-            self._k = [cl.Kernel(prog, name) for name in ("skimage_x", "skimage_y", "skimage_z")]
+            self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries), "skimage_scale")]
         else:
             self._k = []
             for scale in preset.scales:
@@ -147,10 +178,9 @@ class PresetStage:
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                                     hostbuf=m) for m in maps]  # fmt: skip
         self._group = min(32, device.max_work_group_size)
-        self.seconds = 0.0
-        self.clock = KernelClock()  # the stencils' device seconds by name
+        self._max_group = device.max_work_group_size
         # its `volconv.engines.clock.KernelClock`s: stage 1's, the stencils', eigen3's
-        self.clocks = [self.conv.clock, self.clock]
+        self.clocks = [self.clock] if self.conv is None else [self.conv.clock, self.clock]
         self.clocks += [self._eigen.clock] if self._eigen is not None else []
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
@@ -170,7 +200,8 @@ class PresetStage:
     @property
     def device_bytes(self) -> int:
         """Device memory of the stage at its slab depth (`preset_bytes`)."""
-        return self.conv.plan.device_bytes + _buffer_bytes(self.preset, self.shape, self.depth)
+        first = self.smoother.device_bytes if self.conv is None else self.conv.plan.device_bytes
+        return first + _buffer_bytes(self.preset, self.shape, self.depth)
 
     @property
     def held_bytes(self) -> int:
@@ -208,6 +239,8 @@ class PresetStage:
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows of the volume that output rows ``[a, b)`` read."""
         rows, _ = self._rows(a, b)
+        if self.skimage:
+            return np.arange(*self.smoother.input_rows(int(rows[0]), int(rows[-1]) + 1))
         parts = [self.conv.source_rows(c0, c1) for c0, c1 in self._chunks(rows)]
         return sources(np.concatenate(parts))
 
@@ -231,8 +264,8 @@ class PresetStage:
         """The preset's outputs (n_outputs, b - a, ny, nz) float32 of output rows ``[a, b)``,
         from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its whole
         ``frame``; downloaded into ``out`` if given (float32, each plane contiguous)."""
-        from volconv.engines.nonfinite import has_nonfinite
-
+        if self.skimage:
+            return self._compute_skimage(a, b, rows, needed, frame, out)
         conv, queue, mf = self.conv, self.queue, cl.mem_flags
         ny, nz = self.shape[1:]
         plane = ny * nz
@@ -287,11 +320,8 @@ class PresetStage:
         for a2 in range(a, b, self.sub):  # stage 2 by sub-slabs: its outputs' memory bounded
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * plane
-            if self.skimage:
-                work += self._skimage(a2, b2, field, slots, srows)
-            else:
-                qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
-                work += self._ilastik(a2, b2, field, slots, srows, qrows)
+            qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
+            work += self._ilastik(a2, b2, field, slots, srows, qrows)
             for o in range(n_out):  # in order after the kernels
                 downloads.append(cl.enqueue_copy(
                     queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
@@ -302,31 +332,61 @@ class PresetStage:
         conv.timings["download"] += device_seconds(downloads)
         return values
 
-    def _skimage(
-        self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray
-    ) -> list[cl.Event]:
-        """Enqueue skimage's stage 2 for every scale: passes along axes 0, 1, 2 over output
-        rows ``[a, b)``, the last writing the scale's five channels."""
-        ny, nz = self.shape[1:]
-        depth, plane = b - a, (b - a) * ny * nz
-        for key, planes in (("x", 4), ("y", 6)):
-            if key not in self._passes or self._passes[key].size < planes * plane * 4:
-                self._passes[key] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
-                                              planes * self.sub * ny * nz * 4)  # fmt: skip
-        bx, by = self._passes["x"], self._passes["y"]
-        kx, ky, kz = self._k
+    def _compute_skimage(
+        self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
+        frame: np.ndarray | None, out: np.ndarray | None,
+    ) -> np.ndarray:  # fmt: skip
+        """`compute` for skimage: stage 1 by `NearestGaussians`, then `skimage_scale` per
+        scale and sub-slab."""
+        n0, ny, nz = self.shape
+        g0, g1 = max(0, a - 2), min(n0, b + 2)
+
+        def rows_of(lo: int, hi: int) -> np.ndarray:
+            own = frame[lo:hi] if rows is None else rows[np.searchsorted(needed, np.arange(lo, hi))]
+            if has_nonfinite(own):
+                raise ValueError(
+                    f"non-finite voxels (NaN, Inf) in rows [{a}, {b}): the skimage preset does "
+                    "not take them (replace the non-finite voxels first)"
+                )
+            if self.clip:  # img_as_float32: the minimum maps to -1
+                own = np.maximum(own, -np.iinfo(self.dtype).max).astype(self.dtype)
+            return own
+
+        events, work = self.smoother.smooth(g0, g1, rows_of)
+        if self._dst is None:
+            self._dst = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
+                                  self.preset.n_outputs * self.sub * ny * nz * 4)  # fmt: skip
+        shape = (self.preset.n_outputs, b - a, ny, nz)
+        values = np.empty(shape, np.float32) if out is None else out
+        (k,) = self._k
         i32 = np.int32
-        events = []
-        for s, scale in enumerate(self.preset.scales):
-            at = (field, i32(slots.index(s)), i32(srows[0]), i32(len(srows)), i32(a))
-            kx.set_args(*at, i32(self.shape[0]), i32(ny), i32(nz), i32(depth), bx)
-            ky.set_args(*at, i32(ny), i32(nz), i32(depth), bx, by)
-            kz.set_args(*at, i32(ny), i32(nz), i32(depth), self.factor, bx, by, self._dst,
-                        np.int64(plane), i32(scale.at[0]), self._entries(6))  # fmt: skip
-            for name, k in (("skimage_x", kx), ("skimage_y", ky), ("skimage_z", kz)):
-                events.append(self.clock.add(name, self._launch(k, (nz, ny, depth))))
-            events += self._eigenvalues([scale.at[0] + 2], plane)
-        return events
+        downloads: list[cl.Event] = []
+        for a2 in range(a, b, self.sub):
+            b2 = min(a2 + self.sub, b)
+            n = (b2 - a2) * ny * nz
+            for s, scale in enumerate(self.preset.scales):
+                k.set_args(self.smoother.fields[s], i32(g0), i32(a2), i32(n0), i32(ny), i32(nz),
+                           i32(b2 - a2), self.factor, self._dst, np.int64(n), i32(scale.at[0]),
+                           self._entries(6))  # fmt: skip
+                size = (nz, ny, b2 - a2)
+                work.append(self.clock.add("skimage_scale", self._launch_tiles(k, size)))
+                work += self._eigenvalues([scale.at[0] + 2], n)
+            for o in range(self.preset.n_outputs):  # in order after the kernels
+                downloads.append(cl.enqueue_copy(
+                    self.queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
+                    is_blocking=False))  # fmt: skip
+        cl.wait_for_events(events + work + downloads)
+        self.seconds += device_seconds(work)
+        self.timings["upload"] += device_seconds(events)
+        self.timings["download"] += device_seconds(downloads)
+        return values
+
+    def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
+        """Work-groups of `TILE` (the kernel checks its bounds): neighbours along axes 1 and 0
+        in one group, so that the voxels they share are read from cache."""
+        tile = TILE if self._max_group >= TILE[0] * TILE[1] * TILE[2] else (self._group, 1, 1)
+        glob = tuple(-(-n // t) * t for n, t in zip(size, tile, strict=True))
+        return cl.enqueue_nd_range_kernel(self.queue, kernel, glob, tile)
 
     def _entries(self, planes: int) -> cl.Buffer:
         """The buffer of the eigenvalues' entries (CPUs), ``planes`` of a sub-slab."""
