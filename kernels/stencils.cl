@@ -13,7 +13,7 @@
  * sqrt of the sum of their squares / 3) and the descending eigenvalues of the Hessian by
  * np.gradient twice (central differences inside, one-sided at the volume's border).
  *
- * ilastik_x, ilastik_y, ilastik_z, ilastik_out: ilastik's features at its inner scale from P,
+ * ilastik_x, ilastik_y, ilastik_z_out, ilastik_outer: ilastik's features at its inner scale from P,
  * the presmoothed volume; P's rows are given by row tables (the local row of each neighbour,
  * -1 where constant mode gives cval), the other axes are extended by the bank's mode through
  * index maps, so every stage takes the bank's mode as scipy's gaussian_filter of P would.
@@ -145,11 +145,11 @@ __kernel void skimage_scale(__global const float *restrict G, const int R0, cons
            (r) < 0 || (yy) < 0 || (zz) < 0)
 
 /* ilastik's features at the inner scale as scipy's gaussian_filter runs them: 1D passes along
- * axis 0 (ilastik_x), 1 (ilastik_y), 2 (ilastik_z) over the rows q of the structure tensor's
- * product field, then every channel of the output rows from those (ilastik_out). Planes of
- * NQ rows: X (4: the Gaussian, its first and second derivatives, DoG's Gaussian along axis 0)
- * over axes 1 and 2 widened by 2 (PY = NY + 4, PZ = NZ + 4); Y (7 combinations) over axis 2
- * widened; Z (11): S, DoG's S, g0, g1, g2, H00, H11, H22, H01, H02, H12. */
+ * axis 0 (ilastik_x), 1 (ilastik_y), 2 (ilastik_z_out) over the rows q of the structure
+ * tensor's product field, the last writing the products and the output rows' channels but the
+ * structure tensor's eigenvalues (ilastik_outer). Planes of NQ rows: X (4: the Gaussian, its
+ * first and second derivatives, DoG's Gaussian along axis 0) over axes 1 and 2 widened by 2
+ * (PY = NY + 4, PZ = NZ + 4); Y (7 combinations) over axis 2 widened; T (6 products). */
 /* the five tap arrays of a scale's weights wt, each centred: w[t] for t = -R .. R */
 #define TAPS_OF(wt)                                                                    \
     __global const float *w0 = (wt) + 2, *w1 = (wt) + TAPS + 2, *w2 = (wt) + 2 * TAPS + 2, \
@@ -203,9 +203,16 @@ __kernel void ilastik_y(__global const float *restrict X, const int NQ,
     Y[4 * plane + v] = y11, Y[5 * plane + v] = y02, Y[6 * plane + v] = ydd;
 }
 
-__kernel void ilastik_z(__global const float *restrict Y, const int NQ,
-                        __global const float *restrict wt, const int NY, const int NZ,
-                        __global float *restrict Z)
+/* ... along axis 2, and what follows from it at each voxel: the structure tensor's products
+ * g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows into T; on the rows that are output rows
+ * (qout: the output row of each q, or -1) the smoothing, LoG, gradient magnitude, DoG and the
+ * Hessian's eigenvalues */
+__kernel void ilastik_z_out(__global const float *restrict Y, const int NQ,
+                            __global const float *restrict wt, __global const int *restrict qout,
+                            const int NY, const int NZ, __global float *restrict T,
+                            __global float *restrict dst, const long n, const int os,
+                            const int ol, const int om, const int od, const int oh,
+                            __global float *restrict E)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
     if (z >= NZ || y >= NY || q >= NQ) return;
@@ -215,111 +222,65 @@ __kernel void ilastik_z(__global const float *restrict Y, const int NQ,
           h22 = 0.0f, h01 = 0.0f, h02 = 0.0f, h12 = 0.0f;
 #pragma unroll
     for (int cz = -R; cz <= R; ++cz) {
-        const long v = at + cz;
-        const float y00 = Y[v], y10 = Y[yp + v], y20 = Y[2 * yp + v], y01 = Y[3 * yp + v];
-        const float y11 = Y[4 * yp + v], y02 = Y[5 * yp + v];
+        const long u = at + cz;
+        const float y00 = Y[u], y10 = Y[yp + u], y20 = Y[2 * yp + u], y01 = Y[3 * yp + u];
+        const float y11 = Y[4 * yp + u], y02 = Y[5 * yp + u];
         s += w0[cz] * y00, h00 += w0[cz] * y20, h11 += w0[cz] * y02, h22 += w2[cz] * y00;
         h01 += w0[cz] * y11, h02 += w1[cz] * y10, h12 += w1[cz] * y01;
         g0 += w0[cz] * y10, g1 += w0[cz] * y01, g2 += w1[cz] * y00;
-        if (cz >= -RD && cz <= RD) sd += wd[cz] * Y[6 * yp + v];
+        if (cz >= -RD && cz <= RD) sd += wd[cz] * Y[6 * yp + u];
     }
-    const long plane = (long)NQ * NY * NZ, v = ((long)q * NY + y) * NZ + z;
-    Z[v] = s, Z[plane + v] = sd, Z[2 * plane + v] = g0, Z[3 * plane + v] = g1;
-    Z[4 * plane + v] = g2, Z[5 * plane + v] = h00, Z[6 * plane + v] = h11;
-    Z[7 * plane + v] = h22, Z[8 * plane + v] = h01, Z[9 * plane + v] = h02;
-    Z[10 * plane + v] = h12;
+    const long plane = (long)NQ * NY * NZ, t = ((long)q * NY + y) * NZ + z;
+    T[t] = g0 * g0, T[plane + t] = g1 * g1, T[2 * plane + t] = g2 * g2;
+    T[3 * plane + t] = g0 * g1, T[4 * plane + t] = g0 * g2, T[5 * plane + t] = g1 * g2;
+    const int i = qout[q];
+    if (i < 0) return;
+    const long v = ((long)i * NY + y) * NZ + z;
+    dst[os * n + v] = s;
+    dst[ol * n + v] = h00 + h11 + h22;
+    dst[om * n + v] = magnitude3(g0, g1, g2);
+    dst[od * n + v] = s - sd;
+    EIGEN(h00, h11, h22, h01, h02, h12, oh, 6);
 }
 
-/* The structure tensor's products g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows */
-__kernel void ilastik_products(__global const float *restrict Z, const int NQ, const int NY,
-                               const int NZ, __global float *restrict T)
-{
-    const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
-    if (z >= NZ || y >= NY || q >= NQ) return;
-    const long plane = (long)NQ * NY * NZ, v = ((long)q * NY + y) * NZ + z;
-    const float a = Z[2 * plane + v], b = Z[3 * plane + v], c = Z[4 * plane + v];
-    T[v] = a * a, T[plane + v] = b * b, T[2 * plane + v] = c * c;
-    T[3 * plane + v] = a * b, T[4 * plane + v] = a * c, T[5 * plane + v] = b * c;
-}
-
-/* The outer smoothing of the products along axis 0, on output rows i (grows: their
- * neighbours among the NQ rows by the mode, -1: cval), over axes 1 and 2 widened by 1 and
- * extended by the mode (the product field's extension; cval in constant mode) */
-__kernel void ilastik_outer_x(__global const float *restrict T, const int NQ,
-                              __global const int *restrict grows,
-                              __global const float *restrict wt, __global const int *restrict my,
-                              __global const int *restrict mz, const int D, const int NY,
-                              const int NZ, const float cval, __global float *restrict U)
-{
-    const int ze = (int)get_global_id(0), ye = (int)get_global_id(1), i = (int)get_global_id(2);
-    if (ze >= NZ + 2 || ye >= NY + 2 || i >= D) return;
-    TAPS_OF(wt);
-    const int yy = my[ye + 1], zz = mz[ze + 1];
-    const long plane = (long)NQ * NY * NZ;
-    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int cx = -RO; cx <= RO; ++cx) {
-        const int r = grows[i * 3 + 1 + cx];
-        const int out = r < 0 || yy < 0 || zz < 0;
-        const long v = out ? 0 : ((long)r * NY + yy) * NZ + zz;
-#pragma unroll
-        for (int p = 0; p < 6; ++p) t[p] += wo[cx] * (out ? cval : T[p * plane + v]);
-    }
-    const long uplane = (long)D * (NY + 2) * (NZ + 2);
-    const long u = ((long)i * (NY + 2) + ye) * (NZ + 2) + ze;
-#pragma unroll
-    for (int p = 0; p < 6; ++p) U[p * uplane + u] = t[p];
-}
-
-/* ... and along axis 1 */
-__kernel void ilastik_outer_y(__global const float *restrict U, __global const float *restrict wt,
-                              const int D, const int NY, const int NZ, __global float *restrict V)
-{
-    const int ze = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
-    if (ze >= NZ + 2 || y >= NY || i >= D) return;
-    TAPS_OF(wt);
-    const long uplane = (long)D * (NY + 2) * (NZ + 2);
-    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int cy = -RO; cy <= RO; ++cy) {
-        const long u = ((long)i * (NY + 2) + y + 1 + cy) * (NZ + 2) + ze;
-#pragma unroll
-        for (int p = 0; p < 6; ++p) t[p] += wo[cy] * U[p * uplane + u];
-    }
-    const long vplane = (long)D * NY * (NZ + 2), v = ((long)i * NY + y) * (NZ + 2) + ze;
-#pragma unroll
-    for (int p = 0; p < 6; ++p) V[p * vplane + v] = t[p];
-}
-
-/* One scale's ten channels for output rows i (grows: their rows among the NQ): smoothing,
- * LoG, gradient magnitude, DoG, the structure tensor's eigenvalues (the outer smoothing's step
- * along axis 2 over V) and the Hessian's. */
-__kernel void ilastik_out(__global const float *restrict Z, const int NQ,
-                          __global const int *restrict grows, __global const float *restrict wt,
-                          __global const float *restrict V, const int D, const int NY,
-                          const int NZ, __global float *restrict dst, const long n, const int os,
-                          const int ol, const int om, const int od, const int ot, const int oh,
-                          __global float *restrict E)
+/* The structure tensor's eigenvalues of output rows i: the outer smoothing of the products
+ * along axis 0 (grows: each output row's neighbours among the NQ rows by the mode, -1: cval),
+ * then 1, then 2, the axes 1 and 2 extended by the mode through my, mz (the product field's
+ * extension; cval in constant mode), summed in that order as scipy's passes sum them. */
+__kernel void ilastik_outer(__global const float *restrict T, const int NQ,
+                            __global const int *restrict grows, __global const float *restrict wt,
+                            __global const int *restrict my, __global const int *restrict mz,
+                            const int D, const int NY, const int NZ, const float cval,
+                            __global float *restrict dst, const long n, const int ot,
+                            __global float *restrict E)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
     TAPS_OF(wt);
     const long plane = (long)NQ * NY * NZ;
-    __global const float *g = Z + 2 * plane;
     float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    const long vplane = (long)D * NY * (NZ + 2), at = ((long)i * NY + y) * (NZ + 2) + z + 1;
 #pragma unroll
-    for (int cz = -RO; cz <= RO; ++cz)
+    for (int cz = -RO; cz <= RO; ++cz) {
+        const int zz = mz[z + 2 + cz];
+        float w[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int p = 0; p < 6; ++p) t[p] += wo[cz] * V[p * vplane + at + cz];
-    const long own = ((long)grows[i * 3 + 1] * NY + y) * NZ + z;
-    const float s = Z[own], sd = Z[plane + own];
-    const float h00 = Z[5 * plane + own], h11 = Z[6 * plane + own], h22 = Z[7 * plane + own];
+        for (int cy = -RO; cy <= RO; ++cy) {
+            const int yy = my[y + 2 + cy];
+            float u[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int cx = -RO; cx <= RO; ++cx) {
+                const int r = grows[i * 3 + 1 + cx];
+                const int out = r < 0 || yy < 0 || zz < 0;
+                const long at = out ? 0 : ((long)r * NY + yy) * NZ + zz;
+#pragma unroll
+                for (int p = 0; p < 6; ++p) u[p] += wo[cx] * (out ? cval : T[p * plane + at]);
+            }
+#pragma unroll
+            for (int p = 0; p < 6; ++p) w[p] += wo[cy] * u[p];
+        }
+#pragma unroll
+        for (int p = 0; p < 6; ++p) t[p] += wo[cz] * w[p];
+    }
     const long v = ((long)i * NY + y) * NZ + z;
-    dst[os * n + v] = s;
-    dst[ol * n + v] = h00 + h11 + h22;
-    dst[om * n + v] = magnitude3(g[own], g[plane + own], g[2 * plane + own]);
-    dst[od * n + v] = s - sd;
     EIGEN(t[0], t[1], t[2], t[3], t[4], t[5], ot, 0);
-    EIGEN(h00, h11, h22, Z[8 * plane + own], Z[9 * plane + own], Z[10 * plane + own], oh, 6);
 }

@@ -56,8 +56,7 @@ def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -
     else:
         q = 2 * (sub + 2)
         own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
-        own += q * (4 * (ny + 4) * (nz + 4) + 7 * ny * (nz + 4) + 17 * ny * nz)
-        own += 6 * sub * ((ny + 2) * (nz + 2) + ny * (nz + 2))  # the outer smoothing's passes
+        own += q * (4 * (ny + 4) * (nz + 4) + 7 * ny * (nz + 4) + 6 * ny * nz)  # X, Y, T
     return own * 4
 
 
@@ -171,8 +170,7 @@ class PresetStage:
             self._k = []
             for scale in preset.scales:
                 prog = stencil_program(self.ctx, scale.radii(), entries)
-                names = ("ilastik_x", "ilastik_y", "ilastik_z", "ilastik_products",
-                         "ilastik_outer_x", "ilastik_outer_y", "ilastik_out")  # fmt: skip
+                names = ("ilastik_x", "ilastik_y", "ilastik_z_out", "ilastik_outer")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
@@ -415,37 +413,36 @@ class PresetStage:
         ny, nz = self.shape[1:]
         depth, nq, ns = b - a, len(qrows), len(srows)
         tables = [self._table(qrows, srows, 2), self._table(np.arange(a, b), qrows, 1)]
-        rows, grows = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t) for t in tables)
+        qout = np.full(nq, -1, np.int32)
+        qout[tables[1][:, 1]] = np.arange(depth)  # each output row's own row among qrows
+        rows, grows, qo = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t)
+                           for t in (*tables, qout))  # fmt: skip
         sizes = {"x": 4 * nq * (ny + 4) * (nz + 4), "y": 7 * nq * ny * (nz + 4),
-                 "z": 11 * nq * ny * nz, "t": 6 * nq * ny * nz,
-                 "u": 6 * depth * (ny + 2) * (nz + 2), "v": 6 * depth * ny * (nz + 2)}  # fmt: skip
+                 "t": 6 * nq * ny * nz}  # fmt: skip
         for key, size in sizes.items():
             if key not in self._passes or self._passes[key].size < size * 4:
                 self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
-        bx, by, bz, bt, bu, bv = (self._passes[k] for k in "xyztuv")
+        bx, by, bt = (self._passes[k] for k in "xyt")
         i32, cval = np.int32, np.float32(self.cval)
         my, mz = self._maps
+        n = np.int64(depth * ny * nz)
         events = []
         for s, scale in enumerate(self.preset.scales):
-            kx, ky, kz, kt, kox, koy, ko = self._k[s]
+            kx, ky, kz, ko = self._k[s]
             taps = self._taps[s]
+            os_, ol, om, od, ot, oh = map(i32, scale.at)
+            entries = self._entries(12)
             kx.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz,
                         i32(ny), i32(nz), cval, bx)  # fmt: skip
             ky.set_args(bx, i32(nq), taps, i32(ny), i32(nz), by)
-            kz.set_args(by, i32(nq), taps, i32(ny), i32(nz), bz)
-            kt.set_args(bz, i32(nq), i32(ny), i32(nz), bt)
-            kox.set_args(bt, i32(nq), grows, taps, my, mz, i32(depth), i32(ny), i32(nz), cval, bu)
-            koy.set_args(bu, taps, i32(depth), i32(ny), i32(nz), bv)
-            ko.set_args(bz, i32(nq), grows, taps, bv, i32(depth), i32(ny), i32(nz), self._dst,
-                        np.int64(depth * ny * nz), *map(i32, scale.at),
-                        self._entries(12))  # fmt: skip
+            kz.set_args(by, i32(nq), taps, qo, i32(ny), i32(nz), bt, self._dst, n, os_, ol, om,
+                        od, oh, entries)  # fmt: skip
+            ko.set_args(bt, i32(nq), grows, taps, my, mz, i32(depth), i32(ny), i32(nz), cval,
+                        self._dst, n, ot, entries)  # fmt: skip
             for name, k, size in (("ilastik_x", kx, (nz + 4, ny + 4, nq)),
                                   ("ilastik_y", ky, (nz + 4, ny, nq)),
-                                  ("ilastik_z", kz, (nz, ny, nq)),
-                                  ("ilastik_products", kt, (nz, ny, nq)),
-                                  ("ilastik_outer_x", kox, (nz + 2, ny + 2, depth)),
-                                  ("ilastik_outer_y", koy, (nz + 2, ny, depth)),
-                                  ("ilastik_out", ko, (nz, ny, depth))):  # fmt: skip
-                events.append(self.clock.add(name, self._launch(k, size)))
+                                  ("ilastik_z_out", kz, (nz, ny, nq)),
+                                  ("ilastik_outer", ko, (nz, ny, depth))):  # fmt: skip
+                events.append(self.clock.add(name, self._launch_tiles(k, size)))
             events += self._eigenvalues([scale.at[4], scale.at[5]], depth * ny * nz)
         return events
