@@ -3,7 +3,7 @@
  *
  *   smooth_z: axis 2 over rows of the input (IN_T), into T;
  *   smooth_y: axis 1 over T, into the ring of rows smoothed along axes 2 and 1 (row r at slot
- *             r % CAP), so that a row is smoothed along those axes once for every slab that
+ *             r % CAP, CAP a power of two), so that a row is smoothed along those axes once for every slab that
  *             reads it;
  *   smooth_x: axis 0 over the ring, into the field (the rows stage 2 reads).
  *
@@ -83,7 +83,7 @@ __kernel void smooth_y(__global const float *restrict T, const int R0, const int
         const float v = t[(long)clamp(y0 - R + j, 0, NY - 1) * NZ];
         SLIDE(acc, j, v)
     }
-    __global float *out = ring + ((long)((R0 + r) % CAP) * NY + y0) * NZ + z;
+    __global float *out = ring + ((long)((R0 + r) & (CAP - 1)) * NY + y0) * NZ + z;
 #pragma unroll
     for (int m = 0; m < M; ++m)
         if (y0 + m < NY) out[(long)m * NZ] = acc[m];
@@ -104,7 +104,7 @@ __kernel void smooth_x(__global const float *restrict ring, const int CAP, const
     TAP_LOOP
     for (int j = 0; j < M + 2 * R; ++j) {
         const int row = clamp(G0 + g0 - R + j, 0, N0 - 1);
-        const float v = ring[(row % CAP) * plane + at];
+        const float v = ring[(row & (CAP - 1)) * plane + at];
         SLIDE(acc, j, v)
     }
 #pragma unroll

@@ -243,10 +243,39 @@ __kernel void ilastik_z_out(__global const float *restrict Y, const int NQ,
     EIGEN(h00, h11, h22, h01, h02, h12, oh, 6);
 }
 
-/* The structure tensor's eigenvalues of output rows i: the outer smoothing of the products
- * along axis 0 (grows: each output row's neighbours among the NQ rows by the mode, -1: cval),
- * then 1, then 2, the axes 1 and 2 extended by the mode through my, mz (the product field's
- * extension; cval in constant mode), summed in that order as scipy's passes sum them. */
+/* The outer smoothing of one product (Tp) at output row i (its neighbours among the NQ rows
+ * at grows[-1 .. 1], -1: cval), y, z: along axis 0, then 1, then 2, the axes 1 and 2 extended
+ * by the mode through my, mz (the product field's extension; cval in constant mode), summed
+ * in that order as scipy's passes sum them */
+inline float outer_smoothing(__global const float *restrict Tp, __global const int *restrict gr,
+                             __global const int *restrict my, __global const int *restrict mz,
+                             const int y, const int z, const int NY, const int NZ,
+                             const float cval, __global const float *restrict wo)
+{
+    float t = 0.0f;
+#pragma unroll
+    for (int cz = -RO; cz <= RO; ++cz) {
+        const int zz = mz[z + 2 + cz];
+        float w = 0.0f;
+#pragma unroll
+        for (int cy = -RO; cy <= RO; ++cy) {
+            const int yy = my[y + 2 + cy];
+            float u = 0.0f;
+#pragma unroll
+            for (int cx = -RO; cx <= RO; ++cx) {
+                const int r = gr[cx];
+                const int out = r < 0 || yy < 0 || zz < 0;
+                u += wo[cx] * (out ? cval : Tp[out ? 0 : ((long)r * NY + yy) * NZ + zz]);
+            }
+            w += wo[cy] * u;
+        }
+        t += wo[cz] * w;
+    }
+    return t;
+}
+
+/* The structure tensor's eigenvalues of output rows i (grows: each one's neighbours among the
+ * NQ rows by the mode) from its products T */
 __kernel void ilastik_outer(__global const float *restrict T, const int NQ,
                             __global const int *restrict grows, __global const float *restrict wt,
                             __global const int *restrict my, __global const int *restrict mz,
@@ -258,29 +287,11 @@ __kernel void ilastik_outer(__global const float *restrict T, const int NQ,
     if (z >= NZ || y >= NY || i >= D) return;
     TAPS_OF(wt);
     const long plane = (long)NQ * NY * NZ;
-    float t[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int cz = -RO; cz <= RO; ++cz) {
-        const int zz = mz[z + 2 + cz];
-        float w[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int cy = -RO; cy <= RO; ++cy) {
-            const int yy = my[y + 2 + cy];
-            float u[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int cx = -RO; cx <= RO; ++cx) {
-                const int r = grows[i * 3 + 1 + cx];
-                const int out = r < 0 || yy < 0 || zz < 0;
-                const long at = out ? 0 : ((long)r * NY + yy) * NZ + zz;
-#pragma unroll
-                for (int p = 0; p < 6; ++p) u[p] += wo[cx] * (out ? cval : T[p * plane + at]);
-            }
-#pragma unroll
-            for (int p = 0; p < 6; ++p) w[p] += wo[cy] * u[p];
-        }
-#pragma unroll
-        for (int p = 0; p < 6; ++p) t[p] += wo[cz] * w[p];
-    }
+    __global const int *gr = grows + i * 3 + 1;
+#define OUTER(p) outer_smoothing(T + (p) * plane, gr, my, mz, y, z, NY, NZ, cval, wo)
+    const float t00 = OUTER(0), t11 = OUTER(1), t22 = OUTER(2), t01 = OUTER(3);
+    const float t02 = OUTER(4), t12 = OUTER(5);
+#undef OUTER
     const long v = ((long)i * NY + y) * NZ + z;
-    EIGEN(t[0], t[1], t[2], t[3], t[4], t[5], ot, 0);
+    EIGEN(t00, t11, t22, t01, t02, t12, ot, 0);
 }

@@ -176,7 +176,11 @@ class PresetStage:
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                                     hostbuf=m) for m in maps]  # fmt: skip
         self._group = min(32, device.max_work_group_size)
-        self._max_group = device.max_work_group_size
+        # GPUs: work-groups of TILE; CPUs (PoCL runs a group's items as loops along axis 2)
+        # and small groups: rows of axis 2
+        self._tiles = not device.type & cl.device_type.CPU and (
+            device.max_work_group_size >= TILE[0] * TILE[1] * TILE[2]
+        )
         # its `volconv.engines.clock.KernelClock`s: stage 1's, the stencils', eigen3's
         self.clocks = [self.clock] if self.conv is None else [self.conv.clock, self.clock]
         self.clocks += [self._eigen.clock] if self._eigen is not None else []
@@ -382,7 +386,7 @@ class PresetStage:
     def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups of `TILE` (the kernel checks its bounds): neighbours along axes 1 and 0
         in one group, so that the voxels they share are read from cache."""
-        tile = TILE if self._max_group >= TILE[0] * TILE[1] * TILE[2] else (self._group, 1, 1)
+        tile = TILE if self._tiles else (self._group, 1, 1)
         glob = tuple(-(-n // t) * t for n, t in zip(size, tile, strict=True))
         return cl.enqueue_nd_range_kernel(self.queue, kernel, glob, tile)
 

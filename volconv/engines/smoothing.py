@@ -22,8 +22,9 @@ LINE_GROUP = 64  # smooth_y's and smooth_x's work-groups along axis 2
 
 
 def ring_rows(radii: Sequence[int], n0: int, rows: int) -> list[int]:
-    """Each scale's ring: the field's ``rows`` and its radius on each side (at most n0)."""
-    return [min(n0, rows + 2 * r) for r in radii]
+    """Each scale's ring: the field's ``rows`` and its radius on each side (at most n0), up to
+    a power of two (a row's slot is a mask of its index)."""
+    return [1 << (min(n0, rows + 2 * r) - 1).bit_length() for r in radii]
 
 
 def nearest_gaussians_bytes(
@@ -60,11 +61,13 @@ class NearestGaussians:
         self.up_dtype = dtype if dtype in CL_TYPES else np.dtype(np.float32)
         device = ctx.devices[0]
         unroll = not device.type & cl.device_type.CPU
+        # CPUs: one output per work-item, so that the tap loop is the same for every item
+        self.m = OUT_PER_ITEM if unroll else 1
         self._k = []
         for s, r in zip(sigmas, self.radii, strict=True):
             w = gaussian_kernel1d(s, 0, r).astype(np.float32)
             defines = (("R", r), ("WEIGHTS", ",".join(f"{float(x):.9e}f" for x in w)),
-                       ("M", OUT_PER_ITEM), ("WG", ROW_GROUP),
+                       ("M", self.m), ("WG", ROW_GROUP),
                        ("IN_T", CL_TYPES[self.up_dtype]))  # fmt: skip
             if unroll:
                 defines += (("UNROLL_TAPS", 1),)
@@ -120,8 +123,7 @@ class NearestGaussians:
             a0, a1 = min(c0 for c0, _ in spans), max(c1 for _, c1 in spans)
             events.append(cl.enqueue_copy(self.queue, self._up, cur[a0 - lo : a1 - lo],
                                           is_blocking=False))  # fmt: skip
-        seg = ROW_GROUP * OUT_PER_ITEM
-        m = OUT_PER_ITEM
+        seg, m = ROW_GROUP * self.m, self.m
         zs = -(-nz // LINE_GROUP) * LINE_GROUP
         for s, (c0, c1) in enumerate(todo):
             k = self._k[s]
