@@ -13,7 +13,7 @@
  * sqrt of the sum of their squares / 3) and the descending eigenvalues of the Hessian by
  * np.gradient twice (central differences inside, one-sided at the volume's border).
  *
- * ilastik_x, ilastik_y, ilastik_z_out, ilastik_outer: ilastik's features at its inner scale from P,
+ * ilastik_xy, ilastik_z_out, ilastik_outer: ilastik's features at its inner scale from P,
  * the presmoothed volume; P's rows are given by row tables (the local row of each neighbour,
  * -1 where constant mode gives cval), the other axes are extended by the bank's mode through
  * index maps, so every stage takes the bank's mode as scipy's gaussian_filter of P would.
@@ -145,11 +145,11 @@ __kernel void skimage_scale(__global const float *restrict G, const int R0, cons
            (r) < 0 || (yy) < 0 || (zz) < 0)
 
 /* ilastik's features at the inner scale as scipy's gaussian_filter runs them: 1D passes along
- * axis 0 (ilastik_x), 1 (ilastik_y), 2 (ilastik_z_out) over the rows q of the structure
- * tensor's product field, the last writing the products and the output rows' channels but the
- * structure tensor's eigenvalues (ilastik_outer). Planes of NQ rows: X (4: the Gaussian, its
- * first and second derivatives, DoG's Gaussian along axis 0) over axes 1 and 2 widened by 2
- * (PY = NY + 4, PZ = NZ + 4); Y (7 combinations) over axis 2 widened; T (6 products). */
+ * axes 0 and 1 (ilastik_xy: the Gaussian, its first and second derivatives and DoG's Gaussian
+ * along axis 0 at the 2R + 1 rows of axis 1 it sums, in registers), then 2 (ilastik_z_out)
+ * over the rows q of the structure tensor's product field, the last writing the products and
+ * the output rows' channels but the structure tensor's eigenvalues (ilastik_outer). Planes of
+ * NQ rows: Y (7 combinations) over axis 2 widened by 2 (PZ = NZ + 4); T (6 products). */
 /* the five tap arrays of a scale's weights wt, each centred: w[t] for t = -R .. R */
 #define TAPS_OF(wt)                                                                    \
     __global const float *w0 = (wt) + 2, *w1 = (wt) + TAPS + 2, *w2 = (wt) + 2 * TAPS + 2, \
@@ -157,46 +157,33 @@ __kernel void skimage_scale(__global const float *restrict G, const int R0, cons
 #define PY (NY + 4)
 #define PZ (NZ + 4)
 
-__kernel void ilastik_x(__global const float *restrict P_all, const int pp, const int NP,
-                        __global const int *restrict rows, const int NQ,
-                        __global const float *restrict wt, __global const int *restrict my,
-                        __global const int *restrict mz, const int NY, const int NZ,
-                        const float cval, __global float *restrict X)
-{
-    const int ze = (int)get_global_id(0), ye = (int)get_global_id(1), q = (int)get_global_id(2);
-    if (ze >= PZ || ye >= PY || q >= NQ) return;
-    __global const float *P = P_all + (long)pp * NP * NY * NZ;
-    TAPS_OF(wt);
-    const int yy = my[ye], zz = mz[ze];
-    float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f;
-#pragma unroll
-    for (int cx = -R; cx <= R; ++cx) {
-        const float v = P_AT(rows[q * TAPS + 2 + cx], yy, zz);
-        x0 += w0[cx] * v;
-        x1 += w1[cx] * v;
-        x2 += w2[cx] * v;
-        if (cx >= -RD && cx <= RD) xd += wd[cx] * v;
-    }
-    const long plane = (long)NQ * PY * PZ, v = ((long)q * PY + ye) * PZ + ze;
-    X[v] = x0, X[plane + v] = x1, X[2 * plane + v] = x2, X[3 * plane + v] = xd;
-}
-
-__kernel void ilastik_y(__global const float *restrict X, const int NQ,
-                        __global const float *restrict wt, const int NY, const int NZ,
-                        __global float *restrict Y)
+__kernel void ilastik_xy(__global const float *restrict P_all, const int pp, const int NP,
+                         __global const int *restrict rows, const int NQ,
+                         __global const float *restrict wt, __global const int *restrict my,
+                         __global const int *restrict mz, const int NY, const int NZ,
+                         const float cval, __global float *restrict Y)
 {
     const int ze = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
     if (ze >= PZ || y >= NY || q >= NQ) return;
+    __global const float *P = P_all + (long)pp * NP * NY * NZ;
     TAPS_OF(wt);
-    const long xp = (long)NQ * PY * PZ, at = ((long)q * PY + y + 2) * PZ + ze;
+    const int zz = mz[ze];
     float y00 = 0.0f, y10 = 0.0f, y20 = 0.0f, y01 = 0.0f, y11 = 0.0f, y02 = 0.0f, ydd = 0.0f;
 #pragma unroll
     for (int cy = -R; cy <= R; ++cy) {
-        const long v = at + (long)cy * PZ;
-        const float x0 = X[v], x1 = X[xp + v], x2 = X[2 * xp + v];
+        const int yy = my[y + 2 + cy];
+        float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f; /* X at (q, y + cy, ze) */
+#pragma unroll
+        for (int cx = -R; cx <= R; ++cx) {
+            const float v = P_AT(rows[q * TAPS + 2 + cx], yy, zz);
+            x0 += w0[cx] * v;
+            x1 += w1[cx] * v;
+            x2 += w2[cx] * v;
+            if (cx >= -RD && cx <= RD) xd += wd[cx] * v;
+        }
         y00 += w0[cy] * x0, y10 += w0[cy] * x1, y20 += w0[cy] * x2;
         y01 += w1[cy] * x0, y11 += w1[cy] * x1, y02 += w2[cy] * x0;
-        if (cy >= -RD && cy <= RD) ydd += wd[cy] * X[3 * xp + v];
+        if (cy >= -RD && cy <= RD) ydd += wd[cy] * xd;
     }
     const long plane = (long)NQ * NY * PZ, v = ((long)q * NY + y) * PZ + ze;
     Y[v] = y00, Y[plane + v] = y10, Y[2 * plane + v] = y20, Y[3 * plane + v] = y01;

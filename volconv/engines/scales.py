@@ -56,7 +56,7 @@ def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -
     else:
         q = 2 * (sub + 2)
         own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
-        own += q * (4 * (ny + 4) * (nz + 4) + 7 * ny * (nz + 4) + 6 * ny * nz)  # X, Y, T
+        own += q * (7 * ny * (nz + 4) + 6 * ny * nz)  # Y, T
     return own * 4
 
 
@@ -114,11 +114,12 @@ class PresetStage:
     over the rows stage 2 reads, in chunks of at most its slab depth. The presmoothing takes
     the bank's mode and cval; stage 2 reads it over the rows the bank's mode maps the slab's,
     widened by the inner radius (2) and the structure tensor's outer one (1), through row
-    tables: three 1D passes (axes 0, 1, 2) give the smoothing, DoG's second one, the gradients
-    and the Hessian over the rows the outer smoothing reads, and one kernel the scale's ten
-    channels. A slab whose source holds NaN or Inf is smoothed through the convolver's host
-    path (scipy's non-finite responses), uploaded, and goes through the same stage 2, whose
-    sums take every tap as scipy's correlate1d does (0 * Inf is NaN there too).
+    tables: ilastik_xy (axes 0 and 1) and ilastik_z_out (axis 2) give the smoothing, DoG's
+    second one, the gradients and the Hessian over the rows the outer smoothing reads, the
+    latter writing the structure tensor's products and every channel but its eigenvalues,
+    which ilastik_outer writes. A slab whose source holds NaN or Inf is smoothed through the
+    convolver's host path (scipy's non-finite responses), uploaded, and goes through the same
+    stage 2, whose sums take every tap as scipy's correlate1d does (0 * Inf is NaN there too).
     """
 
     def __init__(
@@ -170,7 +171,7 @@ class PresetStage:
             self._k = []
             for scale in preset.scales:
                 prog = stencil_program(self.ctx, scale.radii(), entries)
-                names = ("ilastik_x", "ilastik_y", "ilastik_z_out", "ilastik_outer")
+                names = ("ilastik_xy", "ilastik_z_out", "ilastik_outer")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
@@ -421,30 +422,27 @@ class PresetStage:
         qout[tables[1][:, 1]] = np.arange(depth)  # each output row's own row among qrows
         rows, grows, qo = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t)
                            for t in (*tables, qout))  # fmt: skip
-        sizes = {"x": 4 * nq * (ny + 4) * (nz + 4), "y": 7 * nq * ny * (nz + 4),
-                 "t": 6 * nq * ny * nz}  # fmt: skip
+        sizes = {"y": 7 * nq * ny * (nz + 4), "t": 6 * nq * ny * nz}
         for key, size in sizes.items():
             if key not in self._passes or self._passes[key].size < size * 4:
                 self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
-        bx, by, bt = (self._passes[k] for k in "xyt")
+        by, bt = self._passes["y"], self._passes["t"]
         i32, cval = np.int32, np.float32(self.cval)
         my, mz = self._maps
         n = np.int64(depth * ny * nz)
         events = []
         for s, scale in enumerate(self.preset.scales):
-            kx, ky, kz, ko = self._k[s]
+            kxy, kz, ko = self._k[s]
             taps = self._taps[s]
             os_, ol, om, od, ot, oh = map(i32, scale.at)
             entries = self._entries(12)
-            kx.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz,
-                        i32(ny), i32(nz), cval, bx)  # fmt: skip
-            ky.set_args(bx, i32(nq), taps, i32(ny), i32(nz), by)
+            kxy.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz,
+                         i32(ny), i32(nz), cval, by)  # fmt: skip
             kz.set_args(by, i32(nq), taps, qo, i32(ny), i32(nz), bt, self._dst, n, os_, ol, om,
                         od, oh, entries)  # fmt: skip
             ko.set_args(bt, i32(nq), grows, taps, my, mz, i32(depth), i32(ny), i32(nz), cval,
                         self._dst, n, ot, entries)  # fmt: skip
-            for name, k, size in (("ilastik_x", kx, (nz + 4, ny + 4, nq)),
-                                  ("ilastik_y", ky, (nz + 4, ny, nq)),
+            for name, k, size in (("ilastik_xy", kxy, (nz + 4, ny, nq)),
                                   ("ilastik_z_out", kz, (nz, ny, nq)),
                                   ("ilastik_outer", ko, (nz, ny, depth))):  # fmt: skip
                 events.append(self.clock.add(name, self._launch_tiles(k, size)))
