@@ -51,7 +51,10 @@ class NearestGaussians:
     def __init__(
         self, ctx: cl.Context, queue: cl.CommandQueue, sigmas: Sequence[float], truncate: float,
         shape: tuple[int, int, int], dtype: np.dtype, rows: int, clock: KernelClock,
+        per_item: int | None = None,
     ) -> None:  # fmt: skip
+        """``per_item``: outputs per work-item along a pass's axis (default `OUT_PER_ITEM` on
+        GPUs, 1 on CPUs)."""
         self.ctx, self.queue, self.clock = ctx, queue, clock
         self.shape, self.rows = tuple(shape), min(rows, shape[0])
         n0, ny, nz = self.shape
@@ -62,7 +65,7 @@ class NearestGaussians:
         device = ctx.devices[0]
         unroll = not device.type & cl.device_type.CPU
         # CPUs: one output per work-item, so that the tap loop is the same for every item
-        self.m = OUT_PER_ITEM if unroll else 1
+        self.m = per_item or (OUT_PER_ITEM if unroll else 1)
         self._k = []
         for s, r in zip(sigmas, self.radii, strict=True):
             w = gaussian_kernel1d(s, 0, r).astype(np.float32)
