@@ -191,7 +191,8 @@ __kernel void ilastik_xy(__global const float *restrict P_all, const int pp, con
 }
 
 /* ... along axis 2, and what follows from it at each voxel: the structure tensor's products
- * g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows into T; on the rows that are output rows
+ * g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows into T (axes 1 and 2 widened by 1, filled
+ * by ilastik_border); on the rows that are output rows
  * (qout: the output row of each q, or -1) the smoothing, LoG, gradient magnitude, DoG and the
  * Hessian's eigenvalues */
 __kernel void ilastik_z_out(__global const float *restrict Y, const int NQ,
@@ -217,7 +218,8 @@ __kernel void ilastik_z_out(__global const float *restrict Y, const int NQ,
         g0 += w0[cz] * y10, g1 += w0[cz] * y01, g2 += w1[cz] * y00;
         if (cz >= -RD && cz <= RD) sd += wd[cz] * Y[6 * yp + u];
     }
-    const long plane = (long)NQ * NY * NZ, t = ((long)q * NY + y) * NZ + z;
+    const long plane = (long)NQ * (NY + 2) * (NZ + 2);
+    const long t = ((long)q * (NY + 2) + y + 1) * (NZ + 2) + z + 1;
     T[t] = g0 * g0, T[plane + t] = g1 * g1, T[2 * plane + t] = g2 * g2;
     T[3 * plane + t] = g0 * g1, T[4 * plane + t] = g0 * g2, T[5 * plane + t] = g1 * g2;
     const int i = qout[q];
@@ -230,29 +232,48 @@ __kernel void ilastik_z_out(__global const float *restrict Y, const int NQ,
     EIGEN(h00, h11, h22, h01, h02, h12, oh, 6);
 }
 
-/* The outer smoothing of one product (Tp) at output row i (its neighbours among the NQ rows
- * at grows[-1 .. 1], -1: cval), y, z: along axis 0, then 1, then 2, the axes 1 and 2 extended
- * by the mode through my, mz (the product field's extension; cval in constant mode), summed
- * in that order as scipy's passes sum them */
-inline float outer_smoothing(__global const float *restrict Tp, __global const int *restrict gr,
+/* T's border along axes 1 and 2 (position p at p + 1): the product field extended by the mode
+ * through my, mz (position p at p + 2; -1: cval) */
+__kernel void ilastik_border(__global float *restrict T, const int NQ,
                              __global const int *restrict my, __global const int *restrict mz,
+                             const int NY, const int NZ, const float cval)
+{
+    const int k = (int)get_global_id(0), q = (int)get_global_id(1);
+    const int PZ1 = NZ + 2, PY1 = NY + 2;
+    if (k >= 2 * PZ1 + 2 * NY || q >= NQ) return;
+    int ye, ze; /* the border's positions: rows 0 and NY + 1 whole, columns 0 and NZ + 1 */
+    if (k < 2 * PZ1) {
+        ye = k < PZ1 ? 0 : NY + 1, ze = k % PZ1;
+    } else {
+        ye = 1 + (k - 2 * PZ1) / 2, ze = (k - 2 * PZ1) % 2 ? NZ + 1 : 0;
+    }
+    const int yy = my[ye + 1], zz = mz[ze + 1];
+    const long plane = (long)NQ * PY1 * PZ1, row = (long)q * PY1;
+    const long to = (row + ye) * PZ1 + ze, from = (row + yy + 1) * PZ1 + zz + 1;
+#pragma unroll
+    for (int p = 0; p < 6; ++p)
+        T[p * plane + to] = yy < 0 || zz < 0 ? cval : T[p * plane + from];
+}
+
+/* The outer smoothing of one product (Tp, widened) at output row i (its neighbours among the
+ * NQ rows at gr[-1 .. 1], -1: cval), y, z: along axis 0, then 1, then 2, summed in that
+ * order as scipy's passes sum them */
+inline float outer_smoothing(__global const float *restrict Tp, __global const int *restrict gr,
                              const int y, const int z, const int NY, const int NZ,
                              const float cval, __global const float *restrict wo)
 {
     float t = 0.0f;
 #pragma unroll
     for (int cz = -RO; cz <= RO; ++cz) {
-        const int zz = mz[z + 2 + cz];
         float w = 0.0f;
 #pragma unroll
         for (int cy = -RO; cy <= RO; ++cy) {
-            const int yy = my[y + 2 + cy];
             float u = 0.0f;
 #pragma unroll
             for (int cx = -RO; cx <= RO; ++cx) {
                 const int r = gr[cx];
-                const int out = r < 0 || yy < 0 || zz < 0;
-                u += wo[cx] * (out ? cval : Tp[out ? 0 : ((long)r * NY + yy) * NZ + zz]);
+                const long at = ((long)max(r, 0) * (NY + 2) + y + 1 + cy) * (NZ + 2) + z + 1 + cz;
+                u += wo[cx] * (r < 0 ? cval : Tp[at]);
             }
             w += wo[cy] * u;
         }
@@ -265,7 +286,6 @@ inline float outer_smoothing(__global const float *restrict Tp, __global const i
  * NQ rows by the mode) from its products T */
 __kernel void ilastik_outer(__global const float *restrict T, const int NQ,
                             __global const int *restrict grows, __global const float *restrict wt,
-                            __global const int *restrict my, __global const int *restrict mz,
                             const int D, const int NY, const int NZ, const float cval,
                             __global float *restrict dst, const long n, const int ot,
                             __global float *restrict E)
@@ -273,9 +293,9 @@ __kernel void ilastik_outer(__global const float *restrict T, const int NQ,
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
     TAPS_OF(wt);
-    const long plane = (long)NQ * NY * NZ;
+    const long plane = (long)NQ * (NY + 2) * (NZ + 2);
     __global const int *gr = grows + i * 3 + 1;
-#define OUTER(p) outer_smoothing(T + (p) * plane, gr, my, mz, y, z, NY, NZ, cval, wo)
+#define OUTER(p) outer_smoothing(T + (p) * plane, gr, y, z, NY, NZ, cval, wo)
     const float t00 = OUTER(0), t11 = OUTER(1), t22 = OUTER(2), t01 = OUTER(3);
     const float t02 = OUTER(4), t12 = OUTER(5);
 #undef OUTER
