@@ -51,6 +51,8 @@ def main() -> None:
         "device": device_record(device),
         "runs": [],
     }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
     for variant in VARIANTS:
         smoothing.OUT_PER_ITEM = variant["OUT_PER_ITEM"]
         scales.TILE, scales.SUB_ROWS = variant["TILE"], variant["SUB_ROWS"]
@@ -60,10 +62,8 @@ def main() -> None:
             entry = {"set": name, **variant, **{k: got[k] for k in keep}}
             result["runs"].append(entry)
             print(json.dumps(entry, default=float), flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
-        print(f"wrote {args.json}")
+            if args.json:  # after each run: what a time limit cuts short is kept
+                args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
 
 
 if __name__ == "__main__":
