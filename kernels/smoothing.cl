@@ -3,8 +3,8 @@
  *
  *   smooth_z: axis 2 over rows of the input (IN_T), into T;
  *   smooth_y: axis 1 over T, into the ring of rows smoothed along axes 2 and 1 (row r at slot
- *             r % CAP, CAP a power of two), so that a row is smoothed along those axes once for every slab that
- *             reads it;
+ *             r % CAP, CAP a power of two), so that a row is smoothed along those axes once
+ *             for every slab that reads it;
  *   smooth_x: axis 0 over the ring, into the field (the rows stage 2 reads).
  *
  * Each work-item computes M consecutive outputs along its pass's axis and loads each input

@@ -8,15 +8,17 @@
  *
  * skimage_scale: skimage.feature.multiscale_basic_features at one sigma from G, the Gaussian
  * of the image (kernels/smoothing.cl; rows R0 .. of the volume, covering the slab's rows and 2
- * more on each side inside the volume), every channel of a voxel in one work-item: the intensity G * c (c: img_as_float32's scale of integer inputs),
- * the Sobel magnitude as skimage.filters.sobel computes it (the axis Sobels with ndi's 'reflect',
- * sqrt of the sum of their squares / 3) and the descending eigenvalues of the Hessian by
+ * more on each side inside the volume), every channel of a voxel in one work-item: the
+ * intensity G * c (c: img_as_float32's scale of integer inputs), the Sobel magnitude as
+ * skimage.filters.sobel computes it (the axis Sobels with ndi's 'reflect', sqrt of the sum of
+ * their squares / 3) and the descending eigenvalues of the Hessian by
  * np.gradient twice (central differences inside, one-sided at the volume's border).
  *
- * ilastik_xy, ilastik_z_out, ilastik_outer: ilastik's features at its inner scale from P,
- * the presmoothed volume; P's rows are given by row tables (the local row of each neighbour,
- * -1 where constant mode gives cval), the other axes are extended by the bank's mode through
- * index maps, so every stage takes the bank's mode as scipy's gaussian_filter of P would.
+ * ilastik_xy, ilastik_z_out, ilastik_border, ilastik_outer_xy, ilastik_outer: ilastik's
+ * features at its inner scale from P, the presmoothed volume; P's rows are given by row tables
+ * (the local row of each neighbour, -1 where constant mode gives cval), the other axes are
+ * extended by the bank's mode through index maps, so every stage takes the bank's mode as
+ * scipy's gaussian_filter of P would.
  * Taps: the correlation weights w[t], t = -R .. R, of the Gaussian (w0), its first (w1) and
  * second (w2) derivatives at the inner scale, DoG's second Gaussian (wd, radius RD) and the
  * structure tensor's outer Gaussian (wo, radius RO), each stored centred at index 2 of 5. The
@@ -148,8 +150,9 @@ __kernel void skimage_scale(__global const float *restrict G, const int R0, cons
  * axes 0 and 1 (ilastik_xy: the Gaussian, its first and second derivatives and DoG's Gaussian
  * along axis 0 at the 2R + 1 rows of axis 1 it sums, in registers), then 2 (ilastik_z_out)
  * over the rows q of the structure tensor's product field, the last writing the products and
- * the output rows' channels but the structure tensor's eigenvalues (ilastik_outer). Planes of
- * NQ rows: Y (7 combinations) over axis 2 widened by 2 (PZ = NZ + 4); T (6 products). */
+ * the output rows' channels but the structure tensor's eigenvalues (ilastik_outer_xy and
+ * ilastik_outer: the outer smoothing, then those). Planes of NQ rows: Y (7 combinations) over
+ * axis 2 widened by 2 (PZ = NZ + 4); T (6 products) over axes 1 and 2 widened by 1. */
 /* the five tap arrays of a scale's weights wt, each centred: w[t] for t = -R .. R */
 #define TAPS_OF(wt)                                                                    \
     __global const float *w0 = (wt) + 2, *w1 = (wt) + TAPS + 2, *w2 = (wt) + 2 * TAPS + 2, \
@@ -255,16 +258,22 @@ __kernel void ilastik_border(__global float *restrict T, const int NQ,
         T[p * plane + to] = yy < 0 || zz < 0 ? cval : T[p * plane + from];
 }
 
-/* The outer smoothing of one product (Tp, widened) at output row i (its neighbours among the
- * NQ rows at gr[-1 .. 1], -1: cval), y, z: along axis 0, then 1, then 2, summed in that
- * order as scipy's passes sum them */
-inline float outer_smoothing(__global const float *restrict Tp, __global const int *restrict gr,
-                             const int y, const int z, const int NY, const int NZ,
-                             const float cval, __global const float *restrict wo)
+/* The outer smoothing of the products along axes 0 and 1 (summed in that order, as scipy's
+ * passes sum them) at output rows i (grows: each one's neighbours among the NQ rows by the
+ * mode, -1: cval), over axis 2 widened by 1: V (6 planes of D rows, NY, NZ + 2) */
+__kernel void ilastik_outer_xy(__global const float *restrict T, const int NQ,
+                               __global const int *restrict grows,
+                               __global const float *restrict wt, const int D, const int NY,
+                               const int NZ, const float cval, __global float *restrict V)
 {
-    float t = 0.0f;
+    const int ze = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (ze >= NZ + 2 || y >= NY || i >= D) return;
+    TAPS_OF(wt);
+    const long plane = (long)NQ * (NY + 2) * (NZ + 2), vplane = (long)D * NY * (NZ + 2);
+    __global const int *gr = grows + i * 3 + 1;
+    const long v = ((long)i * NY + y) * (NZ + 2) + ze;
 #pragma unroll
-    for (int cz = -RO; cz <= RO; ++cz) {
+    for (int p = 0; p < 6; ++p) {
         float w = 0.0f;
 #pragma unroll
         for (int cy = -RO; cy <= RO; ++cy) {
@@ -272,33 +281,33 @@ inline float outer_smoothing(__global const float *restrict Tp, __global const i
 #pragma unroll
             for (int cx = -RO; cx <= RO; ++cx) {
                 const int r = gr[cx];
-                const long at = ((long)max(r, 0) * (NY + 2) + y + 1 + cy) * (NZ + 2) + z + 1 + cz;
-                u += wo[cx] * (r < 0 ? cval : Tp[at]);
+                const long at = ((long)max(r, 0) * (NY + 2) + y + 1 + cy) * (NZ + 2) + ze;
+                u += wo[cx] * (r < 0 ? cval : T[p * plane + at]);
             }
             w += wo[cy] * u;
         }
-        t += wo[cz] * w;
+        V[p * vplane + v] = w;
     }
-    return t;
 }
 
-/* The structure tensor's eigenvalues of output rows i (grows: each one's neighbours among the
- * NQ rows by the mode) from its products T */
-__kernel void ilastik_outer(__global const float *restrict T, const int NQ,
-                            __global const int *restrict grows, __global const float *restrict wt,
-                            const int D, const int NY, const int NZ, const float cval,
+/* ... along axis 2, and the structure tensor's eigenvalues of output rows i */
+__kernel void ilastik_outer(__global const float *restrict V, __global const float *restrict wt,
+                            const int D, const int NY, const int NZ,
                             __global float *restrict dst, const long n, const int ot,
                             __global float *restrict E)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
     TAPS_OF(wt);
-    const long plane = (long)NQ * (NY + 2) * (NZ + 2);
-    __global const int *gr = grows + i * 3 + 1;
-#define OUTER(p) outer_smoothing(T + (p) * plane, gr, y, z, NY, NZ, cval, wo)
-    const float t00 = OUTER(0), t11 = OUTER(1), t22 = OUTER(2), t01 = OUTER(3);
-    const float t02 = OUTER(4), t12 = OUTER(5);
-#undef OUTER
+    const long vplane = (long)D * NY * (NZ + 2), at = ((long)i * NY + y) * (NZ + 2) + z + 1;
+    float t[6];
+#pragma unroll
+    for (int p = 0; p < 6; ++p) {
+        float s = 0.0f;
+#pragma unroll
+        for (int cz = -RO; cz <= RO; ++cz) s += wo[cz] * V[p * vplane + at + cz];
+        t[p] = s;
+    }
     const long v = ((long)i * NY + y) * NZ + z;
-    EIGEN(t00, t11, t22, t01, t02, t12, ot, 0);
+    EIGEN(t[0], t[1], t[2], t[3], t[4], t[5], ot, 0);
 }
