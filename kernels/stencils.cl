@@ -77,16 +77,17 @@ inline float sobel_smoothing3(const float m, const float c, const float p)
     return 0.25f * m + 0.5f * c + 0.25f * p;
 }
 
-/* G holds rows R0 .. of the volume (N0, NY, NZ); the output rows A .. A + D - 1 */
-__kernel void skimage_scale(__global const float *restrict G, const int R0, const int A,
-                            const int N0, const int NY, const int NZ, const int D,
-                            const float c, __global float *restrict dst, const long n,
-                            const int o, __global float *restrict E)
+/* G's plane gp (of NR rows each) holds rows R0 .. of the volume (N0, NY, NZ); the output rows
+ * A .. A + D - 1 */
+__kernel void skimage_scale(__global const float *restrict G, const int gp, const int NR,
+                            const int R0, const int A, const int N0, const int NY, const int NZ,
+                            const int D, const float c, __global float *restrict dst,
+                            const long n, const int o, __global float *restrict E)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
     const int x = A + i;
-    __global const float *g = G - (long)R0 * NY * NZ;
+    __global const float *g = G + ((long)gp * NR - R0) * NY * NZ;
     const long SX = (long)NY * NZ, b = ((long)x * NY + y) * NZ + z;
     int jx0, jx1, jy0, jy1, jz0, jz1;
     const float wx = gradient_taps(x, N0, &jx0, &jx1), wy = gradient_taps(y, NY, &jy0, &jy1);

@@ -22,6 +22,18 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 
 # -- scikit-image ---------------------------------------------------------------------------
+@pytest.fixture(params=["rings", "passes"])
+def skimage_stage1(request, monkeypatch):
+    """skimage's stage 1 either way on every device: `NearestGaussians` (what GPUs run) and the
+    separable passes (CPUs)."""
+    import volconv.engines.scales as scales
+
+    rings = request.param == "rings"
+    monkeypatch.setattr(scales, "on_rings", lambda preset, device: rings and preset.kind ==
+                        "skimage")  # fmt: skip
+    return request.param
+
+
 def as_float(volume: np.ndarray) -> np.ndarray:
     """img_as_float32's values in float64: integers scaled by their maximum, signed ones
     clipped at -1."""
@@ -51,7 +63,7 @@ def skimage_definition(img: np.ndarray) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "uint8", "int16"])
-def test_the_skimage_preset_is_multiscale_basic_features(device, dtype):
+def test_the_skimage_preset_is_multiscale_basic_features(device, dtype, skimage_stage1):
     """Channel for channel, borders included, at float32's precision of each channel (skimage
     computes in float32): integers scaled as img_as_float32 scales them (int16's -32768 to
     -1); sigma to 16 (129 taps, overhangs past every axis); the bank's mode does not apply."""
@@ -75,7 +87,7 @@ def test_the_skimage_preset_is_multiscale_basic_features(device, dtype):
 
 
 @pytest.mark.parametrize("depth", [4, 20])
-def test_the_skimage_preset_against_its_float64_definition(device, depth):
+def test_the_skimage_preset_against_its_float64_definition(device, depth, skimage_stage1):
     """Within SPEC's tolerance of the float64 definition, on a 4D volume with slab seams every 4
     rows, or one slab of 20 (the stencils write 16 rows at a time). NaN and Inf are refused
     with the separable engine's reason: its count of their reach holds filters of at most 31
@@ -256,7 +268,7 @@ def test_each_scale_as_if_alone(device):
 
 
 @pytest.mark.parametrize("preset", ["skimage", "ilastik"])
-def test_the_memory_a_preset_takes(device, preset):
+def test_the_memory_a_preset_takes(device, preset, skimage_stage1):
     """`preset_bytes` (what a pipeline's memory model counts) is what the stage allocates."""
     from volconv.engines.scales import preset_bytes
     from volconv.engines.separable import SeparableConvolver

@@ -75,17 +75,24 @@ def preset_bytes(
     filters = smoothing_filters(preset)
     rows = min(n0, depth + 2 * reach(preset))
     own = _buffer_bytes(preset, shape, depth)
-    if preset.kind == "skimage":  # the outputs of a slab, the input rows it reads
+    if on_rings(preset, device):  # the outputs of a slab, the input rows it reads
         host = preset.n_outputs * depth * ny * nz * 4 + (rows + 2 * skimage_reach(preset)) * (
             ny * nz * np.dtype(dtype).itemsize
         )
         return host, own + nearest_gaussians_bytes(skimage_radii(preset), shape, dtype, rows)
+    skimage = preset.kind == "skimage"
     plan = make_separable_plan(
-        filters, shape, dtype, mode, cval, device, choices=plan_bank(filters, force="separable"),
-        slab_depth=rows, fused=False,
+        filters, shape, dtype, "nearest" if skimage else mode, 0.0 if skimage else cval, device,
+        choices=plan_bank(filters, force="separable"), slab_depth=rows, fused=False,
     )  # fmt: skip
     host = (preset.n_outputs * depth + len(filters) * rows) * ny * nz * 4
     return host, plan.device_bytes + own
+
+
+def on_rings(preset: PresetPlan, device: cl.Device) -> bool:
+    """Whether skimage's stage 1 runs on `NearestGaussians` (GPUs), not on the separable
+    passes (CPUs, where those run in vectors along axis 2)."""
+    return preset.kind == "skimage" and not device.type & cl.device_type.CPU
 
 
 def skimage_radii(preset: PresetPlan) -> list[int]:
@@ -107,9 +114,9 @@ class PresetStage:
 
     skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over the slab's rows
     and 2 more on each side inside the volume (Sobel's 'reflect' and np.gradient's one-sided
-    differences stay inside it), by `NearestGaussians` (the rows smoothed along axes 2 and 1
-    kept for the next slab); one kernel per scale writes its five channels. Slabs with NaN or
-    Inf are refused.
+    differences stay inside it): on GPUs by `NearestGaussians` (the rows smoothed along axes 2
+    and 1 kept for the next slab), on CPUs as ilastik's below (`on_rings`); one kernel per
+    scale writes its five channels. Slabs with NaN or Inf are refused.
 
     ilastik: one `SeparableConvolver` (forced separable, the scales' Gaussians as its filters)
     over the rows stage 2 reads, in chunks of at most its slab depth. The presmoothing takes
@@ -146,7 +153,8 @@ class PresetStage:
         self.seconds = 0.0
         self.clock = KernelClock()  # the stencils' (and skimage's stage 1's) seconds by name
         self.timings = {"upload": 0.0, "download": 0.0}  # skimage's
-        if self.skimage:
+        self.rings = on_rings(preset, device)
+        if self.rings:
             self.conv = None
             self.ctx, self.queue = context_for(device)
             self.smoother = NearestGaussians(
@@ -244,7 +252,7 @@ class PresetStage:
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows of the volume that output rows ``[a, b)`` read."""
         rows, _ = self._rows(a, b)
-        if self.skimage:
+        if self.rings:
             return np.arange(*self.smoother.input_rows(int(rows[0]), int(rows[-1]) + 1))
         parts = [self.conv.source_rows(c0, c1) for c0, c1 in self._chunks(rows)]
         return sources(np.concatenate(parts))
@@ -269,7 +277,7 @@ class PresetStage:
         """The preset's outputs (n_outputs, b - a, ny, nz) float32 of output rows ``[a, b)``,
         from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its whole
         ``frame``; downloaded into ``out`` if given (float32, each plane contiguous)."""
-        if self.skimage:
+        if self.rings:
             return self._compute_skimage(a, b, rows, needed, frame, out)
         conv, queue, mf = self.conv, self.queue, cl.mem_flags
         ny, nz = self.shape[1:]
@@ -325,8 +333,11 @@ class PresetStage:
         for a2 in range(a, b, self.sub):  # stage 2 by sub-slabs: its outputs' memory bounded
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * plane
-            qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
-            work += self._ilastik(a2, b2, field, slots, srows, qrows)
+            if self.skimage:
+                work += self._skimage(a2, b2, field, slots.index, int(srows[0]), len(srows))
+            else:
+                qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
+                work += self._ilastik(a2, b2, field, slots, srows, qrows)
             for o in range(n_out):  # in order after the kernels
                 downloads.append(cl.enqueue_copy(
                     queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
@@ -363,19 +374,11 @@ class PresetStage:
                                   self.preset.n_outputs * self.sub * ny * nz * 4)  # fmt: skip
         shape = (self.preset.n_outputs, b - a, ny, nz)
         values = np.empty(shape, np.float32) if out is None else out
-        (k,) = self._k
-        i32 = np.int32
         downloads: list[cl.Event] = []
         for a2 in range(a, b, self.sub):
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * ny * nz
-            for s, scale in enumerate(self.preset.scales):
-                k.set_args(self.smoother.fields[s], i32(g0), i32(a2), i32(n0), i32(ny), i32(nz),
-                           i32(b2 - a2), self.factor, self._dst, np.int64(n), i32(scale.at[0]),
-                           self._entries(6))  # fmt: skip
-                size = (nz, ny, b2 - a2)
-                work.append(self.clock.add("skimage_scale", self._launch_tiles(k, size)))
-                work += self._eigenvalues([scale.at[0] + 2], n)
+            work += self._skimage(a2, b2, self.smoother.fields.__getitem__, None, g0, 0)
             for o in range(self.preset.n_outputs):  # in order after the kernels
                 downloads.append(cl.enqueue_copy(
                     self.queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
@@ -385,6 +388,26 @@ class PresetStage:
         self.timings["upload"] += device_seconds(events)
         self.timings["download"] += device_seconds(downloads)
         return values
+
+    def _skimage(
+        self, a: int, b: int, field: object, slot: object, r0: int, nr: int
+    ) -> list[cl.Event]:
+        """Enqueue skimage_scale for every scale over output rows ``[a, b)``: scale s's field
+        is ``field`` (a buffer holding each scale's ``nr`` rows from row ``r0`` at plane
+        ``slot(s)``), or ``field(s)`` (its own buffer) where ``nr`` is 0."""
+        n0, ny, nz = self.shape
+        n = (b - a) * ny * nz
+        (k,) = self._k
+        i32 = np.int32
+        events = []
+        for s, scale in enumerate(self.preset.scales):
+            buf, gp = (field(s), 0) if nr == 0 else (field, slot(s))
+            k.set_args(buf, i32(gp), i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
+                       i32(b - a), self.factor, self._dst, np.int64(n), i32(scale.at[0]),
+                       self._entries(6))  # fmt: skip
+            events.append(self.clock.add("skimage_scale", self._launch_tiles(k, (nz, ny, b - a))))
+            events += self._eigenvalues([scale.at[0] + 2], n)
+        return events
 
     def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups of `TILE` (the kernel checks its bounds): neighbours along axes 1 and 0
