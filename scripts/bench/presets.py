@@ -3,8 +3,9 @@
 Runs the "skimage" and "ilastik" feature sets of scripts/bench/features.py (same volume, same
 slab by slab run) once per variant of the module constants that shape their launches:
 volconv.engines.smoothing's OUT_PER_ITEM (outputs per work-item of the Gaussians' passes) and
-volconv.engines.scales' TILE (stage 2's work-groups) and SUB_ROWS (stage 2's rows at a time);
-records each one's kernel milliseconds by name and device bytes. JSON to --json.
+LINE_GROUP (their work-groups along axis 2), volconv.engines.scales' TILE (stage 2's
+work-groups) and SUB_ROWS (stage 2's rows at a time); records each one's kernel milliseconds
+by name and device bytes. JSON to --json.
 
     python3 scripts/bench/run.py presets --json $OUT/presets/variants.json
 """
@@ -24,6 +25,8 @@ from volconv.engines import scales, smoothing
 
 VARIANTS = [
     {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16},
+    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16, "LINE_GROUP": 128},
+    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16, "LINE_GROUP": 32},
     {"OUT_PER_ITEM": 4, "TILE": (32, 4, 2), "SUB_ROWS": 16},
     {"OUT_PER_ITEM": 16, "TILE": (32, 4, 2), "SUB_ROWS": 16},
     {"OUT_PER_ITEM": 8, "TILE": (32, 8, 1), "SUB_ROWS": 16},
@@ -55,6 +58,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
     for variant in VARIANTS:
         smoothing.OUT_PER_ITEM = variant["OUT_PER_ITEM"]
+        smoothing.LINE_GROUP = variant.get("LINE_GROUP", 64)
         scales.TILE, scales.SUB_ROWS = variant["TILE"], variant["SUB_ROWS"]
         for name, (feats, mode) in sets.items():
             got = run_volconv(volume, feats, mode, device)

@@ -34,8 +34,9 @@ def nearest_gaussians_bytes(
     field, the rows smoothed along axis 2 and the input rows uploaded."""
     n0, ny, nz = shape
     caps = ring_rows(radii, n0, rows)
+    most = min(n0, rows + 2 * max(radii))  # rows smoothed at once, at most
     item = np.dtype(dtype).itemsize if np.dtype(dtype) in CL_TYPES else 4
-    return (4 * (sum(caps) + len(radii) * min(n0, rows) + max(caps)) + item * max(caps)) * ny * nz
+    return (4 * (sum(caps) + len(radii) * min(n0, rows) + most) + item * most) * ny * nz
 
 
 class NearestGaussians:
@@ -79,7 +80,7 @@ class NearestGaussians:
         mf, plane = cl.mem_flags, ny * nz
         self.rings = [cl.Buffer(ctx, mf.READ_WRITE, c * plane * 4) for c in self.caps]
         self.fields = [cl.Buffer(ctx, mf.READ_WRITE, self.rows * plane * 4) for _ in sigmas]
-        top = max(self.caps)
+        top = min(n0, self.rows + 2 * max(self.radii))
         self._t = cl.Buffer(ctx, mf.READ_WRITE, top * plane * 4)
         self._up = cl.Buffer(ctx, mf.READ_ONLY, top * plane * self.up_dtype.itemsize)
         self._valid: list[tuple[int, int] | None] = [None] * len(sigmas)
