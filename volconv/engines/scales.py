@@ -18,7 +18,7 @@ from volconv.engines.nonfinite import has_nonfinite
 from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 
 SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
-TILE = (32, 4, 2)  # skimage_scale's work-groups (axes 2, 1, 0)
+TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
 
 
 def stencil_program(
@@ -334,7 +334,8 @@ class PresetStage:
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * plane
             if self.skimage:
-                work += self._skimage(a2, b2, field, slots.index, int(srows[0]), len(srows))
+                fields = [(field, slots.index(s)) for s in range(k)]
+                work += self._skimage(a2, b2, fields, int(srows[0]), len(srows))
             else:
                 qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
                 work += self._ilastik(a2, b2, field, slots, srows, qrows)
@@ -378,7 +379,7 @@ class PresetStage:
         for a2 in range(a, b, self.sub):
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * ny * nz
-            work += self._skimage(a2, b2, self.smoother.fields.__getitem__, None, g0, 0)
+            work += self._skimage(a2, b2, [(f, 0) for f in self.smoother.fields], g0, 0)
             for o in range(self.preset.n_outputs):  # in order after the kernels
                 downloads.append(cl.enqueue_copy(
                     self.queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
@@ -390,18 +391,17 @@ class PresetStage:
         return values
 
     def _skimage(
-        self, a: int, b: int, field: object, slot: object, r0: int, nr: int
+        self, a: int, b: int, fields: list[tuple[cl.Buffer, int]], r0: int, nr: int
     ) -> list[cl.Event]:
         """Enqueue skimage_scale for every scale over output rows ``[a, b)``: scale s's field
-        is ``field`` (a buffer holding each scale's ``nr`` rows from row ``r0`` at plane
-        ``slot(s)``), or ``field(s)`` (its own buffer) where ``nr`` is 0."""
+        (rows from ``r0``) is plane ``fields[s][1]`` of ``nr`` rows in buffer ``fields[s][0]``."""
         n0, ny, nz = self.shape
         n = (b - a) * ny * nz
         (k,) = self._k
         i32 = np.int32
         events = []
         for s, scale in enumerate(self.preset.scales):
-            buf, gp = (field(s), 0) if nr == 0 else (field, slot(s))
+            buf, gp = fields[s]
             k.set_args(buf, i32(gp), i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
                        i32(b - a), self.factor, self._dst, np.int64(n), i32(scale.at[0]),
                        self._entries(6))  # fmt: skip
