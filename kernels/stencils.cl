@@ -14,7 +14,7 @@
  * their squares / 3) and the descending eigenvalues of the Hessian by
  * np.gradient twice (central differences inside, one-sided at the volume's border).
  *
- * ilastik_xy, ilastik_z_out, ilastik_border, ilastik_outer_xy, ilastik_outer: ilastik's
+ * ilastik_xyz, ilastik_border, ilastik_outer_xy, ilastik_outer: ilastik's
  * features at its inner scale from P, the presmoothed volume; P's rows are given by row tables
  * (the local row of each neighbour, -1 where constant mode gives cval), the other axes are
  * extended by the bank's mode through index maps, so every stage takes the bank's mode as
@@ -147,39 +147,37 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
     select(P[((long)max(r, 0) * NY + max(yy, 0)) * NZ + max(zz, 0)], cval, \
            (r) < 0 || (yy) < 0 || (zz) < 0)
 
-/* ilastik's features at the inner scale as scipy's gaussian_filter runs them: 1D passes along
- * axes 0 and 1 (ilastik_xy: the Gaussian, its first and second derivatives and DoG's Gaussian
- * along axis 0 at the 2R + 1 rows of axis 1 it sums, in registers), then 2 (ilastik_z_out)
- * over the rows q of the structure tensor's product field, the last writing the products and
- * the output rows' channels but the structure tensor's eigenvalues (ilastik_outer_xy and
- * ilastik_outer: the outer smoothing, then those). Planes of NQ rows: Y (7 combinations) over
- * axis 2 widened by 2 (PZ = NZ + 4); T (6 products) over axes 1 and 2 widened by 1. */
+/* ilastik's features at the inner scale as scipy's gaussian_filter runs them, 1D passes along
+ * axes 0, 1 and 2 over the rows q of the structure tensor's product field in one kernel
+ * (ilastik_xyz), which writes the products (T: 6 planes of NQ rows over axes 1 and 2 widened
+ * by 1) and the output rows' channels but the structure tensor's eigenvalues; then the outer
+ * smoothing (ilastik_outer_xy, ilastik_outer) and those. */
 /* the five tap arrays of a scale's weights wt, each centred: w[t] for t = -R .. R */
 #define TAPS_OF(wt)                                                                    \
     __global const float *w0 = (wt) + 2, *w1 = (wt) + TAPS + 2, *w2 = (wt) + 2 * TAPS + 2, \
                          *wd = (wt) + 3 * TAPS + 2, *wo = (wt) + 4 * TAPS + 2
-#define PY (NY + 4)
-#define PZ (NZ + 4)
+#define LZ 32 /* ilastik_xyz's work-groups: LZ x LY */
+#ifndef LY
+#define LY 8
+#endif
 
-__kernel void ilastik_xy(__global const float *restrict P_all, const int pp, const int NP,
-                         __global const int *restrict rows, const int NQ,
-                         __global const float *restrict wt, __global const int *restrict my,
-                         __global const int *restrict mz, const int NY, const int NZ,
-                         const float cval, __global float *restrict Y)
+/* The passes along axes 0 and 1 at (q, y) and axis 2's position zz (the Gaussian, its first and
+ * second derivatives and DoG's Gaussian along axis 0 at the 2R + 1 rows of axis 1 it sums, in
+ * registers): Y's seven combinations; rq: q's neighbours among P's rows */
+inline void ilastik_y7(__global const float *restrict P, __global const int *restrict rq,
+                       __global const float *restrict wt, __global const int *restrict my,
+                       const int zz, const int y, const int NY, const int NZ, const float cval,
+                       float *restrict out)
 {
-    const int ze = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
-    if (ze >= PZ || y >= NY || q >= NQ) return;
-    __global const float *P = P_all + (long)pp * NP * NY * NZ;
     TAPS_OF(wt);
-    const int zz = mz[ze];
     float y00 = 0.0f, y10 = 0.0f, y20 = 0.0f, y01 = 0.0f, y11 = 0.0f, y02 = 0.0f, ydd = 0.0f;
 #pragma unroll
     for (int cy = -R; cy <= R; ++cy) {
         const int yy = my[y + 2 + cy];
-        float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f; /* X at (q, y + cy, ze) */
+        float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f; /* X at (q, y + cy, zz) */
 #pragma unroll
         for (int cx = -R; cx <= R; ++cx) {
-            const float v = P_AT(rows[q * TAPS + 2 + cx], yy, zz);
+            const float v = P_AT(rq[2 + cx], yy, zz);
             x0 += w0[cx] * v;
             x1 += w1[cx] * v;
             x2 += w2[cx] * v;
@@ -189,38 +187,52 @@ __kernel void ilastik_xy(__global const float *restrict P_all, const int pp, con
         y01 += w1[cy] * x0, y11 += w1[cy] * x1, y02 += w2[cy] * x0;
         if (cy >= -RD && cy <= RD) ydd += wd[cy] * xd;
     }
-    const long plane = (long)NQ * NY * PZ, v = ((long)q * NY + y) * PZ + ze;
-    Y[v] = y00, Y[plane + v] = y10, Y[2 * plane + v] = y20, Y[3 * plane + v] = y01;
-    Y[4 * plane + v] = y11, Y[5 * plane + v] = y02, Y[6 * plane + v] = ydd;
+    out[0] = y00, out[1] = y10, out[2] = y20, out[3] = y01, out[4] = y11, out[5] = y02;
+    out[6] = ydd;
 }
 
-/* ... along axis 2, and what follows from it at each voxel: the structure tensor's products
- * g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows into T (axes 1 and 2 widened by 1, filled
- * by ilastik_border); on the rows that are output rows
- * (qout: the output row of each q, or -1) the smoothing, LoG, gradient magnitude, DoG and the
- * Hessian's eigenvalues */
-__kernel void ilastik_z_out(__global const float *restrict Y, const int NQ,
-                            __global const float *restrict wt, __global const int *restrict qout,
-                            const int NY, const int NZ, __global float *restrict T,
-                            __global float *restrict dst, const long n, const int os,
-                            const int ol, const int om, const int od, const int oh,
-                            __global float *restrict E)
+/* The passes along axes 0 and 1 into local memory over the work-group's LZ positions of axis 2
+ * and R more on each side, then along axis 2, and what follows from it at each voxel: the
+ * structure tensor's products g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows into T (axes
+ * 1 and 2 widened by 1, filled by ilastik_border); on the rows that are output rows (qout: the
+ * output row of each q, or -1) the smoothing, LoG, gradient magnitude, DoG and the Hessian's
+ * eigenvalues */
+__kernel __attribute__((reqd_work_group_size(LZ, LY, 1))) void
+ilastik_xyz(__global const float *restrict P_all, const int pp, const int NP,
+            __global const int *restrict rows, const int NQ, __global const float *restrict wt,
+            __global const int *restrict my, __global const int *restrict mz,
+            __global const int *restrict qout, const int NY, const int NZ, const float cval,
+            __global float *restrict T, __global float *restrict dst, const long n,
+            const int os, const int ol, const int om, const int od, const int oh,
+            __global float *restrict E)
 {
+    __local float Yl[7][LY][LZ + 4];
+    const int lz = (int)get_local_id(0), ly = (int)get_local_id(1);
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
-    if (z >= NZ || y >= NY || q >= NQ) return;
+    __global const float *P = P_all + (long)pp * NP * NY * NZ;
+    for (int j = lz; j < LZ + 4; j += LZ) { /* axis 2's position z - lz + j - 2 */
+        const int ze = z - lz + j;
+        if (ze < NZ + 4 && y < NY) {
+            float y7[7];
+            ilastik_y7(P, rows + q * TAPS, wt, my, mz[ze], y, NY, NZ, cval, y7);
+#pragma unroll
+            for (int c = 0; c < 7; ++c) Yl[c][ly][j] = y7[c];
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (z >= NZ || y >= NY) return;
     TAPS_OF(wt);
-    const long yp = (long)NQ * NY * PZ, at = ((long)q * NY + y) * PZ + z + 2;
     float s = 0.0f, sd = 0.0f, g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, h00 = 0.0f, h11 = 0.0f,
           h22 = 0.0f, h01 = 0.0f, h02 = 0.0f, h12 = 0.0f;
 #pragma unroll
     for (int cz = -R; cz <= R; ++cz) {
-        const long u = at + cz;
-        const float y00 = Y[u], y10 = Y[yp + u], y20 = Y[2 * yp + u], y01 = Y[3 * yp + u];
-        const float y11 = Y[4 * yp + u], y02 = Y[5 * yp + u];
+        const int u = lz + 2 + cz;
+        const float y00 = Yl[0][ly][u], y10 = Yl[1][ly][u], y20 = Yl[2][ly][u];
+        const float y01 = Yl[3][ly][u], y11 = Yl[4][ly][u], y02 = Yl[5][ly][u];
         s += w0[cz] * y00, h00 += w0[cz] * y20, h11 += w0[cz] * y02, h22 += w2[cz] * y00;
         h01 += w0[cz] * y11, h02 += w1[cz] * y10, h12 += w1[cz] * y01;
         g0 += w0[cz] * y10, g1 += w0[cz] * y01, g2 += w1[cz] * y00;
-        if (cz >= -RD && cz <= RD) sd += wd[cz] * Y[6 * yp + u];
+        if (cz >= -RD && cz <= RD) sd += wd[cz] * Yl[6][ly][u];
     }
     const long plane = (long)NQ * (NY + 2) * (NZ + 2);
     const long t = ((long)q * (NY + 2) + y + 1) * (NZ + 2) + z + 1;

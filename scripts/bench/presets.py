@@ -4,8 +4,8 @@ Runs the "skimage" and "ilastik" feature sets of scripts/bench/features.py (same
 slab by slab run) once per variant of the module constants that shape their launches:
 volconv.engines.smoothing's OUT_PER_ITEM (outputs per work-item of the Gaussians' passes) and
 LINE_GROUP (their work-groups along axis 2), volconv.engines.scales' TILE (stage 2's
-work-groups) and SUB_ROWS (stage 2's rows at a time); records each one's kernel milliseconds
-by name and device bytes. JSON to --json.
+work-groups), XYZ_GROUP (ilastik_xyz's) and SUB_ROWS (stage 2's rows at a time); records each
+one's kernel milliseconds by name and device bytes. JSON to --json.
 
     python3 scripts/bench/run.py presets --json $OUT/presets/variants.json
 """
@@ -34,6 +34,8 @@ VARIANTS = [
     {"OUT_PER_ITEM": 8, "TILE": (32, 2, 4), "SUB_ROWS": 16},
     {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 32},
     {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 64},
+    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16, "XYZ_GROUP": (32, 4, 1)},
+    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16, "XYZ_GROUP": (32, 16, 1)},
 ]
 
 
@@ -60,6 +62,7 @@ def main() -> None:
         smoothing.OUT_PER_ITEM = variant["OUT_PER_ITEM"]
         smoothing.LINE_GROUP = variant.get("LINE_GROUP", 64)
         scales.TILE, scales.SUB_ROWS = variant["TILE"], variant["SUB_ROWS"]
+        scales.XYZ_GROUP = variant.get("XYZ_GROUP", (32, 8, 1))
         for name, (feats, mode) in sets.items():
             got = run_volconv(volume, feats, mode, device)
             keep = ("kernel_ms", "kernel_ms_by_name", "device_bytes", "slab_depth")

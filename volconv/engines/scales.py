@@ -19,15 +19,17 @@ from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 
 SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
+XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
 
 def stencil_program(
     ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False
 ) -> cl.Program:
     """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
-    kernels built for the radii (inner, DoG's second, outer) of one scale; ``entries``: the
-    eigenvalues' entries written out for kernels/features.cl's eigen3 (CPUs: its lanes)."""
-    defines = tuple(zip(("R", "RD", "RO"), radii, strict=True))
+    kernels built for the radii (inner, DoG's second, outer) of one scale and work-groups of
+    `XYZ_GROUP`; ``entries``: the eigenvalues' entries written out for kernels/features.cl's
+    eigen3 (CPUs: its lanes)."""
+    defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]))
     return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
                                                               else ()))  # fmt: skip
 
@@ -56,7 +58,7 @@ def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -
     else:
         q = 2 * (sub + 2)
         own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
-        own += q * (7 * ny * (nz + 4) + 6 * (ny + 2) * (nz + 2))  # Y, T
+        own += q * 6 * (ny + 2) * (nz + 2)  # T
         own += 6 * sub * ny * (nz + 2)  # V
     return own * 4
 
@@ -180,8 +182,7 @@ class PresetStage:
             self._k = []
             for scale in preset.scales:
                 prog = stencil_program(self.ctx, scale.radii(), entries)
-                names = ("ilastik_xy", "ilastik_z_out", "ilastik_border", "ilastik_outer_xy",
-                         "ilastik_outer")  # fmt: skip
+                names = ("ilastik_xyz", "ilastik_border", "ilastik_outer_xy", "ilastik_outer")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
@@ -447,31 +448,30 @@ class PresetStage:
         qout[tables[1][:, 1]] = np.arange(depth)  # each output row's own row among qrows
         rows, grows, qo = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t)
                            for t in (*tables, qout))  # fmt: skip
-        sizes = {"y": 7 * nq * ny * (nz + 4), "t": 6 * nq * (ny + 2) * (nz + 2),
-                 "v": 6 * depth * ny * (nz + 2)}  # fmt: skip
+        sizes = {"t": 6 * nq * (ny + 2) * (nz + 2), "v": 6 * depth * ny * (nz + 2)}
         for key, size in sizes.items():
             if key not in self._passes or self._passes[key].size < size * 4:
                 self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
-        by, bt, bv = self._passes["y"], self._passes["t"], self._passes["v"]
+        bt, bv = self._passes["t"], self._passes["v"]
         i32, cval = np.int32, np.float32(self.cval)
         my, mz = self._maps
         n = np.int64(depth * ny * nz)
         events = []
         for s, scale in enumerate(self.preset.scales):
-            kxy, kz, kb, kxo, ko = self._k[s]
+            kxyz, kb, kxo, ko = self._k[s]
             taps = self._taps[s]
             os_, ol, om, od, ot, oh = map(i32, scale.at)
             entries = self._entries(12)
-            kxy.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz,
-                         i32(ny), i32(nz), cval, by)  # fmt: skip
-            kz.set_args(by, i32(nq), taps, qo, i32(ny), i32(nz), bt, self._dst, n, os_, ol, om,
-                        od, oh, entries)  # fmt: skip
+            kxyz.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz, qo,
+                          i32(ny), i32(nz), cval, bt, self._dst, n, os_, ol, om, od, oh,
+                          entries)  # fmt: skip
             kb.set_args(bt, i32(nq), my, mz, i32(ny), i32(nz), cval)
             kxo.set_args(bt, i32(nq), grows, taps, i32(depth), i32(ny), i32(nz), cval, bv)
             ko.set_args(bv, taps, i32(depth), i32(ny), i32(nz), self._dst, n, ot, entries)
-            for name, k, size in (("ilastik_xy", kxy, (nz + 4, ny, nq)),
-                                  ("ilastik_z_out", kz, (nz, ny, nq)),
-                                  ("ilastik_border", kb, (2 * (nz + 2) + 2 * ny, nq, 1)),
+            glob = tuple(-(-m // g) * g for m, g in zip((nz, ny, nq), XYZ_GROUP, strict=True))
+            events.append(self.clock.add("ilastik_xyz", cl.enqueue_nd_range_kernel(
+                self.queue, kxyz, glob, XYZ_GROUP)))  # fmt: skip
+            for name, k, size in (("ilastik_border", kb, (2 * (nz + 2) + 2 * ny, nq, 1)),
                                   ("ilastik_outer_xy", kxo, (nz + 2, ny, depth)),
                                   ("ilastik_outer", ko, (nz, ny, depth))):  # fmt: skip
                 launch = self._launch if name == "ilastik_border" else self._launch_tiles
