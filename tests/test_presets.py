@@ -87,11 +87,15 @@ def test_the_skimage_preset_is_multiscale_basic_features(device, dtype, skimage_
 
 
 @pytest.mark.parametrize("depth", [4, 20])
-def test_the_skimage_preset_against_its_float64_definition(device, depth, skimage_stage1):
+def test_the_skimage_preset_against_its_float64_definition(
+    device, depth, skimage_stage1, monkeypatch
+):
     """Within SPEC's tolerance of the float64 definition, on a 4D volume with slab seams every 4
-    rows, or one slab of 20 (the stencils write 16 rows at a time). NaN and Inf are refused
-    with the separable engine's reason: its count of their reach holds filters of at most 31
-    taps, skimage's Gaussians reach 129."""
+    rows, or one slab of 20 (the stencils write 16 rows at a time here). NaN and Inf are
+    refused."""
+    import volconv.engines.scales as scales
+
+    monkeypatch.setattr(scales, "SUB_ROWS", 16)
     volume = scene((20, 17, 16, 2), seed=3)
     volume[..., 1] *= 37
     feats = build_features(None, preset="skimage")
@@ -184,10 +188,13 @@ def check_ilastik(out: np.ndarray, v: np.ndarray, scales, mode: str, cval: float
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_the_ilastik_preset_stage_by_stage(device, mode):
+def test_the_ilastik_preset_stage_by_stage(device, mode, monkeypatch):
     """Every mode (constant with cval != 0), odd and even extents, slab seams every 4 rows (one
-    slab of 17 in constant and wrap mode: the stencils write 16 rows at a time), the inner
+    slab of 17 in constant and wrap mode: the stencils write 16 rows at a time here), the inner
     radii 1 and 2 and an outer radius 0 (scale 0.3)."""
+    import volconv.engines.scales as stage
+
+    monkeypatch.setattr(stage, "SUB_ROWS", 16)
     scales = [0.3, 1.0, 1.6]
     cval = 7.5 if mode == "constant" else 0.0
     volume = scene((17, 16, 13), seed=5)

@@ -17,7 +17,7 @@ from volconv.engines.features import FeatureKernels, build_with_features, lanes_
 from volconv.engines.nonfinite import has_nonfinite
 from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 
-SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
+SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth)
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
