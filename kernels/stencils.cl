@@ -53,15 +53,15 @@ inline float gradient_taps(const int i, const int n, int *j0, int *j1)
     return span == 2 ? 0.5f : span == 1 ? 1.0f : 0.0f;
 }
 
-/* D_a D_a g at g[b] by np.gradient twice along an axis of stride S, index i, length n */
-inline float second_difference(__global const float *g, const long b, const long S, const int i,
-                               const int n)
+/* D_a D_a g at g[0] by np.gradient twice along an axis of stride S, index i, length n, whose
+ * taps at i are j0, j1, w (gradient_taps) */
+inline float second_difference(__global const float *g, const int S, const int i, const int n,
+                               const int j0, const int j1, const float w)
 {
-    int j0, j1, k0, k1, l0, l1;
-    const float w = gradient_taps(i, n, &j0, &j1);
+    int k0, k1, l0, l1;
     const float w0 = gradient_taps(j0, n, &k0, &k1), w1 = gradient_taps(j1, n, &l0, &l1);
-    const float d0 = (g[b + (k0 - i) * S] - g[b + (k1 - i) * S]) * w0;
-    const float d1 = (g[b + (l0 - i) * S] - g[b + (l1 - i) * S]) * w1;
+    const float d0 = (g[(k0 - i) * S] - g[(k1 - i) * S]) * w0;
+    const float d1 = (g[(l0 - i) * S] - g[(l1 - i) * S]) * w1;
     return (d0 - d1) * w;
 }
 
@@ -86,20 +86,21 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
-    const int x = A + i;
-    __global const float *g = G + ((long)gp * NR - R0) * NY * NZ;
-    const long SX = (long)NY * NZ, b = ((long)x * NY + y) * NZ + z;
+    const int x = A + i, SX = NY * NZ; /* offsets inside a plane and a few planes: int */
+    __global const float *g = G + ((long)gp * NR - R0) * SX;
     int jx0, jx1, jy0, jy1, jz0, jz1;
     const float wx = gradient_taps(x, N0, &jx0, &jx1), wy = gradient_taps(y, NY, &jy0, &jy1);
     const float wz = gradient_taps(z, NZ, &jz0, &jz1);
-    const int xs[3] = {jx1, x, jx0}, ys[3] = {jy1, y, jy0}, zs[3] = {jz1, z, jz0};
+    __global const float *b = g + (long)x * SX + y * NZ + z; /* the voxel */
+    const int xs[3] = {(jx1 - x) * SX, 0, (jx0 - x) * SX};
+    const int ys[3] = {(jy1 - y) * NZ, 0, (jy0 - y) * NZ}, zs[3] = {jz1 - z, 0, jz0 - z};
     float f[3][3][3];
 #pragma unroll
     for (int a = 0; a < 3; ++a)
 #pragma unroll
         for (int e = 0; e < 3; ++e)
 #pragma unroll
-            for (int h = 0; h < 3; ++h) f[a][e][h] = g[((long)xs[a] * NY + ys[e]) * NZ + zs[h]];
+            for (int h = 0; h < 3; ++h) f[a][e][h] = b[xs[a] + ys[e] + zs[h]];
     /* the Sobels: along axis 0, then 1, then 2 */
     float dx[3][3], sx[3][3];
 #pragma unroll
@@ -120,9 +121,9 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
     const float e1 = sobel_smoothing3(a1[0], a1[1], a1[2]);
     const float e2 = a2[2] - a2[0];
     /* the Hessian: N_0 G at (y', z'), N_1 G at (z'), then their differences */
-    const float h00 = second_difference(g, b, SX, x, N0);
-    const float h11 = second_difference(g, b, NZ, y, NY);
-    const float h22 = second_difference(g, b, 1, z, NZ);
+    const float h00 = second_difference(b, SX, x, N0, jx0, jx1, wx);
+    const float h11 = second_difference(b, NZ, y, NY, jy0, jy1, wy);
+    const float h22 = second_difference(b, 1, z, NZ, jz0, jz1, wz);
     const float h01 = (dx[2][1] * wx - dx[0][1] * wx) * wy;
     const float h02 = (dx[1][2] * wx - dx[1][0] * wx) * wz;
     const float h12 = ((f[1][2][2] - f[1][0][2]) * wy - (f[1][2][0] - f[1][0][0]) * wy) * wz;
