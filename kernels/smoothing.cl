@@ -7,17 +7,18 @@
  *             for every slab that reads it;
  *   smooth_x: axis 0 over the ring, into the field (the rows stage 2 reads).
  *
- * Each work-item computes M consecutive outputs along its pass's axis and loads each input
- * once for all of them: out[i] = sum_t W[t] in[i - R + t], t = 0 .. 2R (the taps of a Gaussian
- * are symmetric: correlation and convolution agree), borders clamped ('nearest'). smooth_z
- * reads its row segment from local memory (skewed: one word per 32, so that work-items M words
- * apart fall in distinct banks) and writes through it, coalesced; smooth_y and smooth_x run
- * along the contiguous axis 2 across work-items.
+ * Each work-item computes M (smooth_z: MZ) consecutive outputs along its pass's axis and loads
+ * each input once for all of them: out[i] = sum_t W[t] in[i - R + t], t = 0 .. 2R (the taps of
+ * a Gaussian are symmetric: correlation and convolution agree), borders clamped ('nearest').
+ * smooth_z reads its row segment from local memory (skewed: one word per 32, so that
+ * work-items MZ words apart fall in distinct banks) and writes through it, coalesced; smooth_y
+ * and smooth_x run along the contiguous axis 2 across work-items, their work-groups holding
+ * several blocks along the pass's axis (the host's), whose windows overlap in cache.
  *
- * Build options (-D): R the radius, WEIGHTS the 2R + 1 float32 taps, M outputs per work-item,
- * WG smooth_z's work-group size, IN_T the input's element type; UNROLL_TAPS: the tap loops fully
- * unrolled, so that each tap is a constant of the code (GPUs; PoCL takes seconds to compile
- * that for R = 64, so CPUs run them rolled).
+ * Build options (-D): R the radius, WEIGHTS the 2R + 1 float32 taps, M outputs per work-item
+ * of smooth_y and smooth_x, MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
+ * element type; UNROLL_TAPS: the tap loops fully unrolled, so that each tap is a constant of
+ * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled).
  */
 
 __constant float W[2 * R + 1] = {WEIGHTS};
@@ -29,11 +30,11 @@ __constant float W[2 * R + 1] = {WEIGHTS};
 #endif
 
 #define SKEW(j) ((j) + ((j) >> 5))
-#define SEG (WG * M) /* outputs of a smooth_z work-group */
+#define SEG (WG * MZ) /* outputs of a smooth_z work-group */
 
-/* acc[m] += W[j - m] v for the outputs m whose window holds input j */
-#define SLIDE(acc, j, v)                                  \
-    _Pragma("unroll") for (int m_ = 0; m_ < M; ++m_)      \
+/* acc[m] += W[j - m] v for the outputs m < mm whose window holds input j */
+#define SLIDE(acc, j, v, mm)                              \
+    _Pragma("unroll") for (int m_ = 0; m_ < (mm); ++m_)   \
     {                                                     \
         const int t_ = (j) - m_;                          \
         if (t_ >= 0 && t_ <= 2 * R) acc[m_] += W[t_] * (v); \
@@ -51,18 +52,18 @@ smooth_z(__global const IN_T *restrict src, const int S0, const int NY, const in
     for (int j = lid; j < SEG + 2 * R; j += WG)
         line[SKEW(j)] = (float)src[from + clamp(z0 - R + j, 0, NZ - 1)];
     barrier(CLK_LOCAL_MEM_FENCE);
-    float acc[M];
+    float acc[MZ];
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-    const int base = lid * M;
+    for (int m = 0; m < MZ; ++m) acc[m] = 0.0f;
+    const int base = lid * MZ;
     TAP_LOOP
-    for (int j = 0; j < M + 2 * R; ++j) {
+    for (int j = 0; j < MZ + 2 * R; ++j) {
         const float v = line[SKEW(base + j)];
-        SLIDE(acc, j, v)
+        SLIDE(acc, j, v, MZ)
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
-    for (int m = 0; m < M; ++m) line[SKEW(base + m)] = acc[m];
+    for (int m = 0; m < MZ; ++m) line[SKEW(base + m)] = acc[m];
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int j = lid; j < SEG && z0 + j < NZ; j += WG) T[at + z0 + j] = line[SKEW(j)];
 }
@@ -81,7 +82,7 @@ __kernel void smooth_y(__global const float *restrict T, const int R0, const int
     TAP_LOOP
     for (int j = 0; j < M + 2 * R; ++j) {
         const float v = t[(long)clamp(y0 - R + j, 0, NY - 1) * NZ];
-        SLIDE(acc, j, v)
+        SLIDE(acc, j, v, M)
     }
     __global float *out = ring + ((long)((R0 + r) & (CAP - 1)) * NY + y0) * NZ + z;
 #pragma unroll
@@ -105,7 +106,7 @@ __kernel void smooth_x(__global const float *restrict ring, const int CAP, const
     for (int j = 0; j < M + 2 * R; ++j) {
         const int row = clamp(G0 + g0 - R + j, 0, N0 - 1);
         const float v = ring[(row & (CAP - 1)) * plane + at];
-        SLIDE(acc, j, v)
+        SLIDE(acc, j, v, M)
     }
 #pragma unroll
     for (int m = 0; m < M; ++m)

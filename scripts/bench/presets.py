@@ -2,10 +2,10 @@
 
 Runs the "skimage" and "ilastik" feature sets of scripts/bench/features.py (same volume, same
 slab by slab run) once per variant of the module constants that shape their launches:
-volconv.engines.smoothing's OUT_PER_ITEM (outputs per work-item of the Gaussians' passes) and
-LINE_GROUP (their work-groups along axis 2), volconv.engines.scales' TILE (stage 2's
-work-groups), XYZ_GROUP (ilastik_xyz's) and SUB_ROWS (stage 2's rows at a time); records each
-one's kernel milliseconds by name and device bytes. JSON to --json.
+volconv.engines.smoothing's OUT_PER_ITEM and ROW_PER_ITEM (outputs per work-item of the
+Gaussians' passes), LINE_GROUP and BLOCKS (their work-groups), volconv.engines.scales' TILE
+(stage 2's work-groups), XYZ_GROUP (ilastik_xyz's) and SUB_ROWS (stage 2's rows at a time);
+records each one's kernel milliseconds by name and device bytes. JSON to --json.
 
     python3 scripts/bench/run.py presets --json $OUT/presets/variants.json
 """
@@ -23,19 +23,19 @@ from volconv.bench import device_record
 from volconv.device.devices import select_device
 from volconv.engines import scales, smoothing
 
+BASE = {"OUT_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32, "BLOCKS": 8,
+        "TILE": (32, 4, 2), "SUB_ROWS": 32, "XYZ_GROUP": (32, 8, 1)}  # fmt: skip
 VARIANTS = [
-    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16},
-    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16, "LINE_GROUP": 128},
-    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16, "LINE_GROUP": 32},
-    {"OUT_PER_ITEM": 4, "TILE": (32, 4, 2), "SUB_ROWS": 16},
-    {"OUT_PER_ITEM": 16, "TILE": (32, 4, 2), "SUB_ROWS": 16},
-    {"OUT_PER_ITEM": 8, "TILE": (32, 8, 1), "SUB_ROWS": 16},
-    {"OUT_PER_ITEM": 8, "TILE": (64, 2, 2), "SUB_ROWS": 16},
-    {"OUT_PER_ITEM": 8, "TILE": (32, 2, 4), "SUB_ROWS": 16},
-    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 32},
-    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 64},
-    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16, "XYZ_GROUP": (32, 4, 1)},
-    {"OUT_PER_ITEM": 8, "TILE": (32, 4, 2), "SUB_ROWS": 16, "XYZ_GROUP": (32, 16, 1)},
+    BASE,
+    {**BASE, "OUT_PER_ITEM": 8},
+    {**BASE, "BLOCKS": 1, "LINE_GROUP": 64},
+    {**BASE, "BLOCKS": 4},
+    {**BASE, "BLOCKS": 16},
+    {**BASE, "SUB_ROWS": 64},
+    {**BASE, "TILE": (32, 8, 1)},
+    {**BASE, "XYZ_GROUP": (32, 4, 1)},
+    {**BASE, "XYZ_GROUP": (32, 16, 1)},
+    {**BASE, "OUT_PER_ITEM": 32},  # the longest to build: last
 ]
 
 
@@ -59,10 +59,8 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
     for variant in VARIANTS:
-        smoothing.OUT_PER_ITEM = variant["OUT_PER_ITEM"]
-        smoothing.LINE_GROUP = variant.get("LINE_GROUP", 64)
-        scales.TILE, scales.SUB_ROWS = variant["TILE"], variant["SUB_ROWS"]
-        scales.XYZ_GROUP = variant.get("XYZ_GROUP", (32, 8, 1))
+        for key, value in variant.items():  # the module constants the launches read
+            setattr(smoothing if hasattr(smoothing, key) else scales, key, value)
         for name, (feats, mode) in sets.items():
             got = run_volconv(volume, feats, mode, device)
             keep = ("kernel_ms", "kernel_ms_by_name", "device_bytes", "slab_depth")

@@ -16,9 +16,12 @@ from volconv.device.programs import build
 from volconv.engines.clock import KernelClock
 from volconv.plan.direct import CL_TYPES
 
-OUT_PER_ITEM = 8  # outputs per work-item along its pass's axis (M)
-ROW_GROUP = 32  # smooth_z's work-group (WG): a segment of ROW_GROUP * M outputs of a row
-LINE_GROUP = 64  # smooth_y's and smooth_x's work-groups along axis 2
+OUT_PER_ITEM = 16  # outputs per work-item along smooth_y's and smooth_x's axis (M)
+ROW_PER_ITEM = 8  # ... along smooth_z's (MZ)
+ROW_GROUP = 32  # smooth_z's work-group (WG): a segment of ROW_GROUP * MZ outputs of a row
+LINE_GROUP = 32  # smooth_y's and smooth_x's work-groups along axis 2
+BLOCKS = 8  # ... and along their pass's axis: blocks of M outputs whose windows overlap, so
+# that what one loads the others find in the same multiprocessor's cache
 
 
 def ring_rows(radii: Sequence[int], n0: int, rows: int) -> list[int]:
@@ -54,8 +57,8 @@ class NearestGaussians:
         shape: tuple[int, int, int], dtype: np.dtype, rows: int, clock: KernelClock,
         per_item: int | None = None,
     ) -> None:  # fmt: skip
-        """``per_item``: outputs per work-item along a pass's axis (default `OUT_PER_ITEM` on
-        GPUs, 1 on CPUs)."""
+        """``per_item``: outputs per work-item along a pass's axis (default `OUT_PER_ITEM` and
+        `ROW_PER_ITEM` on GPUs, 1 on CPUs)."""
         self.ctx, self.queue, self.clock = ctx, queue, clock
         self.shape, self.rows = tuple(shape), min(rows, shape[0])
         n0, ny, nz = self.shape
@@ -67,11 +70,12 @@ class NearestGaussians:
         unroll = not device.type & cl.device_type.CPU
         # CPUs: one output per work-item, so that the tap loop is the same for every item
         self.m = per_item or (OUT_PER_ITEM if unroll else 1)
+        self.mz = per_item or (ROW_PER_ITEM if unroll else 1)
         self._k = []
         for s, r in zip(sigmas, self.radii, strict=True):
             w = gaussian_kernel1d(s, 0, r).astype(np.float32)
             defines = (("R", r), ("WEIGHTS", ",".join(f"{float(x):.9e}f" for x in w)),
-                       ("M", self.m), ("WG", ROW_GROUP),
+                       ("M", self.m), ("MZ", self.mz), ("WG", ROW_GROUP),
                        ("IN_T", CL_TYPES[self.up_dtype]))  # fmt: skip
             if unroll:
                 defines += (("UNROLL_TAPS", 1),)
@@ -127,8 +131,15 @@ class NearestGaussians:
             a0, a1 = min(c0 for c0, _ in spans), max(c1 for _, c1 in spans)
             events.append(cl.enqueue_copy(self.queue, self._up, cur[a0 - lo : a1 - lo],
                                           is_blocking=False))  # fmt: skip
-        seg, m = ROW_GROUP * self.m, self.m
+        seg, m = ROW_GROUP * self.mz, self.m
         zs = -(-nz // LINE_GROUP) * LINE_GROUP
+
+        def blocks(n: int) -> tuple[int, int]:
+            """Work-items along a pass's axis for n outputs (M each), and the group's."""
+            nb = -(-n // m)
+            group = min(BLOCKS, nb)
+            return -(-nb // group) * group, group
+
         for s, (c0, c1) in enumerate(todo):
             k = self._k[s]
             if c1 > c0:
@@ -138,12 +149,13 @@ class NearestGaussians:
                 size = (-(-nz // seg) * ROW_GROUP, ny, c1 - c0)
                 work.append(self.clock.add("smooth_z", cl.enqueue_nd_range_kernel(
                     self.queue, k["smooth_z"], size, (ROW_GROUP, 1, 1))))  # fmt: skip
-                size = (zs, -(-ny // m), c1 - c0)
+                ys, group = blocks(ny)
                 work.append(self.clock.add("smooth_y", cl.enqueue_nd_range_kernel(
-                    self.queue, k["smooth_y"], size, (LINE_GROUP, 1, 1))))  # fmt: skip
+                    self.queue, k["smooth_y"], (zs, ys, c1 - c0),
+                    (LINE_GROUP, group, 1))))  # fmt: skip
             k["smooth_x"].set_args(self.rings[s], i32(self.caps[s]), i32(g0), i32(g1 - g0),
                                    i32(n0), i32(ny), i32(nz), self.fields[s])  # fmt: skip
-            size = (zs, ny, -(-(g1 - g0) // m))
+            xs, group = blocks(g1 - g0)
             work.append(self.clock.add("smooth_x", cl.enqueue_nd_range_kernel(
-                self.queue, k["smooth_x"], size, (LINE_GROUP, 1, 1))))  # fmt: skip
+                self.queue, k["smooth_x"], (zs, ny, xs), (LINE_GROUP, 1, group))))  # fmt: skip
         return events, work
