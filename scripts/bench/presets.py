@@ -3,9 +3,10 @@
 Runs the "skimage" and "ilastik" feature sets of scripts/bench/features.py (same volume, same
 slab by slab run) once per variant of the module constants that shape their launches:
 volconv.engines.smoothing's OUT_PER_ITEM and ROW_PER_ITEM (outputs per work-item of the
-Gaussians' passes), LINE_GROUP and BLOCKS (their work-groups), volconv.engines.scales' TILE
-(stage 2's work-groups), XYZ_GROUP (ilastik_xyz's) and SUB_ROWS (stage 2's rows at a time);
-records each one's kernel milliseconds by name and device bytes. JSON to --json.
+Gaussians' passes), LINE_GROUP and BLOCKS (their work-groups), UNROLL (their tap loops, rolled:
+one output per work-item), volconv.engines.scales' TILE (stage 2's work-groups), XYZ_GROUP
+(ilastik_xyz's) and SUB_ROWS (stage 2's rows at a time); records each one's kernel
+milliseconds by name and device bytes. JSON to --json.
 
     python3 scripts/bench/run.py presets --json $OUT/presets/variants.json
 """
@@ -35,6 +36,7 @@ VARIANTS = [
     {**BASE, "TILE": (32, 8, 1)},
     {**BASE, "XYZ_GROUP": (32, 4, 1)},
     {**BASE, "XYZ_GROUP": (32, 16, 1)},
+    {**BASE, "UNROLL": False},
     {**BASE, "OUT_PER_ITEM": 32},  # the longest to build: last
 ]
 

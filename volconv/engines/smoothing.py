@@ -18,6 +18,7 @@ from volconv.plan.direct import CL_TYPES
 
 OUT_PER_ITEM = 16  # outputs per work-item along smooth_y's and smooth_x's axis (M)
 ROW_PER_ITEM = 8  # ... along smooth_z's (MZ)
+UNROLL: bool | None = None  # the tap loops fully unrolled (None: on GPUs, not on CPUs)
 ROW_GROUP = 32  # smooth_z's work-group (WG): a segment of ROW_GROUP * MZ outputs of a row
 LINE_GROUP = 32  # smooth_y's and smooth_x's work-groups along axis 2
 BLOCKS = 8  # ... and along their pass's axis: blocks of M outputs whose windows overlap, so
@@ -67,7 +68,7 @@ class NearestGaussians:
         dtype = np.dtype(dtype)
         self.up_dtype = dtype if dtype in CL_TYPES else np.dtype(np.float32)
         device = ctx.devices[0]
-        unroll = not device.type & cl.device_type.CPU
+        unroll = not device.type & cl.device_type.CPU if UNROLL is None else UNROLL
         # CPUs: one output per work-item, so that the tap loop is the same for every item
         self.m = per_item or (OUT_PER_ITEM if unroll else 1)
         self.mz = per_item or (ROW_PER_ITEM if unroll else 1)
