@@ -24,8 +24,11 @@ from volconv.bench import device_record
 from volconv.device.devices import select_device
 from volconv.engines import scales, smoothing
 
-BASE = {"OUT_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32, "BLOCKS": 8,
+BASE = {"OUT_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32, "BLOCKS": 8, "UNROLL": None,
         "TILE": (32, 4, 2), "SUB_ROWS": 32, "XYZ_GROUP": (32, 8, 1)}  # fmt: skip
+# the constants only one preset's kernels read
+ONLY = {"OUT_PER_ITEM": "skimage", "ROW_PER_ITEM": "skimage", "LINE_GROUP": "skimage",
+        "BLOCKS": "skimage", "UNROLL": "skimage", "XYZ_GROUP": "ilastik"}  # fmt: skip
 VARIANTS = [
     BASE,
     {**BASE, "OUT_PER_ITEM": 8},
@@ -63,7 +66,10 @@ def main() -> None:
     for variant in VARIANTS:
         for key, value in variant.items():  # the module constants the launches read
             setattr(smoothing if hasattr(smoothing, key) else scales, key, value)
+        changed = {k for k, v in variant.items() if BASE[k] != v}
         for name, (feats, mode) in sets.items():
+            if changed and changed <= set(ONLY) and ONLY[min(changed)] != name:
+                continue  # a variant of the other preset's kernels
             got = run_volconv(volume, feats, mode, device)
             keep = ("kernel_ms", "kernel_ms_by_name", "device_bytes", "slab_depth")
             entry = {"set": name, **variant, **{k: got[k] for k in keep}}
