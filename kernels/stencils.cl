@@ -65,6 +65,12 @@ inline float second_difference(__global const float *g, const int S, const int i
     return (d0 - d1) * w;
 }
 
+/* ... where i is 2 voxels from either end (second_difference's arithmetic there) */
+inline float central_second(__global const float *g, const int S)
+{
+    return ((g[2 * S] - g[0]) * 0.5f - (g[0] - g[-2 * S]) * 0.5f) * 0.5f;
+}
+
 /* skimage's second stage at one sigma, one kernel (skimage_scale) per voxel: G's 3x3x3
  * neighbourhood, clamped at the volume's border, holds the Sobels' taps ('reflect' at distance
  * 1 repeats the border voxel) and np.gradient's first differences (its indices j0, j1 are the
@@ -88,9 +94,14 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
     if (z >= NZ || y >= NY || i >= D) return;
     const int x = A + i, SX = NY * NZ; /* offsets inside a plane and a few planes: int */
     __global const float *g = G + ((long)gp * NR - R0) * SX;
-    int jx0, jx1, jy0, jy1, jz0, jz1;
-    const float wx = gradient_taps(x, N0, &jx0, &jx1), wy = gradient_taps(y, NY, &jy0, &jy1);
-    const float wz = gradient_taps(z, NZ, &jz0, &jz1);
+    /* 2 voxels from every face: central differences, np.gradient's taps without its border */
+    const int inside = x >= 2 && x < N0 - 2 && y >= 2 && y < NY - 2 && z >= 2 && z < NZ - 2;
+    int jx0 = x + 1, jx1 = x - 1, jy0 = y + 1, jy1 = y - 1, jz0 = z + 1, jz1 = z - 1;
+    float wx = 0.5f, wy = 0.5f, wz = 0.5f;
+    if (!inside) {
+        wx = gradient_taps(x, N0, &jx0, &jx1), wy = gradient_taps(y, NY, &jy0, &jy1);
+        wz = gradient_taps(z, NZ, &jz0, &jz1);
+    }
     __global const float *b = g + (long)x * SX + y * NZ + z; /* the voxel */
     const int xs[3] = {(jx1 - x) * SX, 0, (jx0 - x) * SX};
     const int ys[3] = {(jy1 - y) * NZ, 0, (jy0 - y) * NZ}, zs[3] = {jz1 - z, 0, jz0 - z};
@@ -121,9 +132,14 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
     const float e1 = sobel_smoothing3(a1[0], a1[1], a1[2]);
     const float e2 = a2[2] - a2[0];
     /* the Hessian: N_0 G at (y', z'), N_1 G at (z'), then their differences */
-    const float h00 = second_difference(b, SX, x, N0, jx0, jx1, wx);
-    const float h11 = second_difference(b, NZ, y, NY, jy0, jy1, wy);
-    const float h22 = second_difference(b, 1, z, NZ, jz0, jz1, wz);
+    float h00, h11, h22;
+    if (inside) {
+        h00 = central_second(b, SX), h11 = central_second(b, NZ), h22 = central_second(b, 1);
+    } else {
+        h00 = second_difference(b, SX, x, N0, jx0, jx1, wx);
+        h11 = second_difference(b, NZ, y, NY, jy0, jy1, wy);
+        h22 = second_difference(b, 1, z, NZ, jz0, jz1, wz);
+    }
     const float h01 = (dx[2][1] * wx - dx[0][1] * wx) * wy;
     const float h02 = (dx[1][2] * wx - dx[1][0] * wx) * wz;
     const float h12 = ((f[1][2][2] - f[1][0][2]) * wy - (f[1][2][0] - f[1][0][0]) * wy) * wz;
