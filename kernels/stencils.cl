@@ -14,7 +14,7 @@
  * their squares / 3) and the descending eigenvalues of the Hessian by
  * np.gradient twice (central differences inside, one-sided at the volume's border).
  *
- * ilastik_xyz, ilastik_border, ilastik_outer_xy, ilastik_outer: ilastik's
+ * ilastik_xyz, ilastik_outer_xy, ilastik_outer: ilastik's
  * features at its inner scale from P, the presmoothed volume; P's rows are given by row tables
  * (the local row of each neighbour, -1 where constant mode gives cval), the other axes are
  * extended by the bank's mode through index maps, so every stage takes the bank's mode as
@@ -166,9 +166,9 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
 
 /* ilastik's features at the inner scale as scipy's gaussian_filter runs them, 1D passes along
  * axes 0, 1 and 2 over the rows q of the structure tensor's product field in one kernel
- * (ilastik_xyz), which writes the products (T: 6 planes of NQ rows over axes 1 and 2 widened
- * by 1) and the output rows' channels but the structure tensor's eigenvalues; then the outer
- * smoothing (ilastik_outer_xy, ilastik_outer) and those. */
+ * (ilastik_xyz), which writes the products (T: 6 planes of NQ rows) and the output rows'
+ * channels but the structure tensor's eigenvalues; then the outer smoothing (ilastik_outer_xy,
+ * ilastik_outer: axes 1 and 2 extended by the mode where they leave the volume) and those. */
 /* the five tap arrays of a scale's weights wt, each centred: w[t] for t = -R .. R */
 #define TAPS_OF(wt)                                                                    \
     __global const float *w0 = (wt) + 2, *w1 = (wt) + TAPS + 2, *w2 = (wt) + 2 * TAPS + 2, \
@@ -210,8 +210,8 @@ inline void ilastik_y7(__global const float *restrict P, __global const int *res
 
 /* The passes along axes 0 and 1 into local memory over the work-group's LZ positions of axis 2
  * and R more on each side, then along axis 2, and what follows from it at each voxel: the
- * structure tensor's products g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows into T (axes
- * 1 and 2 widened by 1, filled by ilastik_border); on the rows that are output rows (qout: the
+ * structure tensor's products g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows into T; on
+ * the rows that are output rows (qout: the
  * output row of each q, or -1) the smoothing, LoG, gradient magnitude, DoG and the Hessian's
  * eigenvalues */
 __kernel __attribute__((reqd_work_group_size(LZ, LY, 1))) void
@@ -251,8 +251,7 @@ ilastik_xyz(__global const float *restrict P_all, const int pp, const int NP,
         g0 += w0[cz] * y10, g1 += w0[cz] * y01, g2 += w1[cz] * y00;
         if (cz >= -RD && cz <= RD) sd += wd[cz] * Yl[6][ly][u];
     }
-    const long plane = (long)NQ * (NY + 2) * (NZ + 2);
-    const long t = ((long)q * (NY + 2) + y + 1) * (NZ + 2) + z + 1;
+    const long plane = (long)NQ * NY * NZ, t = ((long)q * NY + y) * NZ + z;
     T[t] = g0 * g0, T[plane + t] = g1 * g1, T[2 * plane + t] = g2 * g2;
     T[3 * plane + t] = g0 * g1, T[4 * plane + t] = g0 * g2, T[5 * plane + t] = g1 * g2;
     const int i = qout[q];
@@ -265,79 +264,74 @@ ilastik_xyz(__global const float *restrict P_all, const int pp, const int NP,
     EIGEN(h00, h11, h22, h01, h02, h12, oh, 6);
 }
 
-/* T's border along axes 1 and 2 (position p at p + 1): the product field extended by the mode
- * through my, mz (position p at p + 2; -1: cval) */
-__kernel void ilastik_border(__global float *restrict T, const int NQ,
-                             __global const int *restrict my, __global const int *restrict mz,
-                             const int NY, const int NZ, const float cval)
-{
-    const int k = (int)get_global_id(0), q = (int)get_global_id(1);
-    const int PZ1 = NZ + 2, PY1 = NY + 2;
-    if (k >= 2 * PZ1 + 2 * NY || q >= NQ) return;
-    int ye, ze; /* the border's positions: rows 0 and NY + 1 whole, columns 0 and NZ + 1 */
-    if (k < 2 * PZ1) {
-        ye = k < PZ1 ? 0 : NY + 1, ze = k % PZ1;
-    } else {
-        ye = 1 + (k - 2 * PZ1) / 2, ze = (k - 2 * PZ1) % 2 ? NZ + 1 : 0;
-    }
-    const int yy = my[ye + 1], zz = mz[ze + 1];
-    const long plane = (long)NQ * PY1 * PZ1, row = (long)q * PY1;
-    const long to = (row + ye) * PZ1 + ze, from = (row + yy + 1) * PZ1 + zz + 1;
-#pragma unroll
-    for (int p = 0; p < 6; ++p)
-        T[p * plane + to] = yy < 0 || zz < 0 ? cval : T[p * plane + from];
-}
-
 /* The outer smoothing of the products along axes 0 and 1 (summed in that order, as scipy's
  * passes sum them) at output rows i (grows: each one's neighbours among the NQ rows by the
- * mode, -1: cval), over axis 2 widened by 1: V (6 planes of D rows, NY, NZ + 2) */
+ * mode, -1: cval), axis 1 extended by the mode through my (position p at p + 2; -1: cval):
+ * V (6 planes of D rows, from V + 1) */
 __kernel void ilastik_outer_xy(__global const float *restrict T, const int NQ,
                                __global const int *restrict grows,
-                               __global const float *restrict wt, const int D, const int NY,
+                               __global const float *restrict wt,
+                               __global const int *restrict my, const int D, const int NY,
                                const int NZ, const float cval, __global float *restrict V)
 {
-    const int ze = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
-    if (ze >= NZ + 2 || y >= NY || i >= D) return;
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || i >= D) return;
     TAPS_OF(wt);
-    const long plane = (long)NQ * (NY + 2) * (NZ + 2), vplane = (long)D * NY * (NZ + 2);
+    const long plane = (long)NQ * NY * NZ, vplane = (long)D * NY * NZ;
     __global const int *gr = grows + i * 3 + 1;
-    const long v = ((long)i * NY + y) * (NZ + 2) + ze;
+    const long v = ((long)i * NY + y) * NZ + z;
 #pragma unroll
     for (int p = 0; p < 6; ++p) {
         float w = 0.0f;
 #pragma unroll
         for (int cy = -RO; cy <= RO; ++cy) {
+            const int yy = my[y + cy + 2];
             float u = 0.0f;
 #pragma unroll
             for (int cx = -RO; cx <= RO; ++cx) {
-                const int r = gr[cx];
-                const long at = ((long)max(r, 0) * (NY + 2) + y + 1 + cy) * (NZ + 2) + ze;
-                u += wo[cx] * (r < 0 ? cval : T[p * plane + at]);
+                const int r = gr[cx], out = r < 0 || yy < 0;
+                const long at = ((long)max(r, 0) * NY + max(yy, 0)) * NZ + z;
+                u += wo[cx] * (out ? cval : T[p * plane + at]);
             }
             w += wo[cy] * u;
         }
-        V[p * vplane + v] = w;
+        V[1 + p * vplane + v] = w; /* after a float of slack (ilastik_outer) */
     }
 }
 
-/* ... along axis 2, and the structure tensor's eigenvalues of output rows i */
+/* ... along axis 2, extended by the mode through mz (where it gives cval, the product field's
+ * cval smoothed along axes 0 and 1 as above), and the structure tensor's eigenvalues of output
+ * rows i. V has a float of slack at either end: the neighbours along axis 2 are read at their
+ * offsets (the same for every z), then the two past the ends replaced (RO <= 1) */
 __kernel void ilastik_outer(__global const float *restrict V, __global const float *restrict wt,
-                            const int D, const int NY, const int NZ,
-                            __global float *restrict dst, const long n, const int ot,
-                            __global float *restrict E)
+                            __global const int *restrict mz, const int D, const int NY,
+                            const int NZ, const float cval, __global float *restrict dst,
+                            const long n, const int ot, __global float *restrict E)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
     if (z >= NZ || y >= NY || i >= D) return;
     TAPS_OF(wt);
-    const long vplane = (long)D * NY * (NZ + 2), at = ((long)i * NY + y) * (NZ + 2) + z + 1;
+    float c1 = 0.0f, c2 = 0.0f; /* cval along axis 0, then 1 */
+#pragma unroll
+    for (int cx = -RO; cx <= RO; ++cx) c1 += wo[cx] * cval;
+#pragma unroll
+    for (int cy = -RO; cy <= RO; ++cy) c2 += wo[cy] * c1;
+    const long vplane = (long)D * NY * NZ, at = ((long)i * NY + y) * NZ;
+    __global const float *Vs = V + 1;
+    const int lo = mz[1], hi = mz[NZ + 2]; /* positions -1 and NZ */
     float t[6];
 #pragma unroll
     for (int p = 0; p < 6; ++p) {
+        __global const float *row = Vs + p * vplane + at;
+        const float below = lo < 0 ? c2 : row[max(lo, 0)], above = hi < 0 ? c2 : row[max(hi, 0)];
         float s = 0.0f;
 #pragma unroll
-        for (int cz = -RO; cz <= RO; ++cz) s += wo[cz] * V[p * vplane + at + cz];
+        for (int cz = -RO; cz <= RO; ++cz) {
+            const float x = row[z + cz];
+            s += wo[cz] * (z + cz < 0 ? below : z + cz >= NZ ? above : x);
+        }
         t[p] = s;
     }
-    const long v = ((long)i * NY + y) * NZ + z;
+    const long v = at + z;
     EIGEN(t[0], t[1], t[2], t[3], t[4], t[5], ot, 0);
 }

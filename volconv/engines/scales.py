@@ -58,8 +58,7 @@ def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -
     else:
         q = 2 * (sub + 2)
         own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
-        own += q * 6 * (ny + 2) * (nz + 2)  # T
-        own += 6 * sub * ny * (nz + 2)  # V
+        own += (q + sub) * 6 * ny * nz + 2  # T, V
     return own * 4
 
 
@@ -182,7 +181,7 @@ class PresetStage:
             self._k = []
             for scale in preset.scales:
                 prog = stencil_program(self.ctx, scale.radii(), entries)
-                names = ("ilastik_xyz", "ilastik_border", "ilastik_outer_xy", "ilastik_outer")
+                names = ("ilastik_xyz", "ilastik_outer_xy", "ilastik_outer")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
@@ -448,7 +447,7 @@ class PresetStage:
         qout[tables[1][:, 1]] = np.arange(depth)  # each output row's own row among qrows
         rows, grows, qo = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t)
                            for t in (*tables, qout))  # fmt: skip
-        sizes = {"t": 6 * nq * (ny + 2) * (nz + 2), "v": 6 * depth * ny * (nz + 2)}
+        sizes = {"t": 6 * nq * ny * nz, "v": 6 * depth * ny * nz + 2}  # V: a float of slack
         for key, size in sizes.items():
             if key not in self._passes or self._passes[key].size < size * 4:
                 self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
@@ -458,23 +457,20 @@ class PresetStage:
         n = np.int64(depth * ny * nz)
         events = []
         for s, scale in enumerate(self.preset.scales):
-            kxyz, kb, kxo, ko = self._k[s]
+            kxyz, kxo, ko = self._k[s]
             taps = self._taps[s]
             os_, ol, om, od, ot, oh = map(i32, scale.at)
             entries = self._entries(12)
             kxyz.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz, qo,
                           i32(ny), i32(nz), cval, bt, self._dst, n, os_, ol, om, od, oh,
                           entries)  # fmt: skip
-            kb.set_args(bt, i32(nq), my, mz, i32(ny), i32(nz), cval)
-            kxo.set_args(bt, i32(nq), grows, taps, i32(depth), i32(ny), i32(nz), cval, bv)
-            ko.set_args(bv, taps, i32(depth), i32(ny), i32(nz), self._dst, n, ot, entries)
+            kxo.set_args(bt, i32(nq), grows, taps, my, i32(depth), i32(ny), i32(nz), cval, bv)
+            ko.set_args(bv, taps, mz, i32(depth), i32(ny), i32(nz), cval, self._dst, n, ot,
+                        entries)  # fmt: skip
             glob = tuple(-(-m // g) * g for m, g in zip((nz, ny, nq), XYZ_GROUP, strict=True))
             events.append(self.clock.add("ilastik_xyz", cl.enqueue_nd_range_kernel(
                 self.queue, kxyz, glob, XYZ_GROUP)))  # fmt: skip
-            for name, k, size in (("ilastik_border", kb, (2 * (nz + 2) + 2 * ny, nq, 1)),
-                                  ("ilastik_outer_xy", kxo, (nz + 2, ny, depth)),
-                                  ("ilastik_outer", ko, (nz, ny, depth))):  # fmt: skip
-                launch = self._launch if name == "ilastik_border" else self._launch_tiles
-                events.append(self.clock.add(name, launch(k, size)))
+            for name, k in (("ilastik_outer_xy", kxo), ("ilastik_outer", ko)):
+                events.append(self.clock.add(name, self._launch_tiles(k, (nz, ny, depth))))
             events += self._eigenvalues([scale.at[4], scale.at[5]], depth * ny * nz)
         return events
