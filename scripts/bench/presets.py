@@ -5,7 +5,8 @@ slab by slab run) once per variant of the module constants that shape their laun
 volconv.engines.smoothing's OUT_PER_ITEM and ROW_PER_ITEM (outputs per work-item of the
 Gaussians' passes), LINE_GROUP and BLOCKS (their work-groups), UNROLL (their tap loops, rolled:
 one output per work-item), volconv.engines.scales' TILE (stage 2's work-groups), XYZ_GROUP
-(ilastik_xyz's) and SUB_ROWS (stage 2's rows at a time); records each one's kernel
+(ilastik_xyz's) and SUB_ROWS (stage 2's rows at a time), and ENTRY_LANES (set: the
+eigenvalues' entries written out and eigen3 run apart, as on CPUs); records each one's kernel
 milliseconds by name and device bytes. JSON to --json.
 
     python3 scripts/bench/run.py presets --json $OUT/presets/variants.json
@@ -25,7 +26,9 @@ from volconv.device.devices import select_device
 from volconv.engines import scales, smoothing
 
 BASE = {"OUT_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32, "BLOCKS": 8, "UNROLL": None,
-        "TILE": (32, 4, 2), "SUB_ROWS": 32, "XYZ_GROUP": (32, 8, 1)}  # fmt: skip
+        "TILE": (32, 4, 2), "SUB_ROWS": 32, "XYZ_GROUP": (32, 8, 1),
+        "ENTRY_LANES": None}  # fmt: skip
+LANES_FOR = scales.lanes_for
 # the constants only one preset's kernels read
 ONLY = {"OUT_PER_ITEM": "skimage", "ROW_PER_ITEM": "skimage", "LINE_GROUP": "skimage",
         "BLOCKS": "skimage", "UNROLL": "skimage", "XYZ_GROUP": "ilastik"}  # fmt: skip
@@ -40,6 +43,7 @@ VARIANTS = [
     {**BASE, "XYZ_GROUP": (32, 4, 1)},
     {**BASE, "XYZ_GROUP": (32, 16, 1)},
     {**BASE, "UNROLL": False},
+    {**BASE, "ENTRY_LANES": 1},  # the eigenvalues by eigen3 apart: what they take
     {**BASE, "OUT_PER_ITEM": 32},  # the longest to build: last
 ]
 
@@ -65,7 +69,10 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
     for variant in VARIANTS:
         for key, value in variant.items():  # the module constants the launches read
-            setattr(smoothing if hasattr(smoothing, key) else scales, key, value)
+            if key == "ENTRY_LANES":  # set: the entries written out, eigen3 (the device's lanes)
+                scales.lanes_for = LANES_FOR if value is None else (lambda device: 2)
+            else:
+                setattr(smoothing if hasattr(smoothing, key) else scales, key, value)
         changed = {k for k, v in variant.items() if BASE[k] != v}
         for name, (feats, mode) in sets.items():
             if changed and changed <= set(ONLY) and ONLY[min(changed)] != name:
