@@ -90,11 +90,13 @@ __kernel void smooth_y(__global const float *restrict T, const int R0, const int
         if (y0 + m < NY) out[(long)m * NZ] = acc[m];
 }
 
-/* the field's rows G0 .. G0 + NG - 1 along axis 0 from the ring (rows of the volume's N0) */
+/* the field's rows G0 .. G0 + NG - 1 along axis 0 from the ring (rows of the volume's N0),
+ * into G from float F */
 __kernel void smooth_x(__global const float *restrict ring, const int CAP, const int G0,
                        const int NG, const int N0, const int NY, const int NZ,
-                       __global float *restrict G)
+                       __global float *restrict G_all, const long F)
 {
+    __global float *G = G_all + F;
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int g0 = (int)get_global_id(2) * M;
     if (z >= NZ || g0 >= NG) return;

@@ -83,17 +83,20 @@ inline float sobel_smoothing3(const float m, const float c, const float p)
     return 0.25f * m + 0.5f * c + 0.25f * p;
 }
 
-/* G's plane gp (of NR rows each) holds rows R0 .. of the volume (N0, NY, NZ); the output rows
- * A .. A + D - 1 */
-__kernel void skimage_scale(__global const float *restrict G, const int gp, const int NR,
-                            const int R0, const int A, const int N0, const int NY, const int NZ,
-                            const int D, const float c, __global float *restrict dst,
-                            const long n, const int o, __global float *restrict E)
+/* The output rows A .. A + D - 1 of S scales, scale s along axis 2 of the range at s * D: its
+ * field is plane gps[s] (of NR rows each) of G, holding rows R0 .. of the volume (N0, NY, NZ),
+ * its channels planes os[s] .. os[s] + 4 of dst (with ENTRIES its entries planes 6s .. of E) */
+__kernel void skimage_scale(__global const float *restrict G, __global const int *restrict gps,
+                            const int NR, const int R0, const int A, const int N0, const int NY,
+                            const int NZ, const int D, const int S, const float c,
+                            __global float *restrict dst, const long n,
+                            __global const int *restrict os, __global float *restrict E)
 {
-    const int z = (int)get_global_id(0), y = (int)get_global_id(1), i = (int)get_global_id(2);
-    if (z >= NZ || y >= NY || i >= D) return;
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), si = (int)get_global_id(2);
+    if (z >= NZ || y >= NY || si >= S * D) return;
+    const int sc = si / D, i = si - sc * D, o = os[sc];
     const int x = A + i, SX = NY * NZ; /* offsets inside a plane and a few planes: int */
-    __global const float *g = G + ((long)gp * NR - R0) * SX;
+    __global const float *g = G + ((long)gps[sc] * NR - R0) * SX;
     /* 2 voxels from every face: central differences, np.gradient's taps without its border */
     const int inside = x >= 2 && x < N0 - 2 && y >= 2 && y < NY - 2 && z >= 2 && z < NZ - 2;
     int jx0 = x + 1, jx1 = x - 1, jy0 = y + 1, jy1 = y - 1, jz0 = z + 1, jz1 = z - 1;
@@ -147,7 +150,7 @@ __kernel void skimage_scale(__global const float *restrict G, const int gp, cons
     dst[o * n + v] = c * f[1][1][1];
     dst[(o + 1) * n + v] = c * magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
     /* the scale c is linear: applied to the results, not to each tap */
-    EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, 0);
+    EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, 6 * sc);
 }
 
 /* ilastik's kernels are built for one scale's radii: R (inner), RD (DoG's second Gaussian),

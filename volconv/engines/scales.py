@@ -54,7 +54,7 @@ def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -
     rows = min(n0, depth + 2 * reach(preset))
     own = preset.n_outputs * sub * ny * nz
     if preset.kind == "skimage":
-        own += 6 * sub * ny * nz  # the entries (CPUs)
+        own += 6 * len(preset.scales) * sub * ny * nz  # the entries (CPUs)
     else:
         q = 2 * (sub + 2)
         own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
@@ -198,6 +198,7 @@ class PresetStage:
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
+        self._tables: dict = {}  # skimage_scale's tables of each scale's planes
         mf = cl.mem_flags
         self._taps = (
             []
@@ -334,8 +335,8 @@ class PresetStage:
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * plane
             if self.skimage:
-                fields = [(field, slots.index(s)) for s in range(k)]
-                work += self._skimage(a2, b2, fields, int(srows[0]), len(srows))
+                planes = [slots.index(s) for s in range(k)]
+                work += self._skimage(a2, b2, field, planes, int(srows[0]), len(srows))
             else:
                 qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
                 work += self._ilastik(a2, b2, field, slots, srows, qrows)
@@ -379,7 +380,8 @@ class PresetStage:
         for a2 in range(a, b, self.sub):
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * ny * nz
-            work += self._skimage(a2, b2, [(f, 0) for f in self.smoother.fields], g0, 0)
+            sm = self.smoother
+            work += self._skimage(a2, b2, sm.field, list(range(len(sm.radii))), g0, sm.rows)
             for o in range(self.preset.n_outputs):  # in order after the kernels
                 downloads.append(cl.enqueue_copy(
                     self.queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
@@ -391,23 +393,28 @@ class PresetStage:
         return values
 
     def _skimage(
-        self, a: int, b: int, fields: list[tuple[cl.Buffer, int]], r0: int, nr: int
+        self, a: int, b: int, field: cl.Buffer, planes: list[int], r0: int, nr: int
     ) -> list[cl.Event]:
-        """Enqueue skimage_scale for every scale over output rows ``[a, b)``: scale s's field
-        (rows from ``r0``) is plane ``fields[s][1]`` of ``nr`` rows in buffer ``fields[s][0]``."""
+        """Enqueue skimage_scale over output rows ``[a, b)`` of every scale, scale s's field
+        (rows from ``r0``) at plane ``planes[s]`` of ``field`` (``nr`` rows each)."""
         n0, ny, nz = self.shape
-        n = (b - a) * ny * nz
-        (k,) = self._k
+        n, k = (b - a) * ny * nz, len(planes)
+        key = tuple(planes)
+        if key not in self._tables:  # each scale's field plane and first output plane
+            mf = cl.mem_flags
+            at = [s.at[0] for s in self.preset.scales]
+            self._tables[key] = [cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                           hostbuf=np.array(t, np.int32))
+                                 for t in (planes, at)]  # fmt: skip
+        gps, os_ = self._tables[key]
+        (kernel,) = self._k
         i32 = np.int32
-        events = []
-        for s, scale in enumerate(self.preset.scales):
-            buf, gp = fields[s]
-            k.set_args(buf, i32(gp), i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
-                       i32(b - a), self.factor, self._dst, np.int64(n), i32(scale.at[0]),
-                       self._entries(6))  # fmt: skip
-            events.append(self.clock.add("skimage_scale", self._launch_tiles(k, (nz, ny, b - a))))
-            events += self._eigenvalues([scale.at[0] + 2], n)
-        return events
+        kernel.set_args(field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
+                        i32(b - a), i32(k), self.factor, self._dst, np.int64(n), os_,
+                        self._entries(6 * k))  # fmt: skip
+        events = [self.clock.add("skimage_scale",
+                                 self._launch_tiles(kernel, (nz, ny, k * (b - a))))]  # fmt: skip
+        return events + self._eigenvalues([s.at[0] + 2 for s in self.preset.scales], n)
 
     def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups of `TILE` (the kernel checks its bounds): neighbours along axes 1 and 0

@@ -46,7 +46,7 @@ def nearest_gaussians_bytes(
 class NearestGaussians:
     """The Gaussians of ``sigmas`` (at ``truncate``, mode 'nearest') of a volume of ``shape``
     over field rows ``[g0, g1)`` (at most ``rows`` of them): `smooth` leaves scale ``s``'s in
-    ``fields[s]`` (row g0 first).
+    plane ``s`` of ``field`` (``rows`` rows each; row g0 first).
 
     Rows smoothed along axes 2 and 1 stay in a ring per scale (row r at slot r % its size). A
     row is reused only while the input rows seen since it was smoothed are the same (the host
@@ -84,7 +84,8 @@ class NearestGaussians:
             self._k.append({n: cl.Kernel(prog, n) for n in ("smooth_z", "smooth_y", "smooth_x")})
         mf, plane = cl.mem_flags, ny * nz
         self.rings = [cl.Buffer(ctx, mf.READ_WRITE, c * plane * 4) for c in self.caps]
-        self.fields = [cl.Buffer(ctx, mf.READ_WRITE, self.rows * plane * 4) for _ in sigmas]
+        # every scale's field: scale s at plane s (of `rows` rows)
+        self.field = cl.Buffer(ctx, mf.READ_WRITE, len(sigmas) * self.rows * plane * 4)
         top = min(n0, self.rows + 2 * max(self.radii))
         self._t = cl.Buffer(ctx, mf.READ_WRITE, top * plane * 4)
         self._up = cl.Buffer(ctx, mf.READ_ONLY, top * plane * self.up_dtype.itemsize)
@@ -155,7 +156,8 @@ class NearestGaussians:
                     self.queue, k["smooth_y"], (zs, ys, c1 - c0),
                     (LINE_GROUP, group, 1))))  # fmt: skip
             k["smooth_x"].set_args(self.rings[s], i32(self.caps[s]), i32(g0), i32(g1 - g0),
-                                   i32(n0), i32(ny), i32(nz), self.fields[s])  # fmt: skip
+                                   i32(n0), i32(ny), i32(nz), self.field,
+                                   np.int64(s * self.rows * ny * nz))  # fmt: skip
             xs, group = blocks(g1 - g0)
             work.append(self.clock.add("smooth_x", cl.enqueue_nd_range_kernel(
                 self.queue, k["smooth_x"], (zs, ny, xs), (LINE_GROUP, 1, group))))  # fmt: skip
