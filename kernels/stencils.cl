@@ -181,42 +181,13 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
 #define LY 8
 #endif
 
-/* The passes along axes 0 and 1 at (q, y) and axis 2's position zz (the Gaussian, its first and
- * second derivatives and DoG's Gaussian along axis 0 at the 2R + 1 rows of axis 1 it sums, in
- * registers): Y's seven combinations; rq: q's neighbours among P's rows */
-inline void ilastik_y7(__global const float *restrict P, __global const int *restrict rq,
-                       __global const float *restrict wt, __global const int *restrict my,
-                       const int zz, const int y, const int NY, const int NZ, const float cval,
-                       float *restrict out)
-{
-    TAPS_OF(wt);
-    float y00 = 0.0f, y10 = 0.0f, y20 = 0.0f, y01 = 0.0f, y11 = 0.0f, y02 = 0.0f, ydd = 0.0f;
-#pragma unroll
-    for (int cy = -R; cy <= R; ++cy) {
-        const int yy = my[y + 2 + cy];
-        float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f; /* X at (q, y + cy, zz) */
-#pragma unroll
-        for (int cx = -R; cx <= R; ++cx) {
-            const float v = P_AT(rq[2 + cx], yy, zz);
-            x0 += w0[cx] * v;
-            x1 += w1[cx] * v;
-            x2 += w2[cx] * v;
-            if (cx >= -RD && cx <= RD) xd += wd[cx] * v;
-        }
-        y00 += w0[cy] * x0, y10 += w0[cy] * x1, y20 += w0[cy] * x2;
-        y01 += w1[cy] * x0, y11 += w1[cy] * x1, y02 += w2[cy] * x0;
-        if (cy >= -RD && cy <= RD) ydd += wd[cy] * xd;
-    }
-    out[0] = y00, out[1] = y10, out[2] = y20, out[3] = y01, out[4] = y11, out[5] = y02;
-    out[6] = ydd;
-}
-
-/* The passes along axes 0 and 1 into local memory over the work-group's LZ positions of axis 2
- * and R more on each side, then along axis 2, and what follows from it at each voxel: the
- * structure tensor's products g_a g_b (00, 11, 22, 01, 02, 12) over the NQ rows into T; on
- * the rows that are output rows (qout: the
- * output row of each q, or -1) the smoothing, LoG, gradient magnitude, DoG and the Hessian's
- * eigenvalues */
+/* The passes along axes 0, 1 and 2 of a work-group's LY x LZ voxels of row q, each into local
+ * memory: X (the Gaussian, its first and second derivatives and DoG's Gaussian along axis 0)
+ * over the group's rows of axis 1 and R more on each side, Y (its seven combinations along
+ * axis 1) over its positions of axis 2 and R more on each side, then along axis 2, and what
+ * follows from it at each voxel: the structure tensor's products g_a g_b (00, 11, 22, 01, 02,
+ * 12) over the NQ rows into T; on the rows that are output rows (qout: the output row of each
+ * q, or -1) the smoothing, LoG, gradient magnitude, DoG and the Hessian's eigenvalues */
 __kernel __attribute__((reqd_work_group_size(LZ, LY, 1))) void
 ilastik_xyz(__global const float *restrict P_all, const int pp, const int NP,
             __global const int *restrict rows, const int NQ, __global const float *restrict wt,
@@ -226,22 +197,52 @@ ilastik_xyz(__global const float *restrict P_all, const int pp, const int NP,
             const int os, const int ol, const int om, const int od, const int oh,
             __global float *restrict E)
 {
+    __local float Xl[4][LY + 4][LZ + 4];
     __local float Yl[7][LY][LZ + 4];
-    const int lz = (int)get_local_id(0), ly = (int)get_local_id(1);
+    const int lz = (int)get_local_id(0), ly = (int)get_local_id(1), lid = ly * LZ + lz;
     const int z = (int)get_global_id(0), y = (int)get_global_id(1), q = (int)get_global_id(2);
+    const int y0 = y - ly, z0 = z - lz; /* the group's first voxel */
     __global const float *P = P_all + (long)pp * NP * NY * NZ;
-    for (int j = lz; j < LZ + 4; j += LZ) { /* axis 2's position z - lz + j - 2 */
-        const int ze = z - lz + j;
-        if (ze < NZ + 4 && y < NY) {
-            float y7[7];
-            ilastik_y7(P, rows + q * TAPS, wt, my, mz[ze], y, NY, NZ, cval, y7);
+    __global const int *rq = rows + q * TAPS;
+    TAPS_OF(wt);
+    /* X at positions y0 - 2 + a of axis 1 (my[y0 + a]) and z0 - 2 + j of axis 2 (mz[z0 + j]) */
+    for (int k = lid; k < (LY + 4) * (LZ + 4); k += LY * LZ) {
+        const int a = k / (LZ + 4), j = k - a * (LZ + 4);
+        if (y0 + a < NY + 4 && z0 + j < NZ + 4) {
+            const int yy = my[y0 + a], zz = mz[z0 + j];
+            float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, xd = 0.0f;
 #pragma unroll
-            for (int c = 0; c < 7; ++c) Yl[c][ly][j] = y7[c];
+            for (int cx = -R; cx <= R; ++cx) {
+                const float v = P_AT(rq[2 + cx], yy, zz);
+                x0 += w0[cx] * v;
+                x1 += w1[cx] * v;
+                x2 += w2[cx] * v;
+                if (cx >= -RD && cx <= RD) xd += wd[cx] * v;
+            }
+            Xl[0][a][j] = x0, Xl[1][a][j] = x1, Xl[2][a][j] = x2, Xl[3][a][j] = xd;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* Y at positions y0 + a of axis 1 and z0 - 2 + j of axis 2 */
+    for (int k = lid; k < LY * (LZ + 4); k += LY * LZ) {
+        const int a = k / (LZ + 4), j = k - a * (LZ + 4);
+        if (y0 + a < NY && z0 + j < NZ + 4) {
+            float y00 = 0.0f, y10 = 0.0f, y20 = 0.0f, y01 = 0.0f, y11 = 0.0f, y02 = 0.0f;
+            float ydd = 0.0f;
+#pragma unroll
+            for (int cy = -R; cy <= R; ++cy) {
+                const float x0 = Xl[0][a + 2 + cy][j], x1 = Xl[1][a + 2 + cy][j];
+                const float x2 = Xl[2][a + 2 + cy][j];
+                y00 += w0[cy] * x0, y10 += w0[cy] * x1, y20 += w0[cy] * x2;
+                y01 += w1[cy] * x0, y11 += w1[cy] * x1, y02 += w2[cy] * x0;
+                if (cy >= -RD && cy <= RD) ydd += wd[cy] * Xl[3][a + 2 + cy][j];
+            }
+            Yl[0][a][j] = y00, Yl[1][a][j] = y10, Yl[2][a][j] = y20, Yl[3][a][j] = y01;
+            Yl[4][a][j] = y11, Yl[5][a][j] = y02, Yl[6][a][j] = ydd;
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (z >= NZ || y >= NY) return;
-    TAPS_OF(wt);
     float s = 0.0f, sd = 0.0f, g0 = 0.0f, g1 = 0.0f, g2 = 0.0f, h00 = 0.0f, h11 = 0.0f,
           h22 = 0.0f, h01 = 0.0f, h02 = 0.0f, h12 = 0.0f;
 #pragma unroll
