@@ -123,10 +123,10 @@ class PresetStage:
     over the rows stage 2 reads, in chunks of at most its slab depth. The presmoothing takes
     the bank's mode and cval; stage 2 reads it over the rows the bank's mode maps the slab's,
     widened by the inner radius (2) and the structure tensor's outer one (1), through row
-    tables: ilastik_xy (axes 0 and 1) and ilastik_z_out (axis 2) give the smoothing, DoG's
-    second one, the gradients and the Hessian over the rows the outer smoothing reads, the
-    latter writing the structure tensor's products and every channel but its eigenvalues,
-    which ilastik_outer writes. A slab whose source holds NaN or Inf is smoothed through the
+    tables: ilastik_xyz (the passes along axes 0, 1 and 2 through local memory) gives the
+    smoothing, DoG's second one, the gradients and the Hessian over the rows the outer
+    smoothing reads and writes the structure tensor's products and every channel but its
+    eigenvalues, which ilastik_outer_xy and ilastik_outer write. A slab whose source holds NaN or Inf is smoothed through the
     convolver's host path (scipy's non-finite responses), uploaded, and goes through the same
     stage 2, whose sums take every tap as scipy's correlate1d does (0 * Inf is NaN there too).
     """
