@@ -126,9 +126,10 @@ class PresetStage:
     tables: ilastik_xyz (the passes along axes 0, 1 and 2 through local memory) gives the
     smoothing, DoG's second one, the gradients and the Hessian over the rows the outer
     smoothing reads and writes the structure tensor's products and every channel but its
-    eigenvalues, which ilastik_outer_xy and ilastik_outer write. A slab whose source holds NaN or Inf is smoothed through the
-    convolver's host path (scipy's non-finite responses), uploaded, and goes through the same
-    stage 2, whose sums take every tap as scipy's correlate1d does (0 * Inf is NaN there too).
+    eigenvalues, which ilastik_outer_xy and ilastik_outer write. A slab whose source holds NaN
+    or Inf is smoothed through the convolver's host path (scipy's non-finite responses),
+    uploaded, and goes through the same stage 2, whose sums take every tap as scipy's
+    correlate1d does (0 * Inf is NaN there too).
     """
 
     def __init__(
