@@ -177,6 +177,7 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
     __global const float *w0 = (wt) + 2, *w1 = (wt) + TAPS + 2, *w2 = (wt) + 2 * TAPS + 2, \
                          *wd = (wt) + 3 * TAPS + 2, *wo = (wt) + 4 * TAPS + 2
 #define LZ 32 /* ilastik_xyz's work-groups: LZ x LY */
+#define SLACK 32 /* floats before and after V: its rows stay 128-byte aligned */
 #ifndef LY
 #define LY 8
 #endif
@@ -271,7 +272,7 @@ ilastik_xyz(__global const float *restrict P_all, const int pp, const int NP,
 /* The outer smoothing of the products along axes 0 and 1 (summed in that order, as scipy's
  * passes sum them) at output rows i (grows: each one's neighbours among the NQ rows by the
  * mode, -1: cval), axis 1 extended by the mode through my (position p at p + 2; -1: cval):
- * V (6 planes of D rows, from V + 1) */
+ * V (6 planes of D rows, from V + SLACK) */
 __kernel void ilastik_outer_xy(__global const float *restrict T, const int NQ,
                                __global const int *restrict grows,
                                __global const float *restrict wt,
@@ -299,13 +300,13 @@ __kernel void ilastik_outer_xy(__global const float *restrict T, const int NQ,
             }
             w += wo[cy] * u;
         }
-        V[1 + p * vplane + v] = w; /* after a float of slack (ilastik_outer) */
+        V[SLACK + p * vplane + v] = w; /* after the slack ilastik_outer reads past */
     }
 }
 
 /* ... along axis 2, extended by the mode through mz (where it gives cval, the product field's
  * cval smoothed along axes 0 and 1 as above), and the structure tensor's eigenvalues of output
- * rows i. V has a float of slack at either end: the neighbours along axis 2 are read at their
+ * rows i. V has SLACK floats at either end: the neighbours along axis 2 are read at their
  * offsets (the same for every z), then the two past the ends replaced (RO <= 1) */
 __kernel void ilastik_outer(__global const float *restrict V, __global const float *restrict wt,
                             __global const int *restrict mz, const int D, const int NY,
@@ -321,7 +322,7 @@ __kernel void ilastik_outer(__global const float *restrict V, __global const flo
 #pragma unroll
     for (int cy = -RO; cy <= RO; ++cy) c2 += wo[cy] * c1;
     const long vplane = (long)D * NY * NZ, at = ((long)i * NY + y) * NZ;
-    __global const float *Vs = V + 1;
+    __global const float *Vs = V + SLACK;
     const int lo = mz[1], hi = mz[NZ + 2]; /* positions -1 and NZ */
     float t[6];
 #pragma unroll

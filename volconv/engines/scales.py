@@ -19,6 +19,7 @@ from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 
 SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth)
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
+SLACK = 32  # floats before and after ilastik's V (kernels/stencils.cl's SLACK)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
 
@@ -46,19 +47,22 @@ def reach(preset: PresetPlan) -> int:
     return 2 if preset.kind == "skimage" else 3
 
 
-def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -> int:
+def _buffer_bytes(
+    preset: PresetPlan, shape: tuple[int, int, int], depth: int, device: cl.Device
+) -> int:
     """The stage's own device buffers: stage 1's field (ilastik: a copy, wrap's two runs),
-    the passes over the product rows (ilastik; wrap's two runs) and stage 2's outputs."""
+    the passes over the product rows (ilastik; wrap's two runs), stage 2's outputs and (CPUs)
+    the eigenvalues' entries."""
     n0, ny, nz = shape
     sub = min(depth, SUB_ROWS)
     rows = min(n0, depth + 2 * reach(preset))
     own = preset.n_outputs * sub * ny * nz
-    if preset.kind == "skimage":
-        own += 6 * len(preset.scales) * sub * ny * nz  # the entries (CPUs)
-    else:
+    triples = len(preset.scales) if preset.kind == "skimage" else 2  # ilastik's: per scale
+    own += 6 * triples * sub * ny * nz if lanes_for(device) > 1 else 1  # the entries
+    if preset.kind == "ilastik":
         q = 2 * (sub + 2)
-        own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
-        own += (q + sub) * 6 * ny * nz + 2  # T, V
+        own += 2 * rows * len(preset.scales) * ny * nz  # field
+        own += (q + sub) * 6 * ny * nz + 2 * SLACK  # T, V
     return own * 4
 
 
@@ -75,7 +79,7 @@ def preset_bytes(
     n0, ny, nz = shape
     filters = smoothing_filters(preset)
     rows = min(n0, depth + 2 * reach(preset))
-    own = _buffer_bytes(preset, shape, depth)
+    own = _buffer_bytes(preset, shape, depth, device)
     if on_rings(preset, device):  # the outputs of a slab, the input rows it reads
         host = preset.n_outputs * depth * ny * nz * 4 + (rows + 2 * skimage_reach(preset)) * (
             ny * nz * np.dtype(dtype).itemsize
@@ -146,6 +150,7 @@ class PresetStage:
         from volconv.plan.separable import plan_bank
 
         self.preset, self.shape, self.dtype = preset, tuple(shape), np.dtype(dtype)
+        self.device = device
         self.skimage = preset.kind == "skimage"
         self.mode = "nearest" if self.skimage else mode
         self.cval = 0.0 if self.skimage else float(cval)
@@ -216,7 +221,7 @@ class PresetStage:
     def device_bytes(self) -> int:
         """Device memory of the stage at its slab depth (`preset_bytes`)."""
         first = self.smoother.device_bytes if self.conv is None else self.conv.plan.device_bytes
-        return first + _buffer_bytes(self.preset, self.shape, self.depth)
+        return first + _buffer_bytes(self.preset, self.shape, self.depth, self.device)
 
     @property
     def held_bytes(self) -> int:
@@ -455,7 +460,7 @@ class PresetStage:
         qout[tables[1][:, 1]] = np.arange(depth)  # each output row's own row among qrows
         rows, grows, qo = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t)
                            for t in (*tables, qout))  # fmt: skip
-        sizes = {"t": 6 * nq * ny * nz, "v": 6 * depth * ny * nz + 2}  # V: a float of slack
+        sizes = {"t": 6 * nq * ny * nz, "v": 6 * depth * ny * nz + 2 * SLACK}
         for key, size in sizes.items():
             if key not in self._passes or self._passes[key].size < size * 4:
                 self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
