@@ -27,6 +27,9 @@
  * they do there. */
 
 #define TAPS 5 /* the inner scale's radius int(2 * sigma + 0.5) <= 2 */
+#ifndef VX
+#define VX 4 /* skimage_scale's rows per work-item */
+#endif
 
 /* The eigenvalues of (a00, .., a12) into planes p .. p + 2 of dst; with ENTRIES (CPUs) the
  * six entries into planes e .. e + 5 of E instead, for kernels/features.cl's eigen3, which runs
@@ -71,8 +74,8 @@ inline float central_second(__global const float *g, const int S)
     return ((g[2 * S] - g[0]) * 0.5f - (g[0] - g[-2 * S]) * 0.5f) * 0.5f;
 }
 
-/* skimage's second stage at one sigma, one kernel (skimage_scale) per voxel: G's 3x3x3
- * neighbourhood, clamped at the volume's border, holds the Sobels' taps ('reflect' at distance
+/* skimage's second stage, one kernel (skimage_scale) for every scale: G's 3x3x3
+ * neighbourhood of a voxel, clamped at the volume's border, holds the Sobels' taps ('reflect' at distance
  * 1 repeats the border voxel) and np.gradient's first differences (its indices j0, j1 are the
  * same clamped neighbours); the Hessian's diagonal (np.gradient twice along one axis) reads
  * the voxels 2 away too. Each value is computed as scipy and numpy compute it, axis 0 first:
@@ -83,46 +86,22 @@ inline float sobel_smoothing3(const float m, const float c, const float p)
     return 0.25f * m + 0.5f * c + 0.25f * p;
 }
 
-/* The output rows A .. A + D - 1 of S scales, scale s along axis 2 of the range at s * D: its
- * field is plane gps[s] (of NR rows each) of G, holding rows R0 .. of the volume (N0, NY, NZ),
- * its channels planes os[s] .. os[s] + 4 of dst (with ENTRIES its entries planes 6s .. of E) */
-__kernel void skimage_scale(__global const float *restrict G, __global const int *restrict gps,
-                            const int NR, const int R0, const int A, const int N0, const int NY,
-                            const int NZ, const int D, const int S, const float c,
-                            __global float *restrict dst, const long n,
-                            __global const int *restrict os, __global float *restrict E)
+/* One voxel's channels from G's 3x3x3 neighbourhood f (clamped at the volume's border), the
+ * Hessian's diagonal and np.gradient's weights: into planes o .. o + 4 of dst at v (with
+ * ENTRIES the entries into planes e .. e + 5 of E) */
+inline void skimage_channels(float f[3][3][3], const float h00, const float h11, const float h22,
+                             const float wx, const float wy, const float wz, const float c,
+                             __global float *restrict dst, const long n, const int o,
+                             const long v, __global float *restrict E, const int e)
 {
-    const int z = (int)get_global_id(0), y = (int)get_global_id(1), si = (int)get_global_id(2);
-    if (z >= NZ || y >= NY || si >= S * D) return;
-    const int sc = si / D, i = si - sc * D, o = os[sc];
-    const int x = A + i, SX = NY * NZ; /* offsets inside a plane and a few planes: int */
-    __global const float *g = G + ((long)gps[sc] * NR - R0) * SX;
-    /* 2 voxels from every face: central differences, np.gradient's taps without its border */
-    const int inside = x >= 2 && x < N0 - 2 && y >= 2 && y < NY - 2 && z >= 2 && z < NZ - 2;
-    int jx0 = x + 1, jx1 = x - 1, jy0 = y + 1, jy1 = y - 1, jz0 = z + 1, jz1 = z - 1;
-    float wx = 0.5f, wy = 0.5f, wz = 0.5f;
-    if (!inside) {
-        wx = gradient_taps(x, N0, &jx0, &jx1), wy = gradient_taps(y, NY, &jy0, &jy1);
-        wz = gradient_taps(z, NZ, &jz0, &jz1);
-    }
-    __global const float *b = g + (long)x * SX + y * NZ + z; /* the voxel */
-    const int xs[3] = {(jx1 - x) * SX, 0, (jx0 - x) * SX};
-    const int ys[3] = {(jy1 - y) * NZ, 0, (jy0 - y) * NZ}, zs[3] = {jz1 - z, 0, jz0 - z};
-    float f[3][3][3];
-#pragma unroll
-    for (int a = 0; a < 3; ++a)
-#pragma unroll
-        for (int e = 0; e < 3; ++e)
-#pragma unroll
-            for (int h = 0; h < 3; ++h) f[a][e][h] = b[xs[a] + ys[e] + zs[h]];
     /* the Sobels: along axis 0, then 1, then 2 */
     float dx[3][3], sx[3][3];
 #pragma unroll
-    for (int e = 0; e < 3; ++e)
+    for (int a = 0; a < 3; ++a)
 #pragma unroll
         for (int h = 0; h < 3; ++h) {
-            dx[e][h] = f[2][e][h] - f[0][e][h];
-            sx[e][h] = sobel_smoothing3(f[0][e][h], f[1][e][h], f[2][e][h]);
+            dx[a][h] = f[2][a][h] - f[0][a][h];
+            sx[a][h] = sobel_smoothing3(f[0][a][h], f[1][a][h], f[2][a][h]);
         }
     float a0[3], a1[3], a2[3];
 #pragma unroll
@@ -134,23 +113,82 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
     const float e0 = sobel_smoothing3(a0[0], a0[1], a0[2]);
     const float e1 = sobel_smoothing3(a1[0], a1[1], a1[2]);
     const float e2 = a2[2] - a2[0];
-    /* the Hessian: N_0 G at (y', z'), N_1 G at (z'), then their differences */
-    float h00, h11, h22;
-    if (inside) {
-        h00 = central_second(b, SX), h11 = central_second(b, NZ), h22 = central_second(b, 1);
-    } else {
-        h00 = second_difference(b, SX, x, N0, jx0, jx1, wx);
-        h11 = second_difference(b, NZ, y, NY, jy0, jy1, wy);
-        h22 = second_difference(b, 1, z, NZ, jz0, jz1, wz);
-    }
+    /* the Hessian's other entries: N_0 G at (y', z'), N_1 G at (z'), then their differences */
     const float h01 = (dx[2][1] * wx - dx[0][1] * wx) * wy;
     const float h02 = (dx[1][2] * wx - dx[1][0] * wx) * wz;
     const float h12 = ((f[1][2][2] - f[1][0][2]) * wy - (f[1][2][0] - f[1][0][0]) * wy) * wz;
-    const long v = ((long)i * NY + y) * NZ + z;
     dst[o * n + v] = c * f[1][1][1];
     dst[(o + 1) * n + v] = c * magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
     /* the scale c is linear: applied to the results, not to each tap */
-    EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, 6 * sc);
+    EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, e);
+}
+
+/* The output rows A .. A + D - 1 of S scales, VX consecutive rows a work-item, scale s along
+ * axis 2 of the range at s * ceil(D / VX): its field is plane gps[s] (of NR rows each) of G,
+ * holding rows R0 .. of the volume (N0, NY, NZ), its channels planes os[s] .. os[s] + 4 of dst
+ * (with ENTRIES its entries planes 6s .. of E). Where the VX voxels are 2 from every face, the
+ * VX + 2 planes of their neighbourhoods are loaded once for all of them, and np.gradient's
+ * taps are central; elsewhere each voxel takes its own, clamped. */
+__kernel void skimage_scale(__global const float *restrict G, __global const int *restrict gps,
+                            const int NR, const int R0, const int A, const int N0, const int NY,
+                            const int NZ, const int D, const int S, const float c,
+                            __global float *restrict dst, const long n,
+                            __global const int *restrict os, __global float *restrict E)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1), sb = (int)get_global_id(2);
+    const int DB = (D + VX - 1) / VX;
+    if (z >= NZ || y >= NY || sb >= S * DB) return;
+    const int sc = sb / DB, i0 = (sb - sc * DB) * VX, o = os[sc];
+    const int x0 = A + i0, nv = min(VX, D - i0), SX = NY * NZ; /* offsets in a few planes: int */
+    __global const float *b0 = G + ((long)gps[sc] * NR - R0 + x0) * SX + y * NZ + z;
+    const long v0 = ((long)i0 * NY + y) * NZ + z;
+    if (nv == VX && x0 >= 2 && x0 + VX + 1 < N0 && y >= 2 && y < NY - 2 && z >= 2 && z < NZ - 2) {
+        float pl[VX + 2][3][3]; /* planes x0 - 1 .. x0 + VX */
+#pragma unroll
+        for (int a = 0; a < VX + 2; ++a)
+#pragma unroll
+            for (int e = 0; e < 3; ++e)
+#pragma unroll
+                for (int h = 0; h < 3; ++h) pl[a][e][h] = b0[(a - 1) * SX + (e - 1) * NZ + h - 1];
+        const float below = b0[-2 * SX], above = b0[(VX + 1) * SX];
+#pragma unroll
+        for (int k = 0; k < VX; ++k) {
+            float f[3][3][3];
+#pragma unroll
+            for (int a = 0; a < 3; ++a)
+#pragma unroll
+                for (int e = 0; e < 3; ++e)
+#pragma unroll
+                    for (int h = 0; h < 3; ++h) f[a][e][h] = pl[k + a][e][h];
+            const float gm = k == 0 ? below : pl[k - 1][1][1];
+            const float gp = k + 3 < VX + 2 ? pl[k + 3][1][1] : above;
+            const float h00 = ((gp - f[1][1][1]) * 0.5f - (f[1][1][1] - gm) * 0.5f) * 0.5f;
+            __global const float *b = b0 + k * SX;
+            skimage_channels(f, h00, central_second(b, NZ), central_second(b, 1), 0.5f, 0.5f,
+                             0.5f, c, dst, n, o, v0 + (long)k * SX, E, 6 * sc);
+        }
+        return;
+    }
+    for (int k = 0; k < nv; ++k) {
+        const int x = x0 + k;
+        int jx0, jx1, jy0, jy1, jz0, jz1;
+        const float wx = gradient_taps(x, N0, &jx0, &jx1), wy = gradient_taps(y, NY, &jy0, &jy1);
+        const float wz = gradient_taps(z, NZ, &jz0, &jz1);
+        __global const float *b = b0 + k * SX; /* the voxel */
+        const int xs[3] = {(jx1 - x) * SX, 0, (jx0 - x) * SX};
+        const int ys[3] = {(jy1 - y) * NZ, 0, (jy0 - y) * NZ}, zs[3] = {jz1 - z, 0, jz0 - z};
+        float f[3][3][3];
+#pragma unroll
+        for (int a = 0; a < 3; ++a)
+#pragma unroll
+            for (int e = 0; e < 3; ++e)
+#pragma unroll
+                for (int h = 0; h < 3; ++h) f[a][e][h] = b[xs[a] + ys[e] + zs[h]];
+        skimage_channels(f, second_difference(b, SX, x, N0, jx0, jx1, wx),
+                         second_difference(b, NZ, y, NY, jy0, jy1, wy),
+                         second_difference(b, 1, z, NZ, jz0, jz1, wz), wx, wy, wz, c, dst, n, o,
+                         v0 + (long)k * SX, E, 6 * sc);
+    }
 }
 
 /* ilastik's kernels are built for one scale's radii: R (inner), RD (DoG's second Gaussian),

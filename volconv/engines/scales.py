@@ -20,6 +20,7 @@ from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth)
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
 SLACK = 32  # floats before and after ilastik's V (kernels/stencils.cl's SLACK)
+SKIMAGE_ROWS = 4  # skimage_scale's rows per work-item (VX)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
 
@@ -30,7 +31,8 @@ def stencil_program(
     kernels built for the radii (inner, DoG's second, outer) of one scale and work-groups of
     `XYZ_GROUP`; ``entries``: the eigenvalues' entries written out for kernels/features.cl's
     eigen3 (CPUs: its lanes)."""
-    defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]))
+    defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]),
+               ("VX", SKIMAGE_ROWS))  # fmt: skip
     return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
                                                               else ()))  # fmt: skip
 
@@ -418,8 +420,8 @@ class PresetStage:
         kernel.set_args(field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
                         i32(b - a), i32(k), self.factor, self._dst, np.int64(n), os_,
                         self._entries(6 * k))  # fmt: skip
-        events = [self.clock.add("skimage_scale",
-                                 self._launch_tiles(kernel, (nz, ny, k * (b - a))))]  # fmt: skip
+        size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
+        events = [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
         return events + self._eigenvalues([s.at[0] + 2 for s in self.preset.scales], n)
 
     def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
