@@ -8,9 +8,8 @@
  *   smooth_x: axis 0 over the ring, into the field (the rows stage 2 reads).
  *
  * Each work-item computes M (smooth_z: MZ) consecutive outputs along its pass's axis and loads
- * each input once for all of them (CONVOLVE): out[i] = sum_t W[t] in[i - R + t], t = 0 .. 2R
- * (the taps of a Gaussian are symmetric: correlation and convolution agree), borders clamped
- * ('nearest').
+ * each input once for all of them: out[i] = sum_t W[t] in[i - R + t], t = 0 .. 2R (the taps of
+ * a Gaussian are symmetric: correlation and convolution agree), borders clamped ('nearest').
  * smooth_z reads its row segment from local memory (skewed: one word per 32, so that
  * work-items MZ words apart fall in distinct banks) and writes through it, coalesced; smooth_y
  * and smooth_x run along the contiguous axis 2 across work-items, their work-groups holding
@@ -18,14 +17,13 @@
  *
  * Build options (-D): R the radius, WEIGHTS the 2R + 1 float32 taps, M outputs per work-item
  * of smooth_y and smooth_x, MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
- * element type; UNROLL_TAPS: the tap loops of radii up to 16 unrolled, each tap a constant of
- * the code (GPUs; wider ones stay rolled, their code small enough for the instruction cache,
- * and CPUs run them rolled: PoCL takes seconds to compile them unrolled).
+ * element type; UNROLL_TAPS: the tap loops fully unrolled, so that each tap is a constant of
+ * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled).
  */
 
 __constant float W[2 * R + 1] = {WEIGHTS};
 
-#if defined(UNROLL_TAPS) && R <= 16
+#ifdef UNROLL_TAPS
 #define TAP_LOOP _Pragma("unroll")
 #else
 #define TAP_LOOP _Pragma("unroll 1")
@@ -34,31 +32,13 @@ __constant float W[2 * R + 1] = {WEIGHTS};
 #define SKEW(j) ((j) + ((j) >> 5))
 #define SEG (WG * MZ) /* outputs of a smooth_z work-group */
 
-/* acc[m] = sum_t W[t] in[m + t], t = 0 .. 2R, for the mm outputs m, in[j] being LOAD(j):
- * a window of mm inputs in registers (in[j] at win[j % mm]: the indices are constants of the
- * unrolled steps), one tap per step, the input it no longer needs replaced by the next */
-#define CONVOLVE(acc, mm, LOAD)                                              \
-    do {                                                                     \
-        float win_[mm];                                                      \
-        _Pragma("unroll") for (int m_ = 0; m_ < (mm); ++m_)                  \
-        {                                                                    \
-            acc[m_] = 0.0f;                                                  \
-            win_[m_] = LOAD(m_);                                             \
-        }                                                                    \
-        TAP_LOOP for (int t0_ = 0; t0_ <= 2 * R; t0_ += (mm))                \
-        {                                                                    \
-            _Pragma("unroll") for (int u_ = 0; u_ < (mm); ++u_)              \
-            {                                                                \
-                const int t_ = t0_ + u_;                                     \
-                if (t_ <= 2 * R) {                                           \
-                    const float w_ = W[t_];                                  \
-                    _Pragma("unroll") for (int m_ = 0; m_ < (mm); ++m_)      \
-                        acc[m_] += w_ * win_[(u_ + m_) % (mm)];              \
-                    win_[u_] = LOAD(t_ + (mm));                              \
-                }                                                            \
-            }                                                                \
-        }                                                                    \
-    } while (0)
+/* acc[m] += W[j - m] v for the outputs m < mm whose window holds input j */
+#define SLIDE(acc, j, v, mm)                              \
+    _Pragma("unroll") for (int m_ = 0; m_ < (mm); ++m_)   \
+    {                                                     \
+        const int t_ = (j) - m_;                          \
+        if (t_ >= 0 && t_ <= 2 * R) acc[m_] += W[t_] * (v); \
+    }
 
 /* rows S0 + r of src (NY, NZ each) into rows r of T, along axis 2 */
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
@@ -73,9 +53,14 @@ smooth_z(__global const IN_T *restrict src, const int S0, const int NY, const in
         line[SKEW(j)] = (float)src[from + clamp(z0 - R + j, 0, NZ - 1)];
     barrier(CLK_LOCAL_MEM_FENCE);
     float acc[MZ];
+#pragma unroll
+    for (int m = 0; m < MZ; ++m) acc[m] = 0.0f;
     const int base = lid * MZ;
-#define LOAD_Z(j) line[SKEW(base + (j))]
-    CONVOLVE(acc, MZ, LOAD_Z);
+    TAP_LOOP
+    for (int j = 0; j < MZ + 2 * R; ++j) {
+        const float v = line[SKEW(base + j)];
+        SLIDE(acc, j, v, MZ)
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
     for (int m = 0; m < MZ; ++m) line[SKEW(base + m)] = acc[m];
@@ -92,8 +77,13 @@ __kernel void smooth_y(__global const float *restrict T, const int R0, const int
     if (z >= NZ || y0 >= NY) return;
     __global const float *t = T + (long)r * NY * NZ + z;
     float acc[M];
-#define LOAD_Y(j) t[(long)clamp(y0 - R + (j), 0, NY - 1) * NZ]
-    CONVOLVE(acc, M, LOAD_Y);
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+    TAP_LOOP
+    for (int j = 0; j < M + 2 * R; ++j) {
+        const float v = t[(long)clamp(y0 - R + j, 0, NY - 1) * NZ];
+        SLIDE(acc, j, v, M)
+    }
     __global float *out = ring + ((long)((R0 + r) & (CAP - 1)) * NY + y0) * NZ + z;
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -112,8 +102,14 @@ __kernel void smooth_x(__global const float *restrict ring, const int CAP, const
     if (z >= NZ || g0 >= NG) return;
     const long plane = (long)NY * NZ, at = (long)y * NZ + z;
     float acc[M];
-#define LOAD_X(j) ring[(clamp(G0 + g0 - R + (j), 0, N0 - 1) & (CAP - 1)) * plane + at]
-    CONVOLVE(acc, M, LOAD_X);
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+    TAP_LOOP
+    for (int j = 0; j < M + 2 * R; ++j) {
+        const int row = clamp(G0 + g0 - R + j, 0, N0 - 1);
+        const float v = ring[(row & (CAP - 1)) * plane + at];
+        SLIDE(acc, j, v, M)
+    }
 #pragma unroll
     for (int m = 0; m < M; ++m)
         if (g0 + m < NG) G[(g0 + m) * plane + at] = acc[m];
