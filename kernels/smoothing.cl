@@ -30,7 +30,10 @@ __constant float W[2 * R + 1] = {WEIGHTS};
 #endif
 
 #define SKEW(j) ((j) + ((j) >> 5))
-#define SEG (WG * MZ) /* outputs of a smooth_z work-group */
+#define SEG (WG * MZ) /* outputs of a smooth_z work-group's row */
+#ifndef LINES
+#define LINES 1
+#endif
 
 /* acc[m] += W[j - m] v for the outputs m < mm whose window holds input j */
 #define SLIDE(acc, j, v, mm)                              \
@@ -40,14 +43,17 @@ __constant float W[2 * R + 1] = {WEIGHTS};
         if (t_ >= 0 && t_ <= 2 * R) acc[m_] += W[t_] * (v); \
     }
 
-/* rows S0 + r of src (NY, NZ each) into rows r of T, along axis 2 */
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
+/* rows S0 + r of src (NY, NZ each) into rows r of T, along axis 2; LINES rows of axis 1 a
+ * work-group */
+__kernel __attribute__((reqd_work_group_size(WG, LINES, 1))) void
 smooth_z(__global const IN_T *restrict src, const int S0, const int NY, const int NZ,
          __global float *restrict T)
 {
-    __local float line[SKEW(SEG + 2 * R) + 1];
+    __local float lines[LINES][SKEW(SEG + 2 * R) + 1];
+    __local float *line = lines[get_local_id(1)];
     const int lid = (int)get_local_id(0), z0 = (int)get_group_id(0) * SEG;
-    const int y = (int)get_global_id(1), r = (int)get_global_id(2);
+    const int y = min((int)get_global_id(1), NY - 1), r = (int)get_global_id(2);
+    const int own = (int)get_global_id(1) < NY; /* a row of axis 1 (past NY: the last, unwritten) */
     const long at = ((long)r * NY + y) * NZ, from = ((long)(S0 + r) * NY + y) * NZ;
     for (int j = lid; j < SEG + 2 * R; j += WG)
         line[SKEW(j)] = (float)src[from + clamp(z0 - R + j, 0, NZ - 1)];
@@ -65,7 +71,7 @@ smooth_z(__global const IN_T *restrict src, const int S0, const int NY, const in
 #pragma unroll
     for (int m = 0; m < MZ; ++m) line[SKEW(base + m)] = acc[m];
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int j = lid; j < SEG && z0 + j < NZ; j += WG) T[at + z0 + j] = line[SKEW(j)];
+    for (int j = lid; own && j < SEG && z0 + j < NZ; j += WG) T[at + z0 + j] = line[SKEW(j)];
 }
 
 /* rows n of T along axis 1 into the ring: T's row r is the volume's row R0 + r */

@@ -3,12 +3,12 @@
 Runs the "skimage" and "ilastik" feature sets of scripts/bench/features.py (same volume, same
 slab by slab run) once per variant of the module constants that shape their launches:
 volconv.engines.smoothing's OUT_PER_ITEM and ROW_PER_ITEM (outputs per work-item of the
-Gaussians' passes), LINE_GROUP and BLOCKS (their work-groups), UNROLL (their tap loops, rolled:
-one output per work-item), volconv.engines.scales' TILE (stage 2's work-groups), SKIMAGE_ROWS
-(skimage_scale's rows per work-item), XYZ_GROUP (ilastik_xyz's work-groups), SUB_ROWS (stage
-2's rows at a time) and ENTRY_LANES (set: the eigenvalues' entries written out and eigen3 run
-apart, as on CPUs); records each one's kernel milliseconds by name and device bytes. JSON to
---json.
+Gaussians' passes), LINE_GROUP, BLOCKS, ROW_GROUP and ROW_LINES (their work-groups), UNROLL
+(their tap loops; rolled: one output per work-item), volconv.engines.scales' TILE (stage 2's
+work-groups), SKIMAGE_ROWS (skimage_scale's rows per work-item), XYZ_GROUP (ilastik_xyz's
+work-groups), SUB_ROWS (stage 2's rows at a time) and ENTRY_LANES (set: the eigenvalues'
+entries written out and eigen3 run apart, as on CPUs); records each one's kernel milliseconds
+by name and device bytes. JSON to --json.
 
     python3 scripts/bench/run.py presets --json $OUT/presets/variants.json
 """
@@ -28,21 +28,22 @@ from volconv.engines import scales, smoothing
 
 BASE = {"OUT_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32, "BLOCKS": 8, "UNROLL": None,
         "TILE": (32, 4, 2), "SUB_ROWS": 32, "XYZ_GROUP": (32, 8, 1),
-        "ENTRY_LANES": None, "SKIMAGE_ROWS": 4}  # fmt: skip
+        "ENTRY_LANES": None, "SKIMAGE_ROWS": 4, "ROW_GROUP": 32, "ROW_LINES": 1}  # fmt: skip
 LANES_FOR = scales.lanes_for
 # the constants only one preset's kernels read
 ONLY = {"OUT_PER_ITEM": "skimage", "ROW_PER_ITEM": "skimage", "LINE_GROUP": "skimage",
         "BLOCKS": "skimage", "UNROLL": "skimage", "XYZ_GROUP": "ilastik",
-        "SKIMAGE_ROWS": "skimage"}  # fmt: skip
+        "SKIMAGE_ROWS": "skimage", "ROW_GROUP": "skimage", "ROW_LINES": "skimage"}  # fmt: skip
 VARIANTS = [
     BASE,
-    {**BASE, "SKIMAGE_ROWS": 1},
-    {**BASE, "SKIMAGE_ROWS": 8},
-    {**BASE, "OUT_PER_ITEM": 8},
-    {**BASE, "OUT_PER_ITEM": 32},
-    {**BASE, "ROW_PER_ITEM": 4},
+    {**BASE, "ROW_LINES": 4},
+    {**BASE, "ROW_LINES": 8},
+    {**BASE, "ROW_GROUP": 64, "ROW_PER_ITEM": 4},
+    {**BASE, "TILE": (32, 8, 1)},
+    {**BASE, "TILE": (64, 2, 2)},
+    {**BASE, "SKIMAGE_ROWS": 2},
     {**BASE, "SUB_ROWS": 64},
-    {**BASE, "XYZ_GROUP": (32, 16, 1)},
+    {**BASE, "OUT_PER_ITEM": 8},
     {**BASE, "ENTRY_LANES": 1},  # the eigenvalues by eigen3 apart: what they take
 ]
 

@@ -20,6 +20,7 @@ OUT_PER_ITEM = 16  # outputs per work-item along smooth_y's and smooth_x's axis 
 ROW_PER_ITEM = 8  # ... along smooth_z's (MZ)
 UNROLL: bool | None = None  # the tap loops fully unrolled (None: on GPUs, not on CPUs)
 ROW_GROUP = 32  # smooth_z's work-group (WG): a segment of ROW_GROUP * MZ outputs of a row
+ROW_LINES = 1  # ... and its rows of axis 1 (LINES)
 LINE_GROUP = 32  # smooth_y's and smooth_x's work-groups along axis 2
 BLOCKS = 8  # ... and along their pass's axis: blocks of M outputs whose windows overlap, so
 # that what one loads the others find in the same multiprocessor's cache
@@ -76,7 +77,7 @@ class NearestGaussians:
         for s, r in zip(sigmas, self.radii, strict=True):
             w = gaussian_kernel1d(s, 0, r).astype(np.float32)
             defines = (("R", r), ("WEIGHTS", ",".join(f"{float(x):.9e}f" for x in w)),
-                       ("M", self.m), ("MZ", self.mz), ("WG", ROW_GROUP),
+                       ("M", self.m), ("MZ", self.mz), ("WG", ROW_GROUP), ("LINES", ROW_LINES),
                        ("IN_T", CL_TYPES[self.up_dtype]))  # fmt: skip
             if unroll:
                 defines += (("UNROLL_TAPS", 1),)
@@ -148,9 +149,9 @@ class NearestGaussians:
                 k["smooth_z"].set_args(self._up, i32(c0 - a0), i32(ny), i32(nz), self._t)
                 k["smooth_y"].set_args(self._t, i32(c0), i32(ny), i32(nz), i32(self.caps[s]),
                                        self.rings[s])  # fmt: skip
-                size = (-(-nz // seg) * ROW_GROUP, ny, c1 - c0)
+                size = (-(-nz // seg) * ROW_GROUP, -(-ny // ROW_LINES) * ROW_LINES, c1 - c0)
                 work.append(self.clock.add("smooth_z", cl.enqueue_nd_range_kernel(
-                    self.queue, k["smooth_z"], size, (ROW_GROUP, 1, 1))))  # fmt: skip
+                    self.queue, k["smooth_z"], size, (ROW_GROUP, ROW_LINES, 1))))  # fmt: skip
                 ys, group = blocks(ny)
                 work.append(self.clock.add("smooth_y", cl.enqueue_nd_range_kernel(
                     self.queue, k["smooth_y"], (zs, ys, c1 - c0),
