@@ -75,11 +75,11 @@ inline float central_second(__global const float *g, const int S)
 }
 
 /* skimage's second stage, one kernel (skimage_scale) for every scale: G's 3x3x3
- * neighbourhood of a voxel, clamped at the volume's border, holds the Sobels' taps ('reflect' at distance
- * 1 repeats the border voxel) and np.gradient's first differences (its indices j0, j1 are the
- * same clamped neighbours); the Hessian's diagonal (np.gradient twice along one axis) reads
- * the voxels 2 away too. Each value is computed as scipy and numpy compute it, axis 0 first:
- * the Sobel along an axis is the [1, 0, -1] difference along it and the [1, 2, 1] / 4
+ * neighbourhood of a voxel, clamped at the volume's border, holds the Sobels' taps ('reflect'
+ * at distance 1 repeats the border voxel) and np.gradient's first differences (its indices
+ * j0, j1 are the same clamped neighbours); the Hessian's diagonal (np.gradient twice along one
+ * axis) reads the voxels 2 away too. Each value is computed as scipy and numpy compute it, axis
+ * 0 first: the Sobel along an axis is the [1, 0, -1] difference along it and the [1, 2, 1] / 4
  * smoothing along the two others; H_ab = np.gradient along b of np.gradient along a. */
 inline float sobel_smoothing3(const float m, const float c, const float p)
 {
