@@ -81,6 +81,12 @@ inline float central_second(__global const float *g, const int S)
  * axis) reads the voxels 2 away too. Each value is computed as scipy and numpy compute it, axis
  * 0 first: the Sobel along an axis is the [1, 0, -1] difference along it and the [1, 2, 1] / 4
  * smoothing along the two others; H_ab = np.gradient along b of np.gradient along a. */
+/* the 3x3x3 neighbourhood's indices, unrolled */
+#define FOR3(a, e, h)                                     \
+    _Pragma("unroll") for (int a = 0; a < 3; ++a) \
+        _Pragma("unroll") for (int e = 0; e < 3; ++e)     \
+            _Pragma("unroll") for (int h = 0; h < 3; ++h)
+
 inline float sobel_smoothing3(const float m, const float c, const float p)
 {
     return 0.25f * m + 0.5f * c + 0.25f * p;
@@ -154,12 +160,7 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
 #pragma unroll
         for (int k = 0; k < VX; ++k) {
             float f[3][3][3];
-#pragma unroll
-            for (int a = 0; a < 3; ++a)
-#pragma unroll
-                for (int e = 0; e < 3; ++e)
-#pragma unroll
-                    for (int h = 0; h < 3; ++h) f[a][e][h] = pl[k + a][e][h];
+            FOR3(a, e, h) f[a][e][h] = pl[k + a][e][h];
             const float gm = k == 0 ? below : pl[k - 1][1][1];
             const float gp = k + 3 < VX + 2 ? pl[k + 3][1][1] : above;
             const float h00 = ((gp - f[1][1][1]) * 0.5f - (f[1][1][1] - gm) * 0.5f) * 0.5f;
@@ -178,12 +179,7 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
         const int xs[3] = {(jx1 - x) * SX, 0, (jx0 - x) * SX};
         const int ys[3] = {(jy1 - y) * NZ, 0, (jy0 - y) * NZ}, zs[3] = {jz1 - z, 0, jz0 - z};
         float f[3][3][3];
-#pragma unroll
-        for (int a = 0; a < 3; ++a)
-#pragma unroll
-            for (int e = 0; e < 3; ++e)
-#pragma unroll
-                for (int h = 0; h < 3; ++h) f[a][e][h] = b[xs[a] + ys[e] + zs[h]];
+        FOR3(a, e, h) f[a][e][h] = b[xs[a] + ys[e] + zs[h]];
         skimage_channels(f, second_difference(b, SX, x, N0, jx0, jx1, wx),
                          second_difference(b, NZ, y, NY, jy0, jy1, wy),
                          second_difference(b, 1, z, NZ, jz0, jz1, wz), wx, wy, wz, c, dst, n, o,
