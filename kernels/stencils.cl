@@ -82,9 +82,9 @@ inline float central_second(__global const float *g, const int S)
  * 0 first: the Sobel along an axis is the [1, 0, -1] difference along it and the [1, 2, 1] / 4
  * smoothing along the two others; H_ab = np.gradient along b of np.gradient along a. */
 /* the 3x3x3 neighbourhood's indices, unrolled */
-#define FOR3(a, e, h)                                     \
-    _Pragma("unroll") for (int a = 0; a < 3; ++a) \
-        _Pragma("unroll") for (int e = 0; e < 3; ++e)     \
+#define FOR3(a, e, h)                                 \
+    _Pragma("unroll") for (int a = 0; a < 3; ++a)     \
+        _Pragma("unroll") for (int e = 0; e < 3; ++e) \
             _Pragma("unroll") for (int h = 0; h < 3; ++h)
 
 inline float sobel_smoothing3(const float m, const float c, const float p)
