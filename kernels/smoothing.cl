@@ -7,17 +7,16 @@
  *             for every slab that reads it;
  *   smooth_x: axis 0 over the ring, into the field (the rows stage 2 reads).
  *
- * Each work-item computes M (smooth_z: MZ, smooth_x: MX) consecutive outputs along its pass's
- * axis and loads each input once for all of them: out[i] = sum_t W[t] in[i - R + t],
- * t = 0 .. 2R (the taps of a Gaussian are symmetric: correlation and convolution agree),
- * borders clamped ('nearest').
+ * Each work-item computes M (smooth_z: MZ) consecutive outputs along its pass's axis and loads
+ * each input once for all of them: out[i] = sum_t W[t] in[i - R + t], t = 0 .. 2R (the taps of
+ * a Gaussian are symmetric: correlation and convolution agree), borders clamped ('nearest').
  * smooth_z reads its row segment from local memory (skewed: one word per 32, so that
  * work-items MZ words apart fall in distinct banks) and writes through it, coalesced; smooth_y
  * and smooth_x run along the contiguous axis 2 across work-items, their work-groups holding
  * several blocks along the pass's axis (the host's), whose windows overlap in cache.
  *
  * Build options (-D): R the radius, WEIGHTS the 2R + 1 float32 taps, M outputs per work-item
- * of smooth_y, MX of smooth_x, MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
+ * of smooth_y and smooth_x, MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
  * element type; UNROLL_TAPS: the tap loops fully unrolled, so that each tap is a constant of
  * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled).
  */
@@ -105,19 +104,19 @@ __kernel void smooth_x(__global const float *restrict ring, const int CAP, const
 {
     __global float *G = G_all + F;
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
-    const int g0 = (int)get_global_id(2) * MX;
+    const int g0 = (int)get_global_id(2) * M;
     if (z >= NZ || g0 >= NG) return;
     const long plane = (long)NY * NZ, at = (long)y * NZ + z;
-    float acc[MX];
+    float acc[M];
 #pragma unroll
-    for (int m = 0; m < MX; ++m) acc[m] = 0.0f;
+    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
     TAP_LOOP
-    for (int j = 0; j < MX + 2 * R; ++j) {
+    for (int j = 0; j < M + 2 * R; ++j) {
         const int row = clamp(G0 + g0 - R + j, 0, N0 - 1);
         const float v = ring[(row & (CAP - 1)) * plane + at];
-        SLIDE(acc, j, v, MX)
+        SLIDE(acc, j, v, M)
     }
 #pragma unroll
-    for (int m = 0; m < MX; ++m)
+    for (int m = 0; m < M; ++m)
         if (g0 + m < NG) G[(g0 + m) * plane + at] = acc[m];
 }

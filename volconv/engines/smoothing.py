@@ -73,14 +73,11 @@ class NearestGaussians:
         # CPUs: one output per work-item, so that the tap loop is the same for every item
         self.m = per_item or (OUT_PER_ITEM if unroll else 1)
         self.mz = per_item or (ROW_PER_ITEM if unroll else 1)
-        # smooth_x: the field's rows in equal blocks of at most M
-        self.mx = -(-self.rows // -(-self.rows // self.m))
         self._k = []
         for s, r in zip(sigmas, self.radii, strict=True):
             w = gaussian_kernel1d(s, 0, r).astype(np.float32)
             defines = (("R", r), ("WEIGHTS", ",".join(f"{float(x):.9e}f" for x in w)),
-                       ("M", self.m), ("MX", self.mx), ("MZ", self.mz), ("WG", ROW_GROUP),
-                       ("LINES", ROW_LINES),
+                       ("M", self.m), ("MZ", self.mz), ("WG", ROW_GROUP), ("LINES", ROW_LINES),
                        ("IN_T", CL_TYPES[self.up_dtype]))  # fmt: skip
             if unroll:
                 defines += (("UNROLL_TAPS", 1),)
@@ -140,8 +137,8 @@ class NearestGaussians:
         seg, m = ROW_GROUP * self.mz, self.m
         zs = -(-nz // LINE_GROUP) * LINE_GROUP
 
-        def blocks(n: int, m: int) -> tuple[int, int]:
-            """Work-items along a pass's axis for n outputs (m each), and the group's."""
+        def blocks(n: int) -> tuple[int, int]:
+            """Work-items along a pass's axis for n outputs (M each), and the group's."""
             nb = -(-n // m)
             group = min(BLOCKS, nb)
             return -(-nb // group) * group, group
@@ -155,14 +152,14 @@ class NearestGaussians:
                 size = (-(-nz // seg) * ROW_GROUP, -(-ny // ROW_LINES) * ROW_LINES, c1 - c0)
                 work.append(self.clock.add("smooth_z", cl.enqueue_nd_range_kernel(
                     self.queue, k["smooth_z"], size, (ROW_GROUP, ROW_LINES, 1))))  # fmt: skip
-                ys, group = blocks(ny, m)
+                ys, group = blocks(ny)
                 work.append(self.clock.add("smooth_y", cl.enqueue_nd_range_kernel(
                     self.queue, k["smooth_y"], (zs, ys, c1 - c0),
                     (LINE_GROUP, group, 1))))  # fmt: skip
             k["smooth_x"].set_args(self.rings[s], i32(self.caps[s]), i32(g0), i32(g1 - g0),
                                    i32(n0), i32(ny), i32(nz), self.field,
                                    np.int64(s * self.rows * ny * nz))  # fmt: skip
-            xs, group = blocks(g1 - g0, self.mx)
+            xs, group = blocks(g1 - g0)
             work.append(self.clock.add("smooth_x", cl.enqueue_nd_range_kernel(
                 self.queue, k["smooth_x"], (zs, ny, xs), (LINE_GROUP, 1, group))))  # fmt: skip
         return events, work
