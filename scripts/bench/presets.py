@@ -28,7 +28,7 @@ from volconv.engines import scales, smoothing
 
 BASE = {"OUT_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32, "BLOCKS": 8, "UNROLL": None,
         "TILE": (32, 4, 2), "SUB_ROWS": 32, "XYZ_GROUP": (32, 8, 1),
-        "ENTRY_LANES": None, "SKIMAGE_ROWS": 4, "ROW_GROUP": 32, "ROW_LINES": 1}  # fmt: skip
+        "ENTRY_LANES": None, "SKIMAGE_ROWS": 4, "ROW_GROUP": 32, "ROW_LINES": 8}  # fmt: skip
 LANES_FOR = scales.lanes_for
 # the constants only one preset's kernels read
 ONLY = {"OUT_PER_ITEM": "skimage", "ROW_PER_ITEM": "skimage", "LINE_GROUP": "skimage",
@@ -36,8 +36,8 @@ ONLY = {"OUT_PER_ITEM": "skimage", "ROW_PER_ITEM": "skimage", "LINE_GROUP": "ski
         "SKIMAGE_ROWS": "skimage", "ROW_GROUP": "skimage", "ROW_LINES": "skimage"}  # fmt: skip
 VARIANTS = [
     BASE,
+    {**BASE, "ROW_LINES": 1},
     {**BASE, "ROW_LINES": 4},
-    {**BASE, "ROW_LINES": 8},
     {**BASE, "ROW_GROUP": 64, "ROW_PER_ITEM": 4},
     {**BASE, "TILE": (32, 8, 1)},
     {**BASE, "TILE": (64, 2, 2)},

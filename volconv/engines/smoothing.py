@@ -20,7 +20,7 @@ OUT_PER_ITEM = 16  # outputs per work-item along smooth_y's and smooth_x's axis 
 ROW_PER_ITEM = 8  # ... along smooth_z's (MZ)
 UNROLL: bool | None = None  # the tap loops fully unrolled (None: on GPUs, not on CPUs)
 ROW_GROUP = 32  # smooth_z's work-group (WG): a segment of ROW_GROUP * MZ outputs of a row
-ROW_LINES = 1  # ... and its rows of axis 1 (LINES)
+ROW_LINES = 8  # ... and its rows of axis 1 (LINES)
 LINE_GROUP = 32  # smooth_y's and smooth_x's work-groups along axis 2
 BLOCKS = 8  # ... and along their pass's axis: blocks of M outputs whose windows overlap, so
 # that what one loads the others find in the same multiprocessor's cache
