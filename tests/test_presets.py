@@ -22,6 +22,18 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 
 # -- scikit-image ---------------------------------------------------------------------------
+@pytest.fixture(params=["rings", "passes"])
+def skimage_stage1(request, monkeypatch):
+    """skimage's stage 1 either way on every device: `NearestGaussians` (what GPUs run) and the
+    separable passes (CPUs)."""
+    import volconv.engines.scales as scales
+
+    rings = request.param == "rings"
+    monkeypatch.setattr(scales, "on_rings", lambda preset, device: rings and preset.kind ==
+                        "skimage")  # fmt: skip
+    return request.param
+
+
 def as_float(volume: np.ndarray) -> np.ndarray:
     """img_as_float32's values in float64: integers scaled by their maximum, signed ones
     clipped at -1."""
@@ -51,7 +63,7 @@ def skimage_definition(img: np.ndarray) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "uint8", "int16"])
-def test_the_skimage_preset_is_multiscale_basic_features(device, dtype):
+def test_the_skimage_preset_is_multiscale_basic_features(device, dtype, skimage_stage1):
     """Channel for channel, borders included, at float32's precision of each channel (skimage
     computes in float32): integers scaled as img_as_float32 scales them (int16's -32768 to
     -1); sigma to 16 (129 taps, overhangs past every axis); the bank's mode does not apply."""
@@ -75,11 +87,15 @@ def test_the_skimage_preset_is_multiscale_basic_features(device, dtype):
 
 
 @pytest.mark.parametrize("depth", [4, 20])
-def test_the_skimage_preset_against_its_float64_definition(device, depth):
+def test_the_skimage_preset_against_its_float64_definition(
+    device, depth, skimage_stage1, monkeypatch
+):
     """Within SPEC's tolerance of the float64 definition, on a 4D volume with slab seams every 4
-    rows, or one slab of 20 (the stencils write 16 rows at a time). NaN and Inf are refused
-    with the separable engine's reason: its count of their reach holds filters of at most 31
-    taps, skimage's Gaussians reach 129."""
+    rows, or one slab of 20 (the stencils write 16 rows at a time here). NaN and Inf are
+    refused."""
+    import volconv.engines.scales as scales
+
+    monkeypatch.setattr(scales, "SUB_ROWS", 16)
     volume = scene((20, 17, 16, 2), seed=3)
     volume[..., 1] *= 37
     feats = build_features(None, preset="skimage")
@@ -172,10 +188,13 @@ def check_ilastik(out: np.ndarray, v: np.ndarray, scales, mode: str, cval: float
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_the_ilastik_preset_stage_by_stage(device, mode):
+def test_the_ilastik_preset_stage_by_stage(device, mode, monkeypatch):
     """Every mode (constant with cval != 0), odd and even extents, slab seams every 4 rows (one
-    slab of 17 in constant and wrap mode: the stencils write 16 rows at a time), the inner
+    slab of 17 in constant and wrap mode: the stencils write 16 rows at a time here), the inner
     radii 1 and 2 and an outer radius 0 (scale 0.3)."""
+    import volconv.engines.scales as stage
+
+    monkeypatch.setattr(stage, "SUB_ROWS", 16)
     scales = [0.3, 1.0, 1.6]
     cval = 7.5 if mode == "constant" else 0.0
     volume = scene((17, 16, 13), seed=5)
@@ -256,7 +275,7 @@ def test_each_scale_as_if_alone(device):
 
 
 @pytest.mark.parametrize("preset", ["skimage", "ilastik"])
-def test_the_memory_a_preset_takes(device, preset):
+def test_the_memory_a_preset_takes(device, preset, skimage_stage1):
     """`preset_bytes` (what a pipeline's memory model counts) is what the stage allocates."""
     from volconv.engines.scales import preset_bytes
     from volconv.engines.separable import SeparableConvolver
@@ -286,3 +305,33 @@ def test_the_eigenvalues_in_the_stencils_as_on_gpus(device, monkeypatch):
     for a, b in zip(*runs, strict=True):
         m = float(np.abs(a).max())
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * m)
+
+
+@pytest.mark.parametrize("per_item", [1, 3, 8])
+def test_the_skimage_gaussians_over_slabs(device, per_item):
+    """The skimage preset's stage 1 (`NearestGaussians`) at 1, 3 or 8 outputs per work-item
+    (GPUs take 8): each scale's Gaussian ('nearest') over consecutive slabs, rows reused from
+    its ring (sigma 16 overhangs the volume), then a changed input and a slab out of order,
+    smoothed afresh, each within SPEC's tolerance of scipy in float64."""
+    import pyopencl as cl
+
+    from volconv.device.programs import context_for
+    from volconv.engines.clock import KernelClock
+    from volconv.engines.smoothing import NearestGaussians
+
+    ctx, queue = context_for(device)
+    v = np.clip(scene((30, 13, 11), seed=4) * 2, 0, 255).astype(np.uint8)
+    sigmas = (0.5, 2.0, 16.0)
+    stage = NearestGaussians(ctx, queue, sigmas, 4.0, v.shape, v.dtype, 9, KernelClock(),
+                             per_item=per_item)  # fmt: skip
+    spans = [(0, 9), (7, 16), (16, 25), (25, 30)]
+    for vol, at in ((v, spans), (v[::-1].copy(), spans[:2]), (v, [(20, 29), (2, 11)])):
+        refs = [ndi.gaussian_filter(vol.astype(np.float64), s, mode="nearest") for s in sigmas]
+        for g0, g1 in at:
+            events, work = stage.smooth(g0, g1, lambda lo, hi, vol=vol: vol[lo:hi])
+            for s, ref in enumerate(refs):
+                got = np.empty((g1 - g0, *v.shape[1:]), np.float32)
+                cl.enqueue_copy(queue, got, stage.field, src_offset=s * stage.rows * got[0].nbytes,
+                                wait_for=events + work)  # fmt: skip
+                err = np.abs(got - ref[g0:g1]).max()
+                assert err <= tol(1, 255.0), (vol is v, g0, g1, sigmas[s], err)

@@ -1,6 +1,7 @@
 """The presets on the device, two stages per scale (`PresetStage`): one Gaussian smoothing of
-the input per scale on the separable passes, then one kernel of kernels/stencils.cl per scale
-that writes all of that scale's channels from the smoothed field."""
+the input per scale (skimage: `volconv.engines.smoothing.NearestGaussians`; ilastik: the
+separable passes), then kernels/stencils.cl's kernels that write all of that scale's channels
+from the smoothed field."""
 
 from __future__ import annotations
 
@@ -9,27 +10,35 @@ import pyopencl as cl
 
 from volconv.bank.features import gaussian_filter_of
 from volconv.bank.presets import PresetPlan, skimage_scale
-from volconv.device.programs import device_seconds
+from volconv.device.programs import context_for, device_seconds
 from volconv.engines.boundary import extend_indices, sources
 from volconv.engines.clock import KernelClock
 from volconv.engines.features import FeatureKernels, build_with_features, lanes_for
+from volconv.engines.nonfinite import has_nonfinite
+from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 
-SUB_ROWS = 16  # output rows stage 2 writes at a time (its output buffer's depth)
+SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth)
+TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
+SLACK = 32  # floats before and after ilastik's V (kernels/stencils.cl's SLACK)
+SKIMAGE_ROWS = 4  # skimage_scale's rows per work-item (VX)
+XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
 
 def stencil_program(
     ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False
 ) -> cl.Program:
     """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
-    kernels built for the radii (inner, DoG's second, outer) of one scale; ``entries``: the
-    eigenvalues' entries written out for kernels/features.cl's eigen3 (CPUs: its lanes)."""
-    defines = tuple(zip(("R", "RD", "RO"), radii, strict=True))
+    kernels built for the radii (inner, DoG's second, outer) of one scale and work-groups of
+    `XYZ_GROUP`; ``entries``: the eigenvalues' entries written out for kernels/features.cl's
+    eigen3 (CPUs: its lanes)."""
+    defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]),
+               ("VX", SKIMAGE_ROWS))  # fmt: skip
     return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
                                                               else ()))  # fmt: skip
 
 
 def smoothing_filters(preset: PresetPlan) -> list:
-    """Stage 1's filters: every scale's Gaussian."""
+    """ilastik's stage 1's filters: every scale's Gaussian."""
     return [gaussian_filter_of(f"smooth{i}", (s.smooth,) * 3, (0, 0, 0), s.truncate)
             for i, s in enumerate(preset.scales)]  # fmt: skip
 
@@ -40,20 +49,22 @@ def reach(preset: PresetPlan) -> int:
     return 2 if preset.kind == "skimage" else 3
 
 
-def _buffer_bytes(preset: PresetPlan, shape: tuple[int, int, int], depth: int) -> int:
+def _buffer_bytes(
+    preset: PresetPlan, shape: tuple[int, int, int], depth: int, device: cl.Device
+) -> int:
     """The stage's own device buffers: stage 1's field (ilastik: a copy, wrap's two runs),
-    the passes over the product rows (ilastik; wrap's two runs) and stage 2's outputs."""
+    the passes over the product rows (ilastik; wrap's two runs), stage 2's outputs and (CPUs)
+    the eigenvalues' entries."""
     n0, ny, nz = shape
     sub = min(depth, SUB_ROWS)
     rows = min(n0, depth + 2 * reach(preset))
     own = preset.n_outputs * sub * ny * nz
-    if preset.kind == "skimage":
-        own += (10 + 6) * sub * ny * nz  # the passes' planes; the entries (CPUs)
-    else:
+    triples = len(preset.scales) if preset.kind == "skimage" else 2  # ilastik's: per scale
+    own += 6 * triples * sub * ny * nz if lanes_for(device) > 1 else 1  # the entries
+    if preset.kind == "ilastik":
         q = 2 * (sub + 2)
-        own += (2 * rows * len(preset.scales) + 12 * sub) * ny * nz  # field; entries (CPUs)
-        own += q * (4 * (ny + 4) * (nz + 4) + 7 * ny * (nz + 4) + 17 * ny * nz)
-        own += 6 * sub * ((ny + 2) * (nz + 2) + ny * (nz + 2))  # the outer smoothing's passes
+        own += 2 * rows * len(preset.scales) * ny * nz  # field
+        own += (q + sub) * 6 * ny * nz + 2 * SLACK  # T, V
     return own * 4
 
 
@@ -70,36 +81,61 @@ def preset_bytes(
     n0, ny, nz = shape
     filters = smoothing_filters(preset)
     rows = min(n0, depth + 2 * reach(preset))
+    own = _buffer_bytes(preset, shape, depth, device)
+    if on_rings(preset, device):  # the outputs of a slab, the input rows it reads
+        host = preset.n_outputs * depth * ny * nz * 4 + (rows + 2 * skimage_reach(preset)) * (
+            ny * nz * np.dtype(dtype).itemsize
+        )
+        return host, own + nearest_gaussians_bytes(skimage_radii(preset), shape, dtype, rows)
     skimage = preset.kind == "skimage"
     plan = make_separable_plan(
         filters, shape, dtype, "nearest" if skimage else mode, 0.0 if skimage else cval, device,
         choices=plan_bank(filters, force="separable"), slab_depth=rows, fused=False,
     )  # fmt: skip
     host = (preset.n_outputs * depth + len(filters) * rows) * ny * nz * 4
-    return host, plan.device_bytes + _buffer_bytes(preset, shape, depth)
+    return host, plan.device_bytes + own
+
+
+def on_rings(preset: PresetPlan, device: cl.Device) -> bool:
+    """Whether skimage's stage 1 runs on `NearestGaussians` (GPUs), not on the separable
+    passes (CPUs, where those run in vectors along axis 2)."""
+    return preset.kind == "skimage" and not device.type & cl.device_type.CPU
+
+
+def skimage_radii(preset: PresetPlan) -> list[int]:
+    """The radii of skimage's Gaussians."""
+    return [s.smooth_radius for s in preset.scales]
+
+
+def skimage_reach(preset: PresetPlan) -> int:
+    """Input rows skimage's widest Gaussian reads past its field's."""
+    return max(skimage_radii(preset))
 
 
 class PresetStage:
     """A preset's outputs for a slab of output rows, in its order (`PresetPlan`).
 
-    Stage 1 smooths the input by every scale's Gaussian at once: one `SeparableConvolver`
-    (forced separable, the scales' Gaussians as its filters) over the rows stage 2 reads, in
-    chunks of at most its slab depth, kept on the device. Stage 2 runs per scale over
-    sub-slabs of at most `SUB_ROWS` rows (its outputs' buffer), each downloaded into ``out``.
+    Stage 1 smooths the input by every scale's Gaussian, kept on the device; stage 2 runs
+    per scale over sub-slabs of at most `SUB_ROWS` rows (its outputs' buffer), each downloaded
+    into ``out``.
+
     skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over the slab's rows
     and 2 more on each side inside the volume (Sobel's 'reflect' and np.gradient's one-sided
-    differences stay inside it); three 1D passes per scale, the last writing its five
-    channels. ilastik: the
-    presmoothing takes the bank's mode and cval; stage 2 reads it over the rows the bank's mode
-    maps the slab's, widened by the inner radius (2) and the structure tensor's outer one (1),
-    through row tables: three 1D passes (axes 0, 1, 2) give the smoothing, DoG's second one,
-    the gradients and the Hessian over the rows the outer smoothing reads, and one kernel the
-    scale's ten channels.
+    differences stay inside it): on GPUs by `NearestGaussians` (the rows smoothed along axes 2
+    and 1 kept for the next slab), on CPUs as ilastik's below (`on_rings`); one kernel per
+    scale writes its five channels. Slabs with NaN or Inf are refused.
 
-    A slab whose source holds NaN or Inf is smoothed through the convolver's host path (scipy's
-    non-finite responses), uploaded, and goes through the same stage 2, whose sums take every
-    tap as scipy's correlate1d does (0 * Inf is NaN there too). skimage's Gaussians are wider
-    than that host path counts (31 taps): its slabs with NaN or Inf are refused.
+    ilastik: one `SeparableConvolver` (forced separable, the scales' Gaussians as its filters)
+    over the rows stage 2 reads, in chunks of at most its slab depth. The presmoothing takes
+    the bank's mode and cval; stage 2 reads it over the rows the bank's mode maps the slab's,
+    widened by the inner radius (2) and the structure tensor's outer one (1), through row
+    tables: ilastik_xyz (the passes along axes 0, 1 and 2 through local memory) gives the
+    smoothing, DoG's second one, the gradients and the Hessian over the rows the outer
+    smoothing reads and writes the structure tensor's products and every channel but its
+    eigenvalues, which ilastik_outer_xy and ilastik_outer write. A slab whose source holds NaN
+    or Inf is smoothed through the convolver's host path (scipy's non-finite responses),
+    uploaded, and goes through the same stage 2, whose sums take every tap as scipy's
+    correlate1d does (0 * Inf is NaN there too).
     """
 
     def __init__(
@@ -116,45 +152,61 @@ class PresetStage:
         from volconv.plan.separable import plan_bank
 
         self.preset, self.shape, self.dtype = preset, tuple(shape), np.dtype(dtype)
+        self.device = device
         self.skimage = preset.kind == "skimage"
         self.mode = "nearest" if self.skimage else mode
         self.cval = 0.0 if self.skimage else float(cval)
         self.reach = reach(preset)
         self.depth = slab_depth
         self.sub = min(slab_depth, SUB_ROWS)
-        filters = smoothing_filters(preset)
-        self.conv = SeparableConvolver(
-            filters, shape, dtype, self.mode, self.cval, device=device,
-            slab_depth=min(shape[0], slab_depth + 2 * self.reach),
-            choices=plan_bank(filters, force="separable"), fused=False,
-        )  # fmt: skip
-        self.convolvers = (self.conv,)
-        self.ctx, self.queue = self.conv.ctx, self.conv.queue
+        self.seconds = 0.0
+        self.clock = KernelClock()  # the stencils' (and skimage's stage 1's) seconds by name
+        self.timings = {"upload": 0.0, "download": 0.0}  # skimage's
+        self.rings = on_rings(preset, device)
+        if self.rings:
+            self.conv = None
+            self.ctx, self.queue = context_for(device)
+            self.smoother = NearestGaussians(
+                self.ctx, self.queue, [s.smooth for s in preset.scales], preset.scales[0].truncate,
+                shape, dtype, min(shape[0], slab_depth + 2 * self.reach), self.clock,
+            )  # fmt: skip
+            self.convolvers = (self,)
+        else:
+            filters = smoothing_filters(preset)
+            self.conv = SeparableConvolver(
+                filters, shape, dtype, self.mode, self.cval, device=device,
+                slab_depth=min(shape[0], slab_depth + 2 * self.reach),
+                choices=plan_bank(filters, force="separable"), fused=False,
+            )  # fmt: skip
+            self.convolvers = (self.conv,)
+            self.ctx, self.queue = self.conv.ctx, self.conv.queue
         # CPUs: the eigenvalues by eigen3 over written-out entries, in vectors of its lanes
         self._eigen = FeatureKernels(self.ctx, self.queue) if lanes_for(device) > 1 else None
         entries = self._eigen is not None
         if self.skimage:
-            prog = stencil_program(self.ctx, entries=entries)
-            self._k = [cl.Kernel(prog, name) for name in ("skimage_x", "skimage_y", "skimage_z")]
+            self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries), "skimage_scale")]
         else:
             self._k = []
             for scale in preset.scales:
                 prog = stencil_program(self.ctx, scale.radii(), entries)
-                names = ("ilastik_x", "ilastik_y", "ilastik_z", "ilastik_products",
-                         "ilastik_outer_x", "ilastik_outer_y", "ilastik_out")  # fmt: skip
+                names = ("ilastik_xyz", "ilastik_outer_xy", "ilastik_outer")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
                                     hostbuf=m) for m in maps]  # fmt: skip
         self._group = min(32, device.max_work_group_size)
-        self.seconds = 0.0
-        self.clock = KernelClock()  # the stencils' device seconds by name
+        # GPUs: work-groups of TILE; CPUs (PoCL runs a group's items as loops along axis 2)
+        # and small groups: rows of axis 2
+        self._tiles = not device.type & cl.device_type.CPU and (
+            device.max_work_group_size >= TILE[0] * TILE[1] * TILE[2]
+        )
         # its `volconv.engines.clock.KernelClock`s: stage 1's, the stencils', eigen3's
-        self.clocks = [self.conv.clock, self.clock]
+        self.clocks = [self.clock] if self.conv is None else [self.conv.clock, self.clock]
         self.clocks += [self._eigen.clock] if self._eigen is not None else []
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
+        self._tables: dict = {}  # skimage_scale's tables of each scale's planes
         mf = cl.mem_flags
         self._taps = (
             []
@@ -170,7 +222,8 @@ class PresetStage:
     @property
     def device_bytes(self) -> int:
         """Device memory of the stage at its slab depth (`preset_bytes`)."""
-        return self.conv.plan.device_bytes + _buffer_bytes(self.preset, self.shape, self.depth)
+        first = self.smoother.device_bytes if self.conv is None else self.conv.plan.device_bytes
+        return first + _buffer_bytes(self.preset, self.shape, self.depth, self.device)
 
     @property
     def held_bytes(self) -> int:
@@ -208,6 +261,8 @@ class PresetStage:
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows of the volume that output rows ``[a, b)`` read."""
         rows, _ = self._rows(a, b)
+        if self.rings:
+            return np.arange(*self.smoother.input_rows(int(rows[0]), int(rows[-1]) + 1))
         parts = [self.conv.source_rows(c0, c1) for c0, c1 in self._chunks(rows)]
         return sources(np.concatenate(parts))
 
@@ -231,8 +286,8 @@ class PresetStage:
         """The preset's outputs (n_outputs, b - a, ny, nz) float32 of output rows ``[a, b)``,
         from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its whole
         ``frame``; downloaded into ``out`` if given (float32, each plane contiguous)."""
-        from volconv.engines.nonfinite import has_nonfinite
-
+        if self.rings:
+            return self._compute_skimage(a, b, rows, needed, frame, out)
         conv, queue, mf = self.conv, self.queue, cl.mem_flags
         ny, nz = self.shape[1:]
         plane = ny * nz
@@ -288,7 +343,8 @@ class PresetStage:
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * plane
             if self.skimage:
-                work += self._skimage(a2, b2, field, slots, srows)
+                planes = [slots.index(s) for s in range(k)]
+                work += self._skimage(a2, b2, field, planes, int(srows[0]), len(srows))
             else:
                 qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
                 work += self._ilastik(a2, b2, field, slots, srows, qrows)
@@ -302,31 +358,78 @@ class PresetStage:
         conv.timings["download"] += device_seconds(downloads)
         return values
 
+    def _compute_skimage(
+        self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
+        frame: np.ndarray | None, out: np.ndarray | None,
+    ) -> np.ndarray:  # fmt: skip
+        """`compute` for skimage: stage 1 by `NearestGaussians`, then `skimage_scale` per
+        scale and sub-slab."""
+        n0, ny, nz = self.shape
+        g0, g1 = max(0, a - 2), min(n0, b + 2)
+
+        def rows_of(lo: int, hi: int) -> np.ndarray:
+            own = frame[lo:hi] if rows is None else rows[np.searchsorted(needed, np.arange(lo, hi))]
+            if has_nonfinite(own):
+                raise ValueError(
+                    f"non-finite voxels (NaN, Inf) in rows [{a}, {b}): the skimage preset does "
+                    "not take them (replace the non-finite voxels first)"
+                )
+            if self.clip:  # img_as_float32: the minimum maps to -1
+                own = np.maximum(own, -np.iinfo(self.dtype).max).astype(self.dtype)
+            return own
+
+        events, work = self.smoother.smooth(g0, g1, rows_of)
+        if self._dst is None:
+            self._dst = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
+                                  self.preset.n_outputs * self.sub * ny * nz * 4)  # fmt: skip
+        shape = (self.preset.n_outputs, b - a, ny, nz)
+        values = np.empty(shape, np.float32) if out is None else out
+        downloads: list[cl.Event] = []
+        for a2 in range(a, b, self.sub):
+            b2 = min(a2 + self.sub, b)
+            n = (b2 - a2) * ny * nz
+            sm = self.smoother
+            work += self._skimage(a2, b2, sm.field, list(range(len(sm.radii))), g0, sm.rows)
+            for o in range(self.preset.n_outputs):  # in order after the kernels
+                downloads.append(cl.enqueue_copy(
+                    self.queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
+                    is_blocking=False))  # fmt: skip
+        cl.wait_for_events(events + work + downloads)
+        self.seconds += device_seconds(work)
+        self.timings["upload"] += device_seconds(events)
+        self.timings["download"] += device_seconds(downloads)
+        return values
+
     def _skimage(
-        self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray
+        self, a: int, b: int, field: cl.Buffer, planes: list[int], r0: int, nr: int
     ) -> list[cl.Event]:
-        """Enqueue skimage's stage 2 for every scale: passes along axes 0, 1, 2 over output
-        rows ``[a, b)``, the last writing the scale's five channels."""
-        ny, nz = self.shape[1:]
-        depth, plane = b - a, (b - a) * ny * nz
-        for key, planes in (("x", 4), ("y", 6)):
-            if key not in self._passes or self._passes[key].size < planes * plane * 4:
-                self._passes[key] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
-                                              planes * self.sub * ny * nz * 4)  # fmt: skip
-        bx, by = self._passes["x"], self._passes["y"]
-        kx, ky, kz = self._k
+        """Enqueue skimage_scale over output rows ``[a, b)`` of every scale, scale s's field
+        (rows from ``r0``) at plane ``planes[s]`` of ``field`` (``nr`` rows each)."""
+        n0, ny, nz = self.shape
+        n, k = (b - a) * ny * nz, len(planes)
+        key = tuple(planes)
+        if key not in self._tables:  # each scale's field plane and first output plane
+            mf = cl.mem_flags
+            at = [s.at[0] for s in self.preset.scales]
+            self._tables[key] = [cl.Buffer(self.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR,
+                                           hostbuf=np.array(t, np.int32))
+                                 for t in (planes, at)]  # fmt: skip
+        gps, os_ = self._tables[key]
+        (kernel,) = self._k
         i32 = np.int32
-        events = []
-        for s, scale in enumerate(self.preset.scales):
-            at = (field, i32(slots.index(s)), i32(srows[0]), i32(len(srows)), i32(a))
-            kx.set_args(*at, i32(self.shape[0]), i32(ny), i32(nz), i32(depth), bx)
-            ky.set_args(*at, i32(ny), i32(nz), i32(depth), bx, by)
-            kz.set_args(*at, i32(ny), i32(nz), i32(depth), self.factor, bx, by, self._dst,
-                        np.int64(plane), i32(scale.at[0]), self._entries(6))  # fmt: skip
-            for name, k in (("skimage_x", kx), ("skimage_y", ky), ("skimage_z", kz)):
-                events.append(self.clock.add(name, self._launch(k, (nz, ny, depth))))
-            events += self._eigenvalues([scale.at[0] + 2], plane)
-        return events
+        kernel.set_args(field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
+                        i32(b - a), i32(k), self.factor, self._dst, np.int64(n), os_,
+                        self._entries(6 * k))  # fmt: skip
+        size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
+        events = [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
+        return events + self._eigenvalues([s.at[0] + 2 for s in self.preset.scales], n)
+
+    def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
+        """Work-groups of `TILE` (the kernel checks its bounds): neighbours along axes 1 and 0
+        in one group, so that the voxels they share are read from cache."""
+        tile = TILE if self._tiles else (self._group, 1, 1)
+        glob = tuple(-(-n // t) * t for n, t in zip(size, tile, strict=True))
+        return cl.enqueue_nd_range_kernel(self.queue, kernel, glob, tile)
 
     def _entries(self, planes: int) -> cl.Buffer:
         """The buffer of the eigenvalues' entries (CPUs), ``planes`` of a sub-slab."""
@@ -355,37 +458,34 @@ class PresetStage:
         ny, nz = self.shape[1:]
         depth, nq, ns = b - a, len(qrows), len(srows)
         tables = [self._table(qrows, srows, 2), self._table(np.arange(a, b), qrows, 1)]
-        rows, grows = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t) for t in tables)
-        sizes = {"x": 4 * nq * (ny + 4) * (nz + 4), "y": 7 * nq * ny * (nz + 4),
-                 "z": 11 * nq * ny * nz, "t": 6 * nq * ny * nz,
-                 "u": 6 * depth * (ny + 2) * (nz + 2), "v": 6 * depth * ny * (nz + 2)}  # fmt: skip
+        qout = np.full(nq, -1, np.int32)
+        qout[tables[1][:, 1]] = np.arange(depth)  # each output row's own row among qrows
+        rows, grows, qo = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t)
+                           for t in (*tables, qout))  # fmt: skip
+        sizes = {"t": 6 * nq * ny * nz, "v": 6 * depth * ny * nz + 2 * SLACK}
         for key, size in sizes.items():
             if key not in self._passes or self._passes[key].size < size * 4:
                 self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
-        bx, by, bz, bt, bu, bv = (self._passes[k] for k in "xyztuv")
+        bt, bv = self._passes["t"], self._passes["v"]
         i32, cval = np.int32, np.float32(self.cval)
         my, mz = self._maps
+        n = np.int64(depth * ny * nz)
         events = []
         for s, scale in enumerate(self.preset.scales):
-            kx, ky, kz, kt, kox, koy, ko = self._k[s]
+            kxyz, kxo, ko = self._k[s]
             taps = self._taps[s]
-            kx.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz,
-                        i32(ny), i32(nz), cval, bx)  # fmt: skip
-            ky.set_args(bx, i32(nq), taps, i32(ny), i32(nz), by)
-            kz.set_args(by, i32(nq), taps, i32(ny), i32(nz), bz)
-            kt.set_args(bz, i32(nq), i32(ny), i32(nz), bt)
-            kox.set_args(bt, i32(nq), grows, taps, my, mz, i32(depth), i32(ny), i32(nz), cval, bu)
-            koy.set_args(bu, taps, i32(depth), i32(ny), i32(nz), bv)
-            ko.set_args(bz, i32(nq), grows, taps, bv, i32(depth), i32(ny), i32(nz), self._dst,
-                        np.int64(depth * ny * nz), *map(i32, scale.at),
-                        self._entries(12))  # fmt: skip
-            for name, k, size in (("ilastik_x", kx, (nz + 4, ny + 4, nq)),
-                                  ("ilastik_y", ky, (nz + 4, ny, nq)),
-                                  ("ilastik_z", kz, (nz, ny, nq)),
-                                  ("ilastik_products", kt, (nz, ny, nq)),
-                                  ("ilastik_outer_x", kox, (nz + 2, ny + 2, depth)),
-                                  ("ilastik_outer_y", koy, (nz + 2, ny, depth)),
-                                  ("ilastik_out", ko, (nz, ny, depth))):  # fmt: skip
-                events.append(self.clock.add(name, self._launch(k, size)))
+            os_, ol, om, od, ot, oh = map(i32, scale.at)
+            entries = self._entries(12)
+            kxyz.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz, qo,
+                          i32(ny), i32(nz), cval, bt, self._dst, n, os_, ol, om, od, oh,
+                          entries)  # fmt: skip
+            kxo.set_args(bt, i32(nq), grows, taps, my, i32(depth), i32(ny), i32(nz), cval, bv)
+            ko.set_args(bv, taps, mz, i32(depth), i32(ny), i32(nz), cval, self._dst, n, ot,
+                        entries)  # fmt: skip
+            glob = tuple(-(-m // g) * g for m, g in zip((nz, ny, nq), XYZ_GROUP, strict=True))
+            events.append(self.clock.add("ilastik_xyz", cl.enqueue_nd_range_kernel(
+                self.queue, kxyz, glob, XYZ_GROUP)))  # fmt: skip
+            for name, k in (("ilastik_outer_xy", kxo), ("ilastik_outer", ko)):
+                events.append(self.clock.add(name, self._launch_tiles(k, (nz, ny, depth))))
             events += self._eigenvalues([scale.at[4], scale.at[5]], depth * ny * nz)
         return events
