@@ -23,6 +23,7 @@ from volconv.engines.direct import (
 )
 from volconv.engines.padder import native_volume
 from volconv.engines.passes import MID_ROWS, FusedTree, fused_tree
+from volconv.engines.tree import tree_bytes
 from volconv.plan.direct import (
     MAX_EXTENT,
     MAX_SEPARABLE_EXTENT,
@@ -59,6 +60,12 @@ MAX_FUSED_VALUES = 128
 # than the passes (benchmarks/results/h100-features-final.json: a 25-tap smoothing of six
 # planes 8.1 ms fused against 2.9 ms as passes; 9 taps fused win).
 MAX_FUSED_TAPS = 13
+# The pass tree as three multi-output launches (kernels/tree.cl, `multi_fits`) where its
+# factors, zero-padded to each axis's window, cost at most this many times their own taps, and
+# a work-item's partial sums (responses x rows along axis 0 x vector lanes) at most
+# MAX_TREE_VALUES.
+MAX_TREE_WASTE = 1.25
+MAX_TREE_VALUES = 96
 
 
 @dataclass(frozen=True)
@@ -266,6 +273,7 @@ class SeparablePlan:
     feature_planes: int = 0  # feature outputs kernels/features.cl computes on the device
     n_tensor: int = 0  # outputs of structure tensors (engines.features.StructureTensorStage)
     direct_plans: tuple[Plan, ...] = ()  # per group: its engine's plan (`direct_plan`)
+    multi: bool = False  # the pass tree as three multi-output launches (kernels/tree.cl)
 
     @property
     def stored(self) -> int:
@@ -325,6 +333,8 @@ class SeparablePlan:
         }
         if self.fused:  # no intermediates
             del sizes["fast"], sizes["mid"]
+        elif self.multi:  # every root's and every mid's rows at once
+            sizes.update(tree_bytes(self, fused_tree(self.choices, self.halo_lo), depth))
         return sizes
 
 
@@ -349,6 +359,7 @@ def make_separable_plan(
     feature_planes: int = 0,
     n_tensor: int = 0,
     engine: str | None = None,
+    multi: bool | None = None,
     **overrides: object,
 ) -> SeparablePlan:
     """Plan a bank on the separable path without building anything (``volconv validate``):
@@ -359,7 +370,10 @@ def make_separable_plan(
 
     ``fused`` (default: on GPUs) runs the separable filters in one kernel when their tree fits
     it (`fused_fits`); else, or when it is False, as the pass tree (the paths, if not given,
-    by `plan_paths`). True where the tree does not fit is an error."""
+    by `plan_paths`). True where the tree does not fit is an error.
+
+    ``multi`` (default: on GPUs, where `multi_fits`) runs the pass tree (not fused) as three
+    multi-output launches, kernels/tree.cl; True forces it where the tree fits its registers."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
@@ -389,6 +403,13 @@ def make_separable_plan(
                 f"pairs, and its tiles in local memory)"
             )
         want = False
+    several = not want and (
+        multi_fits(tree, choices, int(rows), vector_width, forced=bool(multi))
+        if (kind == "gpu" if multi is None else multi) else False
+    )
+    if multi and not several:
+        raise ValueError(f"multi: the bank's pass tree does not fit kernels/tree.cl (at most "
+                         f"{MAX_TREE_VALUES} responses x rows x lanes)")  # fmt: skip
     shape = tuple(int(s) for s in shape)
     src = native_volume(np.empty(0, dtype)).dtype
     by_extent: dict[tuple[int, ...], list[int]] = {}
@@ -407,7 +428,7 @@ def make_separable_plan(
     plan = SeparablePlan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
-        want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans),
+        want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans), several,
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
@@ -445,3 +466,21 @@ def fused_fits(
         and local <= device.local_mem_size
         and ty * tz <= device.max_work_group_size
     )
+
+
+def multi_fits(
+    tree: FusedTree | None, choices: Sequence[Choice], rows: int, lanes: int, forced: bool = True
+) -> bool:
+    """Whether kernels/tree.cl can run ``tree`` with ``rows`` outputs along axis 0 and
+    ``lanes`` along axis 2 per work-item: its partial sums in registers; and, unless
+    ``forced``, whether it pays by default (the factors zero-padded to each axis's window cost
+    at most `MAX_TREE_WASTE` times their own taps)."""
+    if tree is None or tree.n_out * rows * lanes > MAX_TREE_VALUES:
+        return False
+    if forced:
+        return True
+    terms = [t for c in choices if c.path != "direct" for t in c.terms]
+    own = {(d, len(t.axes[d]), t.axes[d].tobytes()) for t in terms for d in range(3)}
+    taps = sum(k for _, k, _ in own)
+    padded = sum(tree.taps[d] for d, _, _ in own)
+    return padded <= MAX_TREE_WASTE * taps

@@ -1,0 +1,130 @@
+"""The pass tree in three multi-output launches (kernels/tree.cl), built for a
+`volconv.plan.separable.SeparablePlan`: tree_z computes every root from one read of each input
+row, tree_y every mid, tree_x every response with the device features as its epilogue, so a
+response only features read is never written. The tree comes as the fused kernel's tables
+(`volconv.engines.passes.fused_tree`); several input slabs (``root_in``) let a structure
+tensor's six products be smoothed as one tree with the eigenvalues as its epilogue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.engines.clock import KernelClock
+from volconv.engines.features import build_with_features
+from volconv.plan.direct import CL_TYPES
+
+if TYPE_CHECKING:
+    from volconv.engines.passes import FusedTree
+    from volconv.plan.separable import SeparablePlan
+
+TREE_ROWS = 2  # outputs per work-item along axis 1 in tree_y (UY)
+
+
+def _table(t: object) -> str:
+    """Indices, or float32 taps as exact hex literals, comma-separated."""
+    if isinstance(t, np.ndarray):
+        return ",".join(f"{float(w).hex()}f" for w in t.ravel())
+    return ",".join(map(str, t))
+
+
+class MultiTree:
+    """kernels/tree.cl built for ``tree`` (in slot order), with ``epilogue`` (the FEATURES of
+    kernels/fused.cl's form) and the first ``n_stored`` responses written (every response when
+    there is no epilogue); ``root_in`` the input slab of each root (default: one slab).
+    ``depth`` bounds the output rows of a launch (default: the plan's slab depth)."""
+
+    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
+                 tree: FusedTree, epilogue: str, n_stored: int, feature_planes: int,
+                 clock: KernelClock, root_in: Sequence[int] | None = None,
+                 depth: int | None = None) -> None:  # fmt: skip
+        self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
+        self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
+        self.root_in = tuple(root_in) if root_in is not None else (0,) * len(tree.wz)
+        v, ux = plan.vector_width, plan.rows
+        defines = (
+            ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
+            ("S0", tree.start[0]), ("S1", tree.start[1]), ("S2", tree.start[2]),
+            ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
+            ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
+            ("ROOT_IN", _table(self.root_in)), ("MID_ROOT", _table(tree.mid_root)),
+            ("COMBO_MID", _table(tree.combo_mid)), ("COMBO_OUT", _table(tree.combo_out)),
+            ("WZ", _table(tree.wz)), ("WY", _table(tree.wy)), ("WX", _table(tree.wx)),
+            ("V", v), ("EV", v), ("UY", TREE_ROWS), ("UX", ux),
+            ("IN_T", CL_TYPES[plan.pad_dtype]),
+        )  # fmt: skip
+        if epilogue:
+            defines += (("FEATURES", epilogue),)
+        prog = build_with_features(ctx, "tree.cl", defines)
+        self._k = {name: cl.Kernel(prog, name) for name in ("tree_z", "tree_y", "tree_x")}
+        sizes = tree_bytes(plan, tree, plan.slab_depth if depth is None else depth)
+        mf = cl.mem_flags
+        self._a = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
+        self._b = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        """The tables' roots, mids and combos."""
+        return len(self.tree.wz), len(self.tree.wy), len(self.tree.wx)
+
+    def launch(self, padded: cl.Buffer, out: cl.Buffer, feat: cl.Buffer, depth: int,
+               every: bool, in_stride: int = 0) -> list[cl.Event]:  # fmt: skip
+        """Enqueue the three passes over the padded slab(s) (``in_stride`` elements apart) of
+        ``depth`` output rows: the stored responses into ``out`` and the features into
+        ``feat``, or (``every``) every response and no feature."""
+        plan, tree, queue = self.plan, self.tree, self.queue
+        ny, nz = plan.shape[1:]
+        p1, p2 = plan.padded_yz
+        r, v, ux = plan.row, plan.vector_width, plan.rows
+        kx, ky, _ = tree.taps
+        px, py = depth + kx - 1, ny + ky - 1
+        i32 = np.int32
+        kz, kyy, kxx = self._k["tree_z"], self._k["tree_y"], self._k["tree_x"]
+        kz.set_args(padded, self._a, i32(px), i32(py), i32(p1), i32(p2), i32(r),
+                    np.int64(in_stride))  # fmt: skip
+        kyy.set_args(self._a, self._b, i32(px), i32(py), i32(ny), i32(r))
+        n_stored = -1 if every or not self.epilogue else self.n_stored
+        kxx.set_args(self._b, out, feat, i32(depth), i32(px), i32(ny), i32(nz), i32(r),
+                     i32(n_stored))  # fmt: skip
+        launches = (
+            ("tree_z", kz, (r // v, py, px)),
+            ("tree_y", kyy, (r // v, -(-ny // TREE_ROWS), px)),
+            ("tree_x", kxx, (-(-nz // v), ny, -(-depth // ux))),
+        )
+        return [self.clock.add(name, cl.enqueue_nd_range_kernel(queue, k, glob, None))
+                for name, k, glob in launches]  # fmt: skip
+
+    def work(self, slabs: Iterable[tuple[int, int]]) -> tuple[float, int]:
+        """(flop, bytes) over ``slabs``: every pass's taps over every output it produces
+        (halo rows and the row tail included), each intermediate written and read once, the
+        padded slab read once and the planes written."""
+        plan, tree = self.plan, self.tree
+        ny, nz = plan.shape[1:]
+        r = plan.row
+        kx, ky, kz = tree.taps
+        written = self.n_stored + self.feature_planes if self.epilogue else tree.n_out
+        n_in = len(set(self.root_in))
+        flop, moved = 0.0, 0
+        for a, b in slabs:
+            px, py = b - a + kx - 1, ny + ky - 1
+            flop += 2 * kz * len(tree.wz) * px * py * r
+            flop += 2 * ky * len(tree.wy) * px * ny * r
+            flop += 2 * kx * len(tree.wx) * (b - a) * ny * nz
+            moved += n_in * px * py * (r + kz - 1) * plan.pad_dtype.itemsize
+            moved += 2 * 4 * (len(tree.wz) * px * py * r + len(tree.wy) * px * ny * r)
+            moved += written * (b - a) * ny * nz * 4
+        return flop, moved
+
+
+def tree_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> dict[str, int]:
+    """Device bytes of the intermediates for ``depth`` output rows: A ("fast", every root)
+    and B ("mid", every mid)."""
+    ny = plan.shape[1]
+    kx, ky, _ = tree.taps
+    px, py = depth + kx - 1, ny + ky - 1
+    return {"fast": len(tree.wz) * px * py * plan.row * 4,
+            "mid": len(tree.wy) * px * ny * plan.row * 4}  # fmt: skip
