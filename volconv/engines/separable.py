@@ -192,7 +192,7 @@ class SeparableConvolver(SlabConvolver):
             for feat, at in expanded.tensors:
                 stage = StructureTensorStage(
                     feat, plan.shape, dtype, plan.mode, plan.cval, self.device,
-                    plan.slab_depth, self._feature_kernels, fused=fused,
+                    plan.slab_depth, self._feature_kernels, fused=fused, multi=multi,
                 )  # fmt: skip
                 self._tensors.append((stage, at))
             for preset, at in expanded.presets:

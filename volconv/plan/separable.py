@@ -63,9 +63,11 @@ MAX_FUSED_TAPS = 13
 # The pass tree as three multi-output launches (kernels/tree.cl, `multi_fits`) where its
 # factors, zero-padded to each axis's window, cost at most this many times their own taps, and
 # a work-item's partial sums (responses x rows along axis 0 x vector lanes) at most
-# MAX_TREE_VALUES.
+# MAX_TREE_VALUES; by default only up to MAX_TREE_TAPS a window (its loops are unrolled).
 MAX_TREE_WASTE = 1.25
 MAX_TREE_VALUES = 96
+MAX_TREE_TAPS = 31
+TREE_SHAPE = {"cpu": (4, 2), "gpu": (2, 4)}  # (V, UX) of kernels/tree.cl, as PASS_SHAPE
 
 
 @dataclass(frozen=True)
@@ -380,6 +382,7 @@ def make_separable_plan(
     if len(shape) != 3 or min(shape) < 1:
         raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
     kind = device_kind(device)
+    given = (vector_width, rows)
     vector_width = PASS_SHAPE[kind][0] if vector_width is None else vector_width
     rows = PASS_SHAPE[kind][1] if rows is None else rows
     if vector_width not in (1, 2, 4, 8, 16):
@@ -403,11 +406,15 @@ def make_separable_plan(
                 f"pairs, and its tiles in local memory)"
             )
         want = False
+    # kernels/tree.cl's own shape, unless given
+    v_tree, u_tree = (t if g is None else g for t, g in zip(TREE_SHAPE[kind], given, strict=True))
     several = not want and (
-        multi_fits(tree, choices, int(rows), vector_width, forced=bool(multi))
+        multi_fits(tree, choices, int(u_tree), v_tree, forced=bool(multi))
         if (kind == "gpu" if multi is None else multi) else False
     )
-    if multi and not several:
+    if several:
+        vector_width, rows = v_tree, u_tree
+    if multi and not several and not want:
         raise ValueError(f"multi: the bank's pass tree does not fit kernels/tree.cl (at most "
                          f"{MAX_TREE_VALUES} responses x rows x lanes)")  # fmt: skip
     shape = tuple(int(s) for s in shape)
@@ -474,11 +481,13 @@ def multi_fits(
     """Whether kernels/tree.cl can run ``tree`` with ``rows`` outputs along axis 0 and
     ``lanes`` along axis 2 per work-item: its partial sums in registers; and, unless
     ``forced``, whether it pays by default (the factors zero-padded to each axis's window cost
-    at most `MAX_TREE_WASTE` times their own taps)."""
+    at most `MAX_TREE_WASTE` times their own taps, no window past `MAX_TREE_TAPS`)."""
     if tree is None or tree.n_out * rows * lanes > MAX_TREE_VALUES:
         return False
     if forced:
         return True
+    if max(tree.taps) > MAX_TREE_TAPS:
+        return False
     terms = [t for c in choices if c.path != "direct" for t in c.terms]
     own = {(d, len(t.axes[d]), t.axes[d].tobytes()) for t in terms for d in range(3)}
     taps = sum(k for _, k, _ in own)
