@@ -23,6 +23,12 @@ if TYPE_CHECKING:
     from volconv.plan.separable import SeparablePlan
 
 TREE_ROWS = 2  # outputs per work-item along axis 1 in tree_y (UY)
+# Work-group shapes per kind of device (None: the driver's): on GPUs work-items along the
+# axis a pass sums share the rows they load (in cache), so each is read from memory about once.
+TREE_GROUPS: dict[str, dict[str, tuple[int, int, int] | None]] = {
+    "gpu": {"tree_z": None, "tree_y": (32, 8, 1), "tree_x": (32, 1, 8)},
+    "cpu": {"tree_z": None, "tree_y": None, "tree_x": None},
+}  # fmt: skip
 
 
 def _table(t: object) -> str:
@@ -61,6 +67,8 @@ class MultiTree:
             defines += (("FEATURES", epilogue),)
         prog = build_with_features(ctx, "tree.cl", defines)
         self._k = {name: cl.Kernel(prog, name) for name in ("tree_z", "tree_y", "tree_x")}
+        kind = "cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"
+        self.groups = dict(TREE_GROUPS[kind])
         sizes = tree_bytes(plan, tree, plan.slab_depth if depth is None else depth)
         mf = cl.mem_flags
         self._a = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
@@ -95,8 +103,14 @@ class MultiTree:
             ("tree_y", kyy, (r // v, -(-ny // TREE_ROWS), px)),
             ("tree_x", kxx, (-(-nz // v), ny, -(-depth // ux))),
         )
-        return [self.clock.add(name, cl.enqueue_nd_range_kernel(queue, k, glob, None))
-                for name, k, glob in launches]  # fmt: skip
+        events = []
+        for name, k, glob in launches:
+            group = self.groups[name]
+            if group is not None:  # whole groups: the kernels skip what lies past the edges
+                glob = tuple(-(-n // g) * g for n, g in zip(glob, group, strict=True))
+            event = cl.enqueue_nd_range_kernel(queue, k, glob, group)
+            events.append(self.clock.add(name, event))
+        return events
 
     def work(self, slabs: Iterable[tuple[int, int]]) -> tuple[float, int]:
         """(flop, bytes) over ``slabs``: every pass's taps over every output it produces

@@ -1,0 +1,177 @@
+"""Hessian and structure-tensor eigenvalues: each kernel shape (fused tile, multi-output tree's
+lanes, rows and work-groups) against the pass tree, device time per kernel, on one volume.
+
+Each variant runs the feature set as scripts/bench/features.py does (the plan's slab depth,
+streamed, float32 outputs; one warm-up pass, then --passes timed ones: the median of the
+kernels' device time), and its outputs are compared with the first variant's (the pass tree,
+one launch per node) as the largest difference over the largest magnitude.
+
+    python3 scripts/bench/run.py feature_sweep --size 256 --json $OUT/sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+from features import feature_sets, volume_of
+
+from volconv.bank.features import expand
+from volconv.bench import device_record
+from volconv.device.devices import select_device
+from volconv.engines import tree
+from volconv.engines.separable import SeparableConvolver
+from volconv.plan import separable
+from volconv.plan.separable import make_separable_plan, plan_paths
+
+# name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
+# tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own)
+HESSIAN = {
+    "passes": {"fused": False, "multi": False},
+    "default": {},
+    "multi_v2_u4": {"fused": False, "multi": True, "vector_width": 2, "rows": 4},
+    "multi_v4_u4": {"fused": False, "multi": True, "vector_width": 4, "rows": 4},
+    "multi_v1_u8": {"fused": False, "multi": True, "vector_width": 1, "rows": 8},
+    "multi_v2_u8": {"fused": False, "multi": True, "vector_width": 2, "rows": 8},
+    "multi_v4_u2": {"fused": False, "multi": True, "vector_width": 4, "rows": 2},
+    "multi_v2_u4_nogroups": {"fused": False, "multi": True, "vector_width": 2, "rows": 4,
+                             "groups": {"tree_z": None, "tree_y": None, "tree_x": None}},
+    "multi_v2_u4_g64": {"fused": False, "multi": True, "vector_width": 2, "rows": 4,
+                        "groups": {"tree_z": (64, 2, 1), "tree_y": (64, 4, 1),
+                                   "tree_x": (64, 1, 4)}},
+    "multi_v2_u4_uy4": {"fused": False, "multi": True, "vector_width": 2, "rows": 4, "uy": 4},
+}
+FUSED_TILES = [(8, 32, 32), (4, 32, 32), (8, 32, 64), (4, 32, 64), (2, 32, 64), (16, 16, 32),
+               (4, 64, 32), (8, 16, 64), (8, 16, 128)]  # fmt: skip
+STRUCTURE = {
+    "passes": {"fused": False, "multi": False},
+    "fused": {"fused": True, "multi": False},
+    "default": {},
+    "multi_v4_u4": {"multi": True, "tree_shape": (4, 4)},
+    "multi_v2_u8": {"multi": True, "tree_shape": (2, 8)},
+    "multi_v1_u8": {"multi": True, "tree_shape": (1, 8)},
+}
+
+
+def variants(name: str) -> dict[str, dict]:
+    if name.startswith("hessian"):
+        out = dict(HESSIAN)
+        if name == "hessian_s1":
+            out.update({f"fused_{ty}x{tz}x{cx}": {"fused": True, "tile": (ty, tz, cx)}
+                        for ty, tz, cx in FUSED_TILES})  # fmt: skip
+        return out
+    return dict(STRUCTURE)
+
+
+def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dict,
+                passes: int) -> tuple[dict, np.ndarray]:  # fmt: skip
+    options = dict(options)
+    groups, uy = options.pop("groups", None), options.pop("uy", None)
+    shape = options.pop("tree_shape", None)
+    saved = dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE)
+    if shape is not None:
+        separable.TREE_SHAPE.update(gpu=shape, cpu=shape)
+    if groups is not None:
+        tree.TREE_GROUPS["gpu"].update(groups)
+    if uy is not None:
+        tree.TREE_ROWS = uy
+    try:
+        ex = expand([], feats)
+        t0 = time.perf_counter()
+        fused = options.get("fused")
+        choices = plan_paths(ex.filters, device, separable=ex.separable, fused=fused,
+                             tile=options.get("tile"))  # fmt: skip
+        plan = make_separable_plan(ex.filters, volume.shape, volume.dtype, mode, 0.0, device,
+                                   choices=choices, stream=True, **ex.plan_sizes(),
+                                   **options)  # fmt: skip
+        conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, 0.0,
+                                  device=device, expanded=ex, choices=choices,
+                                  slab_depth=plan.slab_depth, **options)  # fmt: skip
+        build = time.perf_counter() - t0
+    finally:
+        tree.TREE_GROUPS["gpu"].clear()
+        tree.TREE_GROUPS["gpu"].update(saved[0])
+        tree.TREE_ROWS = saved[1]
+        separable.TREE_SHAPE.update(saved[2])
+    out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
+
+    def one_pass() -> dict[str, float]:
+        before = conv.kernel_seconds
+        for a, b in conv.slabs():
+            conv.convolve_slab(a, b, out=out[:, a:b], frame=volume)
+        return {k: v - before.get(k, 0.0) for k, v in conv.kernel_seconds.items()}
+
+    one_pass()
+    runs = [one_pass() for _ in range(passes)]
+    totals = [sum(r.values()) for r in runs]
+    best = runs[int(np.argsort(totals)[len(totals) // 2])]
+    stage = [s for s, _ in conv._tensors]
+    return {
+        "kernel_ms": float(np.median(totals)) * 1e3,
+        "kernel_ms_by_name": {k: v * 1e3 for k, v in sorted(best.items())},
+        "fused": conv.plan.fused,
+        "multi": conv.plan.multi,
+        "outer_multi": bool(stage and stage[0].multi),
+        "tile": list(conv.plan.tile) if conv.plan.fused else None,
+        "vector_width": conv.plan.vector_width,
+        "rows": conv.plan.rows,
+        "slab_depth": conv.plan.slab_depth,
+        "build_seconds": build,
+    }, out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--only", default="hessian_s1,hessian_s3,structure_s1,structure_s3")
+    p.add_argument("--device", default="gpu")
+    p.add_argument("--passes", type=int, default=3)
+    p.add_argument("--budget", type=float, default=150.0, help="seconds; later variants skipped")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    separable.MAX_TREE_VALUES = 256  # the sweep's wider shapes
+    device = select_device(args.device)
+    volume = volume_of(args.size)
+    result: dict = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "shape": list(volume.shape),
+        "dtype": str(volume.dtype),
+        "device": device_record(device),
+        "sets": {},
+    }
+    start = time.perf_counter()
+    sets = feature_sets()
+    for name in args.only.split(","):
+        feats, mode = sets[name]
+        entry, ref = {}, None
+        for label, options in variants(name).items():
+            if time.perf_counter() - start > args.budget:
+                entry[label] = {"skipped": "budget"}
+                continue
+            try:
+                rec, out = run_variant(volume, feats, mode, device, options, args.passes)
+            except Exception as e:  # a shape that does not build or fit: recorded
+                entry[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                print(name, label, entry[label], flush=True)
+                continue
+            if ref is None:
+                ref = out
+            with np.errstate(invalid="ignore"):
+                scale = float(np.nanmax(np.abs(ref))) or 1.0
+                rec["max_diff_rel"] = float(np.nanmax(np.abs(out - ref))) / scale
+                rec["nan_match"] = bool(np.array_equal(np.isnan(out), np.isnan(ref)))
+            entry[label] = rec
+            print(name, label, f"{rec['kernel_ms']:.3f} ms", json.dumps(rec["kernel_ms_by_name"]),
+                  f"diff {rec['max_diff_rel']:.2e}", flush=True)  # fmt: skip
+        result["sets"][name] = entry
+        if args.json:  # after each set: a cut-off run keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
+
+
+if __name__ == "__main__":
+    main()
