@@ -17,6 +17,9 @@
  * Each work-item computes V consecutive outputs along axis 2 (floatV), tree_y UY along axis
  * 1 and tree_x UX along axis 0, so each row it loads feeds up to that many outputs.
  *
+ * tree_z_products takes tree_z's place where the inputs are products of three planes formed
+ * as they are read (PAIR_A, PAIR_B: each root's two planes).
+ *
  * Build options (-D): the tables above, N_OUT responses, V (= EV, kernels/eigen.cl's lanes),
  * UY, UX, IN_T the padded slab's element type, FEATURES the epilogue as in kernels/fused.cl
  * (EIG3, MAG2, MAG3, PICK, DIFF of response indices and feature planes).
@@ -77,6 +80,58 @@ __kernel void tree_z(__global const IN_T *restrict src, /* slabs of (P0, P1, P2)
         }
     }
 }
+
+#ifdef PAIR_A
+/* tree_z of products formed as they are read: root k filters g_a * g_b (a = PAIR_A[k], b =
+ * PAIR_B[k]) of the three float planes g (G_PLANE elements apart), read through the index
+ * maps of the padded rows (m0, this slab's rows of g), columns (m1) and row positions (m2), -1
+ * meaning cval: a structure tensor's products, extended by the mode, never written. */
+__kernel void tree_z_products(__global const float *restrict g, const long G_PLANE,
+                              __global float *restrict dst, /* A */
+                              __global const int *restrict m0, __global const int *restrict m1,
+                              __global const int *restrict m2, const int PX, const int PY,
+                              const int NY, const int NZ, const int R, const float cval)
+{
+    const int z = (int)get_global_id(0) * V, y = (int)get_global_id(1);
+    const int x = (int)get_global_id(2);
+    if (z >= R || y >= PY || x >= PX) return;
+    const int pair_a[N_ROOTS] = {PAIR_A};
+    const int pair_b[N_ROOTS] = {PAIR_B};
+    const float wz[N_ROOTS * KZ] = {WZ};
+    const int i0 = m0[x + S0], i1 = m1[y + S1];
+    float v[3][V + KZ - 1];
+    bool inside[V + KZ - 1];
+#pragma unroll
+    for (int j = 0; j < V + KZ - 1; ++j) {
+        const int i2 = m2[z + S2 + j];
+        inside[j] = i0 >= 0 && i1 >= 0 && i2 >= 0;
+        const long at = inside[j] ? ((long)i0 * NY + i1) * NZ + i2 : 0;
+#pragma unroll
+        for (int c = 0; c < 3; ++c) v[c][j] = g[c * G_PLANE + at];
+    }
+#pragma unroll
+    for (int k = 0; k < N_ROOTS; ++k) {
+        float p[V + KZ - 1];
+#pragma unroll
+        for (int j = 0; j < V + KZ - 1; ++j)
+            p[j] = inside[j] ? v[pair_a[k]][j] * v[pair_b[k]][j] : cval;
+        float a[V];
+#pragma unroll
+        for (int l = 0; l < V; ++l) {
+            a[l] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < KZ; ++j) a[l] += wz[k * KZ + j] * p[l + j];
+        }
+        floatv o;
+#if V == 1
+        o = a[0];
+#else
+        o = VLOAD(a);
+#endif
+        VSTORE(o, dst + (((long)k * PX + x) * PY + y) * R + z);
+    }
+}
+#endif
 
 /* B[m][x][y][z] = sum_j wy[m][j] A[root(m)][x][y + j][z] */
 __kernel void tree_y(__global const float *restrict src, /* A */

@@ -182,15 +182,14 @@ class StructureTensorStage:
             self.outer_plan = self._outer_plan(feature, shape, mode, cval, device, slab_depth,
                                                fused, multi=True)  # fmt: skip
             plan = self.outer_plan
-            self._padded = cl.Buffer(kernels.ctx, cl.mem_flags.READ_WRITE,
-                                     plan.slab_bytes(rows)["padded"])  # fmt: skip
+            self._padded: cl.Buffer | None = None  # where the products are gathered first
             self._maps = Padder(kernels.ctx, kernels.queue, plan.shape, plan.src_dtype,
                                 plan.pad_dtype, plan.halo_lo, plan.halo_hi, mode, cval,
                                 plan.padded_yz, 1)  # fmt: skip
             self._clock = KernelClock()
             self._tree = MultiTree(kernels.ctx, kernels.queue, plan, six_inputs(plan),
                                    "EIG3(0,1,2,3,4,5,0)", 0, 3, self._clock, range(6),
-                                   slab_depth)  # fmt: skip
+                                   slab_depth, products=PAIRS)  # fmt: skip
         else:
             self.outer = SeparableConvolver(
                 rho, (rows, ny, nz), np.float32, mode, cval, device=device, slab_depth=rows,
@@ -317,13 +316,19 @@ class StructureTensorStage:
         grad, outer, queue = self.grad, self.outer, self.grad.queue
         mf = cl.mem_flags
         p1, p2 = self.outer_plan.padded_yz
-        padded = self._padded if outer is None else outer._padded
         p0 = depth + 2 * self.reach
         m0 = self._row_map(a, b)
         i32 = np.int32
         k = self.kernels._k["product_pad"]
         events: list[cl.Event] = []
         chunks = self._chunks(a, b)
+        # the products formed where the tree first reads them (one chunk of gradients: every
+        # row the smoothing reads at once), else gathered by product_pad into padded slabs
+        direct = outer is None and len(chunks) == 1
+        if outer is None and not direct and self._padded is None:
+            size = self.outer_plan.slab_bytes(self.outer_plan.slab_depth)["padded"]
+            self._padded = cl.Buffer(grad.ctx, mf.READ_WRITE, size)
+        padded = self._padded if outer is None else outer._padded
         for c0, c1 in chunks:
             if rows is None:
                 up, pad = grad.padder(c0, c1, grad._padded, frame=frame)
@@ -331,6 +336,14 @@ class StructureTensorStage:
                 own = rows[np.searchsorted(needed, grad.source_rows(c0, c1))]
                 up, pad = grad.padder(c0, c1, grad._padded, rows=own)
             events += [*up, pad, *grad._launch_passes(c1 - c0)]
+            if direct:
+                local = np.where(m0 >= 0, m0 - c0, -1).astype(np.int32)
+                m0_buf = cl.Buffer(grad.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=local)
+                events += self._tree.launch_products(
+                    grad._out, (c1 - c0) * ny * nz, m0_buf, self._maps._m1, self._maps._m2,
+                    self.cval, self._values, self._values, depth,
+                )  # fmt: skip
+                continue
             # the padded rows this chunk fills (the cval rows with the first chunk)
             inside = ((m0 >= c0) & (m0 < c1)) | ((m0 < 0) & (c0 == chunks[0][0]))
             fill = np.flatnonzero(inside).astype(np.int32)
@@ -344,7 +357,9 @@ class StructureTensorStage:
             events.append(self.kernels.clock.add("product_pad", event))
         stacked = 6 * p0 - 2 * self.reach
         n = depth * ny * nz
-        if outer is None:  # the six slabs as one tree's inputs, the eigenvalues its epilogue
+        if direct:
+            pass
+        elif outer is None:  # the six slabs as one tree's inputs, the eigenvalues its epilogue
             events += self._tree.launch(padded, self._values, self._values, depth, False,
                                         in_stride=p0 * p1 * p2)  # fmt: skip
         else:

@@ -42,12 +42,14 @@ class MultiTree:
     """kernels/tree.cl built for ``tree`` (in slot order), with ``epilogue`` (the FEATURES of
     kernels/fused.cl's form) and the first ``n_stored`` responses written (every response when
     there is no epilogue); ``root_in`` the input slab of each root (default: one slab).
-    ``depth`` bounds the output rows of a launch (default: the plan's slab depth)."""
+    ``depth`` bounds the output rows of a launch (default: the plan's slab depth).
+    ``products``: each root's pair of planes, for `launch_products`."""
 
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
                  tree: FusedTree, epilogue: str, n_stored: int, feature_planes: int,
                  clock: KernelClock, root_in: Sequence[int] | None = None,
-                 depth: int | None = None) -> None:  # fmt: skip
+                 depth: int | None = None,
+                 products: Sequence[tuple[int, int]] | None = None) -> None:  # fmt: skip
         self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
         self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
         self.root_in = tuple(root_in) if root_in is not None else (0,) * len(tree.wz)
@@ -65,10 +67,16 @@ class MultiTree:
         )  # fmt: skip
         if epilogue:
             defines += (("FEATURES", epilogue),)
+        names = ["tree_z", "tree_y", "tree_x"]
+        if products is not None:
+            defines += (("PAIR_A", _table([a for a, _ in products])),
+                        ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
+            names.append("tree_z_products")
         prog = build_with_features(ctx, "tree.cl", defines)
-        self._k = {name: cl.Kernel(prog, name) for name in ("tree_z", "tree_y", "tree_x")}
+        self._k = {name: cl.Kernel(prog, name) for name in names}
         kind = "cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"
         self.groups = dict(TREE_GROUPS[kind])
+        self.groups["tree_z_products"] = self.groups["tree_z"]
         sizes = tree_bytes(plan, tree, plan.slab_depth if depth is None else depth)
         mf = cl.mem_flags
         self._a = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
@@ -84,22 +92,44 @@ class MultiTree:
         """Enqueue the three passes over the padded slab(s) (``in_stride`` elements apart) of
         ``depth`` output rows: the stored responses into ``out`` and the features into
         ``feat``, or (``every``) every response and no feature."""
+        p1, p2 = self.plan.padded_yz
+        px, py = depth + self.tree.taps[0] - 1, self.plan.shape[1] + self.tree.taps[1] - 1
+        i32 = np.int32
+        self._k["tree_z"].set_args(padded, self._a, i32(px), i32(py), i32(p1), i32(p2),
+                                   i32(self.plan.row), np.int64(in_stride))  # fmt: skip
+        return self._launch("tree_z", out, feat, depth, every)
+
+    def launch_products(self, g: cl.Buffer, g_plane: int, m0: cl.Buffer, m1: cl.Buffer,
+                        m2: cl.Buffer, cval: float, out: cl.Buffer, feat: cl.Buffer,
+                        depth: int) -> list[cl.Event]:  # fmt: skip
+        """`launch` with each root's input the product of its pair of the three planes
+        ``g`` (``g_plane`` elements apart), read through the index maps ``m0`` (the padded
+        rows' rows of ``g``), ``m1``, ``m2`` (-1: ``cval``)."""
+        ny, nz = self.plan.shape[1:]
+        px, py = depth + self.tree.taps[0] - 1, ny + self.tree.taps[1] - 1
+        i32 = np.int32
+        self._k["tree_z_products"].set_args(
+            g, np.int64(g_plane), self._a, m0, m1, m2, i32(px), i32(py), i32(ny), i32(nz),
+            i32(self.plan.row), np.float32(cval),
+        )  # fmt: skip
+        return self._launch("tree_z_products", out, feat, depth, False)
+
+    def _launch(self, first: str, out: cl.Buffer, feat: cl.Buffer, depth: int,
+                every: bool) -> list[cl.Event]:  # fmt: skip
+        """Enqueue ``first`` (its arguments set), tree_y and tree_x."""
         plan, tree, queue = self.plan, self.tree, self.queue
         ny, nz = plan.shape[1:]
-        p1, p2 = plan.padded_yz
         r, v, ux = plan.row, plan.vector_width, plan.rows
         kx, ky, _ = tree.taps
         px, py = depth + kx - 1, ny + ky - 1
         i32 = np.int32
-        kz, kyy, kxx = self._k["tree_z"], self._k["tree_y"], self._k["tree_x"]
-        kz.set_args(padded, self._a, i32(px), i32(py), i32(p1), i32(p2), i32(r),
-                    np.int64(in_stride))  # fmt: skip
+        kyy, kxx = self._k["tree_y"], self._k["tree_x"]
         kyy.set_args(self._a, self._b, i32(px), i32(py), i32(ny), i32(r))
         n_stored = -1 if every or not self.epilogue else self.n_stored
         kxx.set_args(self._b, out, feat, i32(depth), i32(px), i32(ny), i32(nz), i32(r),
                      i32(n_stored))  # fmt: skip
         launches = (
-            ("tree_z", kz, (r // v, py, px)),
+            (first, self._k[first], (r // v, py, px)),
             ("tree_y", kyy, (r // v, -(-ny // TREE_ROWS), px)),
             ("tree_x", kxx, (-(-nz // v), ny, -(-depth // ux))),
         )
