@@ -84,11 +84,17 @@ def run(volume, filters, features, mode, cval, device, **options):
                               **options)  # fmt: skip
 
 
-@pytest.mark.parametrize("multi", [False, True])
+# the pass tree one launch per node, as three multi-output launches (kernels/tree.cl), as two
+# with axis 0 first (kernels/tree_yz.cl)
+TREES = {"passes": {"multi": False}, "multi": {"multi": True, "xfirst": False},
+         "xfirst": {"xfirst": True}}  # fmt: skip
+
+
+@pytest.mark.parametrize("tree", TREES)
 @pytest.mark.parametrize("mode", MODES)
-def test_hessian_eigenvalues_and_gradient_magnitude(device, mode, multi):
-    """Every mode (constant with cval != 0), an even extent, slab seams every 3 rows; the
-    pass tree one launch per node and as three multi-output launches (multi)."""
+def test_hessian_eigenvalues_and_gradient_magnitude(device, mode, tree):
+    """Every mode (constant with cval != 0), an even extent, slab seams every 3 rows; each
+    form of the pass tree."""
     volume = scene((17, 16, 14))
     cval = 7.5 if mode == "constant" else 0.0
     sigma = 1.5
@@ -96,7 +102,7 @@ def test_hessian_eigenvalues_and_gradient_magnitude(device, mode, multi):
         {"type": "hessian_eigenvalues", "sigma": sigma, "name": "hess"},
         {"type": "gradient_magnitude", "sigma": 1.0, "name": "gm", "truncate": 3.0},
     ])  # fmt: skip
-    out = run(volume, [], feats, mode, cval, device, slab_depth=3, fused=False, multi=multi)
+    out = run(volume, [], feats, mode, cval, device, slab_depth=3, fused=False, **TREES[tree])
     assert out.shape == (4, *volume.shape)
     m = max(float(np.abs(volume).max()), abs(cval))
     orders = [tuple(x + y for x, y in zip(AXES[a], AXES[b], strict=True)) for a, b in PAIRS]
@@ -196,8 +202,9 @@ def test_structure_tensor_eigenvalues(device, mode, fused, multi):
     assert stage.held_bytes == model
 
 
-@pytest.mark.parametrize(("fused", "multi"), [(False, False), (True, False), (False, True)])
-def test_gabor_energy_and_dedup_with_the_bank(device, fused, multi):
+@pytest.mark.parametrize(("fused", "tree"), [(False, "passes"), (True, "passes"),
+                                             (False, "multi"), (False, "xfirst")])  # fmt: skip
+def test_gabor_energy_and_dedup_with_the_bank(device, fused, tree):
     """A bank filter equal to a feature's input is computed once and stored; the feature's
     other inputs are not stored; a Gabor pair's energy."""
     bank = build_bank(
@@ -218,7 +225,7 @@ def test_gabor_energy_and_dedup_with_the_bank(device, fused, multi):
     assert [o.kind for o in ex.outputs][:3] == ["response", "response", "gradient_magnitude"]
     volume = scene((15, 12, 11), seed=2)
     out = run(volume, bank, feats, "mirror", 0.0, device, slab_depth=5, fused=fused,
-              multi=multi)  # fmt: skip
+              **TREES[tree])  # fmt: skip
     assert out.shape == (7, *volume.shape)
     m = float(np.abs(volume).max())
     ref = reference(volume, [f.kernel for f in bank], "mirror")
@@ -230,10 +237,11 @@ def test_gabor_energy_and_dedup_with_the_bank(device, fused, multi):
     assert np.abs(out[3] - np.hypot(re, im)).max() <= bound
 
 
-@pytest.mark.parametrize(("fused", "multi"), [(False, False), (True, False), (False, True)])
-def test_4d_and_float16_and_nonfinite(device, fused, multi):
+@pytest.mark.parametrize(("fused", "tree"), [(False, "passes"), (True, "passes"),
+                                             (False, "multi"), (False, "xfirst")])  # fmt: skip
+def test_4d_and_float16_and_nonfinite(device, fused, tree):
     """4D frames; NaN and Inf as the float64 definition gives them; the stored type; the
-    features as the fused kernel's epilogue too, and as the multi-output tree's."""
+    features as the fused kernel's epilogue too, and as each pass tree's."""
     volume = scene((12, 10, 9, 2), seed=4)
     volume[5, 4, 4, 0] = np.nan
     volume[2, 7, 1, 1] = np.inf
@@ -243,7 +251,8 @@ def test_4d_and_float16_and_nonfinite(device, fused, multi):
             {"type": "gradient_magnitude", "sigma": 0.8, "name": "g"},
         ]
     )
-    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4, fused=fused, multi=multi)
+    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4, fused=fused,
+              **TREES[tree])  # fmt: skip
     for t in range(2):
         v = volume[..., t]
         finite = np.isfinite(v)
@@ -271,13 +280,37 @@ def test_4d_and_float16_and_nonfinite(device, fused, multi):
     v = volume[..., 0]
     ex = expand([], feats)
     conv = SeparableConvolver(ex.filters, v.shape, v.dtype, "reflect", 0.0, device=device,
-                              slab_depth=4, expanded=ex, fused=fused, multi=multi)  # fmt: skip
-    assert conv.plan.fused == fused and conv.plan.multi == multi
+                              slab_depth=4, expanded=ex, fused=fused, **TREES[tree])  # fmt: skip
+    assert conv.plan.fused == fused
+    assert (conv.plan.multi, conv.plan.xfirst) == (tree != "passes", tree == "xfirst")
     conv.store("float16")
     half = np.empty((4, *v.shape), np.float16)
     for a, b in conv.slabs():
         conv.convolve_slab(a, b, v[conv.source_rows(a, b)], half[:, a:b])
     np.testing.assert_array_equal(half, out[..., 0].astype(np.float16))
+
+
+@pytest.mark.parametrize("tree", ["multi", "xfirst"])
+def test_pass_tree_shapes_blocks_and_groups(device, tree, monkeypatch):
+    """The multi-output trees in the shapes GPUs take (work-groups past the edges, tiles
+    wider than the volume's last axis, blocks of rows not dividing the slab) against the
+    float64 definition."""
+    from volconv.engines import tree as trees
+
+    kind = "cpu" if device.type & 2 else "gpu"  # CL_DEVICE_TYPE_CPU
+    monkeypatch.setitem(trees.TREE_GROUPS, kind, {"tree_z": (8, 2, 1), "tree_y": (4, 4, 2),
+                                                  "tree_x": (8, 1, 4)})  # fmt: skip
+    monkeypatch.setitem(trees.XFIRST_SHAPE, kind, {"TY": 8, "TZ": 32, "UB": 4, "VC": 2,
+                                                   "UA": 8, "BLOCK": 7})  # fmt: skip
+    volume = scene((23, 21, 19), seed=5)
+    sigma = 2.0
+    feats = build_features([{"type": "hessian_eigenvalues", "sigma": sigma, "name": "h"}])
+    out = run(volume, [], feats, "nearest", 0.0, device, slab_depth=10, fused=False,
+              **TREES[tree])  # fmt: skip
+    orders = [tuple(x + y for x, y in zip(AXES[a], AXES[b], strict=True)) for a, b in PAIRS]
+    ref = eig_ref([gauss(volume, sigma, o, "nearest", 0.0) for o in orders])
+    m = float(np.abs(volume).max())
+    assert np.abs(out - ref).max() <= weyl([tol(kernel_l1(sigma, o), m) for o in orders])
 
 
 def test_feature_tables_are_validated():

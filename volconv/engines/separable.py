@@ -66,7 +66,7 @@ from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfin
 from volconv.engines.padder import Padder, frame_bytes, slab_rows
 from volconv.engines.passes import FusedKernel, PassTree, fused_tree
 from volconv.engines.scales import PresetStage
-from volconv.engines.tree import MultiTree
+from volconv.engines.tree import MultiTree, XFirstTree, reversed_tree
 from volconv.plan.direct import (
     MAX_EXTENT,
 )
@@ -148,6 +148,7 @@ class SeparableConvolver(SlabConvolver):
         expanded: Expanded | None = None,
         plan: SeparablePlan | None = None,
         multi: bool | None = None,
+        xfirst: bool | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -163,7 +164,7 @@ class SeparableConvolver(SlabConvolver):
                 filters, shape, dtype, mode, cval, self.device, choices=choices,
                 slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
                 rows=rows, block_rows=block_rows, fused=fused, tile=tile, engine=engine,
-                multi=multi, **sizes, **overrides,
+                multi=multi, xfirst=xfirst, **sizes, **overrides,
             )  # fmt: skip
         self.plan = plan
         self.expanded = expanded
@@ -223,6 +224,10 @@ class SeparableConvolver(SlabConvolver):
         if plan.fused:
             self._passes = FusedKernel(ctx, self.queue, plan, self._tree, self._epilogue(),
                                        n_stored, plan.feature_planes, self.clock)  # fmt: skip
+        elif plan.xfirst:
+            self._passes = XFirstTree(ctx, self.queue, plan, reversed_tree(plan.choices, lo),
+                                      self._epilogue(), n_stored, plan.feature_planes,
+                                      self.clock)  # fmt: skip
         elif plan.multi:
             self._passes = MultiTree(ctx, self.queue, plan, self._tree, self._epilogue(),
                                      n_stored, plan.feature_planes, self.clock)  # fmt: skip

@@ -172,3 +172,131 @@ def tree_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> dict[str, in
     px, py = depth + kx - 1, ny + ky - 1
     return {"fast": len(tree.wz) * px * py * plan.row * 4,
             "mid": len(tree.wy) * px * ny * plan.row * 4}  # fmt: skip
+
+
+# -- axis 0 first -------------------------------------------------------------------------
+# kernels/tree_yz.cl's shape per kind of device: last_yz's tile (TY x TZ of a row), UB rows of
+# a mid and VC outputs along axis 2 a work-item, first_x's UA rows a work-item, and the output
+# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), so that A is still
+# in cache when read.
+XFIRST_SHAPE = {
+    "gpu": {"TY": 8, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32},
+    "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "UA": 4, "BLOCK": 0},
+}
+
+
+def reversed_tree(choices: Sequence, halo_lo: tuple[int, int, int]) -> FusedTree | None:
+    """`volconv.engines.passes.fused_tree` with the axes taken in reverse order: its roots
+    are the distinct axis-0 factors, its combos' taps lie along axis 2 (``start`` and
+    ``taps`` reversed too)."""
+    from types import SimpleNamespace
+
+    from volconv.bank.factor import Term
+    from volconv.engines.passes import fused_tree
+
+    flipped = [
+        SimpleNamespace(path=c.path, terms=None if c.terms is None else tuple(
+            Term(t.coef, t.axes[::-1]) for t in c.terms))
+        for c in choices
+    ]  # fmt: skip
+    return fused_tree(flipped, tuple(halo_lo[::-1]))
+
+
+def xfirst_local_bytes(tree: FusedTree, shape: dict[str, int]) -> int:
+    """Local memory of last_yz for the reversed ``tree``: every root's tile and every mid's."""
+    ly, lz = shape["TY"] + tree.taps[1] - 1, shape["TZ"] + tree.taps[0] - 1
+    return 4 * lz * (len(tree.wz) * ly + len(tree.wy) * shape["TY"])
+
+
+def xfirst_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> int:
+    """Device bytes of A for ``depth`` output rows (at most the plan's block of them)."""
+    block = plan.block_rows or depth
+    ny, nz = plan.shape[1:]
+    py, rz = ny + tree.taps[1] - 1, -(-(nz + tree.taps[0] - 1) // 4) * 4
+    return len(tree.wz) * min(block, depth) * py * rz * 4
+
+
+class XFirstTree:
+    """kernels/tree_yz.cl built for a plan's reversed tree (`reversed_tree`, slot order),
+    with ``epilogue`` and the first ``n_stored`` responses written, as `MultiTree`."""
+
+    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
+                 tree: FusedTree, epilogue: str, n_stored: int, feature_planes: int,
+                 clock: KernelClock) -> None:  # fmt: skip
+        self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
+        self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
+        kind = "cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"
+        self.shape = dict(XFIRST_SHAPE[kind])
+        s = self.shape
+        defines = (
+            ("KA", tree.taps[2]), ("KB", tree.taps[1]), ("KC", tree.taps[0]),
+            ("SA", tree.start[2]), ("SB", tree.start[1]), ("SC", tree.start[0]),
+            ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
+            ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
+            ("MID_ROOT", _table(tree.mid_root)), ("COMBO_MID", _table(tree.combo_mid)),
+            ("COMBO_OUT", _table(tree.combo_out)), ("WA", _table(tree.wz)),
+            ("WB", _table(tree.wy)), ("WC", _table(tree.wx)),
+            ("UA", s["UA"]), ("TY", s["TY"]), ("TZ", s["TZ"]), ("UB", s["UB"]),
+            ("VC", s["VC"]), ("IN_T", CL_TYPES[plan.pad_dtype]),
+        )  # fmt: skip
+        if epilogue:
+            defines += (("FEATURES", epilogue),)
+        prog = build_with_features(ctx, "tree_yz.cl", defines)
+        self._k = {name: cl.Kernel(prog, name) for name in ("first_x", "last_yz")}
+        depth = plan.slab_depth
+        self.block = min(plan.block_rows or depth, depth)
+        ny, nz = plan.shape[1:]
+        self.py, self.pz = ny + tree.taps[1] - 1, nz + tree.taps[0] - 1
+        self.rz = -(-self.pz // 4) * 4
+        self._a = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, xfirst_bytes(plan, tree, depth))
+
+    @property
+    def counts(self) -> tuple[int, int, int]:
+        """The tables' roots, mids and combos."""
+        return len(self.tree.wz), len(self.tree.wy), len(self.tree.wx)
+
+    def launch(self, padded: cl.Buffer, out: cl.Buffer, feat: cl.Buffer, depth: int,
+               every: bool, in_stride: int = 0) -> list[cl.Event]:  # fmt: skip
+        """Enqueue the two kernels over the padded slab of ``depth`` output rows, a block
+        of rows at a time (see `MultiTree.launch`)."""
+        plan, s, queue = self.plan, self.shape, self.queue
+        ny, nz = plan.shape[1:]
+        p1, p2 = plan.padded_yz
+        i32 = np.int32
+        first, last = self._k["first_x"], self._k["last_yz"]
+        n_stored = -1 if every or not self.epilogue else self.n_stored
+        group = (s["TZ"] // s["VC"], s["TY"], 1)
+        events = []
+        for x0 in range(0, depth, self.block):
+            nx = min(self.block, depth - x0)
+            first.set_args(padded, self._a, i32(x0), i32(nx), i32(self.py), i32(self.pz),
+                           i32(p1), i32(p2), i32(self.rz))  # fmt: skip
+            glob = (self.pz, self.py, -(-nx // s["UA"]))
+            events.append(self.clock.add("first_x",
+                                         cl.enqueue_nd_range_kernel(queue, first, glob, None)))
+            last.set_args(self._a, out, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
+                          i32(self.py), i32(self.rz), i32(n_stored))  # fmt: skip
+            glob = (-(-nz // s["TZ"]) * group[0], -(-ny // s["TY"]) * group[1], nx)
+            events.append(self.clock.add("last_yz",
+                                         cl.enqueue_nd_range_kernel(queue, last, glob, group)))
+        return events
+
+    def work(self, slabs: Iterable[tuple[int, int]]) -> tuple[float, int]:
+        """(flop, bytes) over ``slabs``: first_x's taps over A, last_yz's over every tile
+        (edge tiles included); the padded slab read once, A written and read once, the planes
+        written."""
+        plan, tree, s = self.plan, self.tree, self.shape
+        ny, nz = plan.shape[1:]
+        ka, kb, kc = tree.taps[2], tree.taps[1], tree.taps[0]
+        tiles = -(-ny // s["TY"]) * -(-nz // s["TZ"])
+        lz = s["TZ"] + kc - 1
+        per_row = 2 * tiles * (kb * len(tree.wy) * s["TY"] * lz
+                               + kc * len(tree.wx) * s["TY"] * s["TZ"])  # fmt: skip
+        written = self.n_stored + self.feature_planes if self.epilogue else tree.n_out
+        flop, moved = 0.0, 0
+        for a, b in slabs:
+            d = b - a
+            flop += 2 * ka * len(tree.wz) * d * self.py * self.pz + per_row * d
+            moved += (d + ka - 1) * self.py * self.pz * plan.pad_dtype.itemsize
+            moved += 2 * 4 * len(tree.wz) * d * self.py * self.pz + written * d * ny * nz * 4
+        return flop, moved

@@ -23,7 +23,13 @@ from volconv.engines.direct import (
 )
 from volconv.engines.padder import native_volume
 from volconv.engines.passes import MID_ROWS, FusedTree, fused_tree
-from volconv.engines.tree import tree_bytes
+from volconv.engines.tree import (
+    XFIRST_SHAPE,
+    reversed_tree,
+    tree_bytes,
+    xfirst_bytes,
+    xfirst_local_bytes,
+)
 from volconv.plan.direct import (
     MAX_EXTENT,
     MAX_SEPARABLE_EXTENT,
@@ -276,6 +282,7 @@ class SeparablePlan:
     n_tensor: int = 0  # outputs of structure tensors (engines.features.StructureTensorStage)
     direct_plans: tuple[Plan, ...] = ()  # per group: its engine's plan (`direct_plan`)
     multi: bool = False  # the pass tree as three multi-output launches (kernels/tree.cl)
+    xfirst: bool = False  # ... as two, axis 0 first (kernels/tree_yz.cl)
 
     @property
     def stored(self) -> int:
@@ -335,6 +342,9 @@ class SeparablePlan:
         }
         if self.fused:  # no intermediates
             del sizes["fast"], sizes["mid"]
+        elif self.xfirst:  # the roots along axis 0 of a block of rows
+            sizes["fast"] = xfirst_bytes(self, reversed_tree(self.choices, self.halo_lo), depth)
+            sizes["mid"] = 0
         elif self.multi:  # every root's and every mid's rows at once
             sizes.update(tree_bytes(self, fused_tree(self.choices, self.halo_lo), depth))
         return sizes
@@ -362,6 +372,7 @@ def make_separable_plan(
     n_tensor: int = 0,
     engine: str | None = None,
     multi: bool | None = None,
+    xfirst: bool | None = None,
     **overrides: object,
 ) -> SeparablePlan:
     """Plan a bank on the separable path without building anything (``volconv validate``):
@@ -375,7 +386,9 @@ def make_separable_plan(
     by `plan_paths`). True where the tree does not fit is an error.
 
     ``multi`` (default: on GPUs, where `multi_fits`) runs the pass tree (not fused) as three
-    multi-output launches, kernels/tree.cl; True forces it where the tree fits its registers."""
+    multi-output launches, kernels/tree.cl; True forces it where the tree fits its registers;
+    ``xfirst`` (default: where multi runs and its tiles fit local memory) as two, axis 0 first
+    (kernels/tree_yz.cl), a block of ``block_rows`` rows at a time (default: its own)."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
@@ -409,11 +422,16 @@ def make_separable_plan(
     # kernels/tree.cl's own shape, unless given
     v_tree, u_tree = (t if g is None else g for t, g in zip(TREE_SHAPE[kind], given, strict=True))
     several = not want and (
-        multi_fits(tree, choices, int(u_tree), v_tree, forced=bool(multi))
-        if (kind == "gpu" if multi is None else multi) else False
+        multi_fits(tree, choices, int(u_tree), v_tree, forced=bool(multi or xfirst))
+        if (kind == "gpu" or bool(xfirst) if multi is None else multi) else False
     )
     if several:
         vector_width, rows = v_tree, u_tree
+    first = several and (xfirst is not False) and xfirst_fits(choices, lo, device)
+    if xfirst and not first:
+        raise ValueError("xfirst: the bank's pass tree does not fit kernels/tree_yz.cl")
+    if first and not block_rows:
+        block_rows = XFIRST_SHAPE[kind]["BLOCK"]
     if multi and not several and not want:
         raise ValueError(f"multi: the bank's pass tree does not fit kernels/tree.cl (at most "
                          f"{MAX_TREE_VALUES} responses x rows x lanes)")  # fmt: skip
@@ -435,7 +453,7 @@ def make_separable_plan(
     plan = SeparablePlan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
-        want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans), several,
+        want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans), several, first,
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
@@ -493,3 +511,17 @@ def multi_fits(
     taps = sum(k for _, k, _ in own)
     padded = sum(tree.taps[d] for d, _, _ in own)
     return padded <= MAX_TREE_WASTE * taps
+
+
+def xfirst_fits(choices: Sequence[Choice], halo_lo: tuple[int, int, int], device: cl.Device) -> bool:
+    """Whether kernels/tree_yz.cl can run the bank's tree: last_yz's tiles in local memory,
+    its partial sums (responses x outputs a work-item) and first_x's in registers."""
+    tree = reversed_tree(choices, halo_lo)
+    if tree is None:
+        return False
+    shape = XFIRST_SHAPE[device_kind(device)]
+    return (
+        xfirst_local_bytes(tree, shape) <= device.local_mem_size
+        and tree.n_out * shape["VC"] <= MAX_TREE_VALUES
+        and len(tree.wz) * shape["UA"] <= MAX_TREE_VALUES
+    )

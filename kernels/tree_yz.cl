@@ -1,0 +1,182 @@
+/* The separable pass tree with axis 0 first: first_x filters the padded slab along axis 0 by
+ * every distinct axis-0 factor (a root) into A; last_yz filters A along axis 1 (every distinct
+ * (axis-0, axis-1) pair, a mid) and along axis 2 (every response's terms) through local
+ * memory, with the derived features as its epilogue. Only A, the roots over the output rows and
+ * the padded columns, goes through global memory: the slab's halo rows along axis 0 are read
+ * from the padded slab once, and nothing is computed twice across slabs but A's columns.
+ *
+ * The tables are kernels/fused.cl's with the axes taken in reverse order
+ * (volconv/engines/tree.py): N_ROOTS rows of axis-0 taps (WA, KA taps from SA), N_MIDS rows
+ * of axis-1 taps (WB; MID_ROOT their root; KB taps from SB), N_COMBOS rows of axis-2 taps (WC,
+ * coefficients folded in; COMBO_MID, COMBO_OUT; KC taps from SC), all flipped and zero-padded
+ * to their axis's window, immediate operands after unrolling.
+ *
+ * first_x: a work-item computes UA consecutive rows (axis 0) of one column of every root, so
+ * each value it loads feeds up to UA outputs. A is (N_ROOTS, rows, PY, RZ): PY = NY + KB - 1
+ * columns along axis 1, RZ >= NZ + KC - 1 along axis 2.
+ *
+ * last_yz: a work-group owns a TY x TZ tile of one row (axis 0); it loads every root's
+ * (TY + KB - 1) x (TZ + KC - 1) tile of A to local memory, computes every mid on the TY x
+ * (TZ + KC - 1) tile (UB rows along axis 1 a work-item, from one load of each value), and
+ * each work-item VC consecutive outputs along axis 2 of every response (one load of each
+ * value), then the features of those voxels (or the responses).
+ *
+ * Build options (-D): the tables, N_OUT, UA, TY, TZ, UB, VC, IN_T, FEATURES (as in
+ * kernels/fused.cl: EIG3, MAG2, MAG3, PICK, DIFF); the work-group is (TZ / VC, TY).
+ */
+
+#define LY (TY + KB - 1)
+#define LZ (TZ + KC - 1)
+#define ITEMS ((TZ / VC) * TY)
+
+/* A[k][x][y][z] = sum_j wa[k][j] in[x0 + x + SA + j][y + SB][z + SC] for x < NX */
+__kernel void first_x(__global const IN_T *restrict src, /* (P0, P1, P2) */
+                      __global float *restrict dst,      /* A */
+                      const int X0, const int NX, const int PY, const int PZ, const int P1,
+                      const int P2, const int RZ)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1);
+    const int x = (int)get_global_id(2) * UA;
+    if (z >= PZ || y >= PY || x >= NX) return;
+    const float wa[N_ROOTS * KA] = {WA};
+    const long plane = (long)P1 * P2;
+    const __global IN_T *p = src + (long)(X0 + x + SA) * plane + (long)(y + SB) * P2 + z + SC;
+    float acc[N_ROOTS][UA];
+#pragma unroll
+    for (int k = 0; k < N_ROOTS; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) acc[k][u] = 0.0f;
+    }
+    const int last = NX - x + KA - 2; /* the last row this work-item's outputs read */
+#pragma unroll
+    for (int i = 0; i < UA + KA - 1; ++i) {
+        const float v = (float)p[min(i, last) * plane];
+#pragma unroll
+        for (int k = 0; k < N_ROOTS; ++k) {
+#pragma unroll
+            for (int u = 0; u < UA; ++u) {
+                if (i - u >= 0 && i - u < KA) acc[k][u] += wa[k * KA + i - u] * v;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < N_ROOTS; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) {
+            if (x + u < NX) dst[(((long)k * NX + x + u) * PY + y) * RZ + z] = acc[k][u];
+        }
+    }
+}
+
+#define RESP(f) acc[f][l]
+#define FEAT(o) feat[(long)(o) * plane + at]
+#define EIG3(a, b, c, d, e, f, o)                                                      \
+    {                                                                                  \
+        float l0, l1, l2;                                                              \
+        eigen_sym3(RESP(a), RESP(b), RESP(c), RESP(d), RESP(e), RESP(f), &l0, &l1, &l2); \
+        FEAT(o) = l0, FEAT(o + 1) = l1, FEAT(o + 2) = l2;                              \
+    }
+#define MAG2(a, b, o) FEAT(o) = magnitude3(RESP(a), RESP(b), 0.0f);
+#define MAG3(a, b, c, o) FEAT(o) = magnitude3(RESP(a), RESP(b), RESP(c));
+#define PICK(a, o) FEAT(o) = RESP(a);
+#define DIFF(a, b, o) FEAT(o) = RESP(a) - RESP(b);
+
+__kernel __attribute__((reqd_work_group_size(TZ / VC, TY, 1)))
+void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
+             __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
+             __global float *restrict feat,      /* (planes, DEPTH, NY, NZ) */
+             const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
+             const int PY, const int RZ,
+             const int N_STORED) /* responses written: the first N_STORED; < 0: every one */
+{
+    __local float la[N_ROOTS][LY][LZ];
+    __local float lm[N_MIDS][TY][LZ];
+    const int mid_root[N_MIDS] = {MID_ROOT};
+    const int combo_mid[N_COMBOS] = {COMBO_MID};
+    const int combo_out[N_COMBOS] = {COMBO_OUT};
+    const float wb[N_MIDS * KB] = {WB};
+    const float wc[N_COMBOS * KC] = {WC};
+    const int lid = (int)get_local_id(1) * (TZ / VC) + (int)get_local_id(0);
+    const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
+    const int x = (int)get_group_id(2);
+    /* 1. every root's tile (past A's columns: only outputs never stored read them) */
+    for (int i = lid; i < N_ROOTS * LY * LZ; i += ITEMS) {
+        const int k = i / (LY * LZ), r = i / LZ % LY, c = i % LZ;
+        const int y = min(y0 + r, PY - 1), z = min(z0 + c, RZ - 1);
+        la[k][r][c] = src[(((long)k * NX + x) * PY + y) * RZ + z];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* 2. every mid on TY x LZ, UB rows a task */
+    for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
+        const int r0 = t / LZ * UB, c = t % LZ;
+#pragma unroll
+        for (int k = 0; k < N_ROOTS; ++k) {
+            float m[N_MIDS][UB];
+#pragma unroll
+            for (int i = 0; i < N_MIDS; ++i) {
+#pragma unroll
+                for (int u = 0; u < UB; ++u) m[i][u] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < UB + KB - 1; ++j) {
+                const float v = la[k][r0 + j][c];
+#pragma unroll
+                for (int i = 0; i < N_MIDS; ++i) {
+                    if (mid_root[i] != k) continue;
+#pragma unroll
+                    for (int u = 0; u < UB; ++u) {
+                        if (j - u >= 0 && j - u < KB) m[i][u] += wb[i * KB + j - u] * v;
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < N_MIDS; ++i) {
+                if (mid_root[i] != k) continue;
+#pragma unroll
+                for (int u = 0; u < UB; ++u) lm[i][r0 + u][c] = m[i][u];
+            }
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* 3. every response along axis 2, VC outputs a work-item */
+    const int ty = (int)get_local_id(1), c0 = (int)get_local_id(0) * VC;
+    float acc[N_OUT][VC];
+#pragma unroll
+    for (int f = 0; f < N_OUT; ++f) {
+#pragma unroll
+        for (int l = 0; l < VC; ++l) acc[f][l] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < N_MIDS; ++i) {
+#pragma unroll
+        for (int j = 0; j < VC + KC - 1; ++j) {
+            const float v = lm[i][ty][c0 + j];
+#pragma unroll
+            for (int c = 0; c < N_COMBOS; ++c) {
+                if (combo_mid[c] != i) continue;
+#pragma unroll
+                for (int l = 0; l < VC; ++l) {
+                    if (j - l >= 0 && j - l < KC) acc[combo_out[c]][l] += wc[c * KC + j - l] * v;
+                }
+            }
+        }
+    }
+    const int y = y0 + ty;
+    if (y >= NY) return;
+    const long plane = (long)DEPTH * NY * NZ;
+#pragma unroll
+    for (int l = 0; l < VC; ++l) {
+        const int z = z0 + c0 + l;
+        if (z >= NZ) break;
+        const long at = ((long)(X0 + x) * NY + y) * NZ + z;
+#pragma unroll
+        for (int f = 0; f < N_OUT; ++f) {
+            if (N_STORED < 0 || f < N_STORED) out[f * plane + at] = acc[f][l];
+        }
+#ifdef FEATURES
+        if (N_STORED >= 0) {
+            FEATURES
+        }
+#endif
+    }
+}
