@@ -21,6 +21,10 @@
  * each work-item VC consecutive outputs along axis 2 of every response (one load of each
  * value), then the features of those voxels (or the responses).
  *
+ * ROOT_IN gives each root's input slab (several: a structure tensor's six products smoothed as
+ * one tree); first_x_products takes first_x's place where the inputs are products of three
+ * planes formed as they are read (PAIR_A, PAIR_B: each root's two planes).
+ *
  * Build options (-D): the tables, N_OUT, UA, TY, TZ, UB, VC, IN_T, FEATURES (as in
  * kernels/fused.cl: EIG3, MAG2, MAG3, PICK, DIFF); the work-group is (TZ / VC, TY).
  */
@@ -29,15 +33,23 @@
 #define LZ (TZ + KC - 1)
 #define ITEMS ((TZ / VC) * TY)
 
-/* A[k][x][y][z] = sum_j wa[k][j] in[x0 + x + SA + j][y + SB][z + SC] for x < NX */
-__kernel void first_x(__global const IN_T *restrict src, /* (P0, P1, P2) */
+/* acc[k][u] += the taps of root k on the value v of row i (outputs u reach it) */
+#define TAPS(k, i, v)                                                                    \
+    _Pragma("unroll") for (int u = 0; u < UA; ++u) {                                     \
+        if (i - u >= 0 && i - u < KA) acc[k][u] += wa[(k) * KA + i - u] * (v);           \
+    }
+
+/* A[k][x][y][z] = sum_j wa[k][j] in_k[X0 + x + SA + j][y + SB][z + SC] for x < NX, in_k the
+ * slab ROOT_IN[k] (IN_STRIDE elements apart) */
+__kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2) */
                       __global float *restrict dst,      /* A */
                       const int X0, const int NX, const int PY, const int PZ, const int P1,
-                      const int P2, const int RZ)
+                      const int P2, const int RZ, const long IN_STRIDE)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
     if (z >= PZ || y >= PY || x >= NX) return;
+    const int root_in[N_ROOTS] = {ROOT_IN};
     const float wa[N_ROOTS * KA] = {WA};
     const long plane = (long)P1 * P2;
     const __global IN_T *p = src + (long)(X0 + x + SA) * plane + (long)(y + SB) * P2 + z + SC;
@@ -50,12 +62,16 @@ __kernel void first_x(__global const IN_T *restrict src, /* (P0, P1, P2) */
     const int last = NX - x + KA - 2; /* the last row this work-item's outputs read */
 #pragma unroll
     for (int i = 0; i < UA + KA - 1; ++i) {
-        const float v = (float)p[min(i, last) * plane];
 #pragma unroll
-        for (int k = 0; k < N_ROOTS; ++k) {
+        for (int s = 0; s < N_ROOTS; ++s) { /* each input once, before its first root */
+            bool first = true;
 #pragma unroll
-            for (int u = 0; u < UA; ++u) {
-                if (i - u >= 0 && i - u < KA) acc[k][u] += wa[k * KA + i - u] * v;
+            for (int k = 0; k < s; ++k) first = first && root_in[k] != root_in[s];
+            if (!first) continue;
+            const float v = (float)p[root_in[s] * IN_STRIDE + min(i, last) * plane];
+#pragma unroll
+            for (int k = s; k < N_ROOTS; ++k) {
+                if (root_in[k] == root_in[s]) TAPS(k, i, v)
             }
         }
     }
@@ -67,6 +83,56 @@ __kernel void first_x(__global const IN_T *restrict src, /* (P0, P1, P2) */
         }
     }
 }
+
+#ifdef PAIR_A
+/* first_x of products formed as they are read: root k filters g_a * g_b (a = PAIR_A[k], b =
+ * PAIR_B[k]) of the three float planes g (G_PLANE elements apart) through the index maps of
+ * the padded rows (m0: rows of g), columns (m1) and row positions (m2), -1 meaning cval */
+__kernel void first_x_products(__global const float *restrict g, const long G_PLANE,
+                               __global float *restrict dst, /* A */
+                               __global const int *restrict m0,
+                               __global const int *restrict m1,
+                               __global const int *restrict m2, const int X0, const int NX,
+                               const int PY, const int PZ, const int NY, const int NZ,
+                               const int RZ, const float cval)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1);
+    const int x = (int)get_global_id(2) * UA;
+    if (z >= PZ || y >= PY || x >= NX) return;
+    const int pair_a[N_ROOTS] = {PAIR_A};
+    const int pair_b[N_ROOTS] = {PAIR_B};
+    const float wa[N_ROOTS * KA] = {WA};
+    const int i1 = m1[y + SB], i2 = m2[z + SC];
+    float acc[N_ROOTS][UA];
+#pragma unroll
+    for (int k = 0; k < N_ROOTS; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) acc[k][u] = 0.0f;
+    }
+    const int last = NX - x + KA - 2;
+#pragma unroll
+    for (int i = 0; i < UA + KA - 1; ++i) {
+        const int i0 = m0[X0 + x + SA + min(i, last)];
+        const bool inside = i0 >= 0 && i1 >= 0 && i2 >= 0;
+        const long at = inside ? ((long)i0 * NY + i1) * NZ + i2 : 0;
+        float v[3];
+#pragma unroll
+        for (int c = 0; c < 3; ++c) v[c] = g[c * G_PLANE + at];
+#pragma unroll
+        for (int k = 0; k < N_ROOTS; ++k) {
+            const float p = inside ? v[pair_a[k]] * v[pair_b[k]] : cval;
+            TAPS(k, i, p)
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < N_ROOTS; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) {
+            if (x + u < NX) dst[(((long)k * NX + x + u) * PY + y) * RZ + z] = acc[k][u];
+        }
+    }
+}
+#endif
 
 #define RESP(f) acc[f][l]
 #define FEAT(o) feat[(long)(o) * plane + at]

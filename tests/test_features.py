@@ -159,22 +159,25 @@ def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, lanes):
     np.testing.assert_array_equal(values[:, 4], [np.float32(1e-40), 0, 0])
 
 
-@pytest.mark.parametrize(("mode", "fused", "multi"), [
-    ("reflect", False, False), ("constant", False, False), ("wrap", False, False),
-    ("wrap", True, False), ("reflect", False, True), ("constant", False, True),
-    ("wrap", False, True), ("mirror", True, True),
+@pytest.mark.parametrize(("mode", "fused", "tree"), [
+    ("reflect", False, "passes"), ("constant", False, "passes"), ("wrap", False, "passes"),
+    ("wrap", True, "passes"), ("reflect", False, "multi"), ("constant", False, "multi"),
+    ("wrap", False, "multi"), ("mirror", True, "multi"), ("reflect", False, "xfirst"),
+    ("constant", False, "xfirst"), ("wrap", False, "xfirst"), ("nearest", True, "xfirst"),
 ])  # fmt: skip
-def test_structure_tensor_eigenvalues(device, mode, fused, multi):
+def test_structure_tensor_eigenvalues(device, mode, fused, tree):
     """The outer smoothing takes the bank's mode (and cval) on the product field; seams every
     4 rows, rho's radius past the slab and, along axis 2, past the axis; the gradients and
     the smoothing as fused kernels too, and the smoothing as one tree of the six products
-    with the eigenvalues as its epilogue (multi)."""
+    with the eigenvalues as its epilogue (multi; xfirst: axis 0 first)."""
     volume = scene((18, 13, 6), seed=1)
     cval = 3.0 if mode == "constant" else 0.0
     sigma, rho = 1.0, 1.6
     feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": sigma,
                              "rho": rho, "name": "st"}])  # fmt: skip
-    out = run(volume, [], feats, mode, cval, device, slab_depth=4, fused=fused, multi=multi)
+    multi = tree != "passes"
+    options = {"multi": multi, "xfirst": tree == "xfirst"}
+    out = run(volume, [], feats, mode, cval, device, slab_depth=4, fused=fused, **options)
     assert out.shape == (3, *volume.shape)
     m = max(float(np.abs(volume).max()), abs(cval))
     g = [gauss(volume, sigma, o, mode, cval) for o in AXES]
@@ -193,12 +196,13 @@ def test_structure_tensor_eigenvalues(device, mode, fused, multi):
     # the stage's memory model is what it allocates
     ex = expand([], feats)
     conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, cval, device=device,
-                              slab_depth=4, expanded=ex, fused=fused, multi=multi)  # fmt: skip
+                              slab_depth=4, expanded=ex, fused=fused, **options)  # fmt: skip
     stage = conv._tensors[0][0]
     assert stage.grad.plan.fused == fused
     assert stage.outer_plan.fused == (fused and not multi) and stage.outer_plan.multi == multi
+    assert stage.xfirst == (tree == "xfirst")
     model = StructureTensorStage.device_bytes(feats[0], volume.shape, volume.dtype, mode, cval,
-                                              device, 4, fused, multi)  # fmt: skip
+                                              device, 4, fused, **options)  # fmt: skip
     assert stage.held_bytes == model
 
 

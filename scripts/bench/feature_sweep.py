@@ -30,20 +30,32 @@ from volconv.plan.separable import make_separable_plan, plan_paths
 
 # name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
 # tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own)
+XF = {"TY": 8, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32}
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
     "default": {},
-    "multi_v2_u4": {"fused": False, "multi": True, "vector_width": 2, "rows": 4},
-    "multi_v4_u4": {"fused": False, "multi": True, "vector_width": 4, "rows": 4},
-    "multi_v1_u8": {"fused": False, "multi": True, "vector_width": 1, "rows": 8},
-    "multi_v2_u8": {"fused": False, "multi": True, "vector_width": 2, "rows": 8},
-    "multi_v4_u2": {"fused": False, "multi": True, "vector_width": 4, "rows": 2},
-    "multi_v2_u4_nogroups": {"fused": False, "multi": True, "vector_width": 2, "rows": 4,
+    "xfirst": {"fused": False, "xfirst": True},
+    "xfirst_block16": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "BLOCK": 16}},
+    "xfirst_block64": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "BLOCK": 64}},
+    "xfirst_ua4": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "UA": 4}},
+    "xfirst_ty16": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "TY": 16}},
+    "xfirst_ty4_tz64": {"fused": False, "xfirst": True,
+                        "xfirst_shape": {**XF, "TY": 4, "TZ": 64}},
+    "xfirst_vc1_ub2": {"fused": False, "xfirst": True,
+                       "xfirst_shape": {**XF, "VC": 1, "UB": 2}},
+    "xfirst_vc4_tz64_ty4": {"fused": False, "xfirst": True,
+                            "xfirst_shape": {**XF, "VC": 4, "TZ": 64, "TY": 4}},
+    "multi_v2_u4": {"fused": False, "multi": True, "xfirst": False, "vector_width": 2,
+                    "rows": 4},
+    "multi_v4_u4": {"fused": False, "multi": True, "xfirst": False, "vector_width": 4,
+                    "rows": 4},
+    "multi_v2_u8": {"fused": False, "multi": True, "xfirst": False, "vector_width": 2,
+                    "rows": 8},
+    "multi_v2_u4_nogroups": {"fused": False, "multi": True, "xfirst": False,
+                             "vector_width": 2, "rows": 4,
                              "groups": {"tree_z": None, "tree_y": None, "tree_x": None}},
-    "multi_v2_u4_g64": {"fused": False, "multi": True, "vector_width": 2, "rows": 4,
-                        "groups": {"tree_z": (64, 2, 1), "tree_y": (64, 4, 1),
-                                   "tree_x": (64, 1, 4)}},
-    "multi_v2_u4_uy4": {"fused": False, "multi": True, "vector_width": 2, "rows": 4, "uy": 4},
+    "multi_v2_u4_uy4": {"fused": False, "multi": True, "xfirst": False, "vector_width": 2,
+                        "rows": 4, "uy": 4},
 }
 FUSED_TILES = [(8, 32, 32), (4, 32, 32), (8, 32, 64), (4, 32, 64), (2, 32, 64), (16, 16, 32),
                (4, 64, 32), (8, 16, 64), (8, 16, 128)]  # fmt: skip
@@ -72,7 +84,11 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     options = dict(options)
     groups, uy = options.pop("groups", None), options.pop("uy", None)
     shape = options.pop("tree_shape", None)
-    saved = dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE)
+    xf = options.pop("xfirst_shape", None)
+    saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
+             dict(tree.XFIRST_SHAPE["gpu"]))  # fmt: skip
+    if xf is not None:
+        tree.XFIRST_SHAPE["gpu"].update(xf)
     if shape is not None:
         separable.TREE_SHAPE.update(gpu=shape, cpu=shape)
     if groups is not None:
@@ -97,6 +113,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         tree.TREE_GROUPS["gpu"].update(saved[0])
         tree.TREE_ROWS = saved[1]
         separable.TREE_SHAPE.update(saved[2])
+        tree.XFIRST_SHAPE["gpu"].update(saved[3])
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:
@@ -115,6 +132,8 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         "kernel_ms_by_name": {k: v * 1e3 for k, v in sorted(best.items())},
         "fused": conv.plan.fused,
         "multi": conv.plan.multi,
+        "xfirst": conv.plan.xfirst,
+        "block_rows": conv.plan.block_rows,
         "outer_multi": bool(stage and stage[0].multi),
         "tile": list(conv.plan.tile) if conv.plan.fused else None,
         "vector_width": conv.plan.vector_width,

@@ -150,14 +150,16 @@ class StructureTensorStage:
         kernels: FeatureKernels,
         fused: bool | None = None,
         multi: bool | None = None,
+        xfirst: bool | None = None,
     ) -> None:
         """``fused``: the gradients and the outer smoothing each as one fused kernel (default:
         on GPUs; `volconv.plan.separable.make_separable_plan`); ``multi``: the outer
         smoothing of the six products as one tree of kernels/tree.cl with the eigenvalues as
-        its epilogue (default: on GPUs unless ``fused``)."""
+        its epilogue (default: on GPUs unless ``fused``), axis 0 first (kernels/tree_yz.cl)
+        where ``xfirst`` is not False and its tiles fit."""
         from volconv.engines.padder import Padder
         from volconv.engines.separable import SeparableConvolver
-        from volconv.engines.tree import MultiTree
+        from volconv.engines.tree import MultiTree, XFirstTree
         from volconv.plan.separable import plan_bank
 
         self.feature, self.shape, self.mode, self.cval = feature, tuple(shape), mode, cval
@@ -178,18 +180,21 @@ class StructureTensorStage:
         rho = [feature.rho_filter]
         self.multi = self.outer_multi(device, fused, multi)
         self.outer: SeparableConvolver | None = None
+        self.xfirst = False
         if self.multi:  # the stack's padded slabs and maps, and the six-input tree
             self.outer_plan = self._outer_plan(feature, shape, mode, cval, device, slab_depth,
-                                               fused, multi=True)  # fmt: skip
+                                               fused, multi=True, xfirst=xfirst)  # fmt: skip
             plan = self.outer_plan
             self._padded: cl.Buffer | None = None  # where the products are gathered first
             self._maps = Padder(kernels.ctx, kernels.queue, plan.shape, plan.src_dtype,
                                 plan.pad_dtype, plan.halo_lo, plan.halo_hi, mode, cval,
                                 plan.padded_yz, 1)  # fmt: skip
             self._clock = KernelClock()
-            self._tree = MultiTree(kernels.ctx, kernels.queue, plan, six_inputs(plan),
-                                   "EIG3(0,1,2,3,4,5,0)", 0, 3, self._clock, range(6),
-                                   slab_depth, products=PAIRS)  # fmt: skip
+            self.xfirst = self.outer_xfirst(plan, device)
+            kind = XFirstTree if self.xfirst else MultiTree
+            self._tree = kind(kernels.ctx, kernels.queue, plan, six_inputs(plan, self.xfirst),
+                              "EIG3(0,1,2,3,4,5,0)", 0, 3, self._clock, range(6), slab_depth,
+                              products=PAIRS)  # fmt: skip
         else:
             self.outer = SeparableConvolver(
                 rho, (rows, ny, nz), np.float32, mode, cval, device=device, slab_depth=rows,
@@ -215,6 +220,7 @@ class StructureTensorStage:
     def _outer_plan(
         feature: Feature, shape: tuple[int, int, int], mode: str, cval: float,
         device: cl.Device, slab_depth: int, fused: bool | None, multi: bool,
+        xfirst: bool | None = None,
     ) -> object:  # fmt: skip
         """The plan of the outer smoothing over the six stacked padded slabs."""
         from volconv.plan.separable import make_separable_plan, plan_bank
@@ -225,14 +231,34 @@ class StructureTensorStage:
         return make_separable_plan(
             rho, (rows, *shape[1:]), np.float32, mode, cval, device,
             choices=plan_bank(rho, force="separable"), slab_depth=rows,
-            fused=False if multi else fused, multi=multi,
+            fused=False if multi else fused, multi=multi, xfirst=xfirst if multi else False,
         )  # fmt: skip
+
+    @staticmethod
+    def outer_xfirst(plan: object, device: cl.Device) -> bool:
+        """Whether the six products' tree runs axis 0 first (kernels/tree_yz.cl): where the
+        plan takes it and the six roots' tiles fit."""
+        from volconv.plan.separable import xfirst_fits
+
+        return plan.xfirst and xfirst_fits(six_inputs(plan, True), device)
+
+    @staticmethod
+    def _outer_bytes(plan: object, device: cl.Device, slab_depth: int) -> int:
+        """Device memory of the six products' tree: the stacked padded slabs (where the
+        products are gathered first) and its intermediates."""
+        from volconv.engines.tree import tree_bytes, xfirst_bytes
+
+        rows = plan.slab_depth
+        total = plan.slab_bytes(rows)["padded"]
+        if StructureTensorStage.outer_xfirst(plan, device):
+            return total + xfirst_bytes(plan, six_inputs(plan, True), slab_depth)
+        return total + sum(tree_bytes(plan, six_inputs(plan), slab_depth).values())
 
     @staticmethod
     def device_bytes(
         feature: Feature, shape: tuple[int, int, int], dtype: np.dtype, mode: str, cval: float,
         device: cl.Device, slab_depth: int, fused: bool | None = None,
-        multi: bool | None = None,
+        multi: bool | None = None, xfirst: bool | None = None,
     ) -> int:  # fmt: skip
         """Device memory of the stage for slabs of ``slab_depth`` rows: the gradients'
         convolver, the stacked outer smoothing's and the eigenvalues."""
@@ -248,7 +274,9 @@ class StructureTensorStage:
         ).device_bytes  # fmt: skip
         several = StructureTensorStage.outer_multi(device, fused, multi)
         outer = StructureTensorStage._outer_plan(feature, shape, mode, cval, device, slab_depth,
-                                                 fused, several)  # fmt: skip
+                                                 fused, several, xfirst)  # fmt: skip
+        if several:
+            return total + StructureTensorStage._outer_bytes(outer, device, slab_depth)
         return total + outer.device_bytes
 
     @property
@@ -260,7 +288,9 @@ class StructureTensorStage:
     @property
     def held_bytes(self) -> int:
         """Device memory the stage holds (`device_bytes` of its sizes)."""
-        return self.grad.plan.device_bytes + self.outer_plan.device_bytes + self._values.size
+        outer = (self.outer.plan.device_bytes if self.outer else
+                 self._outer_bytes(self.outer_plan, self.device, self.depth))  # fmt: skip
+        return self.grad.plan.device_bytes + outer + self._values.size
 
     @staticmethod
     def stacked_rows(depth: int, reach: int) -> int:
@@ -411,12 +441,14 @@ class StructureTensorStage:
         return values
 
 
-def six_inputs(plan: object) -> object:
-    """The tree of ``plan``'s one separable filter (`volconv.engines.passes.fused_tree`) over
-    six inputs: a root, a mid and a response per input (a structure tensor's six products)."""
+def six_inputs(plan: object, reverse: bool = False) -> object:
+    """The tree of ``plan``'s one separable filter (`volconv.engines.passes.fused_tree`;
+    ``reverse``: `volconv.engines.tree.reversed_tree`) over six inputs: a root, a mid and a
+    response per input (a structure tensor's six products)."""
     from volconv.engines.passes import FusedTree, fused_tree
+    from volconv.engines.tree import reversed_tree
 
-    one = fused_tree(plan.choices, plan.halo_lo)
+    one = (reversed_tree if reverse else fused_tree)(plan.choices, plan.halo_lo)
     if len(one.wz) != 1 or len(one.wy) != 1 or one.n_out != 1:
         raise ValueError("structure tensor: the outer smoothing is one separable term")
     six = tuple(range(6))

@@ -194,6 +194,7 @@ class SeparableConvolver(SlabConvolver):
                 stage = StructureTensorStage(
                     feat, plan.shape, dtype, plan.mode, plan.cval, self.device,
                     plan.slab_depth, self._feature_kernels, fused=fused, multi=multi,
+                    xfirst=xfirst,
                 )  # fmt: skip
                 self._tensors.append((stage, at))
             for preset, at in expanded.presets:

@@ -8,7 +8,7 @@ tensor's six products be smoothed as one tree with the eigenvalues as its epilog
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -208,6 +208,18 @@ def xfirst_local_bytes(tree: FusedTree, shape: dict[str, int]) -> int:
     return 4 * lz * (len(tree.wz) * ly + len(tree.wy) * shape["TY"])
 
 
+def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
+    """`XFIRST_SHAPE` of ``device``'s kind, its tile's rows halved (down to UB) until last_yz's
+    tiles fit the device's local memory; None if they never do."""
+    kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
+    shape = dict(XFIRST_SHAPE[kind])
+    while xfirst_local_bytes(tree, shape) > device.local_mem_size:
+        if shape["TY"] // 2 < shape["UB"] or shape["TY"] % 2:
+            return None
+        shape["TY"] //= 2
+    return shape
+
+
 def xfirst_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> int:
     """Device bytes of A for ``depth`` output rows (at most the plan's block of them)."""
     block = plan.block_rows or depth
@@ -218,21 +230,26 @@ def xfirst_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> int:
 
 class XFirstTree:
     """kernels/tree_yz.cl built for a plan's reversed tree (`reversed_tree`, slot order),
-    with ``epilogue`` and the first ``n_stored`` responses written, as `MultiTree`."""
+    with ``epilogue`` and the first ``n_stored`` responses written; ``root_in``, ``depth``
+    and ``products`` as `MultiTree`'s."""
 
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
                  tree: FusedTree, epilogue: str, n_stored: int, feature_planes: int,
-                 clock: KernelClock) -> None:  # fmt: skip
+                 clock: KernelClock, root_in: Sequence[int] | None = None,
+                 depth: int | None = None,
+                 products: Sequence[tuple[int, int]] | None = None) -> None:  # fmt: skip
         self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
         self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
-        kind = "cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"
-        self.shape = dict(XFIRST_SHAPE[kind])
+        self.shape = xfirst_shape(tree, ctx.devices[0])
+        if self.shape is None:
+            raise ValueError("xfirst: the tree's tiles do not fit local memory")
         s = self.shape
         defines = (
             ("KA", tree.taps[2]), ("KB", tree.taps[1]), ("KC", tree.taps[0]),
             ("SA", tree.start[2]), ("SB", tree.start[1]), ("SC", tree.start[0]),
             ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
             ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
+            ("ROOT_IN", _table(tuple(root_in) if root_in is not None else (0,) * len(tree.wz))),
             ("MID_ROOT", _table(tree.mid_root)), ("COMBO_MID", _table(tree.combo_mid)),
             ("COMBO_OUT", _table(tree.combo_out)), ("WA", _table(tree.wz)),
             ("WB", _table(tree.wy)), ("WC", _table(tree.wx)),
@@ -241,9 +258,14 @@ class XFirstTree:
         )  # fmt: skip
         if epilogue:
             defines += (("FEATURES", epilogue),)
+        names = ["first_x", "last_yz"]
+        if products is not None:
+            defines += (("PAIR_A", _table([a for a, _ in products])),
+                        ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
+            names.append("first_x_products")
         prog = build_with_features(ctx, "tree_yz.cl", defines)
-        self._k = {name: cl.Kernel(prog, name) for name in ("first_x", "last_yz")}
-        depth = plan.slab_depth
+        self._k = {name: cl.Kernel(prog, name) for name in names}
+        depth = plan.slab_depth if depth is None else depth
         self.block = min(plan.block_rows or depth, depth)
         ny, nz = plan.shape[1:]
         self.py, self.pz = ny + tree.taps[1] - 1, nz + tree.taps[0] - 1
@@ -257,23 +279,50 @@ class XFirstTree:
 
     def launch(self, padded: cl.Buffer, out: cl.Buffer, feat: cl.Buffer, depth: int,
                every: bool, in_stride: int = 0) -> list[cl.Event]:  # fmt: skip
-        """Enqueue the two kernels over the padded slab of ``depth`` output rows, a block
+        """Enqueue the two kernels over the padded slab(s) of ``depth`` output rows, a block
         of rows at a time (see `MultiTree.launch`)."""
+        p1, p2 = self.plan.padded_yz
+        i32 = np.int32
+
+        def first(x0: int, nx: int) -> None:
+            self._k["first_x"].set_args(padded, self._a, i32(x0), i32(nx), i32(self.py),
+                                        i32(self.pz), i32(p1), i32(p2), i32(self.rz),
+                                        np.int64(in_stride))  # fmt: skip
+
+        return self._launch("first_x", first, out, feat, depth, every)
+
+    def launch_products(self, g: cl.Buffer, g_plane: int, m0: cl.Buffer, m1: cl.Buffer,
+                        m2: cl.Buffer, cval: float, out: cl.Buffer, feat: cl.Buffer,
+                        depth: int) -> list[cl.Event]:  # fmt: skip
+        """`launch` with the roots' inputs products of three planes (`MultiTree`'s)."""
+        ny, nz = self.plan.shape[1:]
+        i32 = np.int32
+
+        def first(x0: int, nx: int) -> None:
+            self._k["first_x_products"].set_args(
+                g, np.int64(g_plane), self._a, m0, m1, m2, i32(x0), i32(nx), i32(self.py),
+                i32(self.pz), i32(ny), i32(nz), i32(self.rz), np.float32(cval),
+            )  # fmt: skip
+
+        return self._launch("first_x_products", first, out, feat, depth, False)
+
+    def _launch(self, name: str, first: Callable[[int, int], None], out: cl.Buffer,
+                feat: cl.Buffer, depth: int, every: bool) -> list[cl.Event]:  # fmt: skip
+        """Enqueue ``name`` (its arguments set by ``first(x0, rows)``) and last_yz over each
+        block of rows."""
         plan, s, queue = self.plan, self.shape, self.queue
         ny, nz = plan.shape[1:]
-        p1, p2 = plan.padded_yz
         i32 = np.int32
-        first, last = self._k["first_x"], self._k["last_yz"]
+        last = self._k["last_yz"]
         n_stored = -1 if every or not self.epilogue else self.n_stored
         group = (s["TZ"] // s["VC"], s["TY"], 1)
         events = []
         for x0 in range(0, depth, self.block):
             nx = min(self.block, depth - x0)
-            first.set_args(padded, self._a, i32(x0), i32(nx), i32(self.py), i32(self.pz),
-                           i32(p1), i32(p2), i32(self.rz))  # fmt: skip
+            first(x0, nx)
             glob = (self.pz, self.py, -(-nx // s["UA"]))
-            events.append(self.clock.add("first_x",
-                                         cl.enqueue_nd_range_kernel(queue, first, glob, None)))
+            event = cl.enqueue_nd_range_kernel(queue, self._k[name], glob, None)
+            events.append(self.clock.add(name, event))
             last.set_args(self._a, out, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
                           i32(self.py), i32(self.rz), i32(n_stored))  # fmt: skip
             glob = (-(-nz // s["TZ"]) * group[0], -(-ny // s["TY"]) * group[1], nx)

@@ -28,7 +28,7 @@ from volconv.engines.tree import (
     reversed_tree,
     tree_bytes,
     xfirst_bytes,
-    xfirst_local_bytes,
+    xfirst_shape,
 )
 from volconv.plan.direct import (
     MAX_EXTENT,
@@ -427,8 +427,9 @@ def make_separable_plan(
     )
     if several:
         vector_width, rows = v_tree, u_tree
-    first = several and (xfirst is not False) and xfirst_fits(choices, lo, device)
-    if xfirst and not first:
+    first = (several and xfirst is not False
+             and xfirst_fits(reversed_tree(choices, lo), device))  # fmt: skip
+    if xfirst and not first and not want:
         raise ValueError("xfirst: the bank's pass tree does not fit kernels/tree_yz.cl")
     if first and not block_rows:
         block_rows = XFIRST_SHAPE[kind]["BLOCK"]
@@ -513,15 +514,14 @@ def multi_fits(
     return padded <= MAX_TREE_WASTE * taps
 
 
-def xfirst_fits(choices: Sequence[Choice], halo_lo: tuple[int, int, int], device: cl.Device) -> bool:
-    """Whether kernels/tree_yz.cl can run the bank's tree: last_yz's tiles in local memory,
-    its partial sums (responses x outputs a work-item) and first_x's in registers."""
-    tree = reversed_tree(choices, halo_lo)
-    if tree is None:
+def xfirst_fits(tree: FusedTree | None, device: cl.Device) -> bool:
+    """Whether kernels/tree_yz.cl can run the reversed ``tree`` (`reversed_tree`): last_yz's
+    tiles in local memory, its partial sums (responses x outputs a work-item) and first_x's
+    in registers."""
+    shape = None if tree is None else xfirst_shape(tree, device)
+    if shape is None:
         return False
-    shape = XFIRST_SHAPE[device_kind(device)]
     return (
-        xfirst_local_bytes(tree, shape) <= device.local_mem_size
-        and tree.n_out * shape["VC"] <= MAX_TREE_VALUES
+        tree.n_out * shape["VC"] <= MAX_TREE_VALUES
         and len(tree.wz) * shape["UA"] <= MAX_TREE_VALUES
     )
