@@ -108,9 +108,10 @@ class SeparableConvolver(SlabConvolver):
     fused, tile
         One kernel for the separable filters (default: on GPUs, where the bank fits it), and
         its work-group tile (see `make_separable_plan`).
-    multi
+    multi, xfirst
         The pass tree as three multi-output launches with the features as their epilogue
-        (default: on GPUs, where it pays; see `make_separable_plan`).
+        (default: on GPUs, where it pays), or as two with axis 0 first (default: where multi
+        runs and its tiles fit); see `make_separable_plan`.
     engine : {'auto', 'fp32', 'tensor'}, optional
         The direct groups' engine (`volconv.engines.choose.direct_convolver`; default
         $VOLCONV_ENGINE or 'auto': the tensor cores where the device and bank allow).

@@ -326,8 +326,9 @@ class XFirstTree:
             last.set_args(self._a, out, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
                           i32(self.py), i32(self.rz), i32(n_stored))  # fmt: skip
             glob = (-(-nz // s["TZ"]) * group[0], -(-ny // s["TY"]) * group[1], nx)
-            events.append(self.clock.add("last_yz",
-                                         cl.enqueue_nd_range_kernel(queue, last, glob, group)))
+            events.append(
+                self.clock.add("last_yz", cl.enqueue_nd_range_kernel(queue, last, glob, group))
+            )
         return events
 
     def work(self, slabs: Iterable[tuple[int, int]]) -> tuple[float, int]:

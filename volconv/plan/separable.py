@@ -423,7 +423,8 @@ def make_separable_plan(
     v_tree, u_tree = (t if g is None else g for t, g in zip(TREE_SHAPE[kind], given, strict=True))
     several = not want and (
         multi_fits(tree, choices, int(u_tree), v_tree, forced=bool(multi or xfirst))
-        if (kind == "gpu" or bool(xfirst) if multi is None else multi) else False
+        if (kind == "gpu" or bool(xfirst) if multi is None else multi)
+        else False
     )
     if several:
         vector_width, rows = v_tree, u_tree
