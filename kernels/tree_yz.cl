@@ -155,7 +155,14 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
              const int PY, const int RZ,
              const int N_STORED) /* responses written: the first N_STORED; < 0: every one */
 {
-    __local float la[N_ROOTS][LY][LZ];
+#ifdef ONE_ROOT /* a root at a time through one tile: larger tiles fit local memory */
+#define N_TILES 1
+#define TILE(k) 0
+#else
+#define N_TILES N_ROOTS
+#define TILE(k) (k)
+#endif
+    __local float la[N_TILES][LY][LZ];
     __local float lm[N_MIDS][TY][LZ];
     const int mid_root[N_MIDS] = {MID_ROOT};
     const int combo_mid[N_COMBOS] = {COMBO_MID};
@@ -165,41 +172,46 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
     const int lid = (int)get_local_id(1) * (TZ / VC) + (int)get_local_id(0);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
-    /* 1. every root's tile (past A's columns: only outputs never stored read them) */
-    for (int i = lid; i < N_ROOTS * LY * LZ; i += ITEMS) {
-        const int k = i / (LY * LZ), r = i / LZ % LY, c = i % LZ;
-        const int y = min(y0 + r, PY - 1), z = min(z0 + c, RZ - 1);
-        la[k][r][c] = src[(((long)k * NX + x) * PY + y) * RZ + z];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    /* 2. every mid on TY x LZ, UB rows a task */
-    for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
-        const int r0 = t / LZ * UB, c = t % LZ;
 #pragma unroll
-        for (int k = 0; k < N_ROOTS; ++k) {
-            float m[N_MIDS][UB];
+    for (int k0 = 0; k0 < N_ROOTS; k0 += N_TILES) {
+        if (k0 > 0) barrier(CLK_LOCAL_MEM_FENCE); /* the last root's tile is read */
+        /* 1. the roots' tiles (past A's columns: only outputs never stored read them) */
+        for (int i = lid; i < N_TILES * LY * LZ; i += ITEMS) {
+            const int k = i / (LY * LZ), r = i / LZ % LY, c = i % LZ;
+            const int y = min(y0 + r, PY - 1), z = min(z0 + c, RZ - 1);
+            la[k][r][c] = src[(((long)(k0 + k) * NX + x) * PY + y) * RZ + z];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        /* 2. their mids on TY x LZ, UB rows a task */
+        for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
+            const int r0 = t / LZ * UB, c = t % LZ;
 #pragma unroll
-            for (int i = 0; i < N_MIDS; ++i) {
+            for (int k = 0; k < N_ROOTS; ++k) {
+                if (k < k0 || k >= k0 + N_TILES) continue;
+                float m[N_MIDS][UB];
 #pragma unroll
-                for (int u = 0; u < UB; ++u) m[i][u] = 0.0f;
-            }
+                for (int i = 0; i < N_MIDS; ++i) {
 #pragma unroll
-            for (int j = 0; j < UB + KB - 1; ++j) {
-                const float v = la[k][r0 + j][c];
+                    for (int u = 0; u < UB; ++u) m[i][u] = 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < UB + KB - 1; ++j) {
+                    const float v = la[TILE(k)][r0 + j][c];
+#pragma unroll
+                    for (int i = 0; i < N_MIDS; ++i) {
+                        if (mid_root[i] != k) continue;
+#pragma unroll
+                        for (int u = 0; u < UB; ++u) {
+                            if (j - u >= 0 && j - u < KB) m[i][u] += wb[i * KB + j - u] * v;
+                        }
+                    }
+                }
 #pragma unroll
                 for (int i = 0; i < N_MIDS; ++i) {
                     if (mid_root[i] != k) continue;
 #pragma unroll
-                    for (int u = 0; u < UB; ++u) {
-                        if (j - u >= 0 && j - u < KB) m[i][u] += wb[i * KB + j - u] * v;
-                    }
+                    for (int u = 0; u < UB; ++u) lm[i][r0 + u][c] = m[i][u];
                 }
-            }
-#pragma unroll
-            for (int i = 0; i < N_MIDS; ++i) {
-                if (mid_root[i] != k) continue;
-#pragma unroll
-                for (int u = 0; u < UB; ++u) lm[i][r0 + u][c] = m[i][u];
             }
         }
     }

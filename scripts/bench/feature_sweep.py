@@ -30,13 +30,28 @@ from volconv.plan.separable import make_separable_plan, plan_paths
 
 # name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
 # tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own)
-XF = {"TY": 8, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32}
+XF = {"TY": 8, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0}
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
     "default": {},
     "xfirst": {"fused": False, "xfirst": True},
     "xfirst_block16": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "BLOCK": 16}},
     "xfirst_block64": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "BLOCK": 64}},
+    "xfirst_one_ty16_tz64": {
+        "fused": False,
+        "xfirst": True,
+        "xfirst_shape": {**XF, "TY": 16, "TZ": 64, "ONE_ROOT": 1},
+    },
+    "xfirst_one_ty8_tz64": {
+        "fused": False,
+        "xfirst": True,
+        "xfirst_shape": {**XF, "TY": 8, "TZ": 64, "ONE_ROOT": 1},
+    },
+    "xfirst_one_ty16_tz32": {
+        "fused": False,
+        "xfirst": True,
+        "xfirst_shape": {**XF, "TY": 16, "ONE_ROOT": 1},
+    },
     "xfirst_ua4": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "UA": 4}},
     "xfirst_ty16": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "TY": 16}},
     "xfirst_ty4_tz64": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "TY": 4, "TZ": 64}},
@@ -65,6 +80,8 @@ STRUCTURE = {
     "fused": {"fused": True, "multi": False},
     "multi_zyx": {"multi": True, "xfirst": False},
     "xfirst_ty4": {"xfirst_shape": {**XF, "TY": 4}},
+    "xfirst_one_ty16_tz64": {"xfirst_shape": {**XF, "TY": 16, "TZ": 64, "ONE_ROOT": 1}},
+    "xfirst_one_ty8_tz32": {"xfirst_shape": {**XF, "ONE_ROOT": 1}},
     "xfirst_block16": {"xfirst_shape": {**XF, "BLOCK": 16}},
     "xfirst_block64": {"xfirst_shape": {**XF, "BLOCK": 64}},
 }

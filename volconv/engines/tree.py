@@ -178,10 +178,10 @@ def tree_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> dict[str, in
 # kernels/tree_yz.cl's shape per kind of device: last_yz's tile (TY x TZ of a row), UB rows of
 # a mid and VC outputs along axis 2 a work-item, first_x's UA rows a work-item, and the output
 # rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), so that A is still
-# in cache when read.
+# in cache when read; ONE_ROOT: last_yz holds one root's tile at a time (larger tiles fit).
 XFIRST_SHAPE = {
-    "gpu": {"TY": 8, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32},
-    "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "UA": 4, "BLOCK": 0},
+    "gpu": {"TY": 8, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0},
+    "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "UA": 4, "BLOCK": 0, "ONE_ROOT": 0},
 }
 
 
@@ -203,17 +203,23 @@ def reversed_tree(choices: Sequence, halo_lo: tuple[int, int, int]) -> FusedTree
 
 
 def xfirst_local_bytes(tree: FusedTree, shape: dict[str, int]) -> int:
-    """Local memory of last_yz for the reversed ``tree``: every root's tile and every mid's."""
+    """Local memory of last_yz for the reversed ``tree``: the roots' tiles (one with
+    ONE_ROOT) and every mid's."""
     ly, lz = shape["TY"] + tree.taps[1] - 1, shape["TZ"] + tree.taps[0] - 1
-    return 4 * lz * (len(tree.wz) * ly + len(tree.wy) * shape["TY"])
+    tiles = 1 if shape.get("ONE_ROOT") else len(tree.wz)
+    return 4 * lz * (tiles * ly + len(tree.wy) * shape["TY"])
 
 
 def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
-    """`XFIRST_SHAPE` of ``device``'s kind, its tile's rows halved (down to UB) until last_yz's
-    tiles fit the device's local memory; None if they never do."""
+    """`XFIRST_SHAPE` of ``device``'s kind, one root's tile at a time, then its tile's rows
+    halved (down to UB), until last_yz's tiles fit the device's local memory; None if they
+    never do."""
     kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
     shape = dict(XFIRST_SHAPE[kind])
     while xfirst_local_bytes(tree, shape) > device.local_mem_size:
+        if not shape["ONE_ROOT"]:
+            shape["ONE_ROOT"] = 1
+            continue
         if shape["TY"] // 2 < shape["UB"] or shape["TY"] % 2:
             return None
         shape["TY"] //= 2
@@ -256,6 +262,8 @@ class XFirstTree:
             ("UA", s["UA"]), ("TY", s["TY"]), ("TZ", s["TZ"]), ("UB", s["UB"]),
             ("VC", s["VC"]), ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
+        if s["ONE_ROOT"]:
+            defines += (("ONE_ROOT", 1),)
         if epilogue:
             defines += (("FEATURES", epilogue),)
         names = ["first_x", "last_yz"]
