@@ -87,21 +87,26 @@ STRUCTURE = {
 }
 
 
+# the variants each set runs, in order (the sweep's budget cuts the tail)
+ORDER = {
+    "hessian_s3": ["passes", "default", "xfirst_one_ty16_tz64", "xfirst_one_ty8_tz64",
+                   "xfirst_one_ty16_tz32", "xfirst_block16", "xfirst_block64", "xfirst_ua4",
+                   "xfirst_ty16", "xfirst_vc4_tz64_ty4", "multi_v2_u4", "multi_v4_u4"],
+    "structure_s1": ["passes", "default", "fused", "multi_zyx", "xfirst_ty4",
+                     "xfirst_one_ty16_tz64", "xfirst_one_ty8_tz32", "xfirst_block16"],
+    "structure_s3": ["passes", "default", "multi_zyx", "xfirst_ty4", "xfirst_one_ty16_tz64",
+                     "xfirst_block16"],
+    "hessian_s1": ["default", "xfirst", "xfirst_one_ty16_tz64", "xfirst_one_ty8_tz64",
+                   "xfirst_vc4_tz64_ty4", "multi_v4_u4", "fused_8x32x32", "fused_4x32x32",
+                   "fused_4x32x64", "fused_2x32x64", "fused_8x16x64", "fused_16x16x32"],
+}  # fmt: skip
+
+
 def variants(name: str) -> dict[str, dict]:
-    if name.startswith("hessian"):
-        out = dict(HESSIAN)
-        if name == "hessian_s1":  # the fused kernel by default: the reference
-            drop = ("passes", "xfirst_ty16", "xfirst_block64", "multi_v2_u4_nogroups")
-            out = {k: v for k, v in out.items() if k not in drop}
-            out.update({f"fused_{ty}x{tz}x{cx}": {"fused": True, "tile": (ty, tz, cx)}
-                        for ty, tz, cx in FUSED_TILES})  # fmt: skip
-        else:  # the default
-            del out["xfirst"]
-        return out
-    out = dict(STRUCTURE)
-    if name == "structure_s3":  # fused: 8.1 ms (benchmarks/results/h100-features-final.json)
-        del out["fused"]
-    return out
+    table = dict(HESSIAN if name.startswith("hessian") else STRUCTURE)
+    table.update({f"fused_{ty}x{tz}x{cx}": {"fused": True, "tile": (ty, tz, cx)}
+                  for ty, tz, cx in FUSED_TILES})  # fmt: skip
+    return {label: table[label] for label in ORDER[name]}
 
 
 def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dict,
