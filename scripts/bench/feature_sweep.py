@@ -25,7 +25,7 @@ from volconv.bench import device_record
 from volconv.device.devices import select_device
 from volconv.engines import tree
 from volconv.engines.separable import SeparableConvolver
-from volconv.plan import separable
+from volconv.plan import separable, trees
 from volconv.plan.separable import make_separable_plan, plan_paths
 
 # name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
@@ -182,7 +182,7 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=150.0, help="seconds; later variants skipped")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    separable.MAX_TREE_VALUES = 256  # the sweep's wider shapes
+    trees.MAX_TREE_VALUES = 256  # the sweep's wider shapes
     device = select_device(args.device)
     volume = volume_of(args.size)
     result: dict = {

@@ -23,13 +23,7 @@ from volconv.engines.direct import (
 )
 from volconv.engines.padder import native_volume
 from volconv.engines.passes import MID_ROWS, FusedTree, fused_tree
-from volconv.engines.tree import (
-    XFIRST_SHAPE,
-    reversed_tree,
-    tree_bytes,
-    xfirst_bytes,
-    xfirst_shape,
-)
+from volconv.engines.tree import XFIRST_SHAPE, reversed_tree, tree_bytes, xfirst_bytes
 from volconv.plan.direct import (
     MAX_EXTENT,
     MAX_SEPARABLE_EXTENT,
@@ -38,6 +32,7 @@ from volconv.plan.direct import (
     pad_dtype_for,
     streaming_depth,
 )
+from volconv.plan.trees import MAX_TREE_VALUES, TREE_SHAPE, multi_fits, xfirst_fits
 
 PATHS = ("direct", "separable", "low-rank")
 
@@ -66,14 +61,6 @@ MAX_FUSED_VALUES = 128
 # than the passes (benchmarks/results/h100-features-final.json: a 25-tap smoothing of six
 # planes 8.1 ms fused against 2.9 ms as passes; 9 taps fused win).
 MAX_FUSED_TAPS = 13
-# The pass tree as three multi-output launches (kernels/tree.cl, `multi_fits`) where its
-# factors, zero-padded to each axis's window, cost at most this many times their own taps, and
-# a work-item's partial sums (responses x rows along axis 0 x vector lanes) at most
-# MAX_TREE_VALUES; by default only up to MAX_TREE_TAPS a window (its loops are unrolled).
-MAX_TREE_WASTE = 1.25
-MAX_TREE_VALUES = 96
-MAX_TREE_TAPS = 31
-TREE_SHAPE = {"cpu": (4, 2), "gpu": (2, 4)}  # (V, UX) of kernels/tree.cl, as PASS_SHAPE
 
 
 @dataclass(frozen=True)
@@ -492,37 +479,4 @@ def fused_fits(
         tree.values <= MAX_FUSED_VALUES
         and local <= device.local_mem_size
         and ty * tz <= device.max_work_group_size
-    )
-
-
-def multi_fits(
-    tree: FusedTree | None, choices: Sequence[Choice], rows: int, lanes: int, forced: bool = True
-) -> bool:
-    """Whether kernels/tree.cl can run ``tree`` with ``rows`` outputs along axis 0 and
-    ``lanes`` along axis 2 per work-item: its partial sums in registers; and, unless
-    ``forced``, whether it pays by default (the factors zero-padded to each axis's window cost
-    at most `MAX_TREE_WASTE` times their own taps, no window past `MAX_TREE_TAPS`)."""
-    if tree is None or tree.n_out * rows * lanes > MAX_TREE_VALUES:
-        return False
-    if forced:
-        return True
-    if max(tree.taps) > MAX_TREE_TAPS:
-        return False
-    terms = [t for c in choices if c.path != "direct" for t in c.terms]
-    own = {(d, len(t.axes[d]), t.axes[d].tobytes()) for t in terms for d in range(3)}
-    taps = sum(k for _, k, _ in own)
-    padded = sum(tree.taps[d] for d, _, _ in own)
-    return padded <= MAX_TREE_WASTE * taps
-
-
-def xfirst_fits(tree: FusedTree | None, device: cl.Device) -> bool:
-    """Whether kernels/tree_yz.cl can run the reversed ``tree`` (`reversed_tree`): last_yz's
-    tiles in local memory, its partial sums (responses x outputs a work-item) and first_x's
-    in registers."""
-    shape = None if tree is None else xfirst_shape(tree, device)
-    if shape is None:
-        return False
-    return (
-        tree.n_out * shape["VC"] <= MAX_TREE_VALUES
-        and len(tree.wz) * shape["UA"] <= MAX_TREE_VALUES
     )
