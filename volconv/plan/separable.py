@@ -32,7 +32,13 @@ from volconv.plan.direct import (
     pad_dtype_for,
     streaming_depth,
 )
-from volconv.plan.trees import MAX_TREE_VALUES, TREE_SHAPE, multi_fits, xfirst_fits
+from volconv.plan.trees import (
+    MAX_TREE_VALUES,
+    TREE_SHAPE,
+    XFIRST_OVER_FUSED,
+    multi_fits,
+    xfirst_fits,
+)
 
 PATHS = ("direct", "separable", "low-rank")
 
@@ -406,6 +412,12 @@ def make_separable_plan(
                 f"pairs, and its tiles in local memory)"
             )
         want = False
+    if want and fused is None and feature_planes and XFIRST_OVER_FUSED and multi is not False:
+        # features on the device: the axis-0-first tree where it runs, not the fused kernel
+        rev = reversed_tree(choices, lo)
+        want = not (xfirst is not False and multi_fits(tree, choices, TREE_SHAPE[kind][1],
+                                                       TREE_SHAPE[kind][0], forced=False)
+                    and xfirst_fits(rev, device))  # fmt: skip
     # kernels/tree.cl's own shape, unless given
     v_tree, u_tree = (t if g is None else g for t, g in zip(TREE_SHAPE[kind], given, strict=True))
     several = not want and (
