@@ -22,7 +22,7 @@
  *
  * Build options (-D): the tables above, N_OUT responses, V (= EV, kernels/eigen.cl's lanes),
  * UY, UX, IN_T the padded slab's element type, FEATURES the epilogue as in kernels/fused.cl
- * (EIG3, MAG2, MAG3, PICK, DIFF of response indices and feature planes).
+ * (kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF of response indices and feature planes).
  */
 
 #define TCAT(a, b) a##b
@@ -38,6 +38,17 @@ typedef TXCAT(float, V) floatv;
 #endif
 
 
+/* root k's V outputs from the V + KZ - 1 values `in` of their row, into A at (x, y, z) */
+#define ROOT_OUT(k, in)                                                                 \
+    {                                                                                   \
+        float a_[V];                                                                    \
+        _Pragma("unroll") for (int l = 0; l < V; ++l) {                                 \
+            a_[l] = 0.0f;                                                               \
+            _Pragma("unroll") for (int j = 0; j < KZ; ++j) a_[l] += wz[(k) * KZ + j] * in[l + j]; \
+        }                                                                               \
+        VSTORE(VLOAD(a_), dst + (((long)(k) * PX + x) * PY + y) * R + z);               \
+    }
+
 /* A[k][x][y][z] = sum_j wz[k][j] in[x + S0][y + S1][z + S2 + j] */
 __kernel void tree_z(__global const IN_T *restrict src, /* slabs of (P0, P1, P2) */
                      __global float *restrict dst,      /* A */
@@ -48,35 +59,19 @@ __kernel void tree_z(__global const IN_T *restrict src, /* slabs of (P0, P1, P2)
     const int x = (int)get_global_id(2);
     if (z >= R || y >= PY || x >= PX) return;
     const int root_in[N_ROOTS] = {ROOT_IN};
+    const int root_first[N_ROOTS] = {ROOT_FIRST}; /* the first root of its input */
     const float wz[N_ROOTS * KZ] = {WZ};
     const long row = ((long)(x + S0) * P1 + y + S1) * P2 + z + S2;
 #pragma unroll
-    for (int s = 0; s < N_ROOTS; ++s) { /* each input once, before its first root */
-        bool first = true;
-#pragma unroll
-        for (int k = 0; k < s; ++k) first = first && root_in[k] != root_in[s];
-        if (!first) continue;
+    for (int s = 0; s < N_ROOTS; ++s) {
+        if (!root_first[s]) continue; /* each input once, before its first root */
         const __global IN_T *p = src + root_in[s] * IN_STRIDE + row;
         float v[V + KZ - 1];
 #pragma unroll
         for (int j = 0; j < V + KZ - 1; ++j) v[j] = (float)p[j];
 #pragma unroll
         for (int k = s; k < N_ROOTS; ++k) {
-            if (root_in[k] != root_in[s]) continue;
-            float a[V];
-#pragma unroll
-            for (int l = 0; l < V; ++l) {
-                a[l] = 0.0f;
-#pragma unroll
-                for (int j = 0; j < KZ; ++j) a[l] += wz[k * KZ + j] * v[l + j];
-            }
-            floatv o;
-#if V == 1
-            o = a[0];
-#else
-            o = VLOAD(a);
-#endif
-            VSTORE(o, dst + (((long)k * PX + x) * PY + y) * R + z);
+            if (root_in[k] == root_in[s]) ROOT_OUT(k, v)
         }
     }
 }
@@ -115,20 +110,7 @@ __kernel void tree_z_products(__global const float *restrict g, const long G_PLA
 #pragma unroll
         for (int j = 0; j < V + KZ - 1; ++j)
             p[j] = inside[j] ? v[pair_a[k]][j] * v[pair_b[k]][j] : cval;
-        float a[V];
-#pragma unroll
-        for (int l = 0; l < V; ++l) {
-            a[l] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < KZ; ++j) a[l] += wz[k * KZ + j] * p[l + j];
-        }
-        floatv o;
-#if V == 1
-        o = a[0];
-#else
-        o = VLOAD(a);
-#endif
-        VSTORE(o, dst + (((long)k * PX + x) * PY + y) * R + z);
+        ROOT_OUT(k, p)
     }
 }
 #endif
@@ -187,18 +169,8 @@ __kernel void tree_y(__global const float *restrict src, /* A */
             for (int l_ = 0; l_ < NZ - z; ++l_) q_[l_] = t_[l_];            \
         }                                                                   \
     }
-#define RESP(f) acc[f][u]
-#define FEAT(o) (feat + (long)(o) * plane)
-#define EIG3(a, b, c, d, e, f, o)                                                      \
-    {                                                                                  \
-        floatv l0, l1, l2;                                                             \
-        eigen_sym3(RESP(a), RESP(b), RESP(c), RESP(d), RESP(e), RESP(f), &l0, &l1, &l2); \
-        PUT(FEAT(o), l0) PUT(FEAT(o + 1), l1) PUT(FEAT(o + 2), l2)                     \
-    }
-#define MAG2(a, b, o) PUT(FEAT(o), magnitude3(RESP(a), RESP(b), (floatv)0.0f))
-#define MAG3(a, b, c, o) PUT(FEAT(o), magnitude3(RESP(a), RESP(b), RESP(c)))
-#define PICK(a, o) PUT(FEAT(o), RESP(a))
-#define DIFF(a, b, o) PUT(FEAT(o), RESP(a) - RESP(b))
+#define RESP(f) acc[f][u] /* kernels/eigen.cl's epilogue macros, V lanes (EV = V) */
+#define FEAT_STORE(o, v) PUT(feat + (long)(o) * plane, v)
 
 /* response f at [x][y][z] = sum over its combos c of sum_j wx[c][j] B[mid(c)][x + j][y][z];
  * then the features (or, N_STORED < 0, every response and no feature) */

@@ -26,18 +26,21 @@
  * planes formed as they are read (PAIR_A, PAIR_B: each root's two planes).
  *
  * Build options (-D): the tables, N_OUT, UA, TY, TZ, UB, VC, IN_T, FEATURES (as in
- * kernels/fused.cl: EIG3, MAG2, MAG3, PICK, DIFF); the work-group is (TZ / VC, TY).
+ * kernels/fused.cl: kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF); the work-group is
+ * (TZ / VC, TY).
  */
 
 #define LY (TY + KB - 1)
 #define LZ (TZ + KC - 1)
 #define ITEMS ((TZ / VC) * TY)
 
-/* acc[k][u] += the taps of root k on the value v of row i (outputs u reach it) */
-#define TAPS(k, i, v)                                                                    \
-    _Pragma("unroll") for (int u = 0; u < UA; ++u) {                                     \
-        if (i - u >= 0 && i - u < KA) acc[k][u] += wa[(k) * KA + i - u] * (v);           \
+/* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
+ * reaches (tap t = i - u of K) */
+#define SLIDE(to, w, K, U, i, v)                                                         \
+    _Pragma("unroll") for (int u_ = 0; u_ < U; ++u_) {                                   \
+        if ((i) - u_ >= 0 && (i) - u_ < K) to[u_] += (w)[(i) - u_] * (v);                \
     }
+#define TAPS(k, i, v) SLIDE(acc[k], wa + (k) * KA, KA, UA, i, v)
 
 /* A[k][x][y][z] = sum_j wa[k][j] in_k[X0 + x + SA + j][y + SB][z + SC] for x < NX, in_k the
  * slab ROOT_IN[k] (IN_STRIDE elements apart) */
@@ -50,24 +53,17 @@ __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2
     const int x = (int)get_global_id(2) * UA;
     if (z >= PZ || y >= PY || x >= NX) return;
     const int root_in[N_ROOTS] = {ROOT_IN};
+    const int root_first[N_ROOTS] = {ROOT_FIRST}; /* the first root of its input */
     const float wa[N_ROOTS * KA] = {WA};
     const long plane = (long)P1 * P2;
     const __global IN_T *p = src + (long)(X0 + x + SA) * plane + (long)(y + SB) * P2 + z + SC;
-    float acc[N_ROOTS][UA];
-#pragma unroll
-    for (int k = 0; k < N_ROOTS; ++k) {
-#pragma unroll
-        for (int u = 0; u < UA; ++u) acc[k][u] = 0.0f;
-    }
+    float acc[N_ROOTS][UA] = {{0.0f}};
     const int last = NX - x + KA - 2; /* the last row this work-item's outputs read */
 #pragma unroll
     for (int i = 0; i < UA + KA - 1; ++i) {
 #pragma unroll
-        for (int s = 0; s < N_ROOTS; ++s) { /* each input once, before its first root */
-            bool first = true;
-#pragma unroll
-            for (int k = 0; k < s; ++k) first = first && root_in[k] != root_in[s];
-            if (!first) continue;
+        for (int s = 0; s < N_ROOTS; ++s) {
+            if (!root_first[s]) continue; /* each input once, before its first root */
             const float v = (float)p[root_in[s] * IN_STRIDE + min(i, last) * plane];
 #pragma unroll
             for (int k = s; k < N_ROOTS; ++k) {
@@ -103,12 +99,7 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
     const int pair_b[N_ROOTS] = {PAIR_B};
     const float wa[N_ROOTS * KA] = {WA};
     const int i1 = m1[y + SB], i2 = m2[z + SC];
-    float acc[N_ROOTS][UA];
-#pragma unroll
-    for (int k = 0; k < N_ROOTS; ++k) {
-#pragma unroll
-        for (int u = 0; u < UA; ++u) acc[k][u] = 0.0f;
-    }
+    float acc[N_ROOTS][UA] = {{0.0f}};
     const int last = NX - x + KA - 2;
 #pragma unroll
     for (int i = 0; i < UA + KA - 1; ++i) {
@@ -134,18 +125,8 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
 }
 #endif
 
-#define RESP(f) acc[f][l]
-#define FEAT(o) feat[(long)(o) * plane + at]
-#define EIG3(a, b, c, d, e, f, o)                                                      \
-    {                                                                                  \
-        float l0, l1, l2;                                                              \
-        eigen_sym3(RESP(a), RESP(b), RESP(c), RESP(d), RESP(e), RESP(f), &l0, &l1, &l2); \
-        FEAT(o) = l0, FEAT(o + 1) = l1, FEAT(o + 2) = l2;                              \
-    }
-#define MAG2(a, b, o) FEAT(o) = magnitude3(RESP(a), RESP(b), 0.0f);
-#define MAG3(a, b, c, o) FEAT(o) = magnitude3(RESP(a), RESP(b), RESP(c));
-#define PICK(a, o) FEAT(o) = RESP(a);
-#define DIFF(a, b, o) FEAT(o) = RESP(a) - RESP(b);
+#define RESP(f) acc[f][l] /* kernels/eigen.cl's epilogue macros, a voxel at a time */
+#define FEAT_STORE(o, v) feat[(long)(o) * plane + at] = (v);
 
 __kernel __attribute__((reqd_work_group_size(TZ / VC, TY, 1)))
 void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
@@ -188,22 +169,14 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #pragma unroll
             for (int k = 0; k < N_ROOTS; ++k) {
                 if (k < k0 || k >= k0 + N_TILES) continue;
-                float m[N_MIDS][UB];
-#pragma unroll
-                for (int i = 0; i < N_MIDS; ++i) {
-#pragma unroll
-                    for (int u = 0; u < UB; ++u) m[i][u] = 0.0f;
-                }
+                float m[N_MIDS][UB] = {{0.0f}};
 #pragma unroll
                 for (int j = 0; j < UB + KB - 1; ++j) {
                     const float v = la[TILE(k)][r0 + j][c];
 #pragma unroll
                     for (int i = 0; i < N_MIDS; ++i) {
                         if (mid_root[i] != k) continue;
-#pragma unroll
-                        for (int u = 0; u < UB; ++u) {
-                            if (j - u >= 0 && j - u < KB) m[i][u] += wb[i * KB + j - u] * v;
-                        }
+                        SLIDE(m[i], wb + i * KB, KB, UB, j, v)
                     }
                 }
 #pragma unroll
@@ -218,12 +191,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
     barrier(CLK_LOCAL_MEM_FENCE);
     /* 3. every response along axis 2, VC outputs a work-item */
     const int ty = (int)get_local_id(1), c0 = (int)get_local_id(0) * VC;
-    float acc[N_OUT][VC];
-#pragma unroll
-    for (int f = 0; f < N_OUT; ++f) {
-#pragma unroll
-        for (int l = 0; l < VC; ++l) acc[f][l] = 0.0f;
-    }
+    float acc[N_OUT][VC] = {{0.0f}};
 #pragma unroll
     for (int i = 0; i < N_MIDS; ++i) {
 #pragma unroll
@@ -232,10 +200,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #pragma unroll
             for (int c = 0; c < N_COMBOS; ++c) {
                 if (combo_mid[c] != i) continue;
-#pragma unroll
-                for (int l = 0; l < VC; ++l) {
-                    if (j - l >= 0 && j - l < KC) acc[combo_out[c]][l] += wc[c * KC + j - l] * v;
-                }
+                SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
             }
         }
     }

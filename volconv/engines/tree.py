@@ -38,12 +38,33 @@ def _table(t: object) -> str:
     return ",".join(map(str, t))
 
 
-class MultiTree:
-    """kernels/tree.cl built for ``tree`` (in slot order), with ``epilogue`` (the FEATURES of
-    kernels/fused.cl's form) and the first ``n_stored`` responses written (every response when
-    there is no epilogue); ``root_in`` the input slab of each root (default: one slab).
-    ``depth`` bounds the output rows of a launch (default: the plan's slab depth).
-    ``products``: each root's pair of planes, for `launch_products`."""
+def _tables(tree: FusedTree, root_in: Sequence[int] | None,
+            products: Sequence[tuple[int, int]] | None,
+            weights: tuple[str, str, str]) -> tuple[tuple[str, object], ...]:  # fmt: skip
+    """Build options of ``tree``'s tables (its taps as ``weights``: roots', mids', combos'),
+    each root's input slab and, with ``products``, each root's pair of planes."""
+    roots = tuple(root_in) if root_in is not None else (0,) * len(tree.wz)
+    defines = (
+        ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)), ("N_COMBOS", len(tree.wx)),
+        ("N_OUT", tree.n_out), ("ROOT_IN", _table(roots)),
+        ("ROOT_FIRST", _table([int(r not in roots[:k]) for k, r in enumerate(roots)])),
+        ("MID_ROOT", _table(tree.mid_root)),
+        ("COMBO_MID", _table(tree.combo_mid)), ("COMBO_OUT", _table(tree.combo_out)),
+        *zip(weights, map(_table, (tree.wz, tree.wy, tree.wx)), strict=True),
+    )  # fmt: skip
+    if products is not None:
+        defines += (("PAIR_A", _table([a for a, _ in products])),
+                    ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
+    return defines
+
+
+class _Tree:
+    """A multi-output pass tree's kernels, built for ``tree`` (in slot order), with
+    ``epilogue`` (the FEATURES of kernels/fused.cl's form) and the first ``n_stored``
+    responses written (every response when there is no epilogue); ``root_in`` the input slab
+    of each root (default: one slab); ``depth`` bounds the output rows of a launch (default:
+    the plan's slab depth); ``products``: each root's pair of planes, for
+    ``launch_products``."""
 
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
                  tree: FusedTree, epilogue: str, n_stored: int, feature_planes: int,
@@ -53,39 +74,44 @@ class MultiTree:
         self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
         self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
         self.root_in = tuple(root_in) if root_in is not None else (0,) * len(tree.wz)
-        v, ux = plan.vector_width, plan.rows
-        defines = (
-            ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
-            ("S0", tree.start[0]), ("S1", tree.start[1]), ("S2", tree.start[2]),
-            ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
-            ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
-            ("ROOT_IN", _table(self.root_in)), ("MID_ROOT", _table(tree.mid_root)),
-            ("COMBO_MID", _table(tree.combo_mid)), ("COMBO_OUT", _table(tree.combo_out)),
-            ("WZ", _table(tree.wz)), ("WY", _table(tree.wy)), ("WX", _table(tree.wx)),
-            ("V", v), ("EV", v), ("UY", TREE_ROWS), ("UX", ux),
-            ("IN_T", CL_TYPES[plan.pad_dtype]),
-        )  # fmt: skip
-        if epilogue:
-            defines += (("FEATURES", epilogue),)
-        names = ["tree_z", "tree_y", "tree_x"]
-        if products is not None:
-            defines += (("PAIR_A", _table([a for a, _ in products])),
-                        ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
-            names.append("tree_z_products")
-        prog = build_with_features(ctx, "tree.cl", defines)
-        self._k = {name: cl.Kernel(prog, name) for name in names}
-        kind = "cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"
-        self.groups = dict(TREE_GROUPS[kind])
-        self.groups["tree_z_products"] = self.groups["tree_z"]
-        sizes = tree_bytes(plan, tree, plan.slab_depth if depth is None else depth)
-        mf = cl.mem_flags
-        self._a = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
-        self._b = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
+        self._build(ctx, plan.slab_depth if depth is None else depth, products)
+
+    def _build(self, ctx: cl.Context, depth: int,
+               products: Sequence[tuple[int, int]] | None) -> None:  # fmt: skip
+        raise NotImplementedError
 
     @property
     def counts(self) -> tuple[int, int, int]:
         """The tables' roots, mids and combos."""
         return len(self.tree.wz), len(self.tree.wy), len(self.tree.wx)
+
+
+class MultiTree(_Tree):
+    """kernels/tree.cl: three launches, axis 2 first (see `_Tree`)."""
+
+    def _build(self, ctx: cl.Context, depth: int,
+               products: Sequence[tuple[int, int]] | None) -> None:  # fmt: skip
+        plan, tree, root_in = self.plan, self.tree, self.root_in
+        v, ux = plan.vector_width, plan.rows
+        defines = (
+            ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
+            ("S0", tree.start[0]), ("S1", tree.start[1]), ("S2", tree.start[2]),
+            *_tables(tree, root_in, products, ("WZ", "WY", "WX")),
+            ("V", v), ("EV", v), ("UY", TREE_ROWS), ("UX", ux),
+            ("IN_T", CL_TYPES[plan.pad_dtype]),
+        )  # fmt: skip
+        if self.epilogue:
+            defines += (("FEATURES", self.epilogue),)
+        names = ["tree_z", "tree_y", "tree_x"] + ["tree_z_products"] * (products is not None)
+        prog = build_with_features(ctx, "tree.cl", defines)
+        self._k = {name: cl.Kernel(prog, name) for name in names}
+        kind = "cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"
+        self.groups = dict(TREE_GROUPS[kind])
+        self.groups["tree_z_products"] = self.groups["tree_z"]
+        sizes = tree_bytes(plan, tree, depth)
+        mf = cl.mem_flags
+        self._a = cl.Buffer(ctx, mf.READ_WRITE, sizes["fast"])
+        self._b = cl.Buffer(ctx, mf.READ_WRITE, sizes["mid"])
 
     def launch(self, padded: cl.Buffer, out: cl.Buffer, feat: cl.Buffer, depth: int,
                every: bool, in_stride: int = 0) -> list[cl.Event]:  # fmt: skip
@@ -234,18 +260,13 @@ def xfirst_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> int:
     return len(tree.wz) * min(block, depth) * py * rz * 4
 
 
-class XFirstTree:
-    """kernels/tree_yz.cl built for a plan's reversed tree (`reversed_tree`, slot order),
-    with ``epilogue`` and the first ``n_stored`` responses written; ``root_in``, ``depth``
-    and ``products`` as `MultiTree`'s."""
+class XFirstTree(_Tree):
+    """kernels/tree_yz.cl: two launches, axis 0 first, for a plan's reversed tree
+    (`reversed_tree`; see `_Tree`)."""
 
-    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
-                 tree: FusedTree, epilogue: str, n_stored: int, feature_planes: int,
-                 clock: KernelClock, root_in: Sequence[int] | None = None,
-                 depth: int | None = None,
-                 products: Sequence[tuple[int, int]] | None = None) -> None:  # fmt: skip
-        self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
-        self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
+    def _build(self, ctx: cl.Context, depth: int,
+               products: Sequence[tuple[int, int]] | None) -> None:  # fmt: skip
+        plan, tree, root_in = self.plan, self.tree, self.root_in
         self.shape = xfirst_shape(tree, ctx.devices[0])
         if self.shape is None:
             raise ValueError("xfirst: the tree's tiles do not fit local memory")
@@ -253,37 +274,22 @@ class XFirstTree:
         defines = (
             ("KA", tree.taps[2]), ("KB", tree.taps[1]), ("KC", tree.taps[0]),
             ("SA", tree.start[2]), ("SB", tree.start[1]), ("SC", tree.start[0]),
-            ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
-            ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
-            ("ROOT_IN", _table(tuple(root_in) if root_in is not None else (0,) * len(tree.wz))),
-            ("MID_ROOT", _table(tree.mid_root)), ("COMBO_MID", _table(tree.combo_mid)),
-            ("COMBO_OUT", _table(tree.combo_out)), ("WA", _table(tree.wz)),
-            ("WB", _table(tree.wy)), ("WC", _table(tree.wx)),
+            *_tables(tree, root_in, products, ("WA", "WB", "WC")),
             ("UA", s["UA"]), ("TY", s["TY"]), ("TZ", s["TZ"]), ("UB", s["UB"]),
             ("VC", s["VC"]), ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
         if s["ONE_ROOT"]:
             defines += (("ONE_ROOT", 1),)
-        if epilogue:
-            defines += (("FEATURES", epilogue),)
-        names = ["first_x", "last_yz"]
-        if products is not None:
-            defines += (("PAIR_A", _table([a for a, _ in products])),
-                        ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
-            names.append("first_x_products")
+        if self.epilogue:
+            defines += (("FEATURES", self.epilogue),)
+        names = ["first_x", "last_yz"] + ["first_x_products"] * (products is not None)
         prog = build_with_features(ctx, "tree_yz.cl", defines)
         self._k = {name: cl.Kernel(prog, name) for name in names}
-        depth = plan.slab_depth if depth is None else depth
         self.block = min(plan.block_rows or depth, depth)
         ny, nz = plan.shape[1:]
         self.py, self.pz = ny + tree.taps[1] - 1, nz + tree.taps[0] - 1
         self.rz = -(-self.pz // 4) * 4
         self._a = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, xfirst_bytes(plan, tree, depth))
-
-    @property
-    def counts(self) -> tuple[int, int, int]:
-        """The tables' roots, mids and combos."""
-        return len(self.tree.wz), len(self.tree.wy), len(self.tree.wx)
 
     def launch(self, padded: cl.Buffer, out: cl.Buffer, feat: cl.Buffer, depth: int,
                every: bool, in_stride: int = 0) -> list[cl.Event]:  # fmt: skip
