@@ -30,77 +30,46 @@ from volconv.plan.separable import make_separable_plan, plan_paths
 
 # name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
 # tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own)
-XF = {"TY": 8, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0}
+XF = {"TY": 16, "TZ": 32, "UB": 2, "VC": 4, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0}
+SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry)
+    "xf_ub4": {**XF, "UB": 4},
+    "xf_ub1": {**XF, "UB": 1},
+    "xf_tz64_ty12_vc8": {**XF, "TZ": 64, "TY": 12, "VC": 8},
+    "xf_tz64_ty8": {**XF, "TZ": 64, "TY": 8},
+    "xf_vc8": {**XF, "VC": 8},
+    "xf_ty8": {**XF, "TY": 8},
+    "xf_one": {**XF, "ONE_ROOT": 1},
+    "xf_block64": {**XF, "BLOCK": 64},
+    "xf_ua4": {**XF, "UA": 4},
+}
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
     "default": {},
     "xfirst": {"fused": False, "xfirst": True},
-    "xfirst_block16": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "BLOCK": 16}},
-    "xfirst_block64": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "BLOCK": 64}},
-    "xfirst_one_ty16_tz64": {
-        "fused": False,
-        "xfirst": True,
-        "xfirst_shape": {**XF, "TY": 16, "TZ": 64, "ONE_ROOT": 1},
-    },
-    "xfirst_one_ty8_tz64": {
-        "fused": False,
-        "xfirst": True,
-        "xfirst_shape": {**XF, "TY": 8, "TZ": 64, "ONE_ROOT": 1},
-    },
-    "xfirst_one_ty16_tz32": {
-        "fused": False,
-        "xfirst": True,
-        "xfirst_shape": {**XF, "TY": 16, "ONE_ROOT": 1},
-    },
-    "xfirst_ua4": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "UA": 4}},
-    "xfirst_ty16": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "TY": 16}},
-    "xfirst_ty4_tz64": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "TY": 4, "TZ": 64}},
-    "xfirst_vc1_ub2": {"fused": False, "xfirst": True, "xfirst_shape": {**XF, "VC": 1, "UB": 2}},
-    "xfirst_vc4_tz64_ty4": {
-        "fused": False,
-        "xfirst": True,
-        "xfirst_shape": {**XF, "VC": 4, "TZ": 64, "TY": 4},
-    },
     "multi_v2_u4": {"fused": False, "multi": True, "xfirst": False, "vector_width": 2, "rows": 4},
-    "multi_v4_u4": {"fused": False, "multi": True, "xfirst": False, "vector_width": 4, "rows": 4},
-    "multi_v2_u4_nogroups": {
-        "fused": False,
-        "multi": True,
-        "xfirst": False,
-        "vector_width": 2,
-        "rows": 4,
-        "groups": {"tree_z": None, "tree_y": None, "tree_x": None},
-    },
+    **{k: {"fused": False, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
-FUSED_TILES = [(8, 32, 32), (4, 32, 32), (8, 32, 64), (4, 32, 64), (2, 32, 64), (16, 16, 32),
-               (4, 64, 32), (8, 16, 64), (8, 16, 128)]  # fmt: skip
+FUSED_TILES = [(8, 16, 64), (8, 16, 128), (16, 16, 64), (4, 32, 64)]
 STRUCTURE = {
     "passes": {"fused": False, "multi": False},
     "default": {},
-    "fused": {"fused": True, "multi": False},
     "multi_zyx": {"multi": True, "xfirst": False},
+    "xfirst": {"multi": True, "xfirst": True},
     "grad_xfirst": {"fused": False},
-    "xfirst_ty4": {"xfirst_shape": {**XF, "TY": 4}},
-    "xfirst_one_ty16_tz64": {"xfirst_shape": {**XF, "TY": 16, "TZ": 64, "ONE_ROOT": 1}},
-    "xfirst_one_ty8_tz32": {"xfirst_shape": {**XF, "ONE_ROOT": 1}},
-    "xfirst_block16": {"xfirst_shape": {**XF, "BLOCK": 16}},
-    "xfirst_block64": {"xfirst_shape": {**XF, "BLOCK": 64}},
+    "fused": {"fused": True, "multi": False},
+    **{k: {"multi": True, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
-
-
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "xfirst_one_ty16_tz64", "xfirst_one_ty8_tz64",
-                   "xfirst_one_ty16_tz32", "xfirst_block16", "xfirst_block64", "xfirst_ua4",
-                   "xfirst_ty16", "xfirst_vc4_tz64_ty4", "multi_v2_u4", "multi_v4_u4"],
-    "structure_s1": ["passes", "default", "grad_xfirst", "fused", "multi_zyx", "xfirst_ty4",
-                     "xfirst_one_ty16_tz64", "xfirst_one_ty8_tz32", "xfirst_block16"],
-    "structure_s3": ["passes", "default", "grad_xfirst", "multi_zyx", "xfirst_ty4",
-                     "xfirst_one_ty16_tz64",
-                     "xfirst_block16"],
-    "hessian_s1": ["default", "xfirst", "xfirst_one_ty16_tz64", "xfirst_one_ty8_tz64",
-                   "xfirst_vc4_tz64_ty4", "multi_v4_u4", "fused_8x32x32", "fused_4x32x32",
-                   "fused_4x32x64", "fused_2x32x64", "fused_8x16x64", "fused_16x16x32"],
+    "hessian_s3": ["passes", "default", "xfirst", "xf_ub4", "xf_ub1", "xf_tz64_ty12_vc8",
+                   "xf_tz64_ty8", "xf_vc8", "xf_ty8", "xf_block64", "xf_ua4", "multi_v2_u4"],
+    "structure_s1": ["default", "multi_zyx", "xfirst", "xf_ub4", "xf_tz64_ty12_vc8",
+                     "xf_tz64_ty8", "xf_one"],
+    "structure_s3": ["default", "multi_zyx", "xfirst", "xf_ub4", "xf_tz64_ty12_vc8",
+                     "xf_tz64_ty8", "xf_vc8"],
+    "hessian_s1": ["default", "xfirst", "xf_ub4", "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_vc8",
+                   "xf_ty8", "fused_8x16x64", "fused_8x16x128", "fused_16x16x64",
+                   "fused_4x32x64"],
 }  # fmt: skip
 
 
