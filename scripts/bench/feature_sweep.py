@@ -74,6 +74,8 @@ ORDER = {
 
 
 def variants(name: str) -> dict[str, dict]:
+    if name.endswith("_raw"):
+        return {"default": {}, "xfirst": {"fused": False, "xfirst": True}}
     table = dict(HESSIAN if name.startswith("hessian") else STRUCTURE)
     table.update({f"fused_{ty}x{tz}x{cx}": {"fused": True, "tile": (ty, tz, cx)}
                   for ty, tz, cx in FUSED_TILES})  # fmt: skip
@@ -81,7 +83,7 @@ def variants(name: str) -> dict[str, dict]:
 
 
 def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dict,
-                passes: int) -> tuple[dict, np.ndarray]:  # fmt: skip
+                passes: int, raw: bool = False) -> tuple[dict, np.ndarray]:  # fmt: skip
     options = dict(options)
     groups, uy = options.pop("groups", None), options.pop("uy", None)
     shape = options.pop("tree_shape", None)
@@ -98,14 +100,17 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         tree.TREE_ROWS = uy
     try:
         ex = expand([], feats)
+        sizes = ex.plan_sizes()
+        if raw:  # the features' filters as a bank: every response written, no feature
+            ex, sizes = None, {}
+        filters = expand([], feats).filters
         t0 = time.perf_counter()
         fused = options.get("fused")
-        choices = plan_paths(ex.filters, device, separable=ex.separable, fused=fused,
+        choices = plan_paths(filters, device, separable=ex.separable if ex else (), fused=fused,
                              tile=options.get("tile"))  # fmt: skip
-        plan = make_separable_plan(ex.filters, volume.shape, volume.dtype, mode, 0.0, device,
-                                   choices=choices, stream=True, **ex.plan_sizes(),
-                                   **options)  # fmt: skip
-        conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, 0.0,
+        plan = make_separable_plan(filters, volume.shape, volume.dtype, mode, 0.0, device,
+                                   choices=choices, stream=True, **sizes, **options)  # fmt: skip
+        conv = SeparableConvolver(filters, volume.shape, volume.dtype, mode, 0.0,
                                   device=device, expanded=ex, choices=choices,
                                   slab_depth=plan.slab_depth, **options)  # fmt: skip
         build = time.perf_counter() - t0
@@ -147,7 +152,10 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=256)
-    p.add_argument("--only", default="hessian_s3,structure_s1,structure_s3,hessian_s1")
+    p.add_argument(
+        "--only",
+        default="hessian_s3,structure_s1,structure_s3,hessian_s1,hessian_s1_raw,hessian_s3_raw",
+    )
     p.add_argument("--device", default="gpu")
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--budget", type=float, default=150.0, help="seconds; later variants skipped")
@@ -166,14 +174,15 @@ def main() -> None:
     start = time.perf_counter()
     sets = feature_sets()
     for name in args.only.split(","):
-        feats, mode = sets[name]
+        raw = name.endswith("_raw")  # the Hessian's six responses: what the eigenvalues cost
+        feats, mode = sets[name.removesuffix("_raw")]
         entry, ref = {}, None
         for label, options in variants(name).items():
             if time.perf_counter() - start > args.budget:
                 entry[label] = {"skipped": "budget"}
                 continue
             try:
-                rec, out = run_variant(volume, feats, mode, device, options, args.passes)
+                rec, out = run_variant(volume, feats, mode, device, options, args.passes, raw)
             except Exception as e:  # a shape that does not build or fit: recorded
                 entry[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
                 print(name, label, entry[label], flush=True)
