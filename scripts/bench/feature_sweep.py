@@ -154,7 +154,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=256)
     p.add_argument(
         "--only",
-        default="hessian_s3,structure_s1,structure_s3,hessian_s1,hessian_s1_raw,hessian_s3_raw",
+        default="hessian_s3,hessian_s1_raw,hessian_s3_raw,structure_s1,structure_s3,hessian_s1",
     )
     p.add_argument("--device", default="gpu")
     p.add_argument("--passes", type=int, default=2)
