@@ -37,6 +37,26 @@
 #define LZP ((LZ + 6) / 4 * 4)
 #define ITEMS ((TZ / VC) * TY)
 
+/* The tables: each kernel's own private constants, or (CONSTANT_TABLES) file-scope arrays in
+ * the constant address space, read as operands where their indices are known. */
+#ifdef CONSTANT_TABLES
+#define TABLE(type, name, n, values)
+__constant int root_in[N_ROOTS] = {ROOT_IN};
+__constant int root_first[N_ROOTS] = {ROOT_FIRST};
+__constant float wa[N_ROOTS * KA] = {WA};
+__constant int mid_root[N_MIDS] = {MID_ROOT};
+__constant int combo_mid[N_COMBOS] = {COMBO_MID};
+__constant int combo_out[N_COMBOS] = {COMBO_OUT};
+__constant float wb[N_MIDS * KB] = {WB};
+__constant float wc[N_COMBOS * KC] = {WC};
+#ifdef PAIR_A
+__constant int pair_a[N_ROOTS] = {PAIR_A};
+__constant int pair_b[N_ROOTS] = {PAIR_B};
+#endif
+#else
+#define TABLE(type, name, n, values) const type name[n] = {values};
+#endif
+
 /* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
  * reaches (tap t = i - u of K) */
 #define SLIDE(to, w, K, U, i, v)                                                         \
@@ -55,9 +75,9 @@ __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
     if (z >= PZ || y >= PY || x >= NX) return;
-    const int root_in[N_ROOTS] = {ROOT_IN};
-    const int root_first[N_ROOTS] = {ROOT_FIRST}; /* the first root of its input */
-    const float wa[N_ROOTS * KA] = {WA};
+    TABLE(int, root_in, N_ROOTS, ROOT_IN)
+    TABLE(int, root_first, N_ROOTS, ROOT_FIRST) /* the first root of its input */
+    TABLE(float, wa, N_ROOTS * KA, WA)
     const long plane = (long)P1 * P2;
     const __global IN_T *p = src + (long)(X0 + x + SA) * plane + (long)(y + SB) * P2 + z + SC;
     float acc[N_ROOTS][UA] = {{0.0f}};
@@ -98,9 +118,9 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
     if (z >= PZ || y >= PY || x >= NX) return;
-    const int pair_a[N_ROOTS] = {PAIR_A};
-    const int pair_b[N_ROOTS] = {PAIR_B};
-    const float wa[N_ROOTS * KA] = {WA};
+    TABLE(int, pair_a, N_ROOTS, PAIR_A)
+    TABLE(int, pair_b, N_ROOTS, PAIR_B)
+    TABLE(float, wa, N_ROOTS * KA, WA)
     const int i1 = m1[y + SB], i2 = m2[z + SC];
     float acc[N_ROOTS][UA] = {{0.0f}};
     const int last = NX - x + KA - 2;
@@ -148,11 +168,11 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #endif
     __local float la[N_TILES][LY][LZP];
     __local float lm[N_MIDS][TY][LZP];
-    const int mid_root[N_MIDS] = {MID_ROOT};
-    const int combo_mid[N_COMBOS] = {COMBO_MID};
-    const int combo_out[N_COMBOS] = {COMBO_OUT};
-    const float wb[N_MIDS * KB] = {WB};
-    const float wc[N_COMBOS * KC] = {WC};
+    TABLE(int, mid_root, N_MIDS, MID_ROOT)
+    TABLE(int, combo_mid, N_COMBOS, COMBO_MID)
+    TABLE(int, combo_out, N_COMBOS, COMBO_OUT)
+    TABLE(float, wb, N_MIDS * KB, WB)
+    TABLE(float, wc, N_COMBOS * KC, WC)
     const int lid = (int)get_local_id(1) * (TZ / VC) + (int)get_local_id(0);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);

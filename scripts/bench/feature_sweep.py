@@ -47,6 +47,8 @@ HESSIAN = {
     "default": {},
     "xfirst": {"fused": False, "xfirst": True},
     "multi_v2_u4": {"fused": False, "multi": True, "xfirst": False, "vector_width": 2, "rows": 4},
+    "xfirst_const": {"fused": False, "xfirst": True, "const": True},
+    "multi_const": {"fused": False, "multi": True, "xfirst": False, "const": True},
     **{k: {"fused": False, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
 FUSED_TILES = [(8, 16, 64), (8, 16, 128), (16, 16, 64), (4, 32, 64)]
@@ -54,6 +56,8 @@ STRUCTURE = {
     "passes": {"fused": False, "multi": False},
     "default": {},
     "multi_zyx": {"multi": True, "xfirst": False},
+    "multi_zyx_const": {"multi": True, "xfirst": False, "const": True},
+    "xfirst_const": {"multi": True, "xfirst": True, "const": True},
     "xfirst": {"multi": True, "xfirst": True},
     "grad_xfirst": {"fused": False},
     "fused": {"fused": True, "multi": False},
@@ -61,15 +65,16 @@ STRUCTURE = {
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "xfirst", "xf_ub4", "xf_ub1", "xf_tz64_ty12_vc8",
-                   "xf_tz64_ty8", "xf_vc8", "xf_ty8", "xf_block64", "xf_ua4", "multi_v2_u4"],
-    "structure_s1": ["default", "multi_zyx", "xfirst", "xf_ub4", "xf_tz64_ty12_vc8",
-                     "xf_tz64_ty8", "xf_one"],
-    "structure_s3": ["default", "multi_zyx", "xfirst", "xf_ub4", "xf_tz64_ty12_vc8",
-                     "xf_tz64_ty8", "xf_vc8"],
-    "hessian_s1": ["default", "xfirst", "xf_ub4", "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_vc8",
-                   "xf_ty8", "fused_8x16x64", "fused_8x16x128", "fused_16x16x64",
-                   "fused_4x32x64"],
+    "hessian_s3": ["passes", "default", "xfirst_const", "multi_const", "xf_ub4", "xf_ub1",
+                   "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_vc8", "xf_ty8", "xf_block64", "xf_ua4",
+                   "multi_v2_u4"],
+    "structure_s1": ["default", "multi_zyx", "multi_zyx_const", "xfirst_const", "xf_ub4",
+                     "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_one"],
+    "structure_s3": ["default", "multi_zyx", "multi_zyx_const", "xfirst_const", "xf_ub4",
+                     "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_vc8"],
+    "hessian_s1": ["default", "xfirst", "xfirst_const", "xf_ub4", "xf_tz64_ty12_vc8",
+                   "xf_tz64_ty8", "xf_vc8", "xf_ty8", "fused_8x16x64", "fused_8x16x128",
+                   "fused_16x16x64", "fused_4x32x64"],
 }  # fmt: skip
 
 
@@ -88,6 +93,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     groups, uy = options.pop("groups", None), options.pop("uy", None)
     shape = options.pop("tree_shape", None)
     xf = options.pop("xfirst_shape", None)
+    tree.CONSTANT_TABLES["gpu"] = options.pop("const", False)
     saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
              dict(tree.XFIRST_SHAPE["gpu"]))  # fmt: skip
     if xf is not None:
@@ -120,6 +126,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         tree.TREE_ROWS = saved[1]
         separable.TREE_SHAPE.update(saved[2])
         tree.XFIRST_SHAPE["gpu"].update(saved[3])
+        tree.CONSTANT_TABLES["gpu"] = False
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:

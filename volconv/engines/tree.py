@@ -38,11 +38,17 @@ def _table(t: object) -> str:
     return ",".join(map(str, t))
 
 
+# The tables (taps, indices) as file-scope arrays in the constant address space rather than
+# each kernel's private constants, per kind of device.
+CONSTANT_TABLES = {"gpu": False, "cpu": False}
+
+
 def _tables(tree: FusedTree, root_in: Sequence[int] | None,
-            products: Sequence[tuple[int, int]] | None,
-            weights: tuple[str, str, str]) -> tuple[tuple[str, object], ...]:  # fmt: skip
+            products: Sequence[tuple[int, int]] | None, weights: tuple[str, str, str],
+            device: cl.Device) -> tuple[tuple[str, object], ...]:  # fmt: skip
     """Build options of ``tree``'s tables (its taps as ``weights``: roots', mids', combos'),
-    each root's input slab and, with ``products``, each root's pair of planes."""
+    each root's input slab and, with ``products``, each root's pair of planes; where they
+    live on ``device`` (`CONSTANT_TABLES`)."""
     roots = tuple(root_in) if root_in is not None else (0,) * len(tree.wz)
     defines = (
         ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)), ("N_COMBOS", len(tree.wx)),
@@ -55,6 +61,8 @@ def _tables(tree: FusedTree, root_in: Sequence[int] | None,
     if products is not None:
         defines += (("PAIR_A", _table([a for a, _ in products])),
                     ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
+    if CONSTANT_TABLES["cpu" if device.type & cl.device_type.CPU else "gpu"]:
+        defines += (("CONSTANT_TABLES", 1),)
     return defines
 
 
@@ -96,7 +104,7 @@ class MultiTree(_Tree):
         defines = (
             ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
             ("S0", tree.start[0]), ("S1", tree.start[1]), ("S2", tree.start[2]),
-            *_tables(tree, root_in, products, ("WZ", "WY", "WX")),
+            *_tables(tree, root_in, products, ("WZ", "WY", "WX"), ctx.devices[0]),
             ("V", v), ("EV", v), ("UY", TREE_ROWS), ("UX", ux),
             ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
@@ -274,7 +282,7 @@ class XFirstTree(_Tree):
         defines = (
             ("KA", tree.taps[2]), ("KB", tree.taps[1]), ("KC", tree.taps[0]),
             ("SA", tree.start[2]), ("SB", tree.start[1]), ("SC", tree.start[0]),
-            *_tables(tree, root_in, products, ("WA", "WB", "WC")),
+            *_tables(tree, root_in, products, ("WA", "WB", "WC"), ctx.devices[0]),
             ("UA", s["UA"]), ("TY", s["TY"]), ("TZ", s["TZ"]), ("UB", s["UB"]),
             ("VC", s["VC"]), ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
