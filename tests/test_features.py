@@ -164,12 +164,14 @@ def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, lanes):
     ("wrap", True, "passes"), ("reflect", False, "multi"), ("constant", False, "multi"),
     ("wrap", False, "multi"), ("mirror", True, "multi"), ("reflect", False, "xfirst"),
     ("constant", False, "xfirst"), ("wrap", False, "xfirst"), ("nearest", True, "xfirst"),
+    ("constant", True, "multi"),
 ])  # fmt: skip
 def test_structure_tensor_eigenvalues(device, mode, fused, tree):
     """The outer smoothing takes the bank's mode (and cval) on the product field; seams every
     4 rows, rho's radius past the slab and, along axis 2, past the axis; the gradients and
     the smoothing as fused kernels too, and the smoothing as one tree of the six products
-    with the eigenvalues as its epilogue (multi; xfirst: axis 0 first)."""
+    with the eigenvalues as its epilogue (multi; xfirst: axis 0 first; fused and multi: the
+    products formed in the fused kernel's tiles where a slab's gradients are one chunk)."""
     volume = scene((18, 13, 6), seed=1)
     cval = 3.0 if mode == "constant" else 0.0
     sigma, rho = 1.0, 1.6

@@ -23,6 +23,7 @@ from features import feature_sets, volume_of
 from volconv.bank.features import expand
 from volconv.bench import device_record
 from volconv.device.devices import select_device
+from volconv.engines import features as stages
 from volconv.engines import tree
 from volconv.engines.separable import SeparableConvolver
 from volconv.plan import separable, trees
@@ -55,13 +56,16 @@ FUSED_TILES = [(8, 16, 64), (8, 16, 128), (16, 16, 64), (4, 32, 64)]
 STRUCTURE = {
     "passes": {"fused": False, "multi": False},
     "default": {},
-    "multi_zyx": {"multi": True, "xfirst": False},
-    "multi_zyx_const": {"multi": True, "xfirst": False, "const": True},
-    "xfirst_const": {"multi": True, "xfirst": True, "const": True},
-    "xfirst": {"multi": True, "xfirst": True},
+    "multi_zyx": {"multi": True, "xfirst": False, "outer_fused": False},
+    "multi_zyx_const": {"multi": True, "xfirst": False, "const": True, "outer_fused": False},
+    "xfirst_const": {"multi": True, "xfirst": True, "const": True, "outer_fused": False},
+    "xfirst": {"multi": True, "xfirst": True, "outer_fused": False},
     "grad_xfirst": {"fused": False},
     "fused": {"fused": True, "multi": False},
-    **{k: {"multi": True, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
+    **{
+        k: {"multi": True, "xfirst": True, "xfirst_shape": v, "outer_fused": False}
+        for k, v in SHAPES.items()
+    },
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
@@ -94,6 +98,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     shape = options.pop("tree_shape", None)
     xf = options.pop("xfirst_shape", None)
     tree.CONSTANT_TABLES["gpu"] = options.pop("const", False)
+    stages.OUTER_FUSED["gpu"] = options.pop("outer_fused", True)
     saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
              dict(tree.XFIRST_SHAPE["gpu"]))  # fmt: skip
     if xf is not None:
@@ -127,6 +132,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         separable.TREE_SHAPE.update(saved[2])
         tree.XFIRST_SHAPE["gpu"].update(saved[3])
         tree.CONSTANT_TABLES["gpu"] = False
+        stages.OUTER_FUSED["gpu"] = True
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:
