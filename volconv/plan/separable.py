@@ -378,8 +378,9 @@ def make_separable_plan(
     it (`fused_fits`); else, or when it is False, as the pass tree (the paths, if not given,
     by `plan_paths`). True where the tree does not fit is an error.
 
-    ``multi`` (default: on GPUs, where `multi_fits`) runs the pass tree (not fused) as three
-    multi-output launches, kernels/tree.cl; True forces it where the tree fits its registers;
+    ``multi`` (default: on GPUs for a bank with device features, where `multi_fits`) runs
+    the pass tree (not fused) as three multi-output launches, kernels/tree.cl; True forces it
+    where the tree fits its registers;
     ``xfirst`` (default: where multi runs and its tiles fit local memory) as two, axis 0 first
     (kernels/tree_yz.cl), a block of ``block_rows`` rows at a time (default: its own)."""
     entries = _entries(filters)
@@ -418,11 +419,14 @@ def make_separable_plan(
         want = not (xfirst is not False and multi_fits(tree, choices, TREE_SHAPE[kind][1],
                                                        TREE_SHAPE[kind][0], forced=False)
                     and xfirst_fits(rev, device))  # fmt: skip
+    # by default a bank whose features the device computes, on GPUs (the others' paths as
+    # measured before these trees)
+    default_multi = kind == "gpu" and feature_planes > 0
     # kernels/tree.cl's own shape, unless given
     v_tree, u_tree = (t if g is None else g for t, g in zip(TREE_SHAPE[kind], given, strict=True))
     several = not want and (
         multi_fits(tree, choices, int(u_tree), v_tree, forced=bool(multi or xfirst))
-        if (kind == "gpu" or bool(xfirst) if multi is None else multi)
+        if (default_multi or bool(xfirst) if multi is None else multi)
         else False
     )
     if several:
