@@ -49,6 +49,8 @@ HESSIAN = {
     "xfirst": {"fused": False, "xfirst": True},
     "multi_v2_u4": {"fused": False, "multi": True, "xfirst": False, "vector_width": 2, "rows": 4},
     "xfirst_const": {"fused": False, "xfirst": True, "const": True},
+    "eigen_fast": {"eigen_fast": True},
+    "fused_eigen_fast": {"fused": True, "eigen_fast": True},
     "multi_const": {"fused": False, "multi": True, "xfirst": False, "const": True},
     **{k: {"fused": False, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
@@ -57,6 +59,7 @@ STRUCTURE = {
     "passes": {"fused": False, "multi": False},
     "default": {},
     "multi_zyx": {"multi": True, "xfirst": False, "outer_fused": False},
+    "eigen_fast": {"eigen_fast": True},
     "multi_zyx_const": {"multi": True, "xfirst": False, "const": True, "outer_fused": False},
     "xfirst_const": {"multi": True, "xfirst": True, "const": True, "outer_fused": False},
     "xfirst": {"multi": True, "xfirst": True, "outer_fused": False},
@@ -69,14 +72,14 @@ STRUCTURE = {
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "xfirst_const", "multi_const", "xf_ub4", "xf_ub1",
+    "hessian_s3": ["passes", "default", "eigen_fast", "xfirst_const", "multi_const", "xf_ub4", "xf_ub1",
                    "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_vc8", "xf_ty8", "xf_block64", "xf_ua4",
                    "multi_v2_u4"],
-    "structure_s1": ["default", "multi_zyx", "multi_zyx_const", "xfirst_const", "xf_ub4",
+    "structure_s1": ["default", "eigen_fast", "multi_zyx", "multi_zyx_const", "xfirst_const", "xf_ub4",
                      "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_one"],
     "structure_s3": ["default", "multi_zyx", "multi_zyx_const", "xfirst_const", "xf_ub4",
                      "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_vc8"],
-    "hessian_s1": ["default", "xfirst", "xfirst_const", "xf_ub4", "xf_tz64_ty12_vc8",
+    "hessian_s1": ["default", "fused_eigen_fast", "xfirst", "xfirst_const", "xf_ub4", "xf_tz64_ty12_vc8",
                    "xf_tz64_ty8", "xf_vc8", "xf_ty8", "fused_8x16x64", "fused_8x16x128",
                    "fused_16x16x64", "fused_4x32x64"],
 }  # fmt: skip
@@ -99,6 +102,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     xf = options.pop("xfirst_shape", None)
     tree.CONSTANT_TABLES["gpu"] = options.pop("const", False)
     stages.OUTER_FUSED["gpu"] = options.pop("outer_fused", True)
+    stages.EIGEN_FAST["gpu"] = options.pop("eigen_fast", False)
     saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
              dict(tree.XFIRST_SHAPE["gpu"]))  # fmt: skip
     if xf is not None:
@@ -133,6 +137,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         tree.XFIRST_SHAPE["gpu"].update(saved[3])
         tree.CONSTANT_TABLES["gpu"] = False
         stages.OUTER_FUSED["gpu"] = True
+        stages.EIGEN_FAST["gpu"] = False
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:

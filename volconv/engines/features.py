@@ -30,10 +30,21 @@ def lanes_for(device: cl.Device) -> int:
     return FEATURE_LANES["cpu" if device.type & cl.device_type.CPU else "gpu"]
 
 
-@cache
+# kernels/eigen.cl's exponent from the bits and native reciprocals (EIGEN_FAST), per kind of
+# device
+EIGEN_FAST = {"gpu": False, "cpu": False}
+
+
 def build_with_features(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]):
     """kernels/``name`` built behind kernels/eigen.cl (the feature functions it calls), once
     per process, through the binary cache."""
+    if EIGEN_FAST["cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"]:
+        defines = (*defines, ("EIGEN_FAST", 1))
+    return _build_with_features(ctx, name, defines)
+
+
+@cache
+def _build_with_features(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]):
     source = kernel_source("eigen.cl") + "\n" + kernel_source(name)
     return binary_build(ctx, source, [f"-D{k}={v}" for k, v in defines])
 
