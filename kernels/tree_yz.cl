@@ -57,6 +57,14 @@ __constant int pair_b[N_ROOTS] = {PAIR_B};
 #define TABLE(type, name, n, values) const type name[n] = {values};
 #endif
 
+/* ROLLED: the loops over the rows a work-item loads (first_x's, the mids') not unrolled, their
+ * taps read from the constant tables (fewer values live at once, no spills) */
+#ifdef ROLLED
+#define ROWS_LOOP _Pragma("unroll 1")
+#else
+#define ROWS_LOOP _Pragma("unroll")
+#endif
+
 /* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
  * reaches (tap t = i - u of K) */
 #define SLIDE(to, w, K, U, i, v)                                                         \
@@ -82,7 +90,7 @@ __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2
     const __global IN_T *p = src + (long)(X0 + x + SA) * plane + (long)(y + SB) * P2 + z + SC;
     float acc[N_ROOTS][UA] = {{0.0f}};
     const int last = NX - x + KA - 2; /* the last row this work-item's outputs read */
-#pragma unroll
+    ROWS_LOOP
     for (int i = 0; i < UA + KA - 1; ++i) {
 #pragma unroll
         for (int s = 0; s < N_ROOTS; ++s) {
@@ -124,7 +132,7 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
     const int i1 = m1[y + SB], i2 = m2[z + SC];
     float acc[N_ROOTS][UA] = {{0.0f}};
     const int last = NX - x + KA - 2;
-#pragma unroll
+    ROWS_LOOP
     for (int i = 0; i < UA + KA - 1; ++i) {
         const int i0 = m0[X0 + x + SA + min(i, last)];
         const bool inside = i0 >= 0 && i1 >= 0 && i2 >= 0;
@@ -198,7 +206,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #pragma unroll
                     for (int u = 0; u < UB; ++u) m[i][u] = 0.0f;
                 }
-#pragma unroll
+                ROWS_LOOP
                 for (int j = 0; j < UB + KB - 1; ++j) {
                     const float4 v = vload4(0, &la[TILE(k)][r0 + j][c]);
 #pragma unroll

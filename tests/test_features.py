@@ -298,17 +298,19 @@ def test_4d_and_float16_and_nonfinite(device, fused, tree):
 
 @pytest.mark.parametrize(("tree", "one_root", "constant"),
                          [("multi", 0, False), ("xfirst", 0, False), ("xfirst", 1, True),
-                          ("multi", 0, True)])  # fmt: skip
+                          ("multi", 0, True), ("xfirst", 0, "rolled")])  # fmt: skip
 def test_pass_tree_shapes_blocks_and_groups(device, tree, one_root, constant, monkeypatch):
     """The multi-output trees in the shapes GPUs take (work-groups past the edges, tiles
     wider than the volume's last axis, blocks of rows not dividing the slab, one root's tile
-    at a time, the tables in constant memory) against the float64 definition."""
+    at a time, the tables in constant memory, the rows' loops rolled) against the float64
+    definition."""
     from volconv.engines import tree as trees
 
     kind = "cpu" if device.type & 2 else "gpu"  # CL_DEVICE_TYPE_CPU
     monkeypatch.setitem(trees.TREE_GROUPS, kind, {"tree_z": (8, 2, 1), "tree_y": (4, 4, 2),
                                                   "tree_x": (8, 1, 4)})  # fmt: skip
-    monkeypatch.setitem(trees.CONSTANT_TABLES, kind, constant)
+    monkeypatch.setitem(trees.CONSTANT_TABLES, kind, bool(constant))
+    monkeypatch.setitem(trees.ROLLED, kind, constant == "rolled")
     monkeypatch.setitem(trees.XFIRST_SHAPE, kind, {"TY": 8, "TZ": 32, "UB": 4, "VC": 4,
                                                    "UA": 8, "BLOCK": 7,
                                                    "ONE_ROOT": one_root})  # fmt: skip

@@ -51,6 +51,7 @@ HESSIAN = {
     "xfirst_const": {"fused": False, "xfirst": True, "const": True},
     "eigen_fast": {"eigen_fast": True},
     "fused_eigen_fast": {"fused": True, "eigen_fast": True},
+    "xf_rolled": {"fused": False, "xfirst": True, "rolled": True},
     "multi_const": {"fused": False, "multi": True, "xfirst": False, "const": True},
     **{k: {"fused": False, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
@@ -60,6 +61,7 @@ STRUCTURE = {
     "default": {},
     "multi_zyx": {"multi": True, "xfirst": False, "outer_fused": False},
     "eigen_fast": {"eigen_fast": True},
+    "xf_rolled": {"multi": True, "xfirst": True, "rolled": True, "outer_fused": False},
     "multi_zyx_const": {"multi": True, "xfirst": False, "const": True, "outer_fused": False},
     "xfirst_const": {"multi": True, "xfirst": True, "const": True, "outer_fused": False},
     "xfirst": {"multi": True, "xfirst": True, "outer_fused": False},
@@ -72,11 +74,13 @@ STRUCTURE = {
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "eigen_fast", "xfirst_const", "multi_const", "xf_ub4",
+    "hessian_s3": ["passes", "default", "eigen_fast", "xf_rolled", "xfirst_const", "multi_const",
+                   "xf_ub4",
                    "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_vc8", "xf_ty8", "xf_block64"],
     "structure_s1": ["default", "eigen_fast", "multi_zyx", "multi_zyx_const", "xfirst_const",
-                     "xf_ub4"],
-    "structure_s3": ["default", "multi_zyx", "multi_zyx_const", "xfirst_const", "xf_ub4",
+                     "xf_rolled", "xf_ub4"],
+    "structure_s3": ["default", "xf_rolled", "multi_zyx", "multi_zyx_const", "xfirst_const",
+                     "xf_ub4",
                      "xf_tz64_ty12_vc8"],
     "hessian_s1": ["default", "fused_eigen_fast", "xfirst", "xfirst_const", "xf_ub4",
                    "fused_8x16x64", "fused_8x16x128", "fused_16x16x64"],
@@ -101,6 +105,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     tree.CONSTANT_TABLES["gpu"] = options.pop("const", False)
     stages.OUTER_FUSED["gpu"] = options.pop("outer_fused", True)
     stages.EIGEN_FAST["gpu"] = options.pop("eigen_fast", False)
+    tree.ROLLED["gpu"] = options.pop("rolled", False)
     saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
              dict(tree.XFIRST_SHAPE["gpu"]))  # fmt: skip
     if xf is not None:
@@ -136,6 +141,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         tree.CONSTANT_TABLES["gpu"] = False
         stages.OUTER_FUSED["gpu"] = True
         stages.EIGEN_FAST["gpu"] = False
+        tree.ROLLED["gpu"] = False
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:

@@ -41,6 +41,9 @@ def _table(t: object) -> str:
 # The tables (taps, indices) as file-scope arrays in the constant address space rather than
 # each kernel's private constants, per kind of device.
 CONSTANT_TABLES = {"gpu": False, "cpu": False}
+# kernels/tree_yz.cl's loops over the rows a work-item loads not unrolled (the tables then in
+# constant memory), per kind of device.
+ROLLED = {"gpu": False, "cpu": False}
 
 
 def _tables(tree: FusedTree, root_in: Sequence[int] | None,
@@ -61,8 +64,11 @@ def _tables(tree: FusedTree, root_in: Sequence[int] | None,
     if products is not None:
         defines += (("PAIR_A", _table([a for a, _ in products])),
                     ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
-    if CONSTANT_TABLES["cpu" if device.type & cl.device_type.CPU else "gpu"]:
+    kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
+    if CONSTANT_TABLES[kind] or ROLLED[kind]:
         defines += (("CONSTANT_TABLES", 1),)
+    if ROLLED[kind]:
+        defines += (("ROLLED", 1),)
     return defines
 
 
