@@ -25,16 +25,13 @@
  * one tree); first_x_products takes first_x's place where the inputs are products of three
  * planes formed as they are read (PAIR_A, PAIR_B: each root's two planes).
  *
- * Build options (-D): the tables, N_OUT, UA, TY, TZ, UB, VC (a multiple of 4), IN_T, FEATURES (as in
+ * Build options (-D): the tables, N_OUT, UA, TY, TZ, UB, VC, IN_T, FEATURES (as in
  * kernels/fused.cl: kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF); the work-group is
  * (TZ / VC, TY).
  */
 
 #define LY (TY + KB - 1)
 #define LZ (TZ + KC - 1)
-/* the tiles' row pitch: a multiple of 4 (float4 loads), past the last float4 a work-item of
- * the last pass loads */
-#define LZP ((LZ + 6) / 4 * 4)
 #define ITEMS ((TZ / VC) * TY)
 
 /* The tables: each kernel's own private constants, or (CONSTANT_TABLES) file-scope arrays in
@@ -174,8 +171,8 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #define N_TILES N_ROOTS
 #define TILE(k) (k)
 #endif
-    __local float la[N_TILES][LY][LZP];
-    __local float lm[N_MIDS][TY][LZP];
+    __local float la[N_TILES][LY][LZ];
+    __local float lm[N_MIDS][TY][LZ];
     TABLE(int, mid_root, N_MIDS, MID_ROOT)
     TABLE(int, combo_mid, N_COMBOS, COMBO_MID)
     TABLE(int, combo_out, N_COMBOS, COMBO_OUT)
@@ -188,27 +185,22 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
     for (int k0 = 0; k0 < N_ROOTS; k0 += N_TILES) {
         if (k0 > 0) barrier(CLK_LOCAL_MEM_FENCE); /* the last root's tile is read */
         /* 1. the roots' tiles (past A's columns: only outputs never stored read them) */
-        for (int i = lid; i < N_TILES * LY * LZP; i += ITEMS) {
-            const int k = i / (LY * LZP), r = i / LZP % LY, c = i % LZP;
+        for (int i = lid; i < N_TILES * LY * LZ; i += ITEMS) {
+            const int k = i / (LY * LZ), r = i / LZ % LY, c = i % LZ;
             const int y = min(y0 + r, PY - 1), z = min(z0 + c, RZ - 1);
             la[k][r][c] = src[(((long)(k0 + k) * NX + x) * PY + y) * RZ + z];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        /* 2. their mids on TY x LZP, a task UB rows of 4 columns (float4) */
-        for (int t = lid; t < (TY / UB) * (LZP / 4); t += ITEMS) {
-            const int r0 = t / (LZP / 4) * UB, c = t % (LZP / 4) * 4;
+        /* 2. their mids on TY x LZ, UB rows a task */
+        for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
+            const int r0 = t / LZ * UB, c = t % LZ;
 #pragma unroll
             for (int k = 0; k < N_ROOTS; ++k) {
                 if (k < k0 || k >= k0 + N_TILES) continue;
-                float4 m[N_MIDS][UB];
-#pragma unroll
-                for (int i = 0; i < N_MIDS; ++i) {
-#pragma unroll
-                    for (int u = 0; u < UB; ++u) m[i][u] = 0.0f;
-                }
+                float m[N_MIDS][UB] = {{0.0f}};
                 ROWS_LOOP
                 for (int j = 0; j < UB + KB - 1; ++j) {
-                    const float4 v = vload4(0, &la[TILE(k)][r0 + j][c]);
+                    const float v = la[TILE(k)][r0 + j][c];
 #pragma unroll
                     for (int i = 0; i < N_MIDS; ++i) {
                         if (mid_root[i] != k) continue;
@@ -219,25 +211,20 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
                 for (int i = 0; i < N_MIDS; ++i) {
                     if (mid_root[i] != k) continue;
 #pragma unroll
-                    for (int u = 0; u < UB; ++u) vstore4(m[i][u], 0, &lm[i][r0 + u][c]);
+                    for (int u = 0; u < UB; ++u) lm[i][r0 + u][c] = m[i][u];
                 }
             }
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    /* 3. every response along axis 2, VC outputs a work-item (VC a multiple of 4: its run
-     * of each mid in float4 loads) */
+    /* 3. every response along axis 2, VC outputs a work-item */
     const int ty = (int)get_local_id(1), c0 = (int)get_local_id(0) * VC;
     float acc[N_OUT][VC] = {{0.0f}};
 #pragma unroll
     for (int i = 0; i < N_MIDS; ++i) {
-        float run[(VC + KC + 2) / 4 * 4];
-#pragma unroll
-        for (int q = 0; q < (VC + KC + 2) / 4; ++q)
-            vstore4(vload4(0, &lm[i][ty][c0 + 4 * q]), q, run);
 #pragma unroll
         for (int j = 0; j < VC + KC - 1; ++j) {
-            const float v = run[j];
+            const float v = lm[i][ty][c0 + j];
 #pragma unroll
             for (int c = 0; c < N_COMBOS; ++c) {
                 if (combo_mid[c] != i) continue;

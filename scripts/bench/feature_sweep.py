@@ -31,17 +31,13 @@ from volconv.plan.separable import make_separable_plan, plan_paths
 
 # name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
 # tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own)
-XF = {"TY": 16, "TZ": 32, "UB": 2, "VC": 4, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0}
+XF = {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0}
 SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry)
-    "xf_ub4": {**XF, "UB": 4},
-    "xf_ub1": {**XF, "UB": 1},
-    "xf_tz64_ty12_vc8": {**XF, "TZ": 64, "TY": 12, "VC": 8},
-    "xf_tz64_ty8": {**XF, "TZ": 64, "TY": 8},
-    "xf_vc8": {**XF, "VC": 8},
-    "xf_ty8": {**XF, "TY": 8},
+    "xf_ub2": {**XF, "UB": 2},
+    "xf_vc4": {**XF, "VC": 4},
     "xf_one": {**XF, "ONE_ROOT": 1},
+    "xf_tz64_ty8": {**XF, "TZ": 64, "TY": 8},
     "xf_block64": {**XF, "BLOCK": 64},
-    "xf_ua4": {**XF, "UA": 4},
 }
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
@@ -51,6 +47,7 @@ HESSIAN = {
     "xfirst_const": {"fused": False, "xfirst": True, "const": True},
     "eigen_fast": {"eigen_fast": True},
     "fused_eigen_fast": {"fused": True, "eigen_fast": True},
+    "fused_8x16x64_fast": {"fused": True, "tile": (8, 16, 64), "eigen_fast": True},
     "xf_rolled": {"fused": False, "xfirst": True, "rolled": True},
     "multi_const": {"fused": False, "multi": True, "xfirst": False, "const": True},
     **{k: {"fused": False, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
@@ -74,16 +71,12 @@ STRUCTURE = {
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "eigen_fast", "xf_rolled", "xfirst_const", "multi_const",
-                   "xf_ub4",
-                   "xf_tz64_ty12_vc8", "xf_tz64_ty8", "xf_vc8", "xf_ty8", "xf_block64"],
-    "structure_s1": ["default", "eigen_fast", "multi_zyx", "multi_zyx_const", "xfirst_const",
-                     "xf_rolled", "xf_ub4"],
-    "structure_s3": ["default", "xf_rolled", "multi_zyx", "multi_zyx_const", "xfirst_const",
-                     "xf_ub4",
-                     "xf_tz64_ty12_vc8"],
-    "hessian_s1": ["default", "fused_eigen_fast", "xfirst", "xfirst_const", "xf_ub4",
-                   "fused_8x16x64", "fused_8x16x128", "fused_16x16x64"],
+    "hessian_s3": ["passes", "default", "eigen_fast", "xf_rolled", "xf_ub2", "xf_vc4", "xf_one",
+                   "xf_tz64_ty8", "xf_block64", "multi_v2_u4"],
+    "structure_s1": ["default", "eigen_fast", "multi_zyx", "xfirst"],
+    "structure_s3": ["default", "eigen_fast", "xfirst", "xf_rolled"],
+    "hessian_s1": ["default", "fused_eigen_fast", "fused_8x16x64", "fused_8x16x128",
+                   "fused_8x16x64_fast", "xfirst"],
 }  # fmt: skip
 
 
@@ -176,7 +169,7 @@ def main() -> None:
     p.add_argument("--size", type=int, default=256)
     p.add_argument(
         "--only",
-        default="hessian_s3,hessian_s1_raw,hessian_s3_raw,structure_s1,structure_s3,hessian_s1",
+        default="hessian_s3,structure_s1,structure_s3,hessian_s1",
     )
     p.add_argument("--device", default="gpu")
     p.add_argument("--passes", type=int, default=2)

@@ -171,7 +171,8 @@ class StructureTensorStage:
         on GPUs; `volconv.plan.separable.make_separable_plan`); ``multi``: the outer
         smoothing of the six products as one tree of kernels/tree.cl with the eigenvalues as
         its epilogue (default: on GPUs unless ``fused``), axis 0 first (kernels/tree_yz.cl)
-        where ``xfirst`` is not False and its tiles fit."""
+        where ``xfirst`` (default: not, as measured on the H100,
+        benchmarks/results/h100-feature-sweep-2.json) and its tiles fit."""
         from volconv.engines.padder import Padder
         from volconv.engines.passes import FusedKernel
         from volconv.engines.separable import SeparableConvolver
@@ -253,7 +254,7 @@ class StructureTensorStage:
         return make_separable_plan(
             rho, (rows, *shape[1:]), np.float32, mode, cval, device,
             choices=plan_bank(rho, force="separable"), slab_depth=rows,
-            fused=False if multi else fused, multi=multi, xfirst=xfirst if multi else False,
+            fused=False if multi else fused, multi=multi, xfirst=bool(multi and xfirst),
         )  # fmt: skip
 
     @staticmethod

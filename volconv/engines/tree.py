@@ -220,7 +220,7 @@ def tree_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> dict[str, in
 # rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), so that A is still
 # in cache when read; ONE_ROOT: last_yz holds one root's tile at a time (larger tiles fit).
 XFIRST_SHAPE = {
-    "gpu": {"TY": 16, "TZ": 32, "UB": 2, "VC": 4, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0},
+    "gpu": {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0},
     "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "UA": 4, "BLOCK": 0, "ONE_ROOT": 0},
 }
 
@@ -245,7 +245,7 @@ def reversed_tree(choices: Sequence, halo_lo: tuple[int, int, int]) -> FusedTree
 def xfirst_local_bytes(tree: FusedTree, shape: dict[str, int]) -> int:
     """Local memory of last_yz for the reversed ``tree``: the roots' tiles (one with
     ONE_ROOT) and every mid's."""
-    ly, lz = shape["TY"] + tree.taps[1] - 1, (shape["TZ"] + tree.taps[0] + 5) // 4 * 4
+    ly, lz = shape["TY"] + tree.taps[1] - 1, shape["TZ"] + tree.taps[0] - 1
     tiles = 1 if shape.get("ONE_ROOT") else len(tree.wz)
     return 4 * lz * (tiles * ly + len(tree.wy) * shape["TY"])
 
