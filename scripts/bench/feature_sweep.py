@@ -57,6 +57,8 @@ STRUCTURE = {
     "passes": {"fused": False, "multi": False},
     "default": {},
     "multi_zyx": {"multi": True, "xfirst": False, "outer_fused": False},
+    "multi_zyx_v4": {"multi": True, "xfirst": False, "outer_fused": False, "tree_shape": (4, 4)},
+    "default_v4": {"tree_shape": (4, 4)},
     "eigen_fast": {"eigen_fast": True},
     "xf_rolled": {"multi": True, "xfirst": True, "rolled": True, "outer_fused": False},
     "multi_zyx_const": {"multi": True, "xfirst": False, "const": True, "outer_fused": False},
@@ -71,12 +73,12 @@ STRUCTURE = {
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "eigen_fast", "xf_rolled", "xf_ub2", "xf_vc4", "xf_one",
-                   "xf_tz64_ty8", "xf_block64", "multi_v2_u4"],
-    "structure_s1": ["default", "eigen_fast", "multi_zyx", "xfirst"],
-    "structure_s3": ["default", "eigen_fast", "xfirst", "xf_rolled"],
-    "hessian_s1": ["default", "fused_eigen_fast", "fused_8x16x64", "fused_8x16x128",
-                   "fused_8x16x64_fast", "xfirst"],
+    "hessian_s3": ["passes", "default", "eigen_fast", "xf_rolled", "xf_one", "xf_ub2", "xf_vc4",
+                   "xf_tz64_ty8", "xf_block64"],
+    "structure_s1": ["default", "eigen_fast", "multi_zyx", "multi_zyx_v4"],
+    "structure_s3": ["default", "eigen_fast", "default_v4", "xfirst", "xf_rolled"],
+    "hessian_s1": ["default", "fused_eigen_fast", "fused_8x16x64", "fused_8x16x64_fast",
+                   "fused_8x16x128"],
 }  # fmt: skip
 
 

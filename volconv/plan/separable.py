@@ -62,6 +62,7 @@ BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab
 # plane fit in registers: N_OUT responses x KX axis-0 taps of partial sums plus the N_MIDS
 # mids' values at most MAX_FUSED_VALUES (measured: benchmarks/README.md).
 FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
+FEATURES_TILE: tuple[int, int, int] | None = None  # a bank with device features (None: the same)
 MAX_FUSED_VALUES = 128
 # ... and by default only where no window is longer than this: longer windows' tiles cost more
 # than the passes (benchmarks/results/h100-features-final.json: a 25-tap smoothing of six
@@ -394,7 +395,9 @@ def make_separable_plan(
     rows = PASS_SHAPE[kind][1] if rows is None else rows
     if vector_width not in (1, 2, 4, 8, 16):
         raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
-    tile = FUSED_TILE if tile is None else tuple(int(t) for t in tile)
+    if tile is None:
+        tile = FEATURES_TILE if feature_planes and FEATURES_TILE else FUSED_TILE
+    tile = tuple(int(t) for t in tile)
     if len(tile) != 3 or min(tile) < 1:
         raise ValueError(f"tile must be 3 positive ints (TY, TZ, CX); got {tile}")
     lo, hi = _bank_halo(entries)
