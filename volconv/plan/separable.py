@@ -35,7 +35,6 @@ from volconv.plan.direct import (
 from volconv.plan.trees import (
     MAX_TREE_VALUES,
     TREE_SHAPE,
-    XFIRST_OVER_FUSED,
     multi_fits,
     xfirst_fits,
 )
@@ -416,12 +415,6 @@ def make_separable_plan(
                 f"pairs, and its tiles in local memory)"
             )
         want = False
-    if want and fused is None and feature_planes and XFIRST_OVER_FUSED and multi is not False:
-        # features on the device: the axis-0-first tree where it runs, not the fused kernel
-        rev = reversed_tree(choices, lo)
-        want = not (xfirst is not False and multi_fits(tree, choices, TREE_SHAPE[kind][1],
-                                                       TREE_SHAPE[kind][0], forced=False)
-                    and xfirst_fits(rev, device))  # fmt: skip
     # by default a bank whose features the device computes, on GPUs (the others' paths as
     # measured before these trees)
     default_multi = kind == "gpu" and feature_planes > 0

@@ -23,9 +23,6 @@ MAX_TREE_WASTE = 1.25
 MAX_TREE_VALUES = 96
 MAX_TREE_TAPS = 31
 TREE_SHAPE = {"cpu": (4, 2), "gpu": (2, 4)}  # (V, UX) of kernels/tree.cl, as PASS_SHAPE
-# A bank with features on the device takes the axis-0-first tree rather than the fused kernel
-# where both run (its default on GPUs).
-XFIRST_OVER_FUSED = False
 
 
 def multi_fits(
