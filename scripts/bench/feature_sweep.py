@@ -47,12 +47,12 @@ HESSIAN = {
     "xfirst_const": {"fused": False, "xfirst": True, "const": True},
     "eigen_fast": {"eigen_fast": True},
     "fused_eigen_fast": {"fused": True, "eigen_fast": True},
-    "fused_8x16x64_fast": {"fused": True, "tile": (8, 16, 64), "eigen_fast": True},
+    "fused_8x16x128_fast": {"fused": True, "tile": (8, 16, 128), "eigen_fast": True},
     "xf_rolled": {"fused": False, "xfirst": True, "rolled": True},
     "multi_const": {"fused": False, "multi": True, "xfirst": False, "const": True},
     **{k: {"fused": False, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
-FUSED_TILES = [(8, 16, 64), (8, 16, 128), (16, 16, 64), (4, 32, 64)]
+FUSED_TILES = [(8, 16, 32), (8, 16, 64), (8, 16, 128), (16, 16, 64), (4, 32, 64)]
 STRUCTURE = {
     "passes": {"fused": False, "multi": False},
     "default": {},
@@ -77,8 +77,8 @@ ORDER = {
                    "xf_tz64_ty8", "xf_block64"],
     "structure_s1": ["default", "eigen_fast", "multi_zyx", "multi_zyx_v4"],
     "structure_s3": ["default", "eigen_fast", "default_v4", "xfirst", "xf_rolled"],
-    "hessian_s1": ["default", "fused_eigen_fast", "fused_8x16x64", "fused_8x16x64_fast",
-                   "fused_8x16x128"],
+    "hessian_s1": ["default", "fused_eigen_fast", "fused_8x16x32", "fused_8x16x128",
+                   "fused_8x16x128_fast"],
 }  # fmt: skip
 
 

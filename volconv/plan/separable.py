@@ -61,7 +61,9 @@ BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab
 # plane fit in registers: N_OUT responses x KX axis-0 taps of partial sums plus the N_MIDS
 # mids' values at most MAX_FUSED_VALUES (measured: benchmarks/README.md).
 FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
-FEATURES_TILE: tuple[int, int, int] | None = None  # a bank with device features (None: the same)
+# ... and for a bank with device features (its epilogue per output row: longer runs of rows
+# pay; benchmarks/results/h100-feature-sweep-*.json, the Hessian at sigma 1)
+FEATURES_TILE: tuple[int, int, int] | None = (8, 16, 64)
 MAX_FUSED_VALUES = 128
 # ... and by default only where no window is longer than this: longer windows' tiles cost more
 # than the passes (benchmarks/results/h100-features-final.json: a 25-tap smoothing of six
