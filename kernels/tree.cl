@@ -25,26 +25,6 @@
  * (kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF of response indices and feature planes).
  */
 
-/* The tables: each kernel's own private constants, or (CONSTANT_TABLES) file-scope arrays in
- * the constant address space, read as operands where their indices are known. */
-#ifdef CONSTANT_TABLES
-#define TABLE(type, name, n, values)
-__constant int root_in[N_ROOTS] = {ROOT_IN};
-__constant int root_first[N_ROOTS] = {ROOT_FIRST};
-__constant float wz[N_ROOTS * KZ] = {WZ};
-__constant int mid_root[N_MIDS] = {MID_ROOT};
-__constant float wy[N_MIDS * KY] = {WY};
-__constant int combo_mid[N_COMBOS] = {COMBO_MID};
-__constant int combo_out[N_COMBOS] = {COMBO_OUT};
-__constant float wx[N_COMBOS * KX] = {WX};
-#ifdef PAIR_A
-__constant int pair_a[N_ROOTS] = {PAIR_A};
-__constant int pair_b[N_ROOTS] = {PAIR_B};
-#endif
-#else
-#define TABLE(type, name, n, values) const type name[n] = {values};
-#endif
-
 #define TCAT(a, b) a##b
 #define TXCAT(a, b) TCAT(a, b)
 #if V == 1
@@ -78,9 +58,9 @@ __kernel void tree_z(__global const IN_T *restrict src, /* slabs of (P0, P1, P2)
     const int z = (int)get_global_id(0) * V, y = (int)get_global_id(1);
     const int x = (int)get_global_id(2);
     if (z >= R || y >= PY || x >= PX) return;
-    TABLE(int, root_in, N_ROOTS, ROOT_IN)
-    TABLE(int, root_first, N_ROOTS, ROOT_FIRST) /* the first root of its input */
-    TABLE(float, wz, N_ROOTS * KZ, WZ)
+    const int root_in[N_ROOTS] = {ROOT_IN};
+    const int root_first[N_ROOTS] = {ROOT_FIRST}; /* the first root of its input */
+    const float wz[N_ROOTS * KZ] = {WZ};
     const long row = ((long)(x + S0) * P1 + y + S1) * P2 + z + S2;
 #pragma unroll
     for (int s = 0; s < N_ROOTS; ++s) {
@@ -110,9 +90,9 @@ __kernel void tree_z_products(__global const float *restrict g, const long G_PLA
     const int z = (int)get_global_id(0) * V, y = (int)get_global_id(1);
     const int x = (int)get_global_id(2);
     if (z >= R || y >= PY || x >= PX) return;
-    TABLE(int, pair_a, N_ROOTS, PAIR_A)
-    TABLE(int, pair_b, N_ROOTS, PAIR_B)
-    TABLE(float, wz, N_ROOTS * KZ, WZ)
+    const int pair_a[N_ROOTS] = {PAIR_A};
+    const int pair_b[N_ROOTS] = {PAIR_B};
+    const float wz[N_ROOTS * KZ] = {WZ};
     const int i0 = m0[x + S0], i1 = m1[y + S1];
     float v[3][V + KZ - 1];
     bool inside[V + KZ - 1];
@@ -143,8 +123,8 @@ __kernel void tree_y(__global const float *restrict src, /* A */
     const int z = (int)get_global_id(0) * V, y = (int)get_global_id(1) * UY;
     const int x = (int)get_global_id(2);
     if (z >= R || y >= NY || x >= PX) return;
-    TABLE(int, mid_root, N_MIDS, MID_ROOT)
-    TABLE(float, wy, N_MIDS * KY, WY)
+    const int mid_root[N_MIDS] = {MID_ROOT};
+    const float wy[N_MIDS * KY] = {WY};
 #pragma unroll
     for (int r = 0; r < N_ROOTS; ++r) {
         floatv acc[N_MIDS][UY];
@@ -203,9 +183,9 @@ __kernel void tree_x(__global const float *restrict src, /* B */
     const int z = (int)get_global_id(0) * V, y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UX;
     if (z >= NZ || y >= NY || x >= DEPTH) return;
-    TABLE(int, combo_mid, N_COMBOS, COMBO_MID)
-    TABLE(int, combo_out, N_COMBOS, COMBO_OUT)
-    TABLE(float, wx, N_COMBOS * KX, WX)
+    const int combo_mid[N_COMBOS] = {COMBO_MID};
+    const int combo_out[N_COMBOS] = {COMBO_OUT};
+    const float wx[N_COMBOS * KX] = {WX};
     floatv acc[N_OUT][UX];
 #pragma unroll
     for (int f = 0; f < N_OUT; ++f) {

@@ -38,8 +38,8 @@ def _table(t: object) -> str:
     return ",".join(map(str, t))
 
 
-# The tables (taps, indices) as file-scope arrays in the constant address space rather than
-# each kernel's private constants, per kind of device.
+# kernels/tree_yz.cl's tables (taps, indices) as file-scope arrays in the constant address
+# space rather than each kernel's private constants, per kind of device.
 CONSTANT_TABLES = {"gpu": False, "cpu": False}
 # kernels/tree_yz.cl's loops over the rows a work-item loads not unrolled (the tables then in
 # constant memory), per kind of device.
