@@ -41,22 +41,6 @@ typedef EXCAT(int, EV) evi;
 #endif
 #define SEL(c, a, b) select(b, a, c) /* c ? a : b, lane by lane */
 
-/* EIGEN_FAST: the exponent from the bits (a subnormal's as -127: the scaled matrix is then
- * below 1, still exact), reciprocals by the device's native instruction (within a few ulp;
- * Newton's steps correct their own) */
-#ifdef EIGEN_FAST
-#if EV == 1
-#define EV_AS_I(x) as_int(x)
-#else
-#define EV_AS_I(x) EXCAT(as_int, EV)(x)
-#endif
-#define EXPONENT(x) (((EV_AS_I(x) >> 23) & 0xff) - 127)
-#define RECIP(x) native_recip(x)
-#else
-#define EXPONENT(x) ilogb(x)
-#define RECIP(x) (1.0f / (x))
-#endif
-
 #if defined(cl_khr_fp64)
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #if EV == 1
@@ -80,14 +64,14 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
     const evi finite = isfinite(a00 + a11 + a22 + a01 + a02 + a12) && !isnan(big);
     const evi diagonal = a01 == 0.0f && a02 == 0.0f && a12 == 0.0f;
     /* times 2^-e in two factors, each a normal float: the largest entry in [1, 2) */
-    const evi e = SEL(finite && big > 0.0f, EXPONENT(big), (evi)0);
+    const evi e = SEL(finite && big > 0.0f, ilogb(big), (evi)0);
     const evf s1 = EV_AS_F((127 - e / 2) << 23), s2 = EV_AS_F((127 - (e - e / 2)) << 23);
     const evf b00 = a00 * s1 * s2, b11 = a11 * s1 * s2, b22 = a22 * s1 * s2,
               b01 = a01 * s1 * s2, b02 = a02 * s1 * s2, b12 = a12 * s1 * s2;
     const evf q = (b00 + b11 + b22) * (1.0f / 3.0f);
     const evf p2 = ((b00 - q) * (b00 - q) + (b11 - q) * (b11 - q) + (b22 - q) * (b22 - q) +
                     2.0f * (b01 * b01 + b02 * b02 + b12 * b12)) * (1.0f / 6.0f);
-    const evf p = sqrt(p2), ip = RECIP(fmax(p, 1e-15f));
+    const evf p = sqrt(p2), ip = 1.0f / fmax(p, 1e-15f);
     const evf c00 = (b00 - q) * ip, c11 = (b11 - q) * ip, c22 = (b22 - q) * ip;
     const evf c01 = b01 * ip, c02 = b02 * ip, c12 = b12 * ip;
     const evf r = 0.5f * (c00 * (c11 * c22 - c12 * c12) - c01 * (c01 * c22 - c12 * c02) +
@@ -97,7 +81,7 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
     const evf ar = fmin(fabs(r), 1.0f);
     evf mu = 1.7320508f + 0.26794919f * ar;
     for (int k = 0; k < NEWTON_STEPS; ++k)
-        mu -= (mu * mu * mu - 3.0f * mu - 2.0f * ar) * RECIP(3.0f * mu * mu - 3.0f);
+        mu -= (mu * mu * mu - 3.0f * mu - 2.0f * ar) / (3.0f * mu * mu - 3.0f);
     mu = SEL(r >= 0.0f, mu, -mu);
     /* its eigenvector: the largest cross product of two rows of C - mu I (rank 2) */
     const evf m00 = c00 - mu, m11 = c11 - mu, m22 = c22 - mu;

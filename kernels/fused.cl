@@ -47,36 +47,8 @@
 #define TILE_Z (TZ + KZ - 1)
 #define LOADS ((TILE_Y * TILE_Z + TY * TZ - 1) / (TY * TZ)) /* tile elements per work-item */
 
-/* PAIR_A, PAIR_B: each root filters the product g_a * g_b of three float planes g (G_PLANE
- * elements apart), read through the index maps of the padded rows (m0: rows of g), columns
- * (m1) and row positions (m2), -1 meaning cval (a structure tensor's products, never
- * written): the tile holds the three planes and where the product field is inside (1) or
- * cval (0). Else one tile of the padded slab. */
-#ifdef PAIR_A
-#define N_IN 4
-#define SOURCE_ARGS                                                                      \
-    __global const float *restrict g, const long G_PLANE, __global const int *restrict m0, \
-        __global const int *restrict m1, __global const int *restrict m2, const float cval
-/* element l of the tile of padded row q into next[.][l] */
-#define LOAD_NEXT(l, q)                                                                  \
-    {                                                                                    \
-        const int i0_ = m0[q];                                                           \
-        const bool in_ = i0_ >= 0 && at[l] >= 0;                                         \
-        const long o_ = in_ ? (long)i0_ * NY * NZ + at[l] : 0;                           \
-        next[0][l] = g[o_], next[1][l] = g[G_PLANE + o_], next[2][l] = g[2 * G_PLANE + o_]; \
-        next[3][l] = in_ ? 1.0f : 0.0f;                                                  \
-    }
-#define ROOT_VALUE(k, r, c)                                                              \
-    (tile[b][3][r][c] != 0.0f ? tile[b][pair_a[k]][r][c] * tile[b][pair_b[k]][r][c] : cval)
-#else
-#define N_IN 1
-#define SOURCE_ARGS __global const IN_T *restrict src /* (P0, P1, P2) padded slab */
-#define LOAD_NEXT(l, q) next[0][l] = at[l] < 0 ? 0.0f : (float)src[(long)(q) * P1 * P2 + at[l]];
-#define ROOT_VALUE(k, r, c) tile[b][0][r][c]
-#endif
-
 __kernel __attribute__((reqd_work_group_size(TZ, TY, 1)))
-void fused(SOURCE_ARGS,
+void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
            __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
            __global float *restrict feat,      /* feature outputs, (planes, DEPTH, NY, NZ) */
            const int DEPTH, const int NY, const int NZ, const int P1, const int P2,
@@ -85,12 +57,8 @@ void fused(SOURCE_ARGS,
 {
     /* two of each, alternating by plane: a plane's tile is written while the last plane's
      * rows are still read, so one barrier fewer per plane */
-    __local float tile[2][N_IN][TILE_Y][TILE_Z];
+    __local float tile[2][TILE_Y][TILE_Z];
     __local float rows[2][N_ROOTS][TILE_Y][TZ];
-#ifdef PAIR_A
-    const int pair_a[N_ROOTS] = {PAIR_A};
-    const int pair_b[N_ROOTS] = {PAIR_B};
-#endif
     const int mid_root[N_MIDS] = {MID_ROOT};
     const int combo_mid[N_COMBOS] = {COMBO_MID};
     const int combo_out[N_COMBOS] = {COMBO_OUT};
@@ -108,23 +76,18 @@ void fused(SOURCE_ARGS,
     const long plane_size = (long)NY * NZ;
 
     /* this work-item's elements of the input tile: offsets in a plane, or -1 where the tile
-     * reaches past the slab (at its far edges: only outputs never stored read them; with
-     * products, where the maps give cval) */
+     * reaches past the slab (at its far edges: only outputs never stored read them) */
     long at[LOADS];
 #pragma unroll
     for (int l = 0; l < LOADS; ++l) {
         const int i = lid + l * TY * TZ, r = i / TILE_Z, c = i % TILE_Z;
         const bool inside = i < TILE_Y * TILE_Z && y0 + S1 + r < P1 && z0 + S2 + c < P2;
-#ifdef PAIR_A
-        const int i1 = inside ? m1[y0 + S1 + r] : -1, i2 = inside ? m2[z0 + S2 + c] : -1;
-        at[l] = i1 >= 0 && i2 >= 0 ? (long)i1 * NZ + i2 : -1;
-#else
         at[l] = inside ? (long)(y0 + S1 + r) * P2 + z0 + S2 + c : -1;
-#endif
     }
-    float next[N_IN][LOADS]; /* the next plane's elements, loaded while this one is computed */
+    const __global IN_T *in = src + (long)(x0 + S0) * P1 * P2;
+    float next[LOADS]; /* the next plane's elements, loaded while this plane is computed */
 #pragma unroll
-    for (int l = 0; l < LOADS; ++l) LOAD_NEXT(l, x0 + S0)
+    for (int l = 0; l < LOADS; ++l) next[l] = at[l] < 0 ? 0.0f : (float)in[at[l]];
 
     float acc[N_OUT][KX]; /* acc[f][i]: response f at output row p - (KX - 1) + i */
 #pragma unroll
@@ -135,18 +98,16 @@ void fused(SOURCE_ARGS,
 
     for (int p = 0; p < planes; ++p) {
         const int b = p & 1;
+        __local float *t = &tile[b][0][0];
 #pragma unroll
-        for (int n = 0; n < N_IN; ++n) {
-            __local float *t = &tile[b][n][0][0];
-#pragma unroll
-            for (int l = 0; l < LOADS; ++l) {
-                const int i = lid + l * TY * TZ;
-                if (i < TILE_Y * TILE_Z) t[i] = next[n][l];
-            }
+        for (int l = 0; l < LOADS; ++l) {
+            const int i = lid + l * TY * TZ;
+            if (i < TILE_Y * TILE_Z) t[i] = next[l];
         }
         if (p + 1 < planes) {
+            in += (long)P1 * P2;
 #pragma unroll
-            for (int l = 0; l < LOADS; ++l) LOAD_NEXT(l, x0 + S0 + p + 1)
+            for (int l = 0; l < LOADS; ++l) next[l] = at[l] < 0 ? 0.0f : (float)in[at[l]];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = lid; i < TILE_Y * TZ; i += TY * TZ) {
@@ -156,8 +117,9 @@ void fused(SOURCE_ARGS,
             for (int k = 0; k < N_ROOTS; ++k) a[k] = 0.0f;
 #pragma unroll
             for (int j = 0; j < KZ; ++j) {
+                const float v = tile[b][r][c + j];
 #pragma unroll
-                for (int k = 0; k < N_ROOTS; ++k) a[k] += wz[k * KZ + j] * ROOT_VALUE(k, r, c + j);
+                for (int k = 0; k < N_ROOTS; ++k) a[k] += wz[k * KZ + j] * v;
             }
 #pragma unroll
             for (int k = 0; k < N_ROOTS; ++k) rows[b][k][r][c] = a[k];

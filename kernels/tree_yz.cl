@@ -34,34 +34,6 @@
 #define LZ (TZ + KC - 1)
 #define ITEMS ((TZ / VC) * TY)
 
-/* The tables: each kernel's own private constants, or (CONSTANT_TABLES) file-scope arrays in
- * the constant address space, read as operands where their indices are known. */
-#ifdef CONSTANT_TABLES
-#define TABLE(type, name, n, values)
-__constant int root_in[N_ROOTS] = {ROOT_IN};
-__constant int root_first[N_ROOTS] = {ROOT_FIRST};
-__constant float wa[N_ROOTS * KA] = {WA};
-__constant int mid_root[N_MIDS] = {MID_ROOT};
-__constant int combo_mid[N_COMBOS] = {COMBO_MID};
-__constant int combo_out[N_COMBOS] = {COMBO_OUT};
-__constant float wb[N_MIDS * KB] = {WB};
-__constant float wc[N_COMBOS * KC] = {WC};
-#ifdef PAIR_A
-__constant int pair_a[N_ROOTS] = {PAIR_A};
-__constant int pair_b[N_ROOTS] = {PAIR_B};
-#endif
-#else
-#define TABLE(type, name, n, values) const type name[n] = {values};
-#endif
-
-/* ROLLED: the loops over the rows a work-item loads (first_x's, the mids') not unrolled, their
- * taps read from the constant tables (fewer values live at once, no spills) */
-#ifdef ROLLED
-#define ROWS_LOOP _Pragma("unroll 1")
-#else
-#define ROWS_LOOP _Pragma("unroll")
-#endif
-
 /* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
  * reaches (tap t = i - u of K) */
 #define SLIDE(to, w, K, U, i, v)                                                         \
@@ -80,14 +52,14 @@ __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
     if (z >= PZ || y >= PY || x >= NX) return;
-    TABLE(int, root_in, N_ROOTS, ROOT_IN)
-    TABLE(int, root_first, N_ROOTS, ROOT_FIRST) /* the first root of its input */
-    TABLE(float, wa, N_ROOTS * KA, WA)
+    const int root_in[N_ROOTS] = {ROOT_IN};
+    const int root_first[N_ROOTS] = {ROOT_FIRST}; /* the first root of its input */
+    const float wa[N_ROOTS * KA] = {WA};
     const long plane = (long)P1 * P2;
     const __global IN_T *p = src + (long)(X0 + x + SA) * plane + (long)(y + SB) * P2 + z + SC;
     float acc[N_ROOTS][UA] = {{0.0f}};
     const int last = NX - x + KA - 2; /* the last row this work-item's outputs read */
-    ROWS_LOOP
+    #pragma unroll
     for (int i = 0; i < UA + KA - 1; ++i) {
 #pragma unroll
         for (int s = 0; s < N_ROOTS; ++s) {
@@ -123,13 +95,13 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
     if (z >= PZ || y >= PY || x >= NX) return;
-    TABLE(int, pair_a, N_ROOTS, PAIR_A)
-    TABLE(int, pair_b, N_ROOTS, PAIR_B)
-    TABLE(float, wa, N_ROOTS * KA, WA)
+    const int pair_a[N_ROOTS] = {PAIR_A};
+    const int pair_b[N_ROOTS] = {PAIR_B};
+    const float wa[N_ROOTS * KA] = {WA};
     const int i1 = m1[y + SB], i2 = m2[z + SC];
     float acc[N_ROOTS][UA] = {{0.0f}};
     const int last = NX - x + KA - 2;
-    ROWS_LOOP
+    #pragma unroll
     for (int i = 0; i < UA + KA - 1; ++i) {
         const int i0 = m0[X0 + x + SA + min(i, last)];
         const bool inside = i0 >= 0 && i1 >= 0 && i2 >= 0;
@@ -173,11 +145,11 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #endif
     __local float la[N_TILES][LY][LZ];
     __local float lm[N_MIDS][TY][LZ];
-    TABLE(int, mid_root, N_MIDS, MID_ROOT)
-    TABLE(int, combo_mid, N_COMBOS, COMBO_MID)
-    TABLE(int, combo_out, N_COMBOS, COMBO_OUT)
-    TABLE(float, wb, N_MIDS * KB, WB)
-    TABLE(float, wc, N_COMBOS * KC, WC)
+    const int mid_root[N_MIDS] = {MID_ROOT};
+    const int combo_mid[N_COMBOS] = {COMBO_MID};
+    const int combo_out[N_COMBOS] = {COMBO_OUT};
+    const float wb[N_MIDS * KB] = {WB};
+    const float wc[N_COMBOS * KC] = {WC};
     const int lid = (int)get_local_id(1) * (TZ / VC) + (int)get_local_id(0);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
@@ -198,7 +170,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
             for (int k = 0; k < N_ROOTS; ++k) {
                 if (k < k0 || k >= k0 + N_TILES) continue;
                 float m[N_MIDS][UB] = {{0.0f}};
-                ROWS_LOOP
+                #pragma unroll
                 for (int j = 0; j < UB + KB - 1; ++j) {
                     const float v = la[TILE(k)][r0 + j][c];
 #pragma unroll

@@ -170,8 +170,7 @@ def test_structure_tensor_eigenvalues(device, mode, fused, tree):
     """The outer smoothing takes the bank's mode (and cval) on the product field; seams every
     4 rows, rho's radius past the slab and, along axis 2, past the axis; the gradients and
     the smoothing as fused kernels too, and the smoothing as one tree of the six products
-    with the eigenvalues as its epilogue (multi; xfirst: axis 0 first; fused and multi: the
-    products formed in the fused kernel's tiles where a slab's gradients are one chunk)."""
+    with the eigenvalues as its epilogue (multi; xfirst: axis 0 first)."""
     volume = scene((18, 13, 6), seed=1)
     cval = 3.0 if mode == "constant" else 0.0
     sigma, rho = 1.0, 1.6
@@ -296,21 +295,16 @@ def test_4d_and_float16_and_nonfinite(device, fused, tree):
     np.testing.assert_array_equal(half, out[..., 0].astype(np.float16))
 
 
-@pytest.mark.parametrize(("tree", "one_root", "constant"),
-                         [("multi", 0, False), ("xfirst", 0, False), ("xfirst", 1, True),
-                          ("multi", 0, True), ("xfirst", 0, "rolled")])  # fmt: skip
-def test_pass_tree_shapes_blocks_and_groups(device, tree, one_root, constant, monkeypatch):
+@pytest.mark.parametrize(("tree", "one_root"), [("multi", 0), ("xfirst", 0), ("xfirst", 1)])
+def test_pass_tree_shapes_blocks_and_groups(device, tree, one_root, monkeypatch):
     """The multi-output trees in the shapes GPUs take (work-groups past the edges, tiles
     wider than the volume's last axis, blocks of rows not dividing the slab, one root's tile
-    at a time, the tables in constant memory, the rows' loops rolled) against the float64
-    definition."""
+    at a time) against the float64 definition."""
     from volconv.engines import tree as trees
 
     kind = "cpu" if device.type & 2 else "gpu"  # CL_DEVICE_TYPE_CPU
     monkeypatch.setitem(trees.TREE_GROUPS, kind, {"tree_z": (8, 2, 1), "tree_y": (4, 4, 2),
                                                   "tree_x": (8, 1, 4)})  # fmt: skip
-    monkeypatch.setitem(trees.CONSTANT_TABLES, kind, bool(constant))
-    monkeypatch.setitem(trees.ROLLED, kind, constant == "rolled")
     monkeypatch.setitem(trees.XFIRST_SHAPE, kind, {"TY": 8, "TZ": 32, "UB": 4, "VC": 4,
                                                    "UA": 8, "BLOCK": 7,
                                                    "ONE_ROOT": one_root})  # fmt: skip

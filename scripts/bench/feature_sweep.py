@@ -23,62 +23,54 @@ from features import feature_sets, volume_of
 from volconv.bank.features import expand
 from volconv.bench import device_record
 from volconv.device.devices import select_device
-from volconv.engines import features as stages
 from volconv.engines import tree
 from volconv.engines.separable import SeparableConvolver
 from volconv.plan import separable, trees
 from volconv.plan.separable import make_separable_plan, plan_paths
 
 # name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
-# tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own)
-XF = {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0}
+# tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own),
+# "xfirst_shape" tree.XFIRST_SHAPE's GPU entry
+XF = {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 64, "ONE_ROOT": 0}
 SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry)
+    "xf_block32": {**XF, "BLOCK": 32},
     "xf_ub2": {**XF, "UB": 2},
     "xf_vc4": {**XF, "VC": 4},
     "xf_one": {**XF, "ONE_ROOT": 1},
     "xf_tz64_ty8": {**XF, "TZ": 64, "TY": 8},
-    "xf_block64": {**XF, "BLOCK": 64},
 }
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
     "default": {},
     "xfirst": {"fused": False, "xfirst": True},
     "multi_v2_u4": {"fused": False, "multi": True, "xfirst": False, "vector_width": 2, "rows": 4},
-    "xfirst_const": {"fused": False, "xfirst": True, "const": True},
-    "eigen_fast": {"eigen_fast": True},
-    "fused_eigen_fast": {"fused": True, "eigen_fast": True},
-    "fused_8x16x128_fast": {"fused": True, "tile": (8, 16, 128), "eigen_fast": True},
-    "xf_rolled": {"fused": False, "xfirst": True, "rolled": True},
-    "multi_const": {"fused": False, "multi": True, "xfirst": False, "const": True},
+    "multi_v2_u4_nogroups": {
+        "fused": False,
+        "multi": True,
+        "xfirst": False,
+        "vector_width": 2,
+        "rows": 4,
+        "groups": {"tree_z": None, "tree_y": None, "tree_x": None},
+    },
     **{k: {"fused": False, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
 FUSED_TILES = [(8, 16, 32), (8, 16, 64), (8, 16, 128), (16, 16, 64), (4, 32, 64)]
 STRUCTURE = {
     "passes": {"fused": False, "multi": False},
     "default": {},
-    "multi_zyx": {"multi": True, "xfirst": False, "outer_fused": False},
-    "multi_zyx_v4": {"multi": True, "xfirst": False, "outer_fused": False, "tree_shape": (4, 4)},
-    "default_v4": {"tree_shape": (4, 4)},
-    "eigen_fast": {"eigen_fast": True},
-    "xf_rolled": {"multi": True, "xfirst": True, "rolled": True, "outer_fused": False},
-    "multi_zyx_const": {"multi": True, "xfirst": False, "const": True, "outer_fused": False},
-    "xfirst_const": {"multi": True, "xfirst": True, "const": True, "outer_fused": False},
-    "xfirst": {"multi": True, "xfirst": True, "outer_fused": False},
-    "grad_xfirst": {"fused": False},
     "fused": {"fused": True, "multi": False},
-    **{
-        k: {"multi": True, "xfirst": True, "xfirst_shape": v, "outer_fused": False}
-        for k, v in SHAPES.items()
-    },
+    "multi_v4": {"tree_shape": (4, 4)},
+    "xfirst": {"multi": True, "xfirst": True},
+    **{k: {"multi": True, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "eigen_fast", "xf_rolled", "xf_one", "xf_ub2", "xf_vc4",
-                   "xf_tz64_ty8", "xf_block64"],
-    "structure_s1": ["default", "eigen_fast", "multi_zyx", "multi_zyx_v4"],
-    "structure_s3": ["default", "eigen_fast", "default_v4", "xfirst", "xf_rolled"],
-    "hessian_s1": ["default", "fused_eigen_fast", "fused_8x16x32", "fused_8x16x128",
-                   "fused_8x16x128_fast"],
+    "hessian_s3": ["passes", "default", "xf_block32", "xf_one", "xf_ub2", "xf_vc4",
+                   "xf_tz64_ty8", "multi_v2_u4", "multi_v2_u4_nogroups"],
+    "structure_s1": ["passes", "default", "multi_v4", "xfirst", "fused"],
+    "structure_s3": ["passes", "default", "multi_v4", "xfirst", "xf_one"],
+    "hessian_s1": ["default", "fused_8x16x32", "fused_8x16x128", "fused_16x16x64",
+                   "fused_4x32x64", "xfirst"],
 }  # fmt: skip
 
 
@@ -97,10 +89,6 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     groups, uy = options.pop("groups", None), options.pop("uy", None)
     shape = options.pop("tree_shape", None)
     xf = options.pop("xfirst_shape", None)
-    tree.CONSTANT_TABLES["gpu"] = options.pop("const", False)
-    stages.OUTER_FUSED["gpu"] = options.pop("outer_fused", True)
-    stages.EIGEN_FAST["gpu"] = options.pop("eigen_fast", False)
-    tree.ROLLED["gpu"] = options.pop("rolled", False)
     saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
              dict(tree.XFIRST_SHAPE["gpu"]))  # fmt: skip
     if xf is not None:
@@ -133,10 +121,6 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         tree.TREE_ROWS = saved[1]
         separable.TREE_SHAPE.update(saved[2])
         tree.XFIRST_SHAPE["gpu"].update(saved[3])
-        tree.CONSTANT_TABLES["gpu"] = False
-        stages.OUTER_FUSED["gpu"] = True
-        stages.EIGEN_FAST["gpu"] = False
-        tree.ROLLED["gpu"] = False
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:

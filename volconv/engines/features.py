@@ -19,10 +19,6 @@ from volconv.engines.clock import KernelClock
 # their SIMD lanes (benchmarks/results/pocl-features-eigen.json, "eigen3_lanes"), GPUs one
 # voxel a work-item.
 FEATURE_LANES = {"cpu": 8, "gpu": 1}
-# A structure tensor's six products smoothed by the fused kernel (kernels/fused.cl, the
-# products formed as its tile is loaded) where its window fits it, per kind of device (unless
-# ``fused`` is given); else by the multi-output tree.
-OUTER_FUSED = {"gpu": True, "cpu": False}
 
 
 def lanes_for(device: cl.Device) -> int:
@@ -30,21 +26,10 @@ def lanes_for(device: cl.Device) -> int:
     return FEATURE_LANES["cpu" if device.type & cl.device_type.CPU else "gpu"]
 
 
-# kernels/eigen.cl's exponent from the bits and native reciprocals (EIGEN_FAST), per kind of
-# device
-EIGEN_FAST = {"gpu": False, "cpu": False}
-
-
+@cache
 def build_with_features(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]):
     """kernels/``name`` built behind kernels/eigen.cl (the feature functions it calls), once
     per process, through the binary cache."""
-    if EIGEN_FAST["cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"]:
-        defines = (*defines, ("EIGEN_FAST", 1))
-    return _build_with_features(ctx, name, defines)
-
-
-@cache
-def _build_with_features(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]):
     source = kernel_source("eigen.cl") + "\n" + kernel_source(name)
     return binary_build(ctx, source, [f"-D{k}={v}" for k, v in defines])
 
@@ -174,7 +159,6 @@ class StructureTensorStage:
         where ``xfirst`` (default: not, as measured on the H100,
         benchmarks/results/h100-feature-sweep-2.json) and its tiles fit."""
         from volconv.engines.padder import Padder
-        from volconv.engines.passes import FusedKernel
         from volconv.engines.separable import SeparableConvolver
         from volconv.engines.tree import MultiTree, XFirstTree
         from volconv.plan.separable import plan_bank
@@ -212,12 +196,6 @@ class StructureTensorStage:
             self._tree = kind(kernels.ctx, kernels.queue, plan, six_inputs(plan, self.xfirst),
                               "EIG3(0,1,2,3,4,5,0)", 0, 3, self._clock, range(6), slab_depth,
                               products=PAIRS)  # fmt: skip
-            self._fused = None  # the fused kernel, where the slab's gradients are one chunk
-            kind_of = "cpu" if device.type & cl.device_type.CPU else "gpu"
-            if (OUTER_FUSED[kind_of] if fused is None else fused) and self.outer_fits(plan, device):
-                self._fused = FusedKernel(kernels.ctx, kernels.queue, plan, six_inputs(plan),
-                                          "EIG3(0,1,2,3,4,5,0)", 0, 3, self._clock,
-                                          products=PAIRS)  # fmt: skip
         else:
             self.outer = SeparableConvolver(
                 rho, (rows, ny, nz), np.float32, mode, cval, device=device, slab_depth=rows,
@@ -256,20 +234,6 @@ class StructureTensorStage:
             choices=plan_bank(rho, force="separable"), slab_depth=rows,
             fused=False if multi else fused, multi=multi, xfirst=bool(multi and xfirst),
         )  # fmt: skip
-
-    @staticmethod
-    def outer_fits(plan: object, device: cl.Device) -> bool:
-        """Whether the fused kernel runs the six products' tree: its values in registers, its
-        window at most `volconv.plan.separable.MAX_FUSED_TAPS`, its tiles (the three planes
-        and where the product field is inside) in local memory."""
-        from volconv.plan.separable import MAX_FUSED_TAPS, MAX_FUSED_VALUES
-
-        tree = six_inputs(plan)
-        ty, tz, _ = plan.tile
-        tile_y, tile_z = ty + tree.taps[1] - 1, tz + tree.taps[2] - 1
-        local = 2 * (4 * tile_y * tile_z + len(tree.wz) * tile_y * tz) * 4
-        return (tree.values <= MAX_FUSED_VALUES and max(tree.taps) <= MAX_FUSED_TAPS
-                and local <= device.local_mem_size)  # fmt: skip
 
     @staticmethod
     def outer_xfirst(plan: object, device: cl.Device) -> bool:
@@ -406,13 +370,10 @@ class StructureTensorStage:
             if direct:
                 local = np.where(m0 >= 0, m0 - c0, -1).astype(np.int32)
                 m0_buf = cl.Buffer(grad.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=local)
-                source = (grad._out, (c1 - c0) * ny * nz, m0_buf, self._maps._m1,
-                          self._maps._m2, self.cval)  # fmt: skip
-                if self._fused is not None:
-                    events.append(self._fused.launch_products(*source, self._values, depth))
-                else:
-                    events += self._tree.launch_products(*source, self._values, self._values,
-                                                         depth)  # fmt: skip
+                events += self._tree.launch_products(
+                    grad._out, (c1 - c0) * ny * nz, m0_buf, self._maps._m1, self._maps._m2,
+                    self.cval, self._values, self._values, depth,
+                )  # fmt: skip
                 continue
             # the padded rows this chunk fills (the cval rows with the first chunk)
             inside = ((m0 >= c0) & (m0 < c1)) | ((m0 < 0) & (c0 == chunks[0][0]))

@@ -289,10 +289,7 @@ class FusedKernel:
 
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
                  tree: FusedTree, epilogue: str, n_stored: int, feature_planes: int,
-                 clock: KernelClock,
-                 products: Sequence[tuple[int, int]] | None = None) -> None:  # fmt: skip
-        """``products``: each root's pair of three planes, which it filters as their
-        product (`launch_products`), instead of the padded slab."""
+                 clock: KernelClock) -> None:  # fmt: skip
         self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
         self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
 
@@ -313,9 +310,6 @@ class FusedKernel:
         )  # fmt: skip
         if epilogue:
             defines += (("FEATURES", epilogue),)
-        if products is not None:
-            defines += (("PAIR_A", table([a for a, _ in products])),
-                        ("PAIR_B", table([b for _, b in products])))  # fmt: skip
         self._kernel = cl.Kernel(build_with_features(ctx, "fused.cl", defines), "fused")
 
     @property
@@ -328,19 +322,6 @@ class FusedKernel:
         """Enqueue the kernel over the padded slab of ``depth`` output rows: the stored
         responses into ``out`` and the features into ``feat``, or (``every``) every response
         and no feature."""
-        return self._launch((padded,), out, feat, depth, every)
-
-    def launch_products(self, g: cl.Buffer, g_plane: int, m0: cl.Buffer, m1: cl.Buffer,
-                        m2: cl.Buffer, cval: float, feat: cl.Buffer,
-                        depth: int) -> cl.Event:  # fmt: skip
-        """`launch` of the features with each root's input the product of its pair of the
-        three planes ``g`` (``g_plane`` elements apart) through the index maps ``m0`` (the
-        padded rows' rows of ``g``), ``m1``, ``m2`` (-1: ``cval``)."""
-        source = (g, np.int64(g_plane), m0, m1, m2, np.float32(cval))
-        return self._launch(source, feat, feat, depth, False)
-
-    def _launch(self, source: tuple, out: cl.Buffer, feat: cl.Buffer, depth: int,
-                every: bool) -> cl.Event:  # fmt: skip
         plan = self.plan
         ny, nz = plan.shape[1:]
         p1, p2 = plan.padded_yz
@@ -349,8 +330,8 @@ class FusedKernel:
         s0, s1, s2 = self.tree.start
         n_stored = -1 if every or not self.epilogue else self.n_stored
         self._kernel.set_args(
-            *source, out, feat, i32(depth), i32(ny), i32(nz), i32(p1), i32(p2), i32(s0),
-            i32(s1), i32(s2), i32(n_stored),
+            padded, out, feat, i32(depth), i32(ny), i32(nz), i32(p1), i32(p2), i32(s0), i32(s1),
+            i32(s2), i32(n_stored),
         )  # fmt: skip
         glob = (-(-nz // tz) * tz, -(-ny // ty) * ty, -(-depth // cx))
         event = cl.enqueue_nd_range_kernel(self.queue, self._kernel, glob, (tz, ty, 1))

@@ -38,20 +38,11 @@ def _table(t: object) -> str:
     return ",".join(map(str, t))
 
 
-# kernels/tree_yz.cl's tables (taps, indices) as file-scope arrays in the constant address
-# space rather than each kernel's private constants, per kind of device.
-CONSTANT_TABLES = {"gpu": False, "cpu": False}
-# kernels/tree_yz.cl's loops over the rows a work-item loads not unrolled (the tables then in
-# constant memory), per kind of device.
-ROLLED = {"gpu": False, "cpu": False}
-
-
 def _tables(tree: FusedTree, root_in: Sequence[int] | None,
-            products: Sequence[tuple[int, int]] | None, weights: tuple[str, str, str],
-            device: cl.Device) -> tuple[tuple[str, object], ...]:  # fmt: skip
+            products: Sequence[tuple[int, int]] | None,
+            weights: tuple[str, str, str]) -> tuple[tuple[str, object], ...]:  # fmt: skip
     """Build options of ``tree``'s tables (its taps as ``weights``: roots', mids', combos'),
-    each root's input slab and, with ``products``, each root's pair of planes; where they
-    live on ``device`` (`CONSTANT_TABLES`)."""
+    each root's input slab and, with ``products``, each root's pair of planes."""
     roots = tuple(root_in) if root_in is not None else (0,) * len(tree.wz)
     defines = (
         ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)), ("N_COMBOS", len(tree.wx)),
@@ -64,11 +55,6 @@ def _tables(tree: FusedTree, root_in: Sequence[int] | None,
     if products is not None:
         defines += (("PAIR_A", _table([a for a, _ in products])),
                     ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
-    kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
-    if CONSTANT_TABLES[kind] or ROLLED[kind]:
-        defines += (("CONSTANT_TABLES", 1),)
-    if ROLLED[kind]:
-        defines += (("ROLLED", 1),)
     return defines
 
 
@@ -110,7 +96,7 @@ class MultiTree(_Tree):
         defines = (
             ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
             ("S0", tree.start[0]), ("S1", tree.start[1]), ("S2", tree.start[2]),
-            *_tables(tree, root_in, products, ("WZ", "WY", "WX"), ctx.devices[0]),
+            *_tables(tree, root_in, products, ("WZ", "WY", "WX")),
             ("V", v), ("EV", v), ("UY", TREE_ROWS), ("UX", ux),
             ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
@@ -220,7 +206,7 @@ def tree_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> dict[str, in
 # rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), so that A is still
 # in cache when read; ONE_ROOT: last_yz holds one root's tile at a time (larger tiles fit).
 XFIRST_SHAPE = {
-    "gpu": {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 32, "ONE_ROOT": 0},
+    "gpu": {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 64, "ONE_ROOT": 0},
     "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "UA": 4, "BLOCK": 0, "ONE_ROOT": 0},
 }
 
@@ -288,7 +274,7 @@ class XFirstTree(_Tree):
         defines = (
             ("KA", tree.taps[2]), ("KB", tree.taps[1]), ("KC", tree.taps[0]),
             ("SA", tree.start[2]), ("SB", tree.start[1]), ("SC", tree.start[0]),
-            *_tables(tree, root_in, products, ("WA", "WB", "WC"), ctx.devices[0]),
+            *_tables(tree, root_in, products, ("WA", "WB", "WC")),
             ("UA", s["UA"]), ("TY", s["TY"]), ("TZ", s["TZ"]), ("UB", s["UB"]),
             ("VC", s["VC"]), ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
