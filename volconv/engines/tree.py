@@ -203,8 +203,9 @@ def tree_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> dict[str, in
 # -- axis 0 first -------------------------------------------------------------------------
 # kernels/tree_yz.cl's shape per kind of device: last_yz's tile (TY x TZ of a row), UB rows of
 # a mid and VC outputs along axis 2 a work-item, first_x's UA rows a work-item, and the output
-# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), so that A is still
-# in cache when read; ONE_ROOT: last_yz holds one root's tile at a time (larger tiles fit).
+# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab); ONE_ROOT: last_yz
+# holds one root's tile at a time (larger tiles fit). The GPU's as measured fastest on the H100
+# (benchmarks/results/h100-feature-sweep-*.json).
 XFIRST_SHAPE = {
     "gpu": {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 64, "ONE_ROOT": 0},
     "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "UA": 4, "BLOCK": 0, "ONE_ROOT": 0},
