@@ -125,6 +125,20 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
     *l2 = SEL(finite, fmin(lo, z), (evf)NAN);
 }
 
+/* The features as an epilogue (kernels/fused.cl, tree.cl, tree_yz.cl: their FEATURES, a
+ * sequence of these over response indices and feature planes): the kernel defines RESP(f),
+ * response f of the voxels at hand, and FEAT_STORE(o, v), writing v to feature plane o. */
+#define EIG3(a, b, c, d, e, f, o)                                                           \
+    {                                                                                       \
+        evf l0_, l1_, l2_;                                                                  \
+        eigen_sym3(RESP(a), RESP(b), RESP(c), RESP(d), RESP(e), RESP(f), &l0_, &l1_, &l2_); \
+        FEAT_STORE(o, l0_) FEAT_STORE(o + 1, l1_) FEAT_STORE(o + 2, l2_)                    \
+    }
+#define MAG2(a, b, o) FEAT_STORE(o, magnitude3(RESP(a), RESP(b), (evf)0.0f))
+#define MAG3(a, b, c, o) FEAT_STORE(o, magnitude3(RESP(a), RESP(b), RESP(c)))
+#define PICK(a, o) FEAT_STORE(o, RESP(a))
+#define DIFF(a, b, o) FEAT_STORE(o, RESP(a) - RESP(b))
+
 inline evf magnitude3(evf x, evf y, evf z)
 {
 #ifdef cl_khr_fp64

@@ -33,23 +33,15 @@
  * N_ROOTS, N_MIDS, N_COMBOS, N_OUT the table sizes; MID_ROOT, COMBO_MID, COMBO_OUT the tables
  * (comma-separated indices); WZ (N_ROOTS x KZ), WY (N_MIDS x KY), WX (N_COMBOS x KX) the taps
  * (comma-separated float literals, row-major); IN_T the padded slab's element type; FEATURES
- * the epilogue, a sequence of EIG3(six responses, plane), MAG2(two, plane), MAG3(three,
- * plane), PICK(one, plane), DIFF(two, plane) (response indices, feature output planes).
+ * the epilogue, a sequence of kernels/eigen.cl's EIG3(six responses, plane), MAG2(two,
+ * plane), MAG3(three, plane), PICK(one, plane), DIFF(two, plane) (response indices, feature
+ * output planes).
  */
 
-/* without features (the host defines none) the store is the plain loop: no test per output */
+/* without features (the host defines none) the store is the plain loop: no test per output;
+ * with them, kernels/eigen.cl's epilogue macros read and write through these */
 #define RESP(f) acc[f][0]
-#define FEAT(o) feat[(long)(o) * DEPTH * plane_size + at]
-#define EIG3(a, b, c, d, e, f, o)                                                      \
-    {                                                                                  \
-        float l0, l1, l2;                                                              \
-        eigen_sym3(RESP(a), RESP(b), RESP(c), RESP(d), RESP(e), RESP(f), &l0, &l1, &l2); \
-        FEAT(o) = l0, FEAT(o + 1) = l1, FEAT(o + 2) = l2;                              \
-    }
-#define MAG2(a, b, o) FEAT(o) = magnitude3(RESP(a), RESP(b), 0.0f);
-#define MAG3(a, b, c, o) FEAT(o) = magnitude3(RESP(a), RESP(b), RESP(c));
-#define PICK(a, o) FEAT(o) = RESP(a);
-#define DIFF(a, b, o) FEAT(o) = RESP(a) - RESP(b);
+#define FEAT_STORE(o, v) feat[(long)(o) * DEPTH * plane_size + at] = (v);
 
 #define TILE_Y (TY + KY - 1)
 #define TILE_Z (TZ + KZ - 1)

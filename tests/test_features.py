@@ -84,9 +84,17 @@ def run(volume, filters, features, mode, cval, device, **options):
                               **options)  # fmt: skip
 
 
+# the pass tree one launch per node, as three multi-output launches (kernels/tree.cl), as two
+# with axis 0 first (kernels/tree_yz.cl)
+TREES = {"passes": {"multi": False}, "multi": {"multi": True, "xfirst": False},
+         "xfirst": {"xfirst": True}}  # fmt: skip
+
+
+@pytest.mark.parametrize("tree", TREES)
 @pytest.mark.parametrize("mode", MODES)
-def test_hessian_eigenvalues_and_gradient_magnitude(device, mode):
-    """Every mode (constant with cval != 0), an even extent, slab seams every 3 rows."""
+def test_hessian_eigenvalues_and_gradient_magnitude(device, mode, tree):
+    """Every mode (constant with cval != 0), an even extent, slab seams every 3 rows; each
+    form of the pass tree."""
     volume = scene((17, 16, 14))
     cval = 7.5 if mode == "constant" else 0.0
     sigma = 1.5
@@ -94,7 +102,7 @@ def test_hessian_eigenvalues_and_gradient_magnitude(device, mode):
         {"type": "hessian_eigenvalues", "sigma": sigma, "name": "hess"},
         {"type": "gradient_magnitude", "sigma": 1.0, "name": "gm", "truncate": 3.0},
     ])  # fmt: skip
-    out = run(volume, [], feats, mode, cval, device, slab_depth=3)
+    out = run(volume, [], feats, mode, cval, device, slab_depth=3, fused=False, **TREES[tree])
     assert out.shape == (4, *volume.shape)
     m = max(float(np.abs(volume).max()), abs(cval))
     orders = [tuple(x + y for x, y in zip(AXES[a], AXES[b], strict=True)) for a, b in PAIRS]
@@ -151,18 +159,26 @@ def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, lanes):
     np.testing.assert_array_equal(values[:, 4], [np.float32(1e-40), 0, 0])
 
 
-@pytest.mark.parametrize(("mode", "fused"), [("reflect", False), ("constant", False),
-                                             ("wrap", False), ("wrap", True)])  # fmt: skip
-def test_structure_tensor_eigenvalues(device, mode, fused):
+@pytest.mark.parametrize(("mode", "fused", "tree"), [
+    ("reflect", False, "passes"), ("constant", False, "passes"), ("wrap", False, "passes"),
+    ("wrap", True, "passes"), ("reflect", False, "multi"), ("constant", False, "multi"),
+    ("wrap", False, "multi"), ("mirror", True, "multi"), ("reflect", False, "xfirst"),
+    ("constant", False, "xfirst"), ("wrap", False, "xfirst"), ("nearest", True, "xfirst"),
+    ("constant", True, "multi"),
+])  # fmt: skip
+def test_structure_tensor_eigenvalues(device, mode, fused, tree):
     """The outer smoothing takes the bank's mode (and cval) on the product field; seams every
     4 rows, rho's radius past the slab and, along axis 2, past the axis; the gradients and
-    the smoothing as fused kernels too."""
+    the smoothing as fused kernels too, and the smoothing as one tree of the six products
+    with the eigenvalues as its epilogue (multi; xfirst: axis 0 first)."""
     volume = scene((18, 13, 6), seed=1)
     cval = 3.0 if mode == "constant" else 0.0
     sigma, rho = 1.0, 1.6
     feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": sigma,
                              "rho": rho, "name": "st"}])  # fmt: skip
-    out = run(volume, [], feats, mode, cval, device, slab_depth=4, fused=fused)
+    multi = tree != "passes"
+    options = {"multi": multi, "xfirst": tree == "xfirst"}
+    out = run(volume, [], feats, mode, cval, device, slab_depth=4, fused=fused, **options)
     assert out.shape == (3, *volume.shape)
     m = max(float(np.abs(volume).max()), abs(cval))
     g = [gauss(volume, sigma, o, mode, cval) for o in AXES]
@@ -181,16 +197,19 @@ def test_structure_tensor_eigenvalues(device, mode, fused):
     # the stage's memory model is what it allocates
     ex = expand([], feats)
     conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, cval, device=device,
-                              slab_depth=4, expanded=ex, fused=fused)  # fmt: skip
+                              slab_depth=4, expanded=ex, fused=fused, **options)  # fmt: skip
     stage = conv._tensors[0][0]
-    assert stage.grad.plan.fused == stage.outer.plan.fused == fused
+    assert stage.grad.plan.fused == fused
+    assert stage.outer_plan.fused == (fused and not multi) and stage.outer_plan.multi == multi
+    assert stage.xfirst == (tree == "xfirst")
     model = StructureTensorStage.device_bytes(feats[0], volume.shape, volume.dtype, mode, cval,
-                                              device, 4, fused)  # fmt: skip
+                                              device, 4, fused, **options)  # fmt: skip
     assert stage.held_bytes == model
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_gabor_energy_and_dedup_with_the_bank(device, fused):
+@pytest.mark.parametrize(("fused", "tree"), [(False, "passes"), (True, "passes"),
+                                             (False, "multi"), (False, "xfirst")])  # fmt: skip
+def test_gabor_energy_and_dedup_with_the_bank(device, fused, tree):
     """A bank filter equal to a feature's input is computed once and stored; the feature's
     other inputs are not stored; a Gabor pair's energy."""
     bank = build_bank(
@@ -210,7 +229,8 @@ def test_gabor_energy_and_dedup_with_the_bank(device, fused):
     assert ex.names == ["dx", "mean", "gm", "tex", "h_0", "h_1", "h_2"]
     assert [o.kind for o in ex.outputs][:3] == ["response", "response", "gradient_magnitude"]
     volume = scene((15, 12, 11), seed=2)
-    out = run(volume, bank, feats, "mirror", 0.0, device, slab_depth=5, fused=fused)
+    out = run(volume, bank, feats, "mirror", 0.0, device, slab_depth=5, fused=fused,
+              **TREES[tree])  # fmt: skip
     assert out.shape == (7, *volume.shape)
     m = float(np.abs(volume).max())
     ref = reference(volume, [f.kernel for f in bank], "mirror")
@@ -222,10 +242,11 @@ def test_gabor_energy_and_dedup_with_the_bank(device, fused):
     assert np.abs(out[3] - np.hypot(re, im)).max() <= bound
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_4d_and_float16_and_nonfinite(device, fused):
+@pytest.mark.parametrize(("fused", "tree"), [(False, "passes"), (True, "passes"),
+                                             (False, "multi"), (False, "xfirst")])  # fmt: skip
+def test_4d_and_float16_and_nonfinite(device, fused, tree):
     """4D frames; NaN and Inf as the float64 definition gives them; the stored type; the
-    features as the fused kernel's epilogue too."""
+    features as the fused kernel's epilogue too, and as each pass tree's."""
     volume = scene((12, 10, 9, 2), seed=4)
     volume[5, 4, 4, 0] = np.nan
     volume[2, 7, 1, 1] = np.inf
@@ -235,7 +256,8 @@ def test_4d_and_float16_and_nonfinite(device, fused):
             {"type": "gradient_magnitude", "sigma": 0.8, "name": "g"},
         ]
     )
-    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4, fused=fused)
+    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=4, fused=fused,
+              **TREES[tree])  # fmt: skip
     for t in range(2):
         v = volume[..., t]
         finite = np.isfinite(v)
@@ -263,13 +285,38 @@ def test_4d_and_float16_and_nonfinite(device, fused):
     v = volume[..., 0]
     ex = expand([], feats)
     conv = SeparableConvolver(ex.filters, v.shape, v.dtype, "reflect", 0.0, device=device,
-                              slab_depth=4, expanded=ex, fused=fused)  # fmt: skip
+                              slab_depth=4, expanded=ex, fused=fused, **TREES[tree])  # fmt: skip
     assert conv.plan.fused == fused
+    assert (conv.plan.multi, conv.plan.xfirst) == (tree != "passes", tree == "xfirst")
     conv.store("float16")
     half = np.empty((4, *v.shape), np.float16)
     for a, b in conv.slabs():
         conv.convolve_slab(a, b, v[conv.source_rows(a, b)], half[:, a:b])
     np.testing.assert_array_equal(half, out[..., 0].astype(np.float16))
+
+
+@pytest.mark.parametrize(("tree", "one_root"), [("multi", 0), ("xfirst", 0), ("xfirst", 1)])
+def test_pass_tree_shapes_blocks_and_groups(device, tree, one_root, monkeypatch):
+    """The multi-output trees in the shapes GPUs take (work-groups past the edges, tiles
+    wider than the volume's last axis, blocks of rows not dividing the slab, one root's tile
+    at a time) against the float64 definition."""
+    from volconv.engines import tree as trees
+
+    kind = "cpu" if device.type & 2 else "gpu"  # CL_DEVICE_TYPE_CPU
+    monkeypatch.setitem(trees.TREE_GROUPS, kind, {"tree_z": (8, 2, 1), "tree_y": (4, 4, 2),
+                                                  "tree_x": (8, 1, 4)})  # fmt: skip
+    monkeypatch.setitem(trees.XFIRST_SHAPE, kind, {"TY": 8, "TZ": 32, "UB": 4, "VC": 4,
+                                                   "UA": 8, "BLOCK": 7,
+                                                   "ONE_ROOT": one_root})  # fmt: skip
+    volume = scene((23, 21, 19), seed=5)
+    sigma = 2.0
+    feats = build_features([{"type": "hessian_eigenvalues", "sigma": sigma, "name": "h"}])
+    out = run(volume, [], feats, "nearest", 0.0, device, slab_depth=10, fused=False,
+              **TREES[tree])  # fmt: skip
+    orders = [tuple(x + y for x, y in zip(AXES[a], AXES[b], strict=True)) for a, b in PAIRS]
+    ref = eig_ref([gauss(volume, sigma, o, "nearest", 0.0) for o in orders])
+    m = float(np.abs(volume).max())
+    assert np.abs(out - ref).max() <= weyl([tol(kernel_l1(sigma, o), m) for o in orders])
 
 
 def test_feature_tables_are_validated():

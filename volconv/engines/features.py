@@ -149,10 +149,18 @@ class StructureTensorStage:
         slab_depth: int,
         kernels: FeatureKernels,
         fused: bool | None = None,
+        multi: bool | None = None,
+        xfirst: bool | None = None,
     ) -> None:
         """``fused``: the gradients and the outer smoothing each as one fused kernel (default:
-        on GPUs; `volconv.plan.separable.make_separable_plan`)."""
+        on GPUs; `volconv.plan.separable.make_separable_plan`); ``multi``: the outer
+        smoothing of the six products as one tree of kernels/tree.cl with the eigenvalues as
+        its epilogue (default: on GPUs unless ``fused``), axis 0 first (kernels/tree_yz.cl)
+        where ``xfirst`` (default: not, as measured on the H100,
+        benchmarks/results/h100-feature-sweep-2.json) and its tiles fit."""
+        from volconv.engines.padder import Padder
         from volconv.engines.separable import SeparableConvolver
+        from volconv.engines.tree import MultiTree, XFirstTree
         from volconv.plan.separable import plan_bank
 
         self.feature, self.shape, self.mode, self.cval = feature, tuple(shape), mode, cval
@@ -171,11 +179,30 @@ class StructureTensorStage:
         # is the stack's: only its passes run; the index maps along axes 1, 2 are the volume's)
         rows = self.stacked_rows(slab_depth, self.reach)
         rho = [feature.rho_filter]
-        self.outer = SeparableConvolver(
-            rho, (rows, ny, nz), np.float32, mode, cval, device=device, slab_depth=rows,
-            choices=plan_bank(rho, force="separable"), fused=fused,
-        )  # fmt: skip
-        if self.outer.plan.pad_dtype != np.float32:
+        self.multi = self.outer_multi(device, fused, multi)
+        self.outer: SeparableConvolver | None = None
+        self.xfirst = False
+        if self.multi:  # the stack's padded slabs and maps, and the six-input tree
+            self.outer_plan = self._outer_plan(feature, shape, mode, cval, device, slab_depth,
+                                               fused, multi=True, xfirst=xfirst)  # fmt: skip
+            plan = self.outer_plan
+            self._padded: cl.Buffer | None = None  # where the products are gathered first
+            self._maps = Padder(kernels.ctx, kernels.queue, plan.shape, plan.src_dtype,
+                                plan.pad_dtype, plan.halo_lo, plan.halo_hi, mode, cval,
+                                plan.padded_yz, 1)  # fmt: skip
+            self._clock = KernelClock()
+            self.xfirst = self.outer_xfirst(plan, device)
+            kind = XFirstTree if self.xfirst else MultiTree
+            self._tree = kind(kernels.ctx, kernels.queue, plan, six_inputs(plan, self.xfirst),
+                              "EIG3(0,1,2,3,4,5,0)", 0, 3, self._clock, range(6), slab_depth,
+                              products=PAIRS)  # fmt: skip
+        else:
+            self.outer = SeparableConvolver(
+                rho, (rows, ny, nz), np.float32, mode, cval, device=device, slab_depth=rows,
+                choices=plan_bank(rho, force="separable"), fused=fused, multi=False,
+            )  # fmt: skip
+            self.outer_plan, self._maps = self.outer.plan, self.outer.padder
+        if self.outer_plan.pad_dtype != np.float32:
             raise ValueError("structure tensor: the outer smoothing pads float32")
         self._host_outer = None  # the outer smoothing over the volume's rows (host path)
         self.seconds = 0.0
@@ -183,9 +210,56 @@ class StructureTensorStage:
                                  3 * slab_depth * ny * nz * 4)  # fmt: skip
 
     @staticmethod
+    def outer_multi(device: cl.Device, fused: bool | None, multi: bool | None) -> bool:
+        """Whether the outer smoothing runs as kernels/tree.cl (``multi``; default: on GPUs
+        unless ``fused``)."""
+        if multi is not None:
+            return bool(multi)
+        return fused is not True and not device.type & cl.device_type.CPU
+
+    @staticmethod
+    def _outer_plan(
+        feature: Feature, shape: tuple[int, int, int], mode: str, cval: float,
+        device: cl.Device, slab_depth: int, fused: bool | None, multi: bool,
+        xfirst: bool | None = None,
+    ) -> object:  # fmt: skip
+        """The plan of the outer smoothing over the six stacked padded slabs."""
+        from volconv.plan.separable import make_separable_plan, plan_bank
+
+        reach = (feature.rho_filter.kernel.shape[0] - 1) // 2
+        rows = StructureTensorStage.stacked_rows(slab_depth, reach)
+        rho = [feature.rho_filter]
+        return make_separable_plan(
+            rho, (rows, *shape[1:]), np.float32, mode, cval, device,
+            choices=plan_bank(rho, force="separable"), slab_depth=rows,
+            fused=False if multi else fused, multi=multi, xfirst=bool(multi and xfirst),
+        )  # fmt: skip
+
+    @staticmethod
+    def outer_xfirst(plan: object, device: cl.Device) -> bool:
+        """Whether the six products' tree runs axis 0 first (kernels/tree_yz.cl): where the
+        plan takes it and the six roots' tiles fit."""
+        from volconv.plan.separable import xfirst_fits
+
+        return plan.xfirst and xfirst_fits(six_inputs(plan, True), device)
+
+    @staticmethod
+    def _outer_bytes(plan: object, device: cl.Device, slab_depth: int) -> int:
+        """Device memory of the six products' tree: the stacked padded slabs (where the
+        products are gathered first) and its intermediates."""
+        from volconv.engines.tree import tree_bytes, xfirst_bytes
+
+        rows = plan.slab_depth
+        total = plan.slab_bytes(rows)["padded"]
+        if StructureTensorStage.outer_xfirst(plan, device):
+            return total + xfirst_bytes(plan, six_inputs(plan, True), slab_depth)
+        return total + sum(tree_bytes(plan, six_inputs(plan), slab_depth).values())
+
+    @staticmethod
     def device_bytes(
         feature: Feature, shape: tuple[int, int, int], dtype: np.dtype, mode: str, cval: float,
         device: cl.Device, slab_depth: int, fused: bool | None = None,
+        multi: bool | None = None, xfirst: bool | None = None,
     ) -> int:  # fmt: skip
         """Device memory of the stage for slabs of ``slab_depth`` rows: the gradients'
         convolver, the stacked outer smoothing's and the eigenvalues."""
@@ -193,28 +267,31 @@ class StructureTensorStage:
 
         n0, ny, nz = shape
         reach = (feature.rho_filter.kernel.shape[0] - 1) // 2
-        rows = StructureTensorStage.stacked_rows(slab_depth, reach)
+        grads = list(feature.inputs)
         total = 3 * slab_depth * ny * nz * 4
-        for filters, shp, dt, depth in (
-            (list(feature.inputs), shape, dtype, min(n0, slab_depth + 2 * reach)),
-            ([feature.rho_filter], (rows, ny, nz), np.float32, rows),
-        ):
-            total += make_separable_plan(
-                filters, shp, dt, mode, cval, device, choices=plan_bank(filters,
-                force="separable"), slab_depth=depth, fused=fused,
-            ).device_bytes  # fmt: skip
-        return total
+        total += make_separable_plan(
+            grads, shape, dtype, mode, cval, device, choices=plan_bank(grads, force="separable"),
+            slab_depth=min(n0, slab_depth + 2 * reach), fused=fused,
+        ).device_bytes  # fmt: skip
+        several = StructureTensorStage.outer_multi(device, fused, multi)
+        outer = StructureTensorStage._outer_plan(feature, shape, mode, cval, device, slab_depth,
+                                                 fused, several, xfirst)  # fmt: skip
+        if several:
+            return total + StructureTensorStage._outer_bytes(outer, device, slab_depth)
+        return total + outer.device_bytes
 
     @property
     def clocks(self) -> list:
         """The `volconv.engines.clock.KernelClock`s of its convolvers' launches (its own
         kernels report to ``kernels.clock``)."""
-        return [self.grad.clock, self.outer.clock]
+        return [self.grad.clock, self.outer.clock if self.outer else self._clock]
 
     @property
     def held_bytes(self) -> int:
         """Device memory the stage holds (`device_bytes` of its sizes)."""
-        return self.grad.plan.device_bytes + self.outer.plan.device_bytes + self._values.size
+        outer = (self.outer.plan.device_bytes if self.outer else
+                 self._outer_bytes(self.outer_plan, self.device, self.depth))  # fmt: skip
+        return self.grad.plan.device_bytes + outer + self._values.size
 
     @staticmethod
     def stacked_rows(depth: int, reach: int) -> int:
@@ -225,7 +302,7 @@ class StructureTensorStage:
     @property
     def convolvers(self) -> tuple:
         """The convolvers whose timings the slab's count (`SeparableConvolver.convolve_slab`)."""
-        return (self.grad, self.outer)
+        return (self.grad, self.outer) if self.outer else (self.grad,)
 
     def product_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted rows of the product field the outer smoothing of ``[a, b)`` reads."""
@@ -269,13 +346,20 @@ class StructureTensorStage:
             return out
         grad, outer, queue = self.grad, self.outer, self.grad.queue
         mf = cl.mem_flags
-        p1, p2 = outer.plan.padded_yz
+        p1, p2 = self.outer_plan.padded_yz
         p0 = depth + 2 * self.reach
         m0 = self._row_map(a, b)
         i32 = np.int32
         k = self.kernels._k["product_pad"]
         events: list[cl.Event] = []
         chunks = self._chunks(a, b)
+        # the products formed where the tree first reads them (one chunk of gradients: every
+        # row the smoothing reads at once), else gathered by product_pad into padded slabs
+        direct = outer is None and len(chunks) == 1
+        if outer is None and not direct and self._padded is None:
+            size = self.outer_plan.slab_bytes(self.outer_plan.slab_depth)["padded"]
+            self._padded = cl.Buffer(grad.ctx, mf.READ_WRITE, size)
+        padded = self._padded if outer is None else outer._padded
         for c0, c1 in chunks:
             if rows is None:
                 up, pad = grad.padder(c0, c1, grad._padded, frame=frame)
@@ -283,26 +367,40 @@ class StructureTensorStage:
                 own = rows[np.searchsorted(needed, grad.source_rows(c0, c1))]
                 up, pad = grad.padder(c0, c1, grad._padded, rows=own)
             events += [*up, pad, *grad._launch_passes(c1 - c0)]
+            if direct:
+                local = np.where(m0 >= 0, m0 - c0, -1).astype(np.int32)
+                m0_buf = cl.Buffer(grad.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=local)
+                events += self._tree.launch_products(
+                    grad._out, (c1 - c0) * ny * nz, m0_buf, self._maps._m1, self._maps._m2,
+                    self.cval, self._values, self._values, depth,
+                )  # fmt: skip
+                continue
             # the padded rows this chunk fills (the cval rows with the first chunk)
             inside = ((m0 >= c0) & (m0 < c1)) | ((m0 < 0) & (c0 == chunks[0][0]))
             fill = np.flatnonzero(inside).astype(np.int32)
             local = np.where(m0[fill] >= 0, m0[fill] - c0, -1).astype(np.int32)
             fill_buf, local_buf = (cl.Buffer(grad.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=x)
                                    for x in (fill, local))  # fmt: skip
-            k.set_args(grad._out, i32(c1 - c0), outer._padded, fill_buf, local_buf,
-                       outer.padder._m1, outer.padder._m2, i32(len(fill)), i32(p0), i32(p1),
+            k.set_args(grad._out, i32(c1 - c0), padded, fill_buf, local_buf,
+                       self._maps._m1, self._maps._m2, i32(len(fill)), i32(p0), i32(p1),
                        i32(p2), i32(ny), i32(nz), np.float32(self.cval))  # fmt: skip
             event = cl.enqueue_nd_range_kernel(queue, k, (p2, p1, len(fill)), None)
             events.append(self.kernels.clock.add("product_pad", event))
         stacked = 6 * p0 - 2 * self.reach
-        if outer.plan.fused:  # one kernel over the stack, the rows between slabs included
-            events += outer._launch_passes(stacked)
-        else:  # the tree over each slab's own rows
-            spans = [(i * p0, depth) for i in range(6)]
-            events += outer._passes.launch(outer._padded, outer._out, stacked, spans)
         n = depth * ny * nz
-        events.append(self.kernels.launch("eigen3", outer._out, range(6), self._values, 0, n,
-                                          stride=p0 * ny * nz))  # fmt: skip
+        if direct:
+            pass
+        elif outer is None:  # the six slabs as one tree's inputs, the eigenvalues its epilogue
+            events += self._tree.launch(padded, self._values, self._values, depth, False,
+                                        in_stride=p0 * p1 * p2)  # fmt: skip
+        else:
+            if outer.plan.fused:  # one kernel over the stack, the rows between slabs included
+                events += outer._launch_passes(stacked)
+            else:  # the tree over each slab's own rows
+                spans = [(i * p0, depth) for i in range(6)]
+                events += outer._passes.launch(outer._padded, outer._out, stacked, spans)
+            events.append(self.kernels.launch("eigen3", outer._out, range(6), self._values, 0,
+                                              n, stride=p0 * ny * nz))  # fmt: skip
         down = [cl.enqueue_copy(queue, out[i], self._values, src_offset=i * n * 4,
                                 is_blocking=False) for i in range(3)]  # fmt: skip
         cl.wait_for_events(events + down)
@@ -342,3 +440,19 @@ class StructureTensorStage:
         values, seconds = self.kernels.eigen(entries)
         self.seconds += seconds
         return values
+
+
+def six_inputs(plan: object, reverse: bool = False) -> object:
+    """The tree of ``plan``'s one separable filter (`volconv.engines.passes.fused_tree`;
+    ``reverse``: `volconv.engines.tree.reversed_tree`) over six inputs: a root, a mid and a
+    response per input (a structure tensor's six products)."""
+    from volconv.engines.passes import FusedTree, fused_tree
+    from volconv.engines.tree import reversed_tree
+
+    one = (reversed_tree if reverse else fused_tree)(plan.choices, plan.halo_lo)
+    if len(one.wz) != 1 or len(one.wy) != 1 or one.n_out != 1:
+        raise ValueError("structure tensor: the outer smoothing is one separable term")
+    six = tuple(range(6))
+    return FusedTree(one.start, one.taps, np.repeat(one.wz, 6, axis=0),
+                     np.repeat(one.wy, 6, axis=0), np.repeat(one.wx, 6, axis=0), six, six, six,
+                     6)  # fmt: skip

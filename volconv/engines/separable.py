@@ -67,6 +67,7 @@ from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfin
 from volconv.engines.padder import Padder, frame_bytes, slab_rows
 from volconv.engines.passes import FusedKernel, PassTree, fused_tree
 from volconv.engines.scales import PresetStage
+from volconv.engines.tree import MultiTree, XFirstTree, reversed_tree
 from volconv.plan.separable import (
     BLOCK_ROWS,
     Choice,
@@ -105,6 +106,10 @@ class SeparableConvolver(SlabConvolver):
     fused, tile
         One kernel for the separable filters (default: on GPUs, where the bank fits it), and
         its work-group tile (see `make_separable_plan`).
+    multi, xfirst
+        The pass tree as three multi-output launches with the features as their epilogue
+        (default: on GPUs, where it pays), or as two with axis 0 first (default: where multi
+        runs and its tiles fit); see `make_separable_plan`.
     engine : {'auto', 'fp32', 'tensor'}, optional
         The direct groups' engine (`volconv.engines.choose.direct_convolver`; default
         $VOLCONV_ENGINE or 'auto': the tensor cores where the device and bank allow).
@@ -141,6 +146,8 @@ class SeparableConvolver(SlabConvolver):
         tile: tuple[int, int, int] | None = None,
         expanded: Expanded | None = None,
         plan: SeparablePlan | None = None,
+        multi: bool | None = None,
+        xfirst: bool | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -155,8 +162,8 @@ class SeparableConvolver(SlabConvolver):
             plan = make_separable_plan(
                 filters, shape, dtype, mode, cval, self.device, choices=choices,
                 slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
-                rows=rows, block_rows=block_rows, fused=fused, tile=tile, engine=engine, **sizes,
-                **overrides,
+                rows=rows, block_rows=block_rows, fused=fused, tile=tile, engine=engine,
+                multi=multi, xfirst=xfirst, **sizes, **overrides,
             )  # fmt: skip
         self.plan = plan
         self.expanded = expanded
@@ -185,7 +192,8 @@ class SeparableConvolver(SlabConvolver):
             for feat, at in expanded.tensors:
                 stage = StructureTensorStage(
                     feat, plan.shape, dtype, plan.mode, plan.cval, self.device,
-                    plan.slab_depth, self._feature_kernels, fused=fused,
+                    plan.slab_depth, self._feature_kernels, fused=fused, multi=multi,
+                    xfirst=xfirst,
                 )  # fmt: skip
                 self._tensors.append((stage, at))
             for preset, at in expanded.presets:
@@ -212,10 +220,17 @@ class SeparableConvolver(SlabConvolver):
         if sizes["features"]:
             self._feat = cl.Buffer(ctx, mf.READ_WRITE, sizes["features"])
         self._tree = fused_tree(plan.choices, lo)
+        n_stored = sum(f < plan.stored for f in self._slots)
         if plan.fused:
-            n_stored = sum(f < plan.stored for f in self._slots)
             self._passes = FusedKernel(ctx, self.queue, plan, self._tree, self._epilogue(),
                                        n_stored, plan.feature_planes, self.clock)  # fmt: skip
+        elif plan.xfirst:
+            self._passes = XFirstTree(ctx, self.queue, plan, reversed_tree(plan.choices, lo),
+                                      self._epilogue(), n_stored, plan.feature_planes,
+                                      self.clock)  # fmt: skip
+        elif plan.multi:
+            self._passes = MultiTree(ctx, self.queue, plan, self._tree, self._epilogue(),
+                                     n_stored, plan.feature_planes, self.clock)  # fmt: skip
         else:
             self._passes = PassTree(ctx, self.queue, plan, self._slots, self.clock)
 
@@ -386,7 +401,7 @@ class SeparableConvolver(SlabConvolver):
     def _launch_features(self, n: int) -> list[cl.Event]:
         """Enqueue the device features over the ``n`` voxels of the slab's responses (the
         fused kernel computes them itself)."""
-        if self.plan.fused:
+        if self.plan.fused or self.plan.multi:
             return []
         slot_of = {f: s for s, f in enumerate(self._slots)}
         events, o = [], 0
@@ -428,9 +443,11 @@ class SeparableConvolver(SlabConvolver):
         """Enqueue the pass tree (or the fused kernel) over the padded slab of ``depth``
         output rows: every response, or (fused, ``every`` False) the stored ones and the
         device features."""
+        feat = self._feat if self._features else self._out
         if self.plan.fused:
-            feat = self._feat if self._features else self._out
             return [self._passes.launch(self._padded, self._out, feat, depth, every)]
+        if self.plan.multi:
+            return self._passes.launch(self._padded, self._out, feat, depth, every)
         return self._passes.launch(self._padded, self._out, depth)
 
     def time_kernel(self, a: int, b: int, repeats: int = 10) -> np.ndarray:

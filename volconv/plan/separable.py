@@ -24,12 +24,19 @@ from volconv.engines.direct import (
 )
 from volconv.engines.padder import native_volume
 from volconv.engines.passes import MID_ROWS, FusedTree, fused_tree
+from volconv.engines.tree import XFIRST_SHAPE, reversed_tree, tree_bytes, xfirst_bytes
 from volconv.plan.direct import (
     MAX_SEPARABLE_EXTENT,
     MAX_SEPARABLE_FILTERS,
     Plan,
     pad_dtype_for,
     streaming_depth,
+)
+from volconv.plan.trees import (
+    MAX_TREE_VALUES,
+    TREE_SHAPE,
+    multi_fits,
+    xfirst_fits,
 )
 
 PATHS = ("direct", "separable", "low-rank")
@@ -54,6 +61,9 @@ BLOCK_ROWS = 0  # rows the tree runs over at a time; 0: the slab
 # plane fit in registers: N_OUT responses x KX axis-0 taps of partial sums plus the N_MIDS
 # mids' values at most MAX_FUSED_VALUES (measured: benchmarks/README.md).
 FUSED_TILE = (8, 16, 32)  # (TY, TZ, CX)
+# ... and for a bank with device features (its epilogue per output row: longer runs of rows
+# pay; benchmarks/results/h100-feature-sweep-*.json, the Hessian at sigma 1)
+FEATURES_TILE: tuple[int, int, int] | None = (8, 16, 64)
 MAX_FUSED_VALUES = 128
 # ... and by default only where no window is longer than this: longer windows' tiles cost more
 # than the passes (benchmarks/results/h100-features-final.json: a 25-tap smoothing of six
@@ -266,6 +276,8 @@ class SeparablePlan:
     feature_planes: int = 0  # feature outputs kernels/features.cl computes on the device
     n_tensor: int = 0  # outputs of structure tensors (engines.features.StructureTensorStage)
     direct_plans: tuple[Plan, ...] = ()  # per group: its engine's plan (`direct_plan`)
+    multi: bool = False  # the pass tree as three multi-output launches (kernels/tree.cl)
+    xfirst: bool = False  # ... as two, axis 0 first (kernels/tree_yz.cl)
 
     @property
     def stored(self) -> int:
@@ -325,6 +337,11 @@ class SeparablePlan:
         }
         if self.fused:  # no intermediates
             del sizes["fast"], sizes["mid"]
+        elif self.xfirst:  # the roots along axis 0 of a block of rows
+            sizes["fast"] = xfirst_bytes(self, reversed_tree(self.choices, self.halo_lo), depth)
+            sizes["mid"] = 0
+        elif self.multi:  # every root's and every mid's rows at once
+            sizes.update(tree_bytes(self, fused_tree(self.choices, self.halo_lo), depth))
         return sizes
 
 
@@ -349,6 +366,8 @@ def make_separable_plan(
     feature_planes: int = 0,
     n_tensor: int = 0,
     engine: str | None = None,
+    multi: bool | None = None,
+    xfirst: bool | None = None,
     **overrides: object,
 ) -> SeparablePlan:
     """Plan a bank on the separable path without building anything (``volconv validate``):
@@ -359,18 +378,27 @@ def make_separable_plan(
 
     ``fused`` (default: on GPUs) runs the separable filters in one kernel when their tree fits
     it (`fused_fits`); else, or when it is False, as the pass tree (the paths, if not given,
-    by `plan_paths`). True where the tree does not fit is an error."""
+    by `plan_paths`). True where the tree does not fit is an error.
+
+    ``multi`` (default: on GPUs for a bank with device features, where `multi_fits`) runs
+    the pass tree (not fused) as three multi-output launches, kernels/tree.cl; True forces it
+    where the tree fits its registers;
+    ``xfirst`` (default: where multi runs and its tiles fit local memory) as two, axis 0 first
+    (kernels/tree_yz.cl), a block of ``block_rows`` rows at a time (default: its own)."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
     if len(shape) != 3 or min(shape) < 1:
         raise ValueError(f"volume must be 3D and non-empty; got shape {tuple(shape)}")
     kind = device_kind(device)
+    given = (vector_width, rows)
     vector_width = PASS_SHAPE[kind][0] if vector_width is None else vector_width
     rows = PASS_SHAPE[kind][1] if rows is None else rows
     if vector_width not in (1, 2, 4, 8, 16):
         raise ValueError(f"vector_width must be 1, 2, 4, 8 or 16; got {vector_width}")
-    tile = FUSED_TILE if tile is None else tuple(int(t) for t in tile)
+    if tile is None:
+        tile = FEATURES_TILE if feature_planes and FEATURES_TILE else FUSED_TILE
+    tile = tuple(int(t) for t in tile)
     if len(tile) != 3 or min(tile) < 1:
         raise ValueError(f"tile must be 3 positive ints (TY, TZ, CX); got {tile}")
     lo, hi = _bank_halo(entries)
@@ -389,6 +417,27 @@ def make_separable_plan(
                 f"pairs, and its tiles in local memory)"
             )
         want = False
+    # by default a bank whose features the device computes, on GPUs (the others' paths as
+    # measured before these trees)
+    default_multi = kind == "gpu" and feature_planes > 0
+    # kernels/tree.cl's own shape, unless given
+    v_tree, u_tree = (t if g is None else g for t, g in zip(TREE_SHAPE[kind], given, strict=True))
+    several = not want and (
+        multi_fits(tree, choices, int(u_tree), v_tree, forced=bool(multi or xfirst))
+        if (default_multi or bool(xfirst) if multi is None else multi)
+        else False
+    )
+    if several:
+        vector_width, rows = v_tree, u_tree
+    first = (several and xfirst is not False
+             and xfirst_fits(reversed_tree(choices, lo), device))  # fmt: skip
+    if xfirst and not first and not want:
+        raise ValueError("xfirst: the bank's pass tree does not fit kernels/tree_yz.cl")
+    if first and not block_rows:
+        block_rows = XFIRST_SHAPE[kind]["BLOCK"]
+    if multi and not several and not want:
+        raise ValueError(f"multi: the bank's pass tree does not fit kernels/tree.cl (at most "
+                         f"{MAX_TREE_VALUES} responses x rows x lanes)")  # fmt: skip
     shape = tuple(int(s) for s in shape)
     src = native_volume(np.empty(0, dtype)).dtype
     by_extent: dict[tuple[int, ...], list[int]] = {}
@@ -407,7 +456,7 @@ def make_separable_plan(
     plan = SeparablePlan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
-        want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans),
+        want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans), several, first,
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
