@@ -44,9 +44,22 @@ defines = {
     "digits.cl": (("SRC_T", "float"), ("DIGITS", 3), ("FIXED_POINT", 1)),
     "features.cl": (("EV", 1),),
     "stencils.cl": (("R", 2), ("RD", 1), ("RO", 1)),
+    "smoothing.cl": (("R", 2), ("WEIGHTS", "0.1f,0.2f,0.4f,0.2f,0.1f"), ("M", 1), ("MZ", 1),
+                     ("WG", 32), ("LINES", 8), ("IN_T", "float")),
+    "tree.cl": (("KX", 3), ("KY", 3), ("KZ", 3), ("S0", 0), ("S1", 0), ("S2", 0), ("N_ROOTS", 1),
+                ("N_MIDS", 1), ("N_COMBOS", 1), ("N_OUT", 1), ("ROOT_IN", 0), ("ROOT_FIRST", 1),
+                ("MID_ROOT", 0), ("COMBO_MID", 0), ("COMBO_OUT", 0), ("WZ", "1.0f,2.0f,1.0f"),
+                ("WY", "1.0f,0.0f,-1.0f"), ("WX", "0.5f,0.5f,0.5f"), ("V", 4), ("EV", 4),
+                ("UY", 2), ("UX", 2), ("IN_T", "float")),
+    "tree_yz.cl": (("KA", 3), ("KB", 3), ("KC", 3), ("SA", 0), ("SB", 0), ("SC", 0),
+                   ("N_ROOTS", 1), ("N_MIDS", 1), ("N_COMBOS", 1), ("N_OUT", 1), ("ROOT_IN", 0),
+                   ("ROOT_FIRST", 1), ("MID_ROOT", 0), ("COMBO_MID", 0), ("COMBO_OUT", 0),
+                   ("WA", "1.0f,2.0f,1.0f"), ("WB", "1.0f,0.0f,-1.0f"), ("WC", "0.5f,0.5f,0.5f"),
+                   ("UA", 4), ("TY", 4), ("TZ", 16), ("UB", 2), ("VC", 4), ("IN_T", "float")),
 }
 options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
-behind_eigen = ("features.cl", "stencils.cl", "fused.cl")  # built behind eigen.cl, as they run
+# built behind eigen.cl, as they run
+behind_eigen = ("features.cl", "stencils.cl", "fused.cl", "tree.cl", "tree_yz.cl")
 for name in names:
     if name in behind_eigen:
         build_with_features(ctx, name, defines[name])
