@@ -555,7 +555,8 @@ def test_a_failed_task_names_its_worker_and_device(tmp_path, monkeypatch):
 def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
     """Two small inputs, workers costing 30 s to start: no worker starts, the batch runs in
     this process on the first device, as one device would, and says why; the one-device run
-    and the batch each keep this machine's pace for the next batch's model."""
+    and the batch each keep this machine's pace for the next batch's model, and the programs
+    they took for the next run's start."""
     from volconv.run.model import PACE_FILE, pace
 
     monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "30")
@@ -564,6 +565,8 @@ def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
     reference = one_device(pipeline, capsys)
     assert (tmp_path / "cache" / PACE_FILE).is_file() and pace() != 1.0
     (tmp_path / "cache" / PACE_FILE).unlink()
+    for record in (tmp_path / "cache" / "programs").glob("start-*.json"):
+        record.unlink()
     report = tmp_path / "report.json"
     code, out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}",
                              "--report", report, capsys=capsys)  # fmt: skip
@@ -576,6 +579,8 @@ def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
     doc = json.loads(report.read_text())
     assert doc["in_process"] and doc["workers"] == [name]
     assert (tmp_path / "cache" / PACE_FILE).is_file()
+    # its programs recorded for the next run's start, as a one-device run records them
+    assert list((tmp_path / "cache" / "programs").glob("start-*.json"))
     assert {(r["worker"].split(" (")[0], r["device"]) for r in doc["inputs"]} == {
         ("this process", name)
     }

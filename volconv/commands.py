@@ -195,19 +195,19 @@ def run(
         from volconv.device.devices import select_device
 
         cfg = load(pipeline, set_ or (), device=device, devices=devices, scheduler=scheduler)
-        if cfg.devices != "one" or cfg.scheduler:
-            if cfg.scheduler:
-                _need_batch_extra(cfg.scheduler)
-            if not cfg.scheduler:  # this process filters on the batch's first device
+        if cfg.scheduler:
+            _need_batch_extra(cfg.scheduler)
+        first = None  # the device this process filters on, as the run or the batch picks it
+        with contextlib.suppress(Exception):  # a wrong spec: the run or the batch says so
+            if cfg.devices == "one" and not cfg.scheduler:
+                first = select_device(cfg.device)
+            elif not cfg.scheduler:  # a local batch: this process filters on its first device
                 from volconv.run.batch import first_device
 
-                with contextlib.suppress(Exception):  # a wrong spec: the batch says so
-                    start_context(first_device(cfg))
-        else:
-            with contextlib.suppress(Exception):  # a spec naming no device: the run says so
-                chosen = select_device(cfg.device)
-                start_context(chosen)
-                start_programs(chosen, cfg.source, cfg.text)
+                first = first_device(cfg)
+            if first is not None:
+                start_context(first)
+                start_programs(first, cfg.source, cfg.text)
         from volconv.console import run_and_report
 
         since = _state["t0"] if isinstance(_state["t0"], float) else None
@@ -217,6 +217,8 @@ def run(
 
             record_programs(result.device, cfg.source, cfg.text)
             remember_pace(cfg, result.reports, result.seconds, result.peak_gflops)
+        elif first is not None:  # a local batch: its first process's, for the next batch
+            record_programs(first, cfg.source, cfg.text)
     except ValueError as e:  # every one of USER_ERRORS is one
         from volconv.run.jobs import USER_ERRORS
 

@@ -143,14 +143,10 @@ def first_device(cfg: Config) -> cl.Device:
 def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.Device,
                   peak_gflops: float | None) -> tuple[Config, tuple[str, ...]]:  # fmt: skip
     """The device spec of each process of a local batch (this one first) for inputs like
-    ``job``: ``devices``, each `processes_per_device` times (or
-    ``$VOLCONV_PROCESSES_PER_DEVICE``), the devices' first processes first; and the
-    pipeline each process runs, its ``host_memory`` shared among a device's processes (one
-    process per device where a share holds no slab of ``job``)."""
-    per = processes_asked()
-    if per is None:
-        work, write = input_costs(job, cfg, peak_gflops)
-        per = processes_per_device(work, write, len(devices), os.cpu_count() or 1)
+    ``job``: ``devices``, each `processes_for` times, the devices' first processes first; and
+    the pipeline each process runs, its ``host_memory`` shared among a device's processes (one
+    process per device where a share holds no slab of ``job``: planned again to tell)."""
+    per = processes_for(cfg, devices, job, peak_gflops)
     if per == 1:
         return cfg, devices
     shared = replace(cfg, host_memory=cfg.host_memory // per)
@@ -159,6 +155,17 @@ def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.De
     except (PipelineError, OSError, ValueError):
         return cfg, devices
     return shared, devices * per
+
+
+def processes_for(cfg: Config, devices: tuple[str, ...], job: Job,
+                  peak_gflops: float | None) -> int:  # fmt: skip
+    """Processes per device for inputs like ``job``: ``$VOLCONV_PROCESSES_PER_DEVICE``, else
+    `processes_per_device` by the model's costs of ``job``."""
+    per = processes_asked()
+    if per is None:
+        work, write = input_costs(job, cfg, peak_gflops)
+        per = processes_per_device(work, write, len(devices), os.cpu_count() or 1)
+    return per
 
 
 def _input_specs(cfg: Config) -> list[str]:
@@ -271,12 +278,14 @@ def _local_batch(
     if len(inputs) >= 2:
         with suppress(Exception):  # a mistake: the whole plan below says it
             first = plan_one(cfg, inputs[0], planner, overwrite=overwrite)
-            cfg, specs = process_specs(cfg, devices, first, planner, peak)
-            seconds = input_seconds(first, cfg, peak, my_pace)
+            seconds = [input_seconds(first, cfg, peak, my_pace)] * len(inputs)
             if first.complete and not overwrite:
-                seconds = 0.0
-            if w := workers_for([seconds] * len(inputs), len(specs), cost, pool_seconds):
-                pool = Pool(specs[1 : 1 + w], (cfg, inputs[0]))
+                seconds = [0.0] * len(inputs)
+            count = len(devices) * processes_for(cfg, devices, first, peak)
+            if workers_for(seconds, count, cost, pool_seconds):  # the processes' plan only then
+                cfg, specs = process_specs(cfg, devices, first, planner, peak)
+                if w := workers_for(seconds, len(specs), cost, pool_seconds):
+                    pool = Pool(specs[1 : 1 + w], (cfg, inputs[0]))
     try:
         jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
         if on_plan:
