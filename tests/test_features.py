@@ -301,11 +301,12 @@ def test_pass_tree_shapes_blocks_and_groups(device, tree, one_root, monkeypatch)
     wider than the volume's last axis, blocks of rows not dividing the slab, one root's tile
     at a time) against the float64 definition."""
     from volconv.engines import tree as trees
+    from volconv.engines import xfirst
 
     kind = "cpu" if device.type & 2 else "gpu"  # CL_DEVICE_TYPE_CPU
     monkeypatch.setitem(trees.TREE_GROUPS, kind, {"tree_z": (8, 2, 1), "tree_y": (4, 4, 2),
                                                   "tree_x": (8, 1, 4)})  # fmt: skip
-    monkeypatch.setitem(trees.XFIRST_SHAPE, kind, {"TY": 8, "TZ": 32, "UB": 4, "VC": 4,
+    monkeypatch.setitem(xfirst.XFIRST_SHAPE, kind, {"TY": 8, "TZ": 32, "UB": 4, "VC": 4,
                                                    "UA": 8, "BLOCK": 7,
                                                    "ONE_ROOT": one_root})  # fmt: skip
     volume = scene((23, 21, 19), seed=5)

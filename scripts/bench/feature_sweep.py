@@ -23,14 +23,14 @@ from features import feature_sets, volume_of
 from volconv.bank.features import expand
 from volconv.bench import device_record
 from volconv.device.devices import select_device
-from volconv.engines import tree
+from volconv.engines import tree, xfirst
 from volconv.engines.separable import SeparableConvolver
 from volconv.plan import separable, trees
 from volconv.plan.separable import make_separable_plan, plan_paths
 
 # name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
 # tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own),
-# "xfirst_shape" tree.XFIRST_SHAPE's GPU entry
+# "xfirst_shape" xfirst.XFIRST_SHAPE's GPU entry
 XF = {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 64, "ONE_ROOT": 0}
 SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry)
     "xf_block32": {**XF, "BLOCK": 32},
@@ -90,9 +90,9 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     shape = options.pop("tree_shape", None)
     xf = options.pop("xfirst_shape", None)
     saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
-             dict(tree.XFIRST_SHAPE["gpu"]))  # fmt: skip
+             dict(xfirst.XFIRST_SHAPE["gpu"]))  # fmt: skip
     if xf is not None:
-        tree.XFIRST_SHAPE["gpu"].update(xf)
+        xfirst.XFIRST_SHAPE["gpu"].update(xf)
     if shape is not None:
         separable.TREE_SHAPE.update(gpu=shape, cpu=shape)
     if groups is not None:
@@ -120,7 +120,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         tree.TREE_GROUPS["gpu"].update(saved[0])
         tree.TREE_ROWS = saved[1]
         separable.TREE_SHAPE.update(saved[2])
-        tree.XFIRST_SHAPE["gpu"].update(saved[3])
+        xfirst.XFIRST_SHAPE["gpu"].update(saved[3])
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:

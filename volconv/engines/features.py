@@ -160,7 +160,8 @@ class StructureTensorStage:
         benchmarks/results/h100-feature-sweep-2.json) and its tiles fit."""
         from volconv.engines.padder import Padder
         from volconv.engines.separable import SeparableConvolver
-        from volconv.engines.tree import MultiTree, XFirstTree
+        from volconv.engines.tree import MultiTree
+        from volconv.engines.xfirst import XFirstTree
         from volconv.plan.separable import plan_bank
 
         self.feature, self.shape, self.mode, self.cval = feature, tuple(shape), mode, cval
@@ -247,7 +248,8 @@ class StructureTensorStage:
     def _outer_bytes(plan: object, device: cl.Device, slab_depth: int) -> int:
         """Device memory of the six products' tree: the stacked padded slabs (where the
         products are gathered first) and its intermediates."""
-        from volconv.engines.tree import tree_bytes, xfirst_bytes
+        from volconv.engines.tree import tree_bytes
+        from volconv.engines.xfirst import xfirst_bytes
 
         rows = plan.slab_depth
         total = plan.slab_bytes(rows)["padded"]
@@ -444,10 +446,10 @@ class StructureTensorStage:
 
 def six_inputs(plan: object, reverse: bool = False) -> object:
     """The tree of ``plan``'s one separable filter (`volconv.engines.passes.fused_tree`;
-    ``reverse``: `volconv.engines.tree.reversed_tree`) over six inputs: a root, a mid and a
+    ``reverse``: `volconv.engines.xfirst.reversed_tree`) over six inputs: a root, a mid and a
     response per input (a structure tensor's six products)."""
     from volconv.engines.passes import FusedTree, fused_tree
-    from volconv.engines.tree import reversed_tree
+    from volconv.engines.xfirst import reversed_tree
 
     one = (reversed_tree if reverse else fused_tree)(plan.choices, plan.halo_lo)
     if len(one.wz) != 1 or len(one.wy) != 1 or one.n_out != 1:

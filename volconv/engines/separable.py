@@ -67,7 +67,8 @@ from volconv.engines.nonfinite import NonFiniteOverride, finite_part, has_nonfin
 from volconv.engines.padder import Padder, frame_bytes, slab_rows
 from volconv.engines.passes import FusedKernel, PassTree, fused_tree
 from volconv.engines.scales import PresetStage
-from volconv.engines.tree import MultiTree, XFirstTree, reversed_tree
+from volconv.engines.tree import MultiTree
+from volconv.engines.xfirst import XFirstTree, reversed_tree
 from volconv.plan.separable import (
     BLOCK_ROWS,
     Choice,

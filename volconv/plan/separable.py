@@ -24,7 +24,8 @@ from volconv.engines.direct import (
 )
 from volconv.engines.padder import native_volume
 from volconv.engines.passes import MID_ROWS, FusedTree, fused_tree
-from volconv.engines.tree import XFIRST_SHAPE, reversed_tree, tree_bytes, xfirst_bytes
+from volconv.engines.tree import tree_bytes
+from volconv.engines.xfirst import XFIRST_SHAPE, reversed_tree, xfirst_bytes
 from volconv.plan.direct import (
     MAX_SEPARABLE_EXTENT,
     MAX_SEPARABLE_FILTERS,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pyopencl as cl
 
-from volconv.engines.tree import xfirst_shape
+from volconv.engines.xfirst import xfirst_shape
 
 if TYPE_CHECKING:
     from volconv.engines.passes import FusedTree
