@@ -38,12 +38,11 @@ from volconv.run.interrupts import Interrupted, interruptible, stop_on_ctrl_c
 from volconv.run.jobs import Job, plan_jobs
 from volconv.run.model import (
     START_ENV,
-    input_costs,
     input_seconds,
     pace,
     pool_cost,
     processes_asked,
-    processes_per_device,
+    processes_for,
     remember_pace,
     remember_start,
     start_cost,
@@ -155,17 +154,6 @@ def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.De
     except (PipelineError, OSError, ValueError):
         return cfg, devices
     return shared, devices * per
-
-
-def processes_for(cfg: Config, devices: tuple[str, ...], job: Job,
-                  peak_gflops: float | None) -> int:  # fmt: skip
-    """Processes per device for inputs like ``job``: ``$VOLCONV_PROCESSES_PER_DEVICE``, else
-    `processes_per_device` by the model's costs of ``job``."""
-    per = processes_asked()
-    if per is None:
-        work, write = input_costs(job, cfg, peak_gflops)
-        per = processes_per_device(work, write, len(devices), os.cpu_count() or 1)
-    return per
 
 
 def _input_specs(cfg: Config) -> list[str]:

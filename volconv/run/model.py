@@ -1,6 +1,6 @@
 """The model that sizes a local batch (volconv.run.batch): how many worker processes start
 besides the command's own (`workers_for`) and how many filter on each device
-(`processes_per_device`).
+(`processes_for`: the user's count, else `processes_per_device`).
 
 What one input costs on one device is the model's estimate (`input_costs`: a fixed share of
 host work, the output's bytes at one writer's rate on a local disk, the filtering at a
@@ -93,6 +93,17 @@ def processes_asked() -> int | None:
     if not text.isdigit() or int(text) < 1:
         raise PipelineError(f"{PROCESSES_ENV}={text!r}: give a whole number of 1 or more")
     return int(text)
+
+
+def processes_for(cfg: Config, devices: tuple[str, ...], job: Job,
+                  peak_gflops: float | None) -> int:  # fmt: skip
+    """Processes per device for inputs like ``job``: ``$VOLCONV_PROCESSES_PER_DEVICE``, else
+    `processes_per_device` by the model's costs of ``job``."""
+    per = processes_asked()
+    if per is None:
+        work, write = input_costs(job, cfg, peak_gflops)
+        per = processes_per_device(work, write, len(devices), os.cpu_count() or 1)
+    return per
 
 
 def workers_for(seconds: list[float], devices: int, start: float, pool: float = 0.0) -> int:
