@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 CHILD = r"""
@@ -37,9 +38,10 @@ if mode == "fork":
 os._exit(0)
 """
 
+FOLDER = tempfile.mkdtemp(prefix="volconv-exit-")
 out: dict[str, list[float]] = {}
 for mode in ("plain", "fork", "plain", "fork", "plain", "fork"):
-    path = f"/tmp/exit_at_{mode}"
+    path = os.path.join(FOLDER, f"exit_at_{mode}")  # a private folder: no planted link
     env = {**os.environ, "EXIT_AT": path}
     p = subprocess.Popen([sys.executable, "-c", CHILD, mode], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
