@@ -291,14 +291,7 @@ def recorded_slabs(out: Path) -> int:
     return sum(log.count(b"\nslab ") for log in logs)
 
 
-@pytest.mark.parametrize("helpers", ["processes", "threads"])
-def test_ctrl_c_stops_every_worker_keeps_their_slabs_and_a_rerun_resumes(
-    tmp_path, capsys, monkeypatch, helpers
-):
-    """Ctrl-C mid-batch, the other device's inputs on a worker process or on a thread of the
-    command's process: exit 130, the inputs in progress keep their complete slabs, a rerun
-    resumes them and equals the one-device run."""
-    monkeypatch.setenv("VOLCONV_BATCH_HELPERS", helpers)
+def test_ctrl_c_stops_every_worker_keeps_their_slabs_and_a_rerun_resumes(tmp_path, capsys):
     pipeline = make_inputs(tmp_path, {k: (600, 24, 24) for k in "abcd"})
     write_pipeline(tmp_path, FILTERS, run={"slab_depth": 1, "devices": [DEVICE, DEVICE]})
     out = tmp_path / "out"
@@ -591,63 +584,6 @@ def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
     assert {(r["worker"].split(" (")[0], r["device"]) for r in doc["inputs"]} == {
         ("this process", name)
     }
-
-
-def test_threads_filter_the_other_devices_of_a_short_batch(tmp_path, capsys, monkeypatch):
-    """A batch whose other device is filtered from a thread of the command's own process:
-    outputs bit for bit the one-device run's, each record naming the thread or this process
-    and the device, the thread's ready time kept as this machine's for the next batch."""
-    from volconv.run.model import THREAD_FILE, thread_start_cost
-
-    monkeypatch.setenv("VOLCONV_BATCH_HELPERS", "threads")
-    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path / "cache"))
-    pipeline = make_inputs(tmp_path)
-    reference = one_device(pipeline, capsys)
-    report = tmp_path / "report.json"
-    code, out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}",
-                             "--report", report, capsys=capsys)  # fmt: skip
-    assert code == 0, err
-    name = device_name(select_device(DEVICE))
-    assert "started 1 thread(s) on other devices" in out, out
-    assert re.search(rf"^4 input\(s\): 4 done in .* on this process and 1 thread\(s\): "
-                     rf"{re.escape(name)} x2: .*, ready ", out, re.M), out  # fmt: skip
-    assert_same_outputs(tmp_path / "out", reference, list(SHAPES))
-    doc = json.loads(report.read_text())
-    assert not doc["in_process"] and doc["workers"] == [name, name]
-    workers = {(r["worker"], r["device"]) for r in doc["inputs"]}
-    assert {w for w, _ in workers} <= {
-        f"this process (pid {os.getpid()})",
-        f"this process (pid {os.getpid()}), thread 1",
-    }
-    assert {d for _, d in workers} == {name}
-    ready = doc["worker_ready_seconds"]
-    assert ready > 0 and (tmp_path / "cache" / THREAD_FILE).is_file()
-    monkeypatch.delenv("VOLCONV_WORKER_START_SECONDS")
-    assert thread_start_cost() == pytest.approx(ready, abs=1e-3)
-
-
-def test_threads_where_the_batch_is_short_processes_where_long(monkeypatch):
-    """The model's kind of helper: threads of this process (ready sooner, no cost to it)
-    for a short batch, worker processes (two a device, their own hosts) for a long one;
-    none where neither pays; ``$VOLCONV_BATCH_HELPERS`` keeps to one kind, a wrong one is a
-    `PipelineError`."""
-    from volconv.config import PipelineError
-    from volconv.run.model import helpers_for
-
-    monkeypatch.delenv("VOLCONV_BATCH_HELPERS", raising=False)
-    # on two devices: processes ready in 0.6 s costing 0.3 s, threads ready in 0.2 s
-    assert helpers_for([0.1] * 8, 4, 0.6, 0.3, 1, 0.2) == ("threads", 1)
-    assert helpers_for([0.1] * 48, 4, 0.6, 0.3, 1, 0.2) == ("processes", 3)
-    assert helpers_for([0.1] * 2, 4, 0.6, 0.3, 1, 0.2) == ("", 0)
-    assert helpers_for([0.1] * 8, 4, 0.6, 0.3, 0, 0.2) == ("", 0)  # no alike device
-    monkeypatch.setenv("VOLCONV_BATCH_HELPERS", "processes")
-    assert helpers_for([0.1] * 8, 4, 0.6, 0.3, 1, 0.2) == ("", 0)
-    assert helpers_for([0.1] * 48, 4, 0.6, 0.3, 1, 0.2) == ("processes", 3)
-    monkeypatch.setenv("VOLCONV_BATCH_HELPERS", "threads")
-    assert helpers_for([0.1] * 48, 4, 0.6, 0.3, 1, 0.2) == ("threads", 1)
-    monkeypatch.setenv("VOLCONV_BATCH_HELPERS", "both")
-    with pytest.raises(PipelineError, match="VOLCONV_BATCH_HELPERS"):
-        helpers_for([0.1] * 8, 4, 0.6, 0.3, 1, 0.2)
 
 
 def test_a_worker_is_warm_before_its_first_task(tmp_path):

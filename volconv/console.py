@@ -198,7 +198,6 @@ def batch_and_report(
             "measured_peak_gflops": measured, "batch_seconds": result.seconds,
             "batch_start_seconds": result.start_seconds, "start_seconds": start,
             "worker_ready_seconds": result.ready_seconds, "in_process": result.in_process,
-            "threads": result.threads,
         }  # fmt: skip
         report_json(result.reports, meta, report)
     return result

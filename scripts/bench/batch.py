@@ -18,10 +18,7 @@ in the client's process (the small-batch rule), how many processes filtered, the
 all/one, and the floors. For the counts of ``--one-process`` it also runs ``--devices`` with
 one process per device (``VOLCONV_PROCESSES_PER_DEVICE=1``: against the default rule's
 count). ``worker_ready`` is a local worker's start to ready (context, programs, first pinned
-buffer), measured alone, each device's worker at once, ``--ready-repeats`` times. With
-``--repeats R`` each count's one-device and ``--devices`` commands run R times in turns, and
-the ratios are of their medians. For the counts of ``--helpers`` it also runs ``--devices``
-with each kind of helper alone (``VOLCONV_BATCH_HELPERS=processes``, ``threads``).
+buffer), measured alone, each device's worker at once, ``--ready-repeats`` times.
 """
 
 from __future__ import annotations
@@ -94,7 +91,7 @@ def run_volconv(pipeline: Path, inputs: Path, out: Path, dtype: str, device_args
         # what the command spent outside its run: process start, imports, planning, workers
         "process_start_seconds": seconds - run_seconds,
         "worker_start_seconds": start, "worker_ready_seconds": doc.get("worker_ready_seconds"),
-        "in_process": doc.get("in_process"), "threads": doc.get("threads"),
+        "in_process": doc.get("in_process"),
         "inputs_per_minute_command": 60 * n / seconds,
         "inputs_per_minute_run": 60 * n / run_seconds,
         "device": doc.get("device"), "workers": doc.get("workers"), "env": env or {},
@@ -179,11 +176,6 @@ def worker_ready(pipeline: Path, spec: str, specs: tuple[str, ...], dtype: str,
     }
 
 
-def median_run(runs: list[dict]) -> dict:
-    """The run of median command seconds (the lower middle of an even count)."""
-    return sorted(runs, key=lambda r: r["command_seconds"])[(len(runs) - 1) // 2]
-
-
 def subset(inputs: list[Path], n: int, folder: Path) -> Path:
     """A folder holding the first ``n`` inputs (hard links)."""
     shutil.rmtree(folder, ignore_errors=True)
@@ -212,8 +204,6 @@ def main() -> int:
         help="counts also run with one process per device (comma-separated; none: '')",
     )
     p.add_argument("--ready-repeats", type=int, default=3, help="worker ready measurements")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each command, in turns")
-    p.add_argument("--helpers", default="", help="counts also run with each kind of helper")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args()
 
@@ -245,23 +235,15 @@ def main() -> int:
         )
         print(f"worker ready (s, each worker): {result['worker_ready']['seconds']}", flush=True)
     one_process = {int(n) for n in args.one_process.split(",") if n.strip()}
-    helpers = {int(n) for n in args.helpers.split(",") if n.strip()}
     for n in counts:
         folder = subset(inputs, n, args.out / f"in-{n}")
         for dtype in args.dtypes.split(","):
-            turns: dict[str, list[dict]] = {"one": [], "all": []}
-            for _ in range(max(1, args.repeats)):  # in turns: the machine's drift shared
-                turns["one"].append(run_volconv(args.pipeline, folder, args.out / "one", dtype,
-                                                ["--device", one], report))  # fmt: skip
-                turns["all"].append(run_volconv(args.pipeline, folder, args.out / "all", dtype,
-                                                ["--devices", args.devices], report))  # fmt: skip
-            runs = {name: median_run(r) for name, r in turns.items()}
-            if n in helpers:
-                for kind in ("processes", "threads"):
-                    runs[f"all_{kind}"] = run_volconv(
-                        args.pipeline, folder, args.out / "all", dtype,
-                        ["--devices", args.devices], report, {"VOLCONV_BATCH_HELPERS": kind},
-                    )  # fmt: skip
+            runs = {
+                "one": run_volconv(args.pipeline, folder, args.out / "one", dtype,
+                                   ["--device", one], report),
+                "all": run_volconv(args.pipeline, folder, args.out / "all", dtype,
+                                   ["--devices", args.devices], report),
+            }  # fmt: skip
             if n in one_process:
                 runs["all_one_process"] = run_volconv(
                     args.pipeline, folder, args.out / "all", dtype, ["--devices", args.devices],
@@ -273,7 +255,6 @@ def main() -> int:
             floor_two = writer_floor(args.out / "raw", n, 2 * len(specs), shape, dtype)
             entry = {
                 **runs, "floor": floor, "floor_one_writer": floor_one,
-                "repeats": {k: [r["command_seconds"] for r in v] for k, v in turns.items()},
                 "floor_two_per_device": floor_two,
                 "one_over_one_writer": runs["one"]["inputs_per_minute_run"]
                 / floor_one["inputs_per_minute"],
@@ -298,7 +279,6 @@ def main() -> int:
                 ready = r["worker_ready_seconds"]
                 ready = "?" if ready is None else f"{ready:.2f}"
                 how = ("in the client's process" if r["in_process"] else
-                       "threads in the client's process" if r.get("threads") else
                        f"{r['processes']} processes, first worker ready "
                        f"{r['worker_start_seconds']:.2f} s, last {ready} s"
                        ) if name != "one" else ""  # fmt: skip

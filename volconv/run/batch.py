@@ -5,12 +5,11 @@ over a Dask cluster (``--scheduler``: volconv.run.cluster).
 any work. On one machine this process then filters on the first device from the start, taking
 the inputs largest first from one queue (volconv.run.pool's `Pending`), while a plain worker
 process per other device (volconv.run.pool, volconv.run.workers), started before the plan,
-warms up for the first input and, once ready, takes inputs from the same queue. A batch too
-short to pay for starting processes has its other devices (alike to the first) filtered from
-threads of this process instead (volconv.run.threads), or runs in this process alone, as one
-device would: the model's choice (volconv.run.model), as is how many workers start; where
-writing an input takes longer than its device's work (the host, not the device, limits),
-each device gets two processes. Every record is gathered: done, skipped or failed.
+warms up for the first input and, once ready, takes inputs from the same queue. How many
+workers start is a model's choice (volconv.run.model): a batch too small to pay for starting
+them runs in this process alone, as one device would; where writing an input takes longer
+than its device's work (the host, not the device, limits), each device gets two processes.
+Every record is gathered: done, skipped or failed.
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ from volconv.run.interrupts import Interrupted, interruptible, stop_on_ctrl_c
 from volconv.run.jobs import Job, plan_jobs
 from volconv.run.model import (
     START_ENV,
-    helpers_asked,
-    helpers_for,
     input_seconds,
     pace,
     pool_cost,
@@ -48,13 +45,11 @@ from volconv.run.model import (
     processes_for,
     remember_pace,
     remember_start,
-    remember_thread_start,
     start_cost,
-    thread_start_cost,
+    workers_for,
 )
 from volconv.run.pipeline import run_overlapped
 from volconv.run.pool import Pending, Pool, Worker
-from volconv.run.threads import DeviceThread, DeviceThreads
 from volconv.run.volume import InputError
 from volconv.run.workers import plan_one
 
@@ -72,7 +67,6 @@ class BatchResult:
     n_devices: int = 0  # distinct devices among them (processes may share one)
     in_process: bool = False  # run in this process alone, on the first device (`workers_for`)
     here: bool = False  # this process filtered on the first device (a local batch)
-    threads: bool = False  # the other devices' workers were threads of this process
     why: str = ""  # the model's reason for the workers used
     scheduler: str = ""  # the scheduler's address, where the batch went to one
 
@@ -85,8 +79,6 @@ class BatchResult:
         """``2 worker(s): NVIDIA H200 (NVIDIA CUDA) x2``, or where the batch ran without."""
         if self.in_process or (self.here and len(self.workers) == 1):
             return f"this process: {self.workers[0]}"
-        if self.here and self.threads:
-            return f"this process and {len(self.workers) - 1} thread(s): {_count(self.workers)}"
         if self.here:
             on = f" on {self.n_devices} device(s)" if self.n_devices else ""
             return (f"this process and {len(self.workers) - 1} worker(s){on}: "
@@ -140,14 +132,6 @@ def local_devices(cfg: Config) -> tuple[str, ...]:
                 raise PipelineError(f"{cfg.source}: devices: {spec!r}: {e}") from None
         specs = tuple(cfg.devices)
     return specs
-
-
-def alike_devices(devices: tuple[str, ...], first: cl.Device) -> list[tuple[str, cl.Device]]:
-    """The devices of ``devices`` after the first that a thread of this process may filter
-    on: those of the first's own kind (the plans made on the first fit them as they are)."""
-    kind = device_name(first)
-    found = [(spec, select_device(spec)) for spec in devices[1:]]
-    return [(spec, device) for spec, device in found if device_name(device) == kind]
 
 
 def first_device(cfg: Config) -> cl.Device:
@@ -268,19 +252,15 @@ def _local_batch(
     say: Say,
 ) -> BatchResult:
     devices = local_devices(cfg)
-    processes_asked()  # a wrong count or kind: exit 2 before any work
-    helpers_asked()
+    processes_asked()  # a wrong count: exit 2 before any work
     planner = select_device(devices[0])  # this process plans, and filters, on the first device
     with suppress(Exception):  # its context made meanwhile (the command started it sooner)
         start_context(planner)
     device_names = {s: device_name(select_device(s)) for s in dict.fromkeys(devices)}
-    alike = alike_devices(devices, planner)
     cost, pool_seconds, my_pace = start_cost(), pool_cost(), pace()
-    thread_cost = thread_start_cost()
     peak = peaks(planner)[0]
-    # Before planning, from the first input alone: start the other processes (or threads) now,
-    # if worth it.
-    pool: Pool | DeviceThreads | None = None
+    # Before planning, from the first input alone: start the other processes now, if worth it.
+    pool: Pool | None = None
     specs: tuple[str, ...] | None = None
     inputs = _input_specs(cfg)
     if len(inputs) >= 2:
@@ -290,17 +270,10 @@ def _local_batch(
             if first.complete and not overwrite:
                 seconds = [0.0] * len(inputs)
             count = len(devices) * processes_for(cfg, devices, first, peak)
-            kind, n = helpers_for(seconds, count, cost, pool_seconds, len(alike), thread_cost)
-            if kind == "processes":  # the processes' plan only then
-                shared, specs = process_specs(cfg, devices, first, planner, peak)
-                kind, n = helpers_for(seconds, len(specs), cost, pool_seconds, len(alike),
-                                      thread_cost)  # fmt: skip
-                if kind == "processes":
-                    cfg, pool = shared, Pool(specs[1 : 1 + n], (shared, inputs[0]))
-                else:
-                    specs = None
-            if kind == "threads":
-                pool = DeviceThreads(alike[:n], cfg, first)
+            if workers_for(seconds, count, cost, pool_seconds):  # the processes' plan only then
+                cfg, specs = process_specs(cfg, devices, first, planner, peak)
+                if w := workers_for(seconds, len(specs), cost, pool_seconds):
+                    pool = Pool(specs[1 : 1 + w], (cfg, inputs[0]))
     try:
         jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
         if on_plan:
@@ -310,27 +283,17 @@ def _local_batch(
         result = BatchResult(workers=[], devices=[device_names[s] for s in devices],
                              n_devices=len(set(devices)))  # fmt: skip
         specs = specs or devices  # decided with the first input (and its plan)
-        since = time.perf_counter() - pool.began if pool else 0.0
+        left = cost - (time.perf_counter() - pool.began) if pool else cost
         seconds = [input_seconds(j, cfg, peak, my_pace) for j in todo]
-        kind, n = helpers_for(
-            seconds, len(specs),
-            max(0.0, cost - since) if isinstance(pool, Pool) else cost, pool_seconds,
-            len(alike), max(0.0, thread_cost - since) if pool else thread_cost,
-        )  # fmt: skip
-        if pool and kind != ("threads" if isinstance(pool, DeviceThreads) else "processes"):
+        w = workers_for(seconds, len(specs), max(0, left), pool_seconds)
+        if pool and w == 0:
             pool.close()  # while this process runs the batch
             pool = None
-        if kind == "processes" and pool is None:
-            pool = Pool(specs[1 : 1 + n], (cfg, todo[0].spec))
-        elif kind == "threads" and pool is None:
-            pool = DeviceThreads(alike[:n], cfg, todo[0])
+        elif w and pool is None:
+            pool = Pool(specs[1 : 1 + w], (cfg, todo[0].spec))
         if todo:
-            if isinstance(pool, DeviceThreads):
-                names = [device_names[s] for s in (devices[0], *pool.specs)]
-            else:
-                names = [device_names[s] for s in specs]
+            names = [device_names[s] for s in specs]
             result.workers, result.here = names[:1], True
-            result.threads = isinstance(pool, DeviceThreads)
             if pool is None:
                 result.in_process = True
                 alone = sum(seconds)
@@ -360,7 +323,7 @@ def _run_shared(
     overwrite: bool,
     on_volume: OnVolume,
     say: Say,
-    pool: Pool | DeviceThreads | None,
+    pool: Pool | None,
     names: list[str],
     result: BatchResult,
 ) -> None:
@@ -387,7 +350,7 @@ def _run_shared(
     def seen(r: VolumeReport) -> None:
         record(mine[len(run.reports) - 1], replace(r, worker=here, device=name))
 
-    def ready(worker: Worker | DeviceThread) -> None:
+    def ready(worker: Worker) -> None:
         assert pool is not None
         with lock:
             if result.start_seconds:
@@ -395,8 +358,7 @@ def _run_shared(
             result.start_seconds = time.perf_counter() - pool.began
             result.workers = names[: 1 + len(pool.specs)]
             if say:
-                what = "thread(s) on other devices" if result.threads else "worker(s)"
-                say(f"started {len(pool.specs)} {what}, the first ready in "
+                say(f"started {len(pool.specs)} worker(s), the first ready in "
                     f"{result.start_seconds:.1f} s, beside this process: "
                     f"{result.label}")  # fmt: skip
 
@@ -440,14 +402,11 @@ def _run_shared(
     result.seconds = time.perf_counter() - start
 
 
-def _measure_ready(pool: Pool | DeviceThreads, result: BatchResult) -> None:
-    """The seconds until the last worker (or thread) was ready, kept as this machine's start
-    cost for the model's next batch where every one became ready (a measurement, not a
-    bound)."""
+def _measure_ready(pool: Pool, result: BatchResult) -> None:
+    """The seconds until the last worker was ready, kept as this machine's start cost for
+    the model's next batch where every worker became ready (a measurement, not a bound)."""
     ready = pool.ready_seconds()
     if ready and len(ready) == len(pool.workers):
         result.ready_seconds = max(ready)
-        if isinstance(pool, DeviceThreads):
-            remember_thread_start(result.ready_seconds)
-        elif START_ENV not in os.environ:
+        if START_ENV not in os.environ:
             remember_start(result.ready_seconds)

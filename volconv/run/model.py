@@ -1,6 +1,5 @@
-"""The model that sizes a local batch (volconv.run.batch): whether the other devices are
-filtered by worker processes or by threads of the command's own process, and how many
-(`helpers_for`, from `workers_for`), and how many processes filter on each device
+"""The model that sizes a local batch (volconv.run.batch): how many worker processes start
+besides the command's own (`workers_for`) and how many filter on each device
 (`processes_for`: the user's count, else `processes_per_device`).
 
 What one input costs on one device is the model's estimate (`input_costs`: a fixed share of
@@ -9,8 +8,7 @@ fraction of the device's peak) times this machine's pace: its measured over its 
 seconds per input in its last run of two or more inputs in one process (`remember_pace`,
 `pace`). What workers cost is the seconds until they are ready, as this machine's last batch
 measured them (`start_cost`), and what they cost the command's own process meanwhile
-(`pool_cost`); a thread of this process on another device costs only its seconds until ready
-(`thread_start_cost`), but shares this process's host: threads run at most one per device.
+(`pool_cost`).
 """
 
 from __future__ import annotations
@@ -46,18 +44,11 @@ POOL_SECONDS = 0.3
 PROCESSES_ENV = "VOLCONV_PROCESSES_PER_DEVICE"
 MAX_PROCESSES_PER_DEVICE = 2
 CORES_PER_PROCESS = 4
-# The start cost the model assumes for workers and threads, in seconds, over the measured
-# ones and `POOL_SECONDS` (0: always workers).
+# The start cost the model assumes, in seconds, over the measured one and `POOL_SECONDS`
+# (0: always workers).
 START_ENV = "VOLCONV_WORKER_START_SECONDS"
-# Until this machine has measured it: what a thread of this process on another device takes
-# to be ready (its context, its programs from the binary cache, its first pinned buffer).
-THREAD_START_SECONDS = 0.3
-# Which helpers a local batch may use: "processes" or "threads" (default: the model's).
-HELPERS_ENV = "VOLCONV_BATCH_HELPERS"
-HELPERS = ("processes", "threads")
 # In the cache folder (volconv.device.cache: its trust rule).
 START_FILE = "batch_start.json"
-THREAD_FILE = "batch_thread_start.json"
 PACE_FILE = "batch_pace.json"
 
 
@@ -125,42 +116,10 @@ def workers_for(seconds: list[float], devices: int, start: float, pool: float = 
     (the sum of ``seconds``) -- so a batch is never slower than one device by the model."""
     best, best_seconds = 0, sum(seconds)
     for w in range(1, min(devices, len(seconds))):
-        if (ends := batch_ends(seconds, w, start, pool)) < best_seconds:
+        ends = max(max(seconds), (sum(seconds) + w * start) / (w + 1)) + pool
+        if ends < best_seconds:
             best, best_seconds = w, ends
     return best
-
-
-def batch_ends(seconds: list[float], workers: int, start: float, pool: float = 0.0) -> float:
-    """When a batch of inputs costing ``seconds`` each on one device ends by the model, with
-    ``workers`` besides this process, ready ``start`` seconds from now and costing this
-    process ``pool`` seconds (`workers_for`)."""
-    if not workers:
-        return sum(seconds)
-    return max(max(seconds), (sum(seconds) + workers * start) / (workers + 1)) + pool
-
-
-def helpers_asked() -> str | None:
-    """``$VOLCONV_BATCH_HELPERS``, where set (a `PipelineError` where it is wrong)."""
-    text = os.environ.get(HELPERS_ENV)
-    if text is not None and text not in HELPERS:
-        raise PipelineError(f"{HELPERS_ENV}={text!r}: give one of {', '.join(HELPERS)}")
-    return text
-
-
-def helpers_for(seconds: list[float], processes: int, start: float, pool: float, threads: int,
-                thread_start: float) -> tuple[str, int]:  # fmt: skip
-    """What filters besides this process: ("processes", how many worker processes of
-    ``processes``, ready in ``start`` seconds and costing this process ``pool``), ("threads",
-    how many threads of this process on the ``threads`` other alike devices, ready in
-    ``thread_start``), or ("", 0): whichever batch ends first by the model (worker processes
-    where they tie: they share no host), or the kind ``$VOLCONV_BATCH_HELPERS`` asks."""
-    asked = helpers_asked()
-    w = workers_for(seconds, processes, start, pool) if asked != "threads" else 0
-    t = workers_for(seconds, threads + 1, thread_start) if asked != "processes" else 0
-    if t and (not w or batch_ends(seconds, t, thread_start)
-              < batch_ends(seconds, w, start, pool)):  # fmt: skip
-        return "threads", t
-    return ("processes", w) if w else ("", 0)
 
 
 def _cached_number(name: str, key: str, low: float, high: float, then: str) -> float | None:
@@ -199,22 +158,6 @@ def pool_cost() -> float:
 def remember_start(seconds: float) -> None:
     """Keep a batch's measured ready time as this machine's `start_cost`."""
     _remember(START_FILE, "ready_seconds", seconds)
-
-
-def thread_start_cost() -> float:
-    """Seconds until a thread of this process on another device is ready:
-    ``$VOLCONV_WORKER_START_SECONDS``, else what this machine's last batch with threads
-    measured (cached), else `THREAD_START_SECONDS`."""
-    if START_ENV in os.environ:
-        return start_cost()
-    value = _cached_number(THREAD_FILE, "ready_seconds", 0, 600,
-                           "the default thread start cost applies")  # fmt: skip
-    return THREAD_START_SECONDS if value is None else value
-
-
-def remember_thread_start(seconds: float) -> None:
-    """Keep a batch's measured thread ready time as this machine's `thread_start_cost`."""
-    _remember(THREAD_FILE, "ready_seconds", seconds)
 
 
 def pace() -> float:
