@@ -437,6 +437,26 @@ def test_workers_cost_this_process_too():
             assert ends < sum(seconds)
 
 
+def test_a_worker_started_with_the_command_counts_its_head_start(monkeypatch):
+    """Each worker's own start: one started with the command (volconv.run.spawn) is ready
+    sooner, and the model takes it where the others would not pay: 8 float16 demo inputs
+    (0.1 s each) take the early worker alone; 8 float32 (0.19 s) all three; an early worker
+    on a spec counts once."""
+    from volconv.run.batch import starts
+    from volconv.run.model import workers_for
+    from volconv.run.spawn import Worker
+
+    assert workers_for([0.1] * 8, 4, [0.2, 0.6, 0.6], 0.15) == 1
+    assert workers_for([0.1] * 8, 4, 0.6, 0.15) == 0
+    assert workers_for([0.19] * 8, 4, [0.2, 0.6, 0.6], 0.15) == 3
+    early = Worker.__new__(Worker)
+    early.spec, early.started_at = "0:1", time.time() - 0.4
+    # processes (0:0, 0:1, 0:0, 0:1): the workers on 0:1, 0:0, 0:1; the early one first
+    left = starts(("0:0", "0:1", "0:0", "0:1"), 0.6, [early])
+    assert left[0] == pytest.approx(0.2, abs=0.05) and left[1:] == [0.6, 0.6]
+    assert starts(("0:0", "0:1"), 0.3, [early]) == [0.0]  # ready already: no wait
+
+
 def test_the_pace_is_this_machines_measured_one(tmp_path, monkeypatch):
     """`pace`: 1 until a run of two or more inputs in one process measured this machine, then
     its seconds per input over the model's (cached); a run of one input, or a failed input,
@@ -584,6 +604,81 @@ def test_a_small_batch_runs_in_this_process(tmp_path, capsys, monkeypatch):
     assert {(r["worker"].split(" (")[0], r["device"]) for r in doc["inputs"]} == {
         ("this process", name)
     }
+
+
+def test_workers_started_with_the_command_are_taken_or_closed(tmp_path, capsys, monkeypatch):
+    """Workers started as the command starts (`volconv.run.spawn.spawn_early`, as
+    ``volconv run --devices`` starts them on a host with the cores): a batch whose model wants
+    workers takes them (outputs bit for bit the one-device run's); one that runs in this
+    process closes them, and they end."""
+    from volconv.run import pool as pool_module
+    from volconv.run import spawn
+
+    monkeypatch.setenv("VOLCONV_CACHE_DIR", str(tmp_path / "cache"))
+    pipeline = make_inputs(tmp_path)
+    reference = one_device(pipeline, capsys)
+    adopted = []
+
+    def adopt(spec: str) -> spawn.Worker | None:
+        adopted.append(w := spawn.adopt(spec))
+        return w
+
+    monkeypatch.setattr(pool_module, "adopt", adopt)
+    spawn.spawn_early([DEVICE])
+    [early] = spawn.early_workers()
+    code, out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}", "--overwrite",
+                             capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    assert adopted == [early] and spawn.early_workers() == []
+    assert_same_outputs(tmp_path / "out", reference, list(SHAPES))
+    early.proc.wait(30)  # its pipe closed with the batch: it ended on its own
+
+    monkeypatch.setenv("VOLCONV_WORKER_START_SECONDS", "3000")  # workers do not pay
+    spawn.spawn_early([DEVICE])
+    [early] = spawn.early_workers()
+    code, out, err = volconv("run", pipeline, "--devices", f"{DEVICE},{DEVICE}", "--overwrite",
+                             capsys=capsys)  # fmt: skip
+    assert code == 0, err
+    assert "started 1 worker" not in out and spawn.early_workers() == []
+    assert early.proc.wait(30) == 0  # closed unused: it ended on its own
+    assert_same_outputs(tmp_path / "out", reference, list(SHAPES))
+
+
+def test_the_devices_a_command_line_asks_for_before_any_import(tmp_path):
+    """`early_specs`: ``--devices`` (a list, or ``all``: every GPU, else every device, as
+    `local_devices` finds them), else the pipeline's ``[run] devices``; nothing for another
+    command, one device or a scheduler."""
+    from volconv.config import load
+    from volconv.run.batch import local_devices
+    from volconv.run.spawn import device_specs, early_specs
+
+    pipeline = write_pipeline(tmp_path, FILTERS, run={"devices": ["0:0", "cpu"]})
+    assert early_specs(["run", str(pipeline)]) == ["0:0", "cpu"]
+    assert early_specs(["run", str(pipeline), "--devices", "a,b,c"]) == ["a", "b", "c"]
+    assert early_specs(["run", str(pipeline), "--devices=x,y"]) == ["x", "y"]
+    # all: the second device's worker at once, the others once the driver has found them
+    assert early_specs(["run", str(pipeline), "--devices", "all"]) == ["all#0", "all#1"]
+    assert device_specs() == list(local_devices(load(pipeline, devices="all")))
+    assert early_specs(["run", str(pipeline), "--devices", "one"]) is None
+    assert early_specs(["run", str(pipeline), "--scheduler", "tcp://h:8786"]) is None
+    assert early_specs(["validate", str(pipeline)]) is None
+    assert early_specs(["run", str(tmp_path / "missing.toml")]) is None
+    one = write_pipeline(tmp_path, FILTERS)
+    assert early_specs(["run", str(one)]) is None
+
+
+def test_an_early_worker_finds_its_device_itself(monkeypatch):
+    """``all#k``: a worker started before the command knew the devices takes the k-th of
+    them as `device_specs` finds them; where there is none it ends at once."""
+    from volconv.run.spawn import DEVICE_ENV, device_specs, resolve_device
+
+    monkeypatch.setenv(DEVICE_ENV, "all#0")
+    resolve_device()
+    assert os.environ[DEVICE_ENV] == device_specs()[0]
+    code = "from volconv.run.spawn import resolve_device; resolve_device(); print('alive')"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, DEVICE_ENV: "all#99"}, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and "alive" not in done.stdout, done.stderr
 
 
 def test_a_worker_is_warm_before_its_first_task(tmp_path):

@@ -68,6 +68,7 @@ def entry_point() -> None:
     _state["t0"], _state["leaving"] = _process_start(), True
     _one_blas_thread()
     _start_driver(sys.argv[1:])
+    _start_workers(sys.argv[1:])
     try:
         main()
     except SystemExit as e:
@@ -80,6 +81,8 @@ def entry_point() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to say
             stream.flush()
+    if "volconv.run.spawn" in sys.modules:  # workers started early and never taken: they end
+        sys.modules["volconv.run.spawn"].close_early()  # now, not with `leave`'s child
     from volconv.device.driver import leave
 
     leave(status or 0)
@@ -114,6 +117,16 @@ def _start_driver(argv: list[str]) -> None:
             from volconv.device.driver import start_driver
 
             start_driver()
+
+
+def _start_workers(argv: list[str]) -> None:
+    """For a batch on several local devices, start their workers first thing, while this
+    process imports and plans (`volconv.run.spawn.start_early`: the batch takes them where
+    its model wants them, and closes them otherwise)."""
+    with contextlib.suppress(Exception):  # a head start only: the batch starts its own
+        from volconv.run.spawn import start_early
+
+        start_early(argv)
 
 
 def _process_start() -> float:

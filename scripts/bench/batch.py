@@ -18,7 +18,9 @@ in the client's process (the small-batch rule), how many processes filtered, the
 all/one, and the floors. For the counts of ``--one-process`` it also runs ``--devices`` with
 one process per device (``VOLCONV_PROCESSES_PER_DEVICE=1``: against the default rule's
 count). ``worker_ready`` is a local worker's start to ready (context, programs, first pinned
-buffer), measured alone, each device's worker at once, ``--ready-repeats`` times.
+buffer), measured alone, each device's worker at once, ``--ready-repeats`` times. With
+``--repeats R`` each count's one-device and ``--devices`` commands run R times in turns, and
+the ratios are of their medians.
 """
 
 from __future__ import annotations
@@ -176,6 +178,11 @@ def worker_ready(pipeline: Path, spec: str, specs: tuple[str, ...], dtype: str,
     }
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median command seconds (the lower middle of an even count)."""
+    return sorted(runs, key=lambda r: r["command_seconds"])[(len(runs) - 1) // 2]
+
+
 def subset(inputs: list[Path], n: int, folder: Path) -> Path:
     """A folder holding the first ``n`` inputs (hard links)."""
     shutil.rmtree(folder, ignore_errors=True)
@@ -204,6 +211,7 @@ def main() -> int:
         help="counts also run with one process per device (comma-separated; none: '')",
     )
     p.add_argument("--ready-repeats", type=int, default=3, help="worker ready measurements")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each command, in turns")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args()
 
@@ -238,12 +246,13 @@ def main() -> int:
     for n in counts:
         folder = subset(inputs, n, args.out / f"in-{n}")
         for dtype in args.dtypes.split(","):
-            runs = {
-                "one": run_volconv(args.pipeline, folder, args.out / "one", dtype,
-                                   ["--device", one], report),
-                "all": run_volconv(args.pipeline, folder, args.out / "all", dtype,
-                                   ["--devices", args.devices], report),
-            }  # fmt: skip
+            turns: dict[str, list[dict]] = {"one": [], "all": []}
+            for _ in range(max(1, args.repeats)):  # in turns: the machine's drift shared
+                turns["one"].append(run_volconv(args.pipeline, folder, args.out / "one", dtype,
+                                                ["--device", one], report))  # fmt: skip
+                turns["all"].append(run_volconv(args.pipeline, folder, args.out / "all", dtype,
+                                                ["--devices", args.devices], report))  # fmt: skip
+            runs = {name: median_run(r) for name, r in turns.items()}
             if n in one_process:
                 runs["all_one_process"] = run_volconv(
                     args.pipeline, folder, args.out / "all", dtype, ["--devices", args.devices],
@@ -254,7 +263,9 @@ def main() -> int:
             floor_one = writer_floor(args.out / "raw", n, 1, shape, dtype)
             floor_two = writer_floor(args.out / "raw", n, 2 * len(specs), shape, dtype)
             entry = {
-                **runs, "floor": floor, "floor_one_writer": floor_one,
+                **runs, "floor": floor,
+                "floor_one_writer": floor_one,
+                "repeats": {k: [r["command_seconds"] for r in v] for k, v in turns.items()},
                 "floor_two_per_device": floor_two,
                 "one_over_one_writer": runs["one"]["inputs_per_minute_run"]
                 / floor_one["inputs_per_minute"],

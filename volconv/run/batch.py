@@ -49,7 +49,8 @@ from volconv.run.model import (
     workers_for,
 )
 from volconv.run.pipeline import run_overlapped
-from volconv.run.pool import Pending, Pool, Worker
+from volconv.run.pool import Pending, Pool
+from volconv.run.spawn import Worker, close_early, early_workers
 from volconv.run.volume import InputError
 from volconv.run.workers import plan_one
 
@@ -156,6 +157,20 @@ def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.De
     return shared, devices * per
 
 
+def starts(specs: tuple[str, ...], cost: float, early: list[Worker]) -> list[float]:
+    """Seconds until each worker for ``specs`` after the first is ready: ``cost`` less what
+    an early worker on its spec (one each) has done already."""
+    now = time.time()
+    ages = [(w.spec, now - w.started_at) for w in early]
+    left = []
+    for spec in specs[1:]:
+        age = next((a for s, a in ages if s == spec), 0.0)
+        if age:
+            ages.remove((spec, age))
+        left.append(max(0.0, cost - age))
+    return left
+
+
 def _input_specs(cfg: Config) -> list[str]:
     """The inputs' names, without opening them ([] where they are wrong: planning says)."""
     try:
@@ -259,6 +274,7 @@ def _local_batch(
     device_names = {s: device_name(select_device(s)) for s in dict.fromkeys(devices)}
     cost, pool_seconds, my_pace = start_cost(), pool_cost(), pace()
     peak = peaks(planner)[0]
+    early = early_workers()  # started as the command started (volconv.run.spawn)
     # Before planning, from the first input alone: start the other processes now, if worth it.
     pool: Pool | None = None
     specs: tuple[str, ...] | None = None
@@ -269,10 +285,11 @@ def _local_batch(
             seconds = [input_seconds(first, cfg, peak, my_pace)] * len(inputs)
             if first.complete and not overwrite:
                 seconds = [0.0] * len(inputs)
-            count = len(devices) * processes_for(cfg, devices, first, peak)
-            if workers_for(seconds, count, cost, pool_seconds):  # the processes' plan only then
+            every = devices * processes_for(cfg, devices, first, peak)
+            if workers_for(seconds, len(every), starts(every, cost, early), pool_seconds):
                 cfg, specs = process_specs(cfg, devices, first, planner, peak)
-                if w := workers_for(seconds, len(specs), cost, pool_seconds):
+                if w := workers_for(seconds, len(specs), starts(specs, cost, early),
+                                    pool_seconds):  # fmt: skip
                     pool = Pool(specs[1 : 1 + w], (cfg, inputs[0]))
     try:
         jobs = plan_jobs(cfg, planner, overwrite=overwrite, report=report)
@@ -283,14 +300,17 @@ def _local_batch(
         result = BatchResult(workers=[], devices=[device_names[s] for s in devices],
                              n_devices=len(set(devices)))  # fmt: skip
         specs = specs or devices  # decided with the first input (and its plan)
-        left = cost - (time.perf_counter() - pool.began) if pool else cost
+        now = time.time()
+        left = ([cost - (now - w.started_at) for w in pool.workers] if pool else
+                starts(specs, cost, early))  # fmt: skip
         seconds = [input_seconds(j, cfg, peak, my_pace) for j in todo]
-        w = workers_for(seconds, len(specs), max(0, left), pool_seconds)
+        w = workers_for(seconds, len(specs), left, pool_seconds)
         if pool and w == 0:
             pool.close()  # while this process runs the batch
             pool = None
         elif w and pool is None:
             pool = Pool(specs[1 : 1 + w], (cfg, todo[0].spec))
+        close_early()  # those the batch did not take end on their own
         if todo:
             names = [device_names[s] for s in specs]
             result.workers, result.here = names[:1], True
@@ -311,6 +331,7 @@ def _local_batch(
         result.reports = [records[j.spec] for j in jobs]
         return result
     finally:
+        close_early()
         if pool:
             pool.close()  # the pipes closed: each worker ends on its own; nobody waits
 

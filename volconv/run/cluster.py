@@ -30,7 +30,8 @@ from volconv.run.batch import BatchResult, OnPlan, OnVolume, Say, skip_complete,
 from volconv.run.interrupts import Interrupted
 from volconv.run.jobs import Job, choose_device, plan_jobs
 from volconv.run.pool import RETRIES, STOP_WAIT, task_record
-from volconv.run.workers import DEVICE_ENV, describe, process, stop
+from volconv.run.spawn import DEVICE_ENV
+from volconv.run.workers import describe, process, stop
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -24,6 +24,7 @@ import numpy as np
 
 from volconv.config import Config, PipelineError
 from volconv.device.cache import cache_folder, read_cached, write_cached
+from volconv.run.spawn import CORES_PER_PROCESS
 
 if TYPE_CHECKING:
     from volconv.report import VolumeReport
@@ -31,19 +32,19 @@ if TYPE_CHECKING:
 
 # What starting the workers costs until this machine has measured it, and what one input
 # costs on one device until this machine has measured its pace.
-WORKER_START_SECONDS = 1.5
+WORKER_START_SECONDS = 1.0
 INPUT_SECONDS = 0.03
 WRITE_BYTES_PER_SECOND = 2e9
 PEAK_SHARE = 0.3
-# What starting workers costs the command's own process besides their wait: spawning them,
-# planning the first input for them, sharing the host and the devices while they start (the
-# command less its run, with workers against one device: benchmarks/README.md, "Batches").
-POOL_SECONDS = 0.3
+# What starting workers costs the command's own process besides their wait: planning the
+# first input for them, feeding them, sharing the host and the devices while they start (the
+# command less its run, with workers against one device: benchmarks/README.md, "Batches";
+# spawning them is off its path since they start with the command: volconv.run.spawn).
+POOL_SECONDS = 0.15
 # Worker processes per device: more where the host, not the device, is what limits, as many
 # as the host's cores carry (each process filters one input while it writes another).
 PROCESSES_ENV = "VOLCONV_PROCESSES_PER_DEVICE"
 MAX_PROCESSES_PER_DEVICE = 2
-CORES_PER_PROCESS = 4
 # The start cost the model assumes, in seconds, over the measured one and `POOL_SECONDS`
 # (0: always workers).
 START_ENV = "VOLCONV_WORKER_START_SECONDS"
@@ -106,17 +107,21 @@ def processes_for(cfg: Config, devices: tuple[str, ...], job: Job,
     return per
 
 
-def workers_for(seconds: list[float], devices: int, start: float, pool: float = 0.0) -> int:
+def workers_for(seconds: list[float], devices: int, start: float | Sequence[float],
+                pool: float = 0.0) -> int:  # fmt: skip
     """How many local worker processes a batch of inputs costing ``seconds`` each on one
     device should start besides this process, which filters on the first device from the
-    start, when they are ready ``start`` seconds from now and cost this process ``pool``
-    seconds: the count whose batch ends first (this process's share of the work from time 0,
-    each worker's from ``start``: the sum plus ``start`` per worker, shared out; at least the
+    start, when they are ready ``start`` seconds from now (each worker's, in the order they
+    are taken, where a sequence: those started early first) and cost this process ``pool``
+    seconds: the count whose batch ends first (this process's share of the work from time
+    0, each worker's from its start: the sum plus the starts, shared out; at least the
     largest input; plus ``pool``), or 0 where no count ends before this process alone would
     (the sum of ``seconds``) -- so a batch is never slower than one device by the model."""
-    best, best_seconds = 0, sum(seconds)
+    starts = [start] if isinstance(start, int | float) else list(start) or [0.0]
+    best, best_seconds, begun = 0, sum(seconds), 0.0
     for w in range(1, min(devices, len(seconds))):
-        ends = max(max(seconds), (sum(seconds) + w * start) / (w + 1)) + pool
+        begun += max(0.0, starts[min(w, len(starts)) - 1])
+        ends = max(max(seconds), (sum(seconds) + begun) / (w + 1)) + pool
         if ends < best_seconds:
             best, best_seconds = w, ends
     return best

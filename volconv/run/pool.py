@@ -1,6 +1,7 @@
-"""The local workers of a ``--devices`` batch: one plain process per device spec (`Worker`),
-started the moment the batch knows it wants them, fed over pipes from the queue of pending
-inputs (`Pending`) that the command's own process also takes from.
+"""The local workers of a ``--devices`` batch: one plain process per device spec
+(volconv.run.spawn's `Worker`: those the command started as it started, else started the
+moment the batch knows it wants them), fed over pipes from the queue of pending inputs
+(`Pending`) that the command's own process also takes from.
 
 A worker imports only what filtering needs (no Dask), warms up for the batch's first input
 (context, programs from the binary cache, first pinned buffer: `volconv.run.workers.serve`)
@@ -12,20 +13,16 @@ and is started again; closing the pool closes the pipes, and each worker ends on
 from __future__ import annotations
 
 import collections
-import os
-import subprocess
-import sys
-import tempfile
+import itertools
 import threading
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import replace
 
 from volconv.config import Config
 from volconv.report import VolumeReport
 from volconv.run.jobs import Job
-from volconv.run.workers import DEVICE_ENV, NAME_ENV
+from volconv.run.spawn import Worker, adopt
 
 # How often one input may be lost with its worker before it is recorded as failed, and how
 # often one worker is started again after dying.
@@ -34,23 +31,6 @@ STOP_WAIT = 10.0  # seconds Ctrl-C waits for the running tasks to stop at a slab
 # Why a task finds its output complete though the client planned it: a run of it on a worker
 # lost after finishing it (a cancelled job), the scheduler's rerun of it, or another command.
 MEANWHILE = "a lost worker finished it, or another run"
-
-
-# A worker's first lines: the OpenCL driver, then its device's context, start in the
-# background while the modules that filter import; then it serves the client.
-BOOT = """
-from volconv.device.driver import start_driver
-start_driver()
-try:
-    import os
-    from volconv.device.devices import select_device
-    from volconv.device.programs import start_context
-    start_context(select_device(os.environ["{device_env}"]))
-except Exception:
-    pass  # its warm-up or first task says why
-from volconv.run.workers import serve
-serve({inbox}, {outbox})
-"""
 
 
 class Pending:
@@ -107,76 +87,6 @@ def task_record(value: object, job: Job) -> VolumeReport:
     return record
 
 
-class Worker:
-    """One local worker process on the device ``spec``, named ``name``; started at once."""
-
-    def __init__(self, name: str, spec: str) -> None:
-        self.name, self.spec = name, spec
-        self.ready_at: float | None = None  # Unix time its warm-up was done
-        self.ready_seconds: float | None = None  # from its first start to ready
-        self.device = ""  # its device in words, as its records say
-        self.in_flight: dict[int, Job] = {}
-        self.starts = 0
-        self._start()
-
-    def _start(self) -> None:
-        from multiprocessing.connection import Connection
-
-        self.starts += 1
-        self.ready_at = None
-        self.started_at = time.time()
-        to_worker, from_client = os.pipe()
-        to_client, from_worker = os.pipe()
-        code = BOOT.format(device_env=DEVICE_ENV, inbox=to_worker, outbox=from_worker)
-        env = {**os.environ, DEVICE_ENV: self.spec, NAME_ENV: self.name}
-        # why it died, where it says so; kept as long as the worker
-        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        # its own session: Ctrl-C at the terminal is this process's to answer (it stops the
-        # worker's tasks at a slab's end); a worker's output would be noise on the command's
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], pass_fds=(to_worker, from_worker), env=env,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr,
-            start_new_session=True,
-        )  # fmt: skip
-        os.close(to_worker)
-        os.close(from_worker)
-        self.outbox = Connection(from_client, readable=False)
-        self.inbox = Connection(to_client, writable=False)
-        self._lock = threading.Lock()
-
-    def send(self, message: tuple) -> bool:
-        with self._lock:
-            try:
-                self.outbox.send(message)
-                return True
-            except OSError:  # the worker is gone: its reader finds out
-                return False
-
-    def close(self) -> None:
-        """Close the pipe to the worker: it ends once what it runs stops."""
-        with self._lock, suppress(OSError):
-            self.outbox.close()
-
-    def restart(self) -> None:
-        with suppress(OSError):
-            self.inbox.close()
-        self.close()
-        self._start()
-
-    def lost(self) -> str:
-        """Why the worker's pipe ended: its exit status, waited for a moment."""
-        with suppress(subprocess.TimeoutExpired):
-            self.proc.wait(1.0)
-        code = self.proc.returncode
-        why = f"exit {code}" if code is not None else "its pipe closed"
-        with suppress(OSError):
-            self.stderr.seek(max(0, self.stderr.seek(0, os.SEEK_END) - 4096))
-            said = self.stderr.read().decode(errors="replace").strip().splitlines()
-            if said:
-                why += f": {said[-1][:300]}"
-        return why
-
-
 Record = Callable[[Job, VolumeReport], None]
 
 
@@ -187,9 +97,13 @@ class Pool:
 
     def __init__(self, specs: tuple[str, ...], warm: tuple[Config, str]) -> None:
         self.specs = specs
-        self.began = time.perf_counter()
         self.warm = warm
-        self.workers = [Worker(f"volconv-{i + 1}", s) for i, s in enumerate(specs)]
+        early = [adopt(s) for s in specs]  # those the command started as it started
+        taken = {w.name for w in early if w}
+        free = (f"volconv-{i}" for i in itertools.count(1) if f"volconv-{i}" not in taken)
+        self.workers = [w or Worker(next(free), s) for w, s in zip(early, specs, strict=True)]
+        # from the first start on: what the early ones have done counts
+        self.began = time.perf_counter() - max(time.time() - w.started_at for w in self.workers)
         self.on_ready: Callable[[Worker], None] | None = None  # set by `feed`
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -234,7 +148,7 @@ class Pool:
                 w.ready_at = message[1]
                 if w.starts == 1:
                     w.ready_seconds = w.ready_at - w.started_at
-                if self.on_ready:
+                if self.on_ready and not self.stopping.is_set():  # a closed pool says nothing
                     self.on_ready(w)
             elif message[0] == "record":
                 job = w.in_flight.pop(message[1])

@@ -36,11 +36,8 @@ from volconv.run.inputs import split_spec
 from volconv.run.interrupts import Interrupted
 from volconv.run.jobs import Job, plan_jobs
 from volconv.run.pipeline import run_one
+from volconv.run.spawn import DEVICE_ENV, NAME_ENV
 
-# The device a worker owns, as --device takes it; set per worker process.
-DEVICE_ENV = "VOLCONV_DEVICE"
-# A local worker's name (volconv-1, ...), set by volconv.run.pool.
-NAME_ENV = "VOLCONV_WORKER_NAME"
 # Every batch's tasks stop at their next slab: the client of a local worker is gone.
 EVERY_BATCH = "*"
 
