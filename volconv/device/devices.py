@@ -174,14 +174,20 @@ def _devices() -> list[tuple[int, int, cl.Platform, cl.Device]]:
 
 def list_devices() -> list[DeviceInfo]:
     """Every OpenCL device of every platform, with its theoretical FP32 peak."""
-    return [
+    return list(_infos())
+
+
+@cache
+def _infos() -> tuple[DeviceInfo, ...]:
+    """`list_devices`, once a process (its devices do not change: `_devices`)."""
+    return tuple(
         DeviceInfo(
             pi, di, p.name.strip(), d.name.strip(), _kind(d), d.max_compute_units,
             d.max_clock_frequency, d.global_mem_size, d.max_mem_alloc_size, d.local_mem_size,
             d.driver_version.strip(), theoretical_peak(d),
         )
         for pi, di, p, d in _devices()
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -273,8 +279,13 @@ def select_device(spec: str | None = None, source: str = "device") -> cl.Device:
     found = _devices()
     if not found:
         raise NoDeviceError(missing_platform_help())
-    candidates = [
+    return found[choose(_candidates(), spec, source)][3]
+
+
+@cache
+def _candidates() -> list[Candidate]:
+    """What `select_device` chooses among, once a process (`_devices`)."""
+    return [
         Candidate(pi, di, p.name.strip(), d.name.strip(), _kind(d), theoretical_peak(d).gflops)
-        for pi, di, p, d in found
+        for pi, di, p, d in _devices()
     ]
-    return found[choose(candidates, spec, source)][3]
