@@ -644,14 +644,17 @@ def test_workers_started_with_the_command_are_taken_or_closed(tmp_path, capsys, 
     assert_same_outputs(tmp_path / "out", reference, list(SHAPES))
 
 
-def test_the_devices_a_command_line_asks_for_before_any_import(tmp_path):
+def test_the_devices_a_command_line_asks_for_before_any_import(tmp_path, monkeypatch):
     """`early_specs`: ``--devices`` (a list, or ``all``: every GPU, else every device, as
     `local_devices` finds them), else the pipeline's ``[run] devices``; nothing for another
-    command, one device or a scheduler."""
+    command, one device, a scheduler, or fewer than three inputs (the pipeline's, or those of
+    ``--set input.paths``)."""
     from volconv.config import load
     from volconv.run.batch import local_devices
     from volconv.run.spawn import device_specs, early_specs
 
+    for name in "abc":
+        np.save(tmp_path / f"{name}.npy", np.zeros((4, 4, 4), np.uint8))
     pipeline = write_pipeline(tmp_path, FILTERS, run={"devices": ["0:0", "cpu"]})
     assert early_specs(["run", str(pipeline)]) == ["0:0", "cpu"]
     assert early_specs(["run", str(pipeline), "--devices", "a,b,c"]) == ["a", "b", "c"]
@@ -663,6 +666,12 @@ def test_the_devices_a_command_line_asks_for_before_any_import(tmp_path):
     assert early_specs(["run", str(pipeline), "--scheduler", "tcp://h:8786"]) is None
     assert early_specs(["validate", str(pipeline)]) is None
     assert early_specs(["run", str(tmp_path / "missing.toml")]) is None
+    two = ["run", str(pipeline), "--set", f'input.paths=["{tmp_path}/[ab].npy"]']
+    assert early_specs(two) is None
+    monkeypatch.chdir(tmp_path)
+    assert early_specs([*two[:3], "input.paths=*.npy"]) == ["0:0", "cpu"]
+    (tmp_path / "c.npy").unlink()
+    assert early_specs(["run", str(pipeline)]) is None
     one = write_pipeline(tmp_path, FILTERS)
     assert early_specs(["run", str(one)]) is None
 

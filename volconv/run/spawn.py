@@ -16,6 +16,7 @@ second on a GPU node): the second device's worker starts at once as ``all#1`` (t
 from __future__ import annotations
 
 import ctypes
+import glob
 import os
 import subprocess
 import sys
@@ -145,12 +146,18 @@ _STARTING: list[threading.Thread] = []
 _LOCK = threading.Lock()
 
 
+# Fewer inputs than this start no worker early: one worker saves at most half of two inputs,
+# less than its start at a typical input's seconds (volconv.run.model decides for the rest).
+EARLY_INPUTS = 3
+
+
 def early_specs(argv: list[str]) -> list[str] | None:
     """The device specs of a ``volconv run`` command line's local batch, as far as its
     arguments tell them before anything is imported: ``--devices`` (``all`` or specs
     separated by commas), else the pipeline file's ``[run] devices``; None where it is no
-    such batch (another command, one device, ``--scheduler``) or it cannot be told."""
-    if not argv or argv[0] != "run":
+    such batch (another command, one device, ``--scheduler``, fewer than `EARLY_INPUTS`
+    inputs by `input_count`) or it cannot be told."""
+    if not argv or argv[0] != "run" or len(argv) < 2 or argv[1].startswith("-"):
         return None
     devices: object = None
     for i, arg in enumerate(argv):
@@ -160,14 +167,17 @@ def early_specs(argv: list[str]) -> list[str] | None:
             devices = argv[i + 1]
         elif arg.startswith("--devices="):
             devices = arg.split("=", 1)[1]
-    if devices is None and len(argv) > 1 and not argv[1].startswith("-"):
-        try:
-            run = tomllib.loads(Path(argv[1]).read_text()).get("run", {})
-        except (OSError, ValueError, UnicodeDecodeError):
-            return None
+    try:
+        pipeline = tomllib.loads(Path(argv[1]).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    run = pipeline.get("run", {})
+    if devices is None:
         if not isinstance(run, dict) or run.get("scheduler"):
             return None
         devices = run.get("devices")
+    if (count := input_count(argv, pipeline)) is not None and count < EARLY_INPUTS:
+        return None
     if isinstance(devices, str):
         word = devices.strip().lower()
         if word == "all":
@@ -176,6 +186,38 @@ def early_specs(argv: list[str]) -> list[str] | None:
     if isinstance(devices, list) and all(isinstance(s, str) and s.strip() for s in devices):
         return [s.strip() for s in devices]
     return None
+
+
+def input_count(argv: list[str], pipeline: dict) -> int | None:
+    """How many input files the command names, as far as it can be told without volconv's
+    own reading of them: ``--set input.paths=...`` (relative to the working folder), else
+    the pipeline's ``[input] paths`` (relative to its folder), each a file or a glob; None
+    where it cannot be told."""
+    paths, base = None, Path(argv[1]).parent
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--set" and argv[i + 1].startswith("input.paths="):
+            value = argv[i + 1].split("=", 1)[1]
+            try:
+                paths = tomllib.loads(f"v = {value}")["v"]
+            except ValueError:
+                paths = value  # a bare path, as --set takes it
+            base = Path.cwd()
+    section = pipeline.get("input")
+    if paths is None and isinstance(section, dict):
+        paths = section.get("paths")
+    paths = [paths] if isinstance(paths, str) else paths
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return None
+    count = 0
+    for pattern in paths:
+        full = str(base / os.path.expanduser(pattern))
+        if os.path.isfile(full):
+            count += 1
+            continue
+        name = full.rsplit(":", 1)[0] if ":" in os.path.basename(full) else full  # file:dataset
+        files = [name] if os.path.isfile(name) else glob.glob(name, recursive=True)
+        count += sum(map(os.path.isfile, files))
+    return count
 
 
 @cache
