@@ -123,6 +123,8 @@ def _start_workers(argv: list[str]) -> None:
     """For a batch on several local devices, start their workers first thing, while this
     process imports and plans (`volconv.run.spawn.start_early`: the batch takes them where
     its model wants them, and closes them otherwise)."""
+    if argv[:1] != ["run"]:
+        return
     with contextlib.suppress(Exception):  # a head start only: the batch starts its own
         from volconv.run.spawn import start_early
 
