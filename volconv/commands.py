@@ -202,9 +202,10 @@ def run(
             if cfg.devices == "one" and not cfg.scheduler:
                 first = select_device(cfg.device)
             elif not cfg.scheduler:  # a local batch: this process filters on its first device
-                from volconv.run.batch import first_device
+                from volconv.device.devices import every_device
 
-                first = first_device(cfg)
+                first = select_device((every_device() if cfg.devices == "all" else
+                                       cfg.devices)[0])  # fmt: skip
             if first is not None:
                 start_context(first)
                 start_programs(first, cfg.source, cfg.text)

@@ -177,6 +177,16 @@ def list_devices() -> list[DeviceInfo]:
     return list(_infos())
 
 
+def every_device() -> tuple[str, ...]:
+    """The specs of ``devices = "all"``: every GPU and accelerator of this machine, else
+    every device (a `NoDeviceError` with what to install where there is none)."""
+    found = list_devices()
+    if not found:
+        select_device("auto")  # raises NoDeviceError with what to install
+    gpus = [d for d in found if d.kind in ("GPU", "accelerator")]
+    return tuple(d.spec for d in gpus or found)
+
+
 @cache
 def _infos() -> tuple[DeviceInfo, ...]:
     """`list_devices`, once a process (its devices do not change: `_devices`)."""

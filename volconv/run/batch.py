@@ -28,7 +28,13 @@ from pathlib import Path
 import pyopencl as cl
 
 from volconv.config import Config, PipelineError
-from volconv.device.devices import NoDeviceError, device_name, list_devices, select_device
+from volconv.device.devices import (
+    NoDeviceError,
+    device_name,
+    every_device,
+    list_devices,
+    select_device,
+)
 from volconv.device.programs import start_context
 from volconv.output import remove_stale_temps
 from volconv.report import VolumeReport
@@ -118,11 +124,7 @@ def local_devices(cfg: Config) -> tuple[str, ...]:
     of this machine (every device where it has none), a list is taken as it is; each repeated
     ``$VOLCONV_PROCESSES_PER_DEVICE`` times (default 1), the devices' first workers first."""
     if cfg.devices == "all":
-        found = list_devices()
-        if not found:
-            select_device("auto")  # raises NoDeviceError with what to install
-        gpus = [d for d in found if d.kind in ("GPU", "accelerator")]
-        specs = tuple(d.spec for d in gpus or found)
+        specs = every_device()
     else:
         for spec in cfg.devices:
             try:
@@ -133,11 +135,6 @@ def local_devices(cfg: Config) -> tuple[str, ...]:
                 raise PipelineError(f"{cfg.source}: devices: {spec!r}: {e}") from None
         specs = tuple(cfg.devices)
     return specs
-
-
-def first_device(cfg: Config) -> cl.Device:
-    """The device this process filters a local batch on: the first of `local_devices`."""
-    return select_device(local_devices(cfg)[0])
 
 
 def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.Device,

@@ -224,7 +224,7 @@ def input_count(argv: list[str], pipeline: dict) -> int | None:
 def device_specs() -> list[str] | None:
     """The ``platform:device`` spec of every GPU and accelerator of this machine (of every
     device where it has none), in pyopencl's order, as ``devices = "all"`` takes them
-    (volconv.run.batch.local_devices), through the ICD loader alone; None where it cannot
+    (volconv.device.devices.every_device), through the ICD loader alone; None where it cannot
     be told."""
     from volconv.device.driver import driver_started, loader
 
