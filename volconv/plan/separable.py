@@ -18,8 +18,8 @@ from volconv.bank.filters import Filter
 from volconv.bank.spec import MAX_EXTENT
 from volconv.checks import check_cval, check_mode
 from volconv.engines.boundary import halo
-from volconv.engines.columns import COLUMN_SHAPE, columns_fits
 from volconv.engines.choose import direct_plan
+from volconv.engines.columns import COLUMN_SHAPE, columns_fits
 from volconv.engines.direct import (
     check_volume_dtype,
 )
@@ -392,8 +392,9 @@ def make_separable_plan(
     ``xfirst`` (default: where multi runs and its tiles fit local memory) as two, axis 0 first
     (kernels/tree_yz.cl), a block of ``block_rows`` rows at a time (default: its own).
 
-    ``columns`` (default: on CPUs, where `volconv.engines.columns.columns_fits`) runs the
-    tree (neither fused nor multi) in one kernel for CPUs, kernels/columns.cl; True forces it."""
+    ``columns`` (default: on CPUs for a bank with device features, where
+    `volconv.engines.columns.columns_fits`) runs the tree (neither fused nor multi) in one
+    kernel for CPUs, kernels/columns.cl; True forces it."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
@@ -444,9 +445,11 @@ def make_separable_plan(
         raise ValueError("xfirst: the bank's pass tree does not fit kernels/tree_yz.cl")
     if first and not block_rows:
         block_rows = XFIRST_SHAPE[kind]["BLOCK"]
-    one = not want and not several and (
-        columns_fits(tree) and kind == "cpu" if columns is None else bool(columns)
-    )
+    # by default for a bank whose features the device computes, on CPUs (its program is
+    # built per bank: the taps are immediate operands)
+    if columns is None:
+        columns = kind == "cpu" and feature_planes > 0 and columns_fits(tree)
+    one = not want and not several and bool(columns)
     if one:
         if tree is None:
             raise ValueError("columns: the bank has no separable filter")
