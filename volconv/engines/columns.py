@@ -19,12 +19,11 @@ if TYPE_CHECKING:
     from volconv.plan.separable import SeparablePlan
 
 # A work-item's outputs: V lanes along axis 2 (AVX2's eight floats), TY along axis 1 and CX
-# rows along axis 0 (0: every row of the launch); measured fastest on PoCL
-# (benchmarks/results/pocl-features-grad.json).
-COLUMN_SHAPE = {"V": 8, "TY": 16, "CX": 0}
-# Floats a work-item's ring of mids (KX planes x mids x TY x V) may hold: beyond that it
-# spills past the core's L2 share and the pass tree is faster.
-MAX_COLUMN_VALUES = 48 * 1024
+# rows along axis 0 (0: every row of the launch), a work-item a work-group (PoCL's own choice
+# gives two groups a slab at 128^3); measured fastest on PoCL (benchmarks/README.md).
+COLUMN_SHAPE = {"V": 8, "TY": 32, "CX": 0}
+# Floats a work-item's ring of mids (2 KX planes x mids x TY x V) may hold by default.
+MAX_COLUMN_VALUES = 96 * 1024
 
 
 def columns_fits(tree: FusedTree | None) -> bool:
@@ -32,7 +31,7 @@ def columns_fits(tree: FusedTree | None) -> bool:
     `MAX_COLUMN_VALUES`."""
     if tree is None:
         return False
-    ring = tree.taps[0] * len(tree.wy) * COLUMN_SHAPE["TY"] * COLUMN_SHAPE["V"]
+    ring = 2 * tree.taps[0] * len(tree.wy) * COLUMN_SHAPE["TY"] * COLUMN_SHAPE["V"]
     return ring <= MAX_COLUMN_VALUES
 
 
@@ -95,7 +94,7 @@ class ColumnKernel:
             )  # fmt: skip
             chunks = -(-rows // self.cx) if self.cx else 1
             glob = (-(-nz // self.v), -(-ny // self.ty), chunks)
-            event = cl.enqueue_nd_range_kernel(self.queue, self._kernel, glob, None)
+            event = cl.enqueue_nd_range_kernel(self.queue, self._kernel, glob, (1, 1, 1))
             events.append(self.clock.add("columns", event))
         return events
 
