@@ -52,7 +52,13 @@ typedef CXCAT(float, V) floatv;
         if ((K) % 2 && (w)[(K) / 2] != 0.0f) acc += (w)[(K) / 2] * X((K) / 2);     \
     }
 
-#if V == 8
+/* the windows by clang's shuffle where the compiler has it (PoCL's does); else each tap loaded */
+#if V == 8 && defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define Z_WINDOWS 1
+#endif
+#endif
+#ifdef Z_WINDOWS
 #define Z_CHUNKS ((KZ + 14) / 8) /* of 8 inputs: V + KZ - 1 rounded up */
 /* lanes s .. s + 7 of the 16 lanes of (a, b), for a constant s < 8 */
 #define SHUF(a, b, s) \
@@ -112,7 +118,7 @@ __kernel void columns(__global const IN_T *restrict src, /* (P0, P1, P2) padded 
         floatv rows[N_ROOTS][TY + KY - 1];
         for (int r = 0; r < TY + KY - 1; ++r) { /* rolled: a short build */
             const __global IN_T *q = in + row_at[r];
-#if V == 8
+#ifdef Z_WINDOWS
             /* the row's V + KZ - 1 inputs converted once, in chunks of 8; the window at j
              * shuffled from two chunks (a lane shift: no reload, no second conversion) */
             floatv c[Z_CHUNKS];
