@@ -8,7 +8,12 @@
  * addressed through strides, so they may sit in the file's own layout (an x-fastest NIfTI
  * uploaded as it is): the transpose to the padded slab's C order happens here, for free.
  *
- * Build options (-D): SRC_T the source element type, DST_T the padded element type.
+ * On CPUs (build option ROWS) a work-item fills a whole padded row: the NZ samples inside the
+ * volume along axis 2, from LO2 on, are a plain copy of a source row (vectorised), only the
+ * border goes through m2; a work-item per element costs a CPU more than the copy.
+ *
+ * Build options (-D): SRC_T the source element type, DST_T the padded element type; ROWS,
+ * with LO2 and NZ, for the row kernel (launched over (1, P1, P0)).
  */
 __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided */
                   __global DST_T *restrict dst,        /* (P0, P1, P2) padded slab */
@@ -19,6 +24,26 @@ __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided *
                   const long s0, const long s1, const long s2,  /* element strides of src */
                   const float cval)
 {
+#ifdef ROWS
+    const int p1 = (int)get_global_id(1);
+    const int p0 = (int)get_global_id(2);
+    if (p1 >= P1 || p0 >= P0) return;
+    const int i0 = m0[p0], i1 = m1[p1];
+    __global DST_T *d = dst + ((long)p0 * P1 + p1) * P2;
+    if (i0 < 0 || i1 < 0) {
+        for (int p2 = 0; p2 < P2; ++p2) d[p2] = (DST_T)cval;
+        return;
+    }
+    const __global SRC_T *s = src + i0 * s0 + i1 * s1;
+    for (int p2 = 0; p2 < LO2; ++p2) d[p2] = m2[p2] < 0 ? (DST_T)cval : (DST_T)s[m2[p2] * s2];
+    if (s2 == 1) {
+        for (int k = 0; k < NZ; ++k) d[LO2 + k] = (DST_T)s[k];
+    } else {
+        for (int k = 0; k < NZ; ++k) d[LO2 + k] = (DST_T)s[k * s2];
+    }
+    for (int p2 = LO2 + NZ; p2 < P2; ++p2)
+        d[p2] = m2[p2] < 0 ? (DST_T)cval : (DST_T)s[m2[p2] * s2];
+#else
     const int p2 = (int)get_global_id(0);
     const int p1 = (int)get_global_id(1);
     const int p0 = (int)get_global_id(2);
@@ -30,4 +55,5 @@ __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided *
     } else {
         dst[at] = (DST_T)src[i0 * s0 + i1 * s1 + i2 * s2];
     }
+#endif
 }

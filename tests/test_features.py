@@ -84,10 +84,11 @@ def run(volume, filters, features, mode, cval, device, **options):
                               **options)  # fmt: skip
 
 
-# the pass tree one launch per node, as three multi-output launches (kernels/tree.cl), as two
-# with axis 0 first (kernels/tree_yz.cl)
-TREES = {"passes": {"multi": False}, "multi": {"multi": True, "xfirst": False},
-         "xfirst": {"xfirst": True}}  # fmt: skip
+# the pass tree one launch per node, as one kernel for CPUs (kernels/columns.cl), as three
+# multi-output launches (kernels/tree.cl), as two with axis 0 first (kernels/tree_yz.cl)
+TREES = {"passes": {"multi": False, "columns": False},
+         "columns": {"multi": False, "columns": True},
+         "multi": {"multi": True, "xfirst": False}, "xfirst": {"xfirst": True}}  # fmt: skip
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -208,7 +209,8 @@ def test_structure_tensor_eigenvalues(device, mode, fused, tree):
 
 
 @pytest.mark.parametrize(("fused", "tree"), [(False, "passes"), (True, "passes"),
-                                             (False, "multi"), (False, "xfirst")])  # fmt: skip
+                                             (False, "columns"), (False, "multi"),
+                                             (False, "xfirst")])  # fmt: skip
 def test_gabor_energy_and_dedup_with_the_bank(device, fused, tree):
     """A bank filter equal to a feature's input is computed once and stored; the feature's
     other inputs are not stored; a Gabor pair's energy."""
@@ -243,7 +245,8 @@ def test_gabor_energy_and_dedup_with_the_bank(device, fused, tree):
 
 
 @pytest.mark.parametrize(("fused", "tree"), [(False, "passes"), (True, "passes"),
-                                             (False, "multi"), (False, "xfirst")])  # fmt: skip
+                                             (False, "columns"), (False, "multi"),
+                                             (False, "xfirst")])  # fmt: skip
 def test_4d_and_float16_and_nonfinite(device, fused, tree):
     """4D frames; NaN and Inf as the float64 definition gives them; the stored type; the
     features as the fused kernel's epilogue too, and as each pass tree's."""
@@ -287,7 +290,8 @@ def test_4d_and_float16_and_nonfinite(device, fused, tree):
     conv = SeparableConvolver(ex.filters, v.shape, v.dtype, "reflect", 0.0, device=device,
                               slab_depth=4, expanded=ex, fused=fused, **TREES[tree])  # fmt: skip
     assert conv.plan.fused == fused
-    assert (conv.plan.multi, conv.plan.xfirst) == (tree != "passes", tree == "xfirst")
+    assert (conv.plan.multi, conv.plan.xfirst) == (tree in ("multi", "xfirst"), tree == "xfirst")
+    assert conv.plan.columns == (tree == "columns")
     conv.store("float16")
     half = np.empty((4, *v.shape), np.float16)
     for a, b in conv.slabs():

@@ -40,6 +40,11 @@ defines = {
                  ("N_MIDS", 1), ("N_COMBOS", 1), ("N_OUT", 1), ("MID_ROOT", 0), ("COMBO_MID", 0),
                  ("COMBO_OUT", 0), ("WZ", "1.0f,2.0f,1.0f"), ("WY", "1.0f,0.0f,-1.0f"),
                  ("WX", "0.5f,0.5f,0.5f"), ("IN_T", "uchar")),
+    "columns.cl": (("KX", 3), ("KY", 3), ("KZ", 3), ("N_ROOTS", 1), ("N_MIDS", 1),
+                   ("N_COMBOS", 1), ("N_OUT", 1), ("MID_ROOT", 0), ("COMBO_MID", 0),
+                   ("COMBO_OUT", 0), ("WZ", "1.0f,2.0f,1.0f"), ("WY", "1.0f,0.0f,-1.0f"),
+                   ("WX", "0.5f,0.5f,0.5f"), ("IN_T", "uchar"), ("V", 8), ("EV", 8), ("TY", 2),
+                   ("CX", 4)),
     "convert.cl": (),
     "digits.cl": (("SRC_T", "float"), ("DIGITS", 3), ("FIXED_POINT", 1)),
     "features.cl": (("EV", 1),),
@@ -59,7 +64,7 @@ defines = {
 }
 options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
 # built behind eigen.cl, as they run
-behind_eigen = ("features.cl", "stencils.cl", "fused.cl", "tree.cl", "tree_yz.cl")
+behind_eigen = ("features.cl", "stencils.cl", "fused.cl", "tree.cl", "tree_yz.cl", "columns.cl")
 for name in names:
     if name in behind_eigen:
         build_with_features(ctx, name, defines[name])

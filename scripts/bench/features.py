@@ -7,7 +7,8 @@ volume slab by slab as `volconv run` streams it, float32 outputs):
   gradient_s1                 gradient_magnitude(1)
   skimage                     preset "skimage" (multiscale_basic_features' 30 channels)
   ilastik                     preset "ilastik" at scales 0.7, 1, 1.6, 3.5, 5 (50 channels)
-After a warm-up pass (PoCL compiles each kernel at its first launch) one timed pass: wall
+After a warm-up pass (PoCL compiles each kernel at its first launch) one timed pass (the
+median of --repeat; each peer as often, after): wall
 seconds to every output in host memory, and device seconds per stage from OpenCL profiling
 events ("kernel": the passes and the features; a structure tensor's second smoothing and
 eigenvalues included) and per kernel by name ("kernel_ms_by_name": pass_fast, pass_mid,
@@ -103,8 +104,9 @@ def volume_of(size: int) -> np.ndarray:
     return np.clip(v, 0, 255).astype(np.uint8)
 
 
-def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
-    """One feature set as `volconv run` runs it: its plan's slab depth (streamed)."""
+def run_volconv(volume: np.ndarray, feats: list, mode: str, device, repeat: int = 1) -> dict:
+    """One feature set as `volconv run` runs it: its plan's slab depth (streamed); the wall
+    and device seconds the median of ``repeat`` timed passes."""
     ex = expand([], feats)
     t0 = time.perf_counter()
     choices = plan_paths(ex.filters, device, separable=ex.separable)
@@ -123,10 +125,16 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
         return time.perf_counter() - t
 
     first = one_pass()
-    before, kernels_before = dict(conv.timings), conv.kernel_seconds
-    wall = one_pass()
-    stages = {k: conv.timings[k] - before[k] for k in conv.timings}
-    kernels = {k: v - kernels_before.get(k, 0.0) for k, v in conv.kernel_seconds.items()}
+    walls, stage_runs, kernel_runs = [], [], []
+    for _ in range(repeat):
+        before, kernels_before = dict(conv.timings), conv.kernel_seconds
+        walls.append(one_pass())
+        stage_runs.append({k: conv.timings[k] - before[k] for k in conv.timings})
+        kernel_runs.append({k: v - kernels_before.get(k, 0.0)
+                            for k, v in conv.kernel_seconds.items()})  # fmt: skip
+    wall = float(np.median(walls))
+    stages = {k: float(np.median([r[k] for r in stage_runs])) for k in stage_runs[0]}
+    kernels = {k: float(np.median([r.get(k, 0.0) for r in kernel_runs])) for k in kernel_runs[0]}
     stage_bytes = sum(getattr(s, "held_bytes", 0) for s, _ in conv._tensors)
     return {
         "outputs": conv.plan.n_outputs,
@@ -137,6 +145,8 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device) -> dict:
         "build_seconds": build,
         "first_pass_seconds": first,
         "wall_seconds": wall,
+        "wall_seconds_all": walls,
+        "columns": getattr(conv.plan, "columns", False),
         "device_seconds": stages,
         "kernel_ms": stages["kernel"] * 1e3,
         "kernel_ms_by_name": {k: v * 1e3 for k, v in sorted(kernels.items())},
@@ -190,10 +200,14 @@ def cpu_peers(volume: np.ndarray) -> dict[str, Callable[[], object]]:
     }
 
 
-def time_cpu(fn: Callable[[], object]) -> dict:
-    t = time.perf_counter()
-    fn()
-    return {"seconds": time.perf_counter() - t}
+def time_cpu(fn: Callable[[], object], repeat: int = 1) -> dict:
+    """The median of ``repeat`` calls, and each."""
+    runs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t)
+    return {"seconds": float(np.median(runs)), "seconds_all": runs}
 
 
 # -- peers on the GPU ---------------------------------------------------------------------
@@ -274,6 +288,7 @@ def main() -> None:
     p.add_argument("--device", default=None, help="volconv's device (default: cpu / gpu)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--no-peers", action="store_true", help="volconv only")
+    p.add_argument("--repeat", type=int, default=1, help="timed runs of each; their medians")
     p.add_argument(
         "--max-fused-values",
         type=int,
@@ -305,13 +320,14 @@ def main() -> None:
         "dtype": str(volume.dtype),
         "device": device_record(device),
         "max_fused_values": args.max_fused_values,
+        "repeat": args.repeat,
         "sets": {},
     }
     peers = cpu_peers(volume) if args.mode == "pocl" and not args.no_peers else {}
     for name, (feats, mode) in sets.items():
-        entry = {"volconv": run_volconv(volume, feats, mode, device)}
+        entry = {"volconv": run_volconv(volume, feats, mode, device, args.repeat)}
         if name in peers:
-            entry["cpu_peer"] = time_cpu(peers[name])
+            entry["cpu_peer"] = time_cpu(peers[name], args.repeat)
             entry["speedup_wall"] = entry["cpu_peer"]["seconds"] / entry["volconv"]["wall_seconds"]
         result["sets"][name] = entry
         print(name, json.dumps(entry, default=float), flush=True)

@@ -123,6 +123,9 @@ class Padder:
         self.padded_yz = padded_yz
         mf = cl.mem_flags
         defines = (("SRC_T", CL_TYPES[self.src_dtype]), ("DST_T", CL_TYPES[np.dtype(pad_dtype)]))
+        self._rows = bool(ctx.devices[0].type & cl.device_type.CPU)  # a work-item a row
+        if self._rows:
+            defines += (("ROWS", 1), ("LO2", halo_lo[2]), ("NZ", shape[2]))
         self._pad = cl.Kernel(build(ctx, "pad.cl", defines), "pad")
         ny, nz = shape[1:]
         p2 = padded_yz[1]
@@ -178,7 +181,8 @@ class Padder:
             np.int32(len(m0)), np.int32(p1), np.int32(p2), *map(np.int64, strides),
             np.float32(self.cval),
         )  # fmt: skip
-        pad = cl.enqueue_nd_range_kernel(self.queue, self._pad, (p2, p1, len(m0)), None)
+        glob = (1 if self._rows else p2, p1, len(m0))
+        pad = cl.enqueue_nd_range_kernel(self.queue, self._pad, glob, None)
         return events, pad
 
     def _upload_frame(self, frame: np.ndarray, events: list) -> tuple[cl.Buffer, tuple]:

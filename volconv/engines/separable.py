@@ -21,8 +21,10 @@ window of the halo, the axis-2 and axis-1 passes through local-memory tiles and 
 pass as running sums in registers, so no intermediate volume is written and each response is
 written once; the device features are its epilogue, so a response only features read is
 never written. Its own cost model plans such a bank (`plan_paths`); the pass tree runs the
-rest and on CPUs, and kernels/features.cl computes the features after it. Both are in
-`volconv.engines.passes`.
+rest, and kernels/features.cl computes the features after it. Both are in
+`volconv.engines.passes`. On CPUs a tree that fits runs as one kernel too, kernels/columns.cl
+(`volconv.engines.columns`): no local memory, vectors along axis 2, the mids of the last planes
+in a ring in the core's cache, the features its epilogue.
 
 Non-finite voxels (NaN, +-Inf) are exact as in scipy, as on the direct path: the passes filter
 the slab with them set to 0, and `volconv.engines.nonfinite` sets the outputs they reach.
@@ -51,6 +53,7 @@ from volconv.device.programs import context_for, device_seconds
 from volconv.engines.boundary import extend_indices, halo, sources
 from volconv.engines.choose import convolver_for
 from volconv.engines.clock import KernelClock, merged
+from volconv.engines.columns import ColumnKernel
 from volconv.engines.direct import (
     STAGES,
     BankConvolver,
@@ -107,6 +110,9 @@ class SeparableConvolver(SlabConvolver):
     fused, tile
         One kernel for the separable filters (default: on GPUs, where the bank fits it), and
         its work-group tile (see `make_separable_plan`).
+    columns
+        On CPUs, the pass tree as one kernel, kernels/columns.cl (default: where it fits; see
+        `make_separable_plan`).
     multi, xfirst
         The pass tree as three multi-output launches with the features as their epilogue
         (default: on GPUs, where it pays), or as two with axis 0 first (default: where multi
@@ -149,6 +155,7 @@ class SeparableConvolver(SlabConvolver):
         plan: SeparablePlan | None = None,
         multi: bool | None = None,
         xfirst: bool | None = None,
+        columns: bool | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -164,7 +171,7 @@ class SeparableConvolver(SlabConvolver):
                 filters, shape, dtype, mode, cval, self.device, choices=choices,
                 slab_depth=slab_depth, memory_budget=memory_budget, vector_width=vector_width,
                 rows=rows, block_rows=block_rows, fused=fused, tile=tile, engine=engine,
-                multi=multi, xfirst=xfirst, **sizes, **overrides,
+                multi=multi, xfirst=xfirst, columns=columns, **sizes, **overrides,
             )  # fmt: skip
         self.plan = plan
         self.expanded = expanded
@@ -232,6 +239,9 @@ class SeparableConvolver(SlabConvolver):
         elif plan.multi:
             self._passes = MultiTree(ctx, self.queue, plan, self._tree, self._epilogue(),
                                      n_stored, plan.feature_planes, self.clock)  # fmt: skip
+        elif plan.columns:
+            self._passes = ColumnKernel(ctx, self.queue, plan, self._tree, self._epilogue(),
+                                        n_stored, plan.feature_planes, self.clock)  # fmt: skip
         else:
             self._passes = PassTree(ctx, self.queue, plan, self._slots, self.clock)
 
@@ -402,7 +412,7 @@ class SeparableConvolver(SlabConvolver):
     def _launch_features(self, n: int) -> list[cl.Event]:
         """Enqueue the device features over the ``n`` voxels of the slab's responses (the
         fused kernel computes them itself)."""
-        if self.plan.fused or self.plan.multi:
+        if self.plan.fused or self.plan.multi or self.plan.columns:
             return []
         slot_of = {f: s for s, f in enumerate(self._slots)}
         events, o = [], 0
@@ -449,6 +459,8 @@ class SeparableConvolver(SlabConvolver):
             return [self._passes.launch(self._padded, self._out, feat, depth, every)]
         if self.plan.multi:
             return self._passes.launch(self._padded, self._out, feat, depth, every)
+        if self.plan.columns:
+            return self._passes.launch(self._padded, self._out, depth, feat=feat, every=every)
         return self._passes.launch(self._padded, self._out, depth)
 
     def time_kernel(self, a: int, b: int, repeats: int = 10) -> np.ndarray:

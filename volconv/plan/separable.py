@@ -19,6 +19,7 @@ from volconv.bank.spec import MAX_EXTENT
 from volconv.checks import check_cval, check_mode
 from volconv.engines.boundary import halo
 from volconv.engines.choose import direct_plan
+from volconv.engines.columns import COLUMN_SHAPE, columns_fits
 from volconv.engines.direct import (
     check_volume_dtype,
 )
@@ -279,6 +280,7 @@ class SeparablePlan:
     direct_plans: tuple[Plan, ...] = ()  # per group: its engine's plan (`direct_plan`)
     multi: bool = False  # the pass tree as three multi-output launches (kernels/tree.cl)
     xfirst: bool = False  # ... as two, axis 0 first (kernels/tree_yz.cl)
+    columns: bool = False  # one kernel on a CPU (kernels/columns.cl)
 
     @property
     def stored(self) -> int:
@@ -336,8 +338,10 @@ class SeparablePlan:
             "responses": self.n_separable * depth * ny * nz * 4,
             "features": self.feature_planes * depth * ny * nz * 4,
         }
-        if self.fused:  # no intermediates
+        if self.fused or self.columns:  # no intermediates
             del sizes["fast"], sizes["mid"]
+        if self.columns:  # its last row's loads (chunks of V) reach past the row: slack
+            sizes["padded"] += COLUMN_SHAPE["V"] * self.pad_dtype.itemsize
         elif self.xfirst:  # the roots along axis 0 of a block of rows
             sizes["fast"] = xfirst_bytes(self, reversed_tree(self.choices, self.halo_lo), depth)
             sizes["mid"] = 0
@@ -369,6 +373,7 @@ def make_separable_plan(
     engine: str | None = None,
     multi: bool | None = None,
     xfirst: bool | None = None,
+    columns: bool | None = None,
     **overrides: object,
 ) -> SeparablePlan:
     """Plan a bank on the separable path without building anything (``volconv validate``):
@@ -385,7 +390,11 @@ def make_separable_plan(
     the pass tree (not fused) as three multi-output launches, kernels/tree.cl; True forces it
     where the tree fits its registers;
     ``xfirst`` (default: where multi runs and its tiles fit local memory) as two, axis 0 first
-    (kernels/tree_yz.cl), a block of ``block_rows`` rows at a time (default: its own)."""
+    (kernels/tree_yz.cl), a block of ``block_rows`` rows at a time (default: its own).
+
+    ``columns`` (default: on CPUs for a bank with device features, where
+    `volconv.engines.columns.columns_fits`) runs the tree (neither fused nor multi) in one
+    kernel for CPUs, kernels/columns.cl; True forces it."""
     entries = _entries(filters)
     mode, cval = check_mode(mode), check_cval(cval)
     check_volume_dtype(dtype)
@@ -436,6 +445,15 @@ def make_separable_plan(
         raise ValueError("xfirst: the bank's pass tree does not fit kernels/tree_yz.cl")
     if first and not block_rows:
         block_rows = XFIRST_SHAPE[kind]["BLOCK"]
+    # by default for a bank whose features the device computes, on CPUs (its program is
+    # built per bank: the taps are immediate operands)
+    if columns is None:
+        columns = kind == "cpu" and feature_planes > 0 and columns_fits(tree)
+    one = not want and not several and bool(columns)
+    if one:
+        if tree is None:
+            raise ValueError("columns: the bank has no separable filter")
+        vector_width = max(vector_width, COLUMN_SHAPE["V"])
     if multi and not several and not want:
         raise ValueError(f"multi: the bank's pass tree does not fit kernels/tree.cl (at most "
                          f"{MAX_TREE_VALUES} responses x rows x lanes)")  # fmt: skip
@@ -458,6 +476,7 @@ def make_separable_plan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
         want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans), several, first,
+        one,
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)

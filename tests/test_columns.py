@@ -1,0 +1,54 @@
+"""The pass tree as one kernel for CPUs (kernels/columns.cl) on a general bank, against
+scipy.ndimage (float64) at the contract's tolerance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.ndimage as ndi
+from conftest import assert_spec_close, reference
+from test_separable import FUSED, rank_r, volume
+
+from volconv.bank.features import build_features, expand
+from volconv.bank.filters import build_bank
+from volconv.checks import SPEC_ATOL, SPEC_RTOL
+from volconv.engines.columns import COLUMN_SHAPE
+from volconv.engines.separable import SeparableConvolver, convolve_separable
+from volconv.plan.separable import make_separable_plan, plan_bank
+
+
+@pytest.mark.parametrize(("mode", "cval"), [("reflect", 0.0), ("constant", -7.5), ("wrap", 0.0)])
+def test_a_mixed_bank_with_seams_and_edges(device, mode, cval):
+    """Every kind of factor (symmetric, antisymmetric, neither: a custom rank-2 kernel of even
+    extents), extents that differ per axis and per filter; slabs of 3 rows; axis 1 past a
+    work-item's TY rows and axis 2 past its V lanes, both with a tail."""
+    bank = [*build_bank(FUSED), rank_r((4, 3, 6), 2)]
+    shape = (11, COLUMN_SHAPE["TY"] + 5, 2 * COLUMN_SHAPE["V"] + 3)
+    vol = volume(shape)
+    options = {"choices": plan_bank(bank, force="separable"), "columns": True, "fused": False,
+               "multi": False, "slab_depth": 3}  # fmt: skip
+    conv = SeparableConvolver(bank, shape, vol.dtype, mode, cval, device=device, **options)
+    assert conv.plan.columns and conv.pass_counts[2] >= len(bank)
+    out = convolve_separable(vol, bank, mode, cval, device=device, **options)
+    for f, k in enumerate(bank):
+        k = getattr(k, "kernel", k)
+        assert_spec_close(out[f : f + 1], vol, k[None], reference(vol, k[None], mode, cval))
+
+
+def test_the_default_on_cpus(device):
+    """CPUs take the kernel for a bank with device features (the gradient magnitude), not for
+    a plain bank; a stored response beside the feature comes out of it too."""
+    feats = build_features([{"type": "gradient_magnitude", "sigma": 1.0, "name": "g"}])
+    ex = expand(build_bank([{"type": "gaussian", "sigma": 1.0, "order": [1, 0, 0]}]), feats)
+    cpu = bool(device.type & 2)  # CL_DEVICE_TYPE_CPU
+    plan = make_separable_plan(ex.filters, (9, 10, 11), np.uint8, "reflect", 0.0, device,
+                               **ex.plan_sizes())  # fmt: skip
+    assert plan.columns == cpu
+    plain = make_separable_plan(ex.filters, (9, 10, 11), np.uint8, "reflect", 0.0, device)
+    assert not plain.columns
+    vol = volume((9, 10, 11))
+    out = convolve_separable(vol, ex.filters[:1], "reflect", device=device, features=feats)
+    k = ex.filters[0].kernel
+    assert_spec_close(out[:1], vol, k[None], reference(vol, k[None], "reflect"))
+    ref = ndi.gaussian_gradient_magnitude(vol.astype(np.float64), 1.0, mode="reflect")
+    assert np.abs(out[-1] - ref).max() <= 2 * SPEC_RTOL * 255 + SPEC_ATOL  # sum|k| < 1
