@@ -12,7 +12,7 @@ import pyopencl as cl
 
 from volconv.engines.clock import KernelClock
 from volconv.engines.features import build_with_features
-from volconv.plan.direct import CL_TYPES
+from volconv.engines.passes import fused_defines
 
 if TYPE_CHECKING:
     from volconv.engines.passes import FusedTree
@@ -35,13 +35,6 @@ def columns_fits(tree: FusedTree | None) -> bool:
     return ring <= MAX_COLUMN_VALUES
 
 
-def _table(t: object) -> str:
-    """Indices, or float32 taps as exact hex literals, comma-separated."""
-    if isinstance(t, np.ndarray):
-        return ",".join(f"{float(w).hex()}f" for w in t.ravel())
-    return ",".join(map(str, t))
-
-
 class ColumnKernel:
     """kernels/columns.cl for a plan's tree, with ``epilogue`` (kernels/fused.cl's FEATURES)
     and the first ``n_stored`` responses written; every response without an epilogue. Has
@@ -55,14 +48,8 @@ class ColumnKernel:
         v, ty, cx = (COLUMN_SHAPE[k] for k in ("V", "TY", "CX"))
         self.v, self.ty, self.cx = v, ty, cx
         defines = (
-            ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
-            ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
-            ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
-            ("MID_ROOT", _table(tree.mid_root)), ("COMBO_MID", _table(tree.combo_mid)),
-            ("COMBO_OUT", _table(tree.combo_out)), ("WZ", _table(tree.wz)),
-            ("WY", _table(tree.wy)), ("WX", _table(tree.wx)),
-            ("IN_T", CL_TYPES[plan.pad_dtype]), ("V", v), ("EV", v), ("TY", ty),
-            ("CX", cx or 1 << 30),
+            *fused_defines(tree, plan.pad_dtype),
+            ("V", v), ("EV", v), ("TY", ty), ("CX", cx or 1 << 30),
         )  # fmt: skip
         if epilogue:
             defines += (("FEATURES", epilogue),)

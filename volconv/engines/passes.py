@@ -282,6 +282,27 @@ def fused_tree(choices: Sequence[Choice], halo_lo: tuple[int, int, int]) -> Fuse
     )  # fmt: skip
 
 
+def cl_table(t: object) -> str:
+    """Indices, or float32 taps as exact hex literals, comma-separated (a kernel's table)."""
+    if isinstance(t, np.ndarray):
+        return ",".join(f"{float(w).hex()}f" for w in t.ravel())
+    return ",".join(map(str, t))
+
+
+def fused_defines(tree: FusedTree, pad_dtype: object) -> tuple[tuple[str, object], ...]:
+    """Build options of ``tree`` as one kernel's tables (kernels/fused.cl, columns.cl): its
+    taps, its roots', mids' and combos' counts and links, their taps, the padded type."""
+    return (
+        ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
+        ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
+        ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
+        ("MID_ROOT", cl_table(tree.mid_root)), ("COMBO_MID", cl_table(tree.combo_mid)),
+        ("COMBO_OUT", cl_table(tree.combo_out)), ("WZ", cl_table(tree.wz)),
+        ("WY", cl_table(tree.wy)), ("WX", cl_table(tree.wx)),
+        ("IN_T", CL_TYPES[pad_dtype]),
+    )  # fmt: skip
+
+
 class FusedKernel:
     """kernels/fused.cl built for a plan's tree, with ``epilogue`` (its FEATURES: the device
     features, reading responses by slot) and the first ``n_stored`` responses written; every
@@ -293,20 +314,9 @@ class FusedKernel:
         self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
         self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
 
-        def table(t: object) -> str:  # indices, or float32 taps as exact hex literals
-            if isinstance(t, np.ndarray):
-                return ",".join(f"{float(w).hex()}f" for w in t.ravel())
-            return ",".join(map(str, t))
-
         defines = (
-            ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
+            *fused_defines(tree, plan.pad_dtype),
             ("TY", plan.tile[0]), ("TZ", plan.tile[1]), ("CX", plan.tile[2]),
-            ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)),
-            ("N_COMBOS", len(tree.wx)), ("N_OUT", tree.n_out),
-            ("MID_ROOT", table(tree.mid_root)), ("COMBO_MID", table(tree.combo_mid)),
-            ("COMBO_OUT", table(tree.combo_out)), ("WZ", table(tree.wz)),
-            ("WY", table(tree.wy)), ("WX", table(tree.wx)),
-            ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
         if epilogue:
             defines += (("FEATURES", epilogue),)

@@ -16,6 +16,7 @@ import pyopencl as cl
 
 from volconv.engines.clock import KernelClock
 from volconv.engines.features import build_with_features
+from volconv.engines.passes import cl_table
 from volconv.plan.direct import CL_TYPES
 
 if TYPE_CHECKING:
@@ -31,13 +32,6 @@ TREE_GROUPS: dict[str, dict[str, tuple[int, int, int] | None]] = {
 }  # fmt: skip
 
 
-def _table(t: object) -> str:
-    """Indices, or float32 taps as exact hex literals, comma-separated."""
-    if isinstance(t, np.ndarray):
-        return ",".join(f"{float(w).hex()}f" for w in t.ravel())
-    return ",".join(map(str, t))
-
-
 def tree_tables(tree: FusedTree, root_in: Sequence[int] | None,
             products: Sequence[tuple[int, int]] | None,
             weights: tuple[str, str, str]) -> tuple[tuple[str, object], ...]:  # fmt: skip
@@ -46,15 +40,15 @@ def tree_tables(tree: FusedTree, root_in: Sequence[int] | None,
     roots = tuple(root_in) if root_in is not None else (0,) * len(tree.wz)
     defines = (
         ("N_ROOTS", len(tree.wz)), ("N_MIDS", len(tree.wy)), ("N_COMBOS", len(tree.wx)),
-        ("N_OUT", tree.n_out), ("ROOT_IN", _table(roots)),
-        ("ROOT_FIRST", _table([int(r not in roots[:k]) for k, r in enumerate(roots)])),
-        ("MID_ROOT", _table(tree.mid_root)),
-        ("COMBO_MID", _table(tree.combo_mid)), ("COMBO_OUT", _table(tree.combo_out)),
-        *zip(weights, map(_table, (tree.wz, tree.wy, tree.wx)), strict=True),
+        ("N_OUT", tree.n_out), ("ROOT_IN", cl_table(roots)),
+        ("ROOT_FIRST", cl_table([int(r not in roots[:k]) for k, r in enumerate(roots)])),
+        ("MID_ROOT", cl_table(tree.mid_root)),
+        ("COMBO_MID", cl_table(tree.combo_mid)), ("COMBO_OUT", cl_table(tree.combo_out)),
+        *zip(weights, map(cl_table, (tree.wz, tree.wy, tree.wx)), strict=True),
     )  # fmt: skip
     if products is not None:
-        defines += (("PAIR_A", _table([a for a, _ in products])),
-                    ("PAIR_B", _table([b for _, b in products])))  # fmt: skip
+        defines += (("PAIR_A", cl_table([a for a, _ in products])),
+                    ("PAIR_B", cl_table([b for _, b in products])))  # fmt: skip
     return defines
 
 
