@@ -15,24 +15,35 @@
  * each value it loads feeds up to UA outputs. A is (N_ROOTS, rows, PY, RZ): PY = NY + KB - 1
  * columns along axis 1, RZ >= NZ + KC - 1 along axis 2.
  *
- * last_yz: a work-group owns a TY x TZ tile of one row (axis 0); it loads every root's
- * (TY + KB - 1) x (TZ + KC - 1) tile of A to local memory, computes every mid on the TY x
- * (TZ + KC - 1) tile (UB rows along axis 1 a work-item, from one load of each value), and
- * each work-item VC consecutive outputs along axis 2 of every response (one load of each
- * value), then the features of those voxels (or the responses).
+ * last_yz: a work-group owns a TY x TZ tile of one row (axis 0) and takes the roots one at a
+ * time: it loads the root's (TY + KB - 1) x (TZ + KC - 1) tile of A to local memory, computes
+ * the root's mids on the TY x (TZ + KC - 1) tile (UB rows along axis 1 a work-item, from one
+ * load of each value), and each work-item adds the combos through them into its VC
+ * consecutive outputs along axis 2 of every response (one load of each value); then the
+ * features of those voxels (or the responses).
  *
  * ROOT_IN gives each root's input slab (several: a structure tensor's six products smoothed as
  * one tree); first_x_products takes first_x's place where the inputs are products of three
  * planes formed as they are read (PAIR_A, PAIR_B: each root's two planes).
  *
- * Build options (-D): the tables, N_OUT, UA, TY, TZ, UB, VC, IN_T, FEATURES (as in
- * kernels/fused.cl: kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF); the work-group is
- * (TZ / VC, TY).
+ * Build options (-D): the tables (MID_SLOT: each mid's place among its root's mids, MAXM
+ * the most a root has), N_OUT, UA, TY, TZ, UB, VC, PM, TL, PREFETCH, IN_T, FEATURES (as in
+ * kernels/fused.cl: kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF) with N_FEAT, the
+ * feature planes; last_yz's work-group is ITEMS = TY x TZ / VC work-items along axis 0.
  */
 
 #define LY (TY + KB - 1)
 #define LZ (TZ + KC - 1)
 #define ITEMS ((TZ / VC) * TY)
+#ifndef TL
+#define TL 1
+#endif
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+#if defined(FEATURES) && !defined(N_FEAT)
+#error "FEATURES needs N_FEAT"
+#endif
 
 /* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
  * reaches (tap t = i - u of K) */
@@ -126,9 +137,23 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
 #endif
 
 #define RESP(f) acc[f][l] /* kernels/eigen.cl's epilogue macros, a voxel at a time */
+#ifdef N_FEAT /* the features of the VC voxels gathered, then stored as vectors */
+#define FEAT_STORE(o, v) fv[o][l] = (v);
+#else
 #define FEAT_STORE(o, v) feat[(long)(o) * plane + at] = (v);
+#endif
 
-__kernel __attribute__((reqd_work_group_size(TZ / VC, TY, 1)))
+/* last_yz, a root at a time: its tile of A (LY x LZ) to local memory; its mids along axis 1
+ * on TY x LZ, UB rows a task (la[r0 + j][c], lanes along c); then every combo through those
+ * mids along axis 2 into the responses' partial sums, VC outputs a work-item from one load
+ * of each value. lm's rows are PM >= LZ apart, PM odd: the work-items of a warp (32 on
+ * NVIDIA) take TL rows by 32 / TL runs of VC (TL = VC), so their loads lm[s][ty][c0 + j]
+ * fall in 32 distinct banks. With PREFETCH the next root's tile is loaded to registers
+ * while this root's combos are computed. */
+#define NL ((LY * LZ + ITEMS - 1) / ITEMS) /* tile elements a work-item loads */
+#define TILE_AT(i) (min(y0 + (i) / LZ, PY - 1) * RZ + min(z0 + (i) % LZ, RZ - 1))
+
+__kernel __attribute__((reqd_work_group_size(ITEMS, 1, 1)))
 void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
              __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
              __global float *restrict feat,      /* (planes, DEPTH, NY, NZ) */
@@ -136,85 +161,131 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
              const int PY, const int RZ,
              const int N_STORED) /* responses written: the first N_STORED; < 0: every one */
 {
-#ifdef ONE_ROOT /* a root at a time through one tile: larger tiles fit local memory */
-#define N_TILES 1
-#define TILE(k) 0
-#else
-#define N_TILES N_ROOTS
-#define TILE(k) (k)
-#endif
-    __local float la[N_TILES][LY][LZ];
-    __local float lm[N_MIDS][TY][LZ];
+    __local float la[LY * LZ];
+    __local float lm[MAXM * TY * PM];
     const int mid_root[N_MIDS] = {MID_ROOT};
+    const int mid_slot[N_MIDS] = {MID_SLOT}; /* its place among its root's mids */
     const int combo_mid[N_COMBOS] = {COMBO_MID};
     const int combo_out[N_COMBOS] = {COMBO_OUT};
     const float wb[N_MIDS * KB] = {WB};
     const float wc[N_COMBOS * KC] = {WC};
-    const int lid = (int)get_local_id(1) * (TZ / VC) + (int)get_local_id(0);
+    const int lid = (int)get_local_id(0);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
+    const long root_size = (long)NX * PY * RZ;
+    const __global float *a = src + (long)x * PY * RZ;
+#if TL > 1
+    const int lane = lid & 31, w = lid >> 5;
+    const int ty = (w % (TY / TL)) * TL + lane % TL;
+    const int c0 = ((w / (TY / TL)) * (32 / TL) + lane / TL) * VC;
+#else
+    const int ty = lid / (TZ / VC), c0 = lid % (TZ / VC) * VC;
+#endif
+    float acc[N_OUT][VC];
 #pragma unroll
-    for (int k0 = 0; k0 < N_ROOTS; k0 += N_TILES) {
-        if (k0 > 0) barrier(CLK_LOCAL_MEM_FENCE); /* the last root's tile is read */
-        /* 1. the roots' tiles (past A's columns: only outputs never stored read them) */
-        for (int i = lid; i < N_TILES * LY * LZ; i += ITEMS) {
-            const int k = i / (LY * LZ), r = i / LZ % LY, c = i % LZ;
-            const int y = min(y0 + r, PY - 1), z = min(z0 + c, RZ - 1);
-            la[k][r][c] = src[(((long)(k0 + k) * NX + x) * PY + y) * RZ + z];
+    for (int f = 0; f < N_OUT; ++f) {
+#pragma unroll
+        for (int l = 0; l < VC; ++l) acc[f][l] = 0.0f;
+    }
+#if PREFETCH
+    float pre[NL];
+#pragma unroll
+    for (int l = 0; l < NL; ++l) {
+        const int i = lid + l * ITEMS;
+        pre[l] = i < LY * LZ ? a[TILE_AT(i)] : 0.0f;
+    }
+#endif
+#pragma unroll
+    for (int k = 0; k < N_ROOTS; ++k) {
+        /* 1. the root's tile (past A's columns: only outputs never stored read them); the
+         * last root's is no longer read (the barrier before its combos) */
+#if PREFETCH
+        if (k == 0) {
+#pragma unroll
+            for (int l = 0; l < NL; ++l) {
+                const int i = lid + l * ITEMS;
+                if (i < LY * LZ) la[i] = pre[l];
+            }
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        /* 2. their mids on TY x LZ, UB rows a task */
+#else
+        for (int i = lid; i < LY * LZ; i += ITEMS) la[i] = a[k * root_size + TILE_AT(i)];
+#endif
+        barrier(CLK_LOCAL_MEM_FENCE); /* and the last root's mids are read */
+        /* 2. its mids on TY x LZ, UB rows a task */
         for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
             const int r0 = t / LZ * UB, c = t % LZ;
+            float m[MAXM][UB];
 #pragma unroll
-            for (int k = 0; k < N_ROOTS; ++k) {
-                if (k < k0 || k >= k0 + N_TILES) continue;
-                float m[N_MIDS][UB] = {{0.0f}};
-                #pragma unroll
-                for (int j = 0; j < UB + KB - 1; ++j) {
-                    const float v = la[TILE(k)][r0 + j][c];
+            for (int s = 0; s < MAXM; ++s) {
 #pragma unroll
-                    for (int i = 0; i < N_MIDS; ++i) {
-                        if (mid_root[i] != k) continue;
-                        SLIDE(m[i], wb + i * KB, KB, UB, j, v)
-                    }
-                }
+                for (int u = 0; u < UB; ++u) m[s][u] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < UB + KB - 1; ++j) {
+                const float v = la[(r0 + j) * LZ + c];
 #pragma unroll
                 for (int i = 0; i < N_MIDS; ++i) {
                     if (mid_root[i] != k) continue;
+                    SLIDE(m[mid_slot[i]], wb + i * KB, KB, UB, j, v)
+                }
+            }
 #pragma unroll
-                    for (int u = 0; u < UB; ++u) lm[i][r0 + u][c] = m[i][u];
+            for (int i = 0; i < N_MIDS; ++i) {
+                if (mid_root[i] != k) continue;
+#pragma unroll
+                for (int u = 0; u < UB; ++u) lm[(mid_slot[i] * TY + r0 + u) * PM + c] = m[mid_slot[i]][u];
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#if PREFETCH
+        if (k + 1 < N_ROOTS) {
+#pragma unroll
+            for (int l = 0; l < NL; ++l) {
+                const int i = lid + l * ITEMS;
+                pre[l] = i < LY * LZ ? a[(k + 1) * root_size + TILE_AT(i)] : 0.0f;
+            }
+        }
+#endif
+        /* 3. the combos through its mids along axis 2, VC outputs a work-item */
+#pragma unroll
+        for (int i = 0; i < N_MIDS; ++i) {
+            if (mid_root[i] != k) continue;
+            const __local float *row = lm + (mid_slot[i] * TY + ty) * PM + c0;
+#pragma unroll
+            for (int j = 0; j < VC + KC - 1; ++j) {
+                const float v = row[j];
+#pragma unroll
+                for (int c = 0; c < N_COMBOS; ++c) {
+                    if (combo_mid[c] != i) continue;
+                    SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
                 }
             }
         }
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    /* 3. every response along axis 2, VC outputs a work-item */
-    const int ty = (int)get_local_id(1), c0 = (int)get_local_id(0) * VC;
-    float acc[N_OUT][VC] = {{0.0f}};
+#if PREFETCH
+        if (k + 1 < N_ROOTS) {
 #pragma unroll
-    for (int i = 0; i < N_MIDS; ++i) {
-#pragma unroll
-        for (int j = 0; j < VC + KC - 1; ++j) {
-            const float v = lm[i][ty][c0 + j];
-#pragma unroll
-            for (int c = 0; c < N_COMBOS; ++c) {
-                if (combo_mid[c] != i) continue;
-                SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
+            for (int l = 0; l < NL; ++l) {
+                const int i = lid + l * ITEMS;
+                if (i < LY * LZ) la[i] = pre[l];
             }
         }
+#endif
     }
     const int y = y0 + ty;
     if (y >= NY) return;
     const long plane = (long)DEPTH * NY * NZ;
+    const long at0 = ((long)(X0 + x) * NY + y) * NZ + z0 + c0;
+#ifdef N_FEAT
+    float fv[N_FEAT][VC];
+#endif
 #pragma unroll
     for (int l = 0; l < VC; ++l) {
-        const int z = z0 + c0 + l;
-        if (z >= NZ) break;
-        const long at = ((long)(X0 + x) * NY + y) * NZ + z;
+        const long at = at0 + l;
+        if (z0 + c0 + l < NZ) {
 #pragma unroll
-        for (int f = 0; f < N_OUT; ++f) {
-            if (N_STORED < 0 || f < N_STORED) out[f * plane + at] = acc[f][l];
+            for (int f = 0; f < N_OUT; ++f) {
+                if (N_STORED < 0 || f < N_STORED) out[f * plane + at] = acc[f][l];
+            }
         }
 #ifdef FEATURES
         if (N_STORED >= 0) {
@@ -222,4 +293,24 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
         }
 #endif
     }
+#ifdef N_FEAT
+    if (N_STORED < 0) return;
+    /* whole runs as 4-vectors where aligned (every plane is, where NZ is a multiple of 4) */
+    const bool whole = VC % 4 == 0 && z0 + c0 + VC <= NZ && (at0 & 3) == 0 && (plane & 3) == 0;
+#pragma unroll
+    for (int o = 0; o < N_FEAT; ++o) {
+        __global float *p = feat + o * plane + at0;
+        if (whole) {
+#pragma unroll
+            for (int l = 0; l + 3 < VC; l += 4)
+                *(__global float4 *)(p + l) = (float4)(fv[o][l], fv[o][l + 1], fv[o][l + 2],
+                                                       fv[o][l + 3]);
+        } else {
+#pragma unroll
+            for (int l = 0; l < VC; ++l) {
+                if (z0 + c0 + l < NZ) p[l] = fv[o][l];
+            }
+        }
+    }
+#endif
 }

@@ -1,0 +1,174 @@
+"""Hessian eigenvalues at sigma 1 and 3: kernels/tree_yz.cl shapes beside the fused kernel, tree.cl.
+
+Each variant runs `hessian_eigenvalues(sigma)` of the volume (scripts/bench/features.py's:
+the demo scan where present) as `volconv run` streams it, float32 outputs: a warm-up pass
+that keeps the outputs, then ``--repeat`` timed passes; per kernel the median of the passes'
+device seconds (OpenCL profiling events). Each variant's outputs are compared with the first
+variant of its sigma (the fused kernel at sigma 1, kernels/tree.cl at sigma 3: max |diff|, and
+max |reference| for scale). Variants of kernels/tree_yz.cl set `XFIRST_SHAPE` of the device's
+kind; each kernel's work-group info (private bytes: spills) is recorded.
+
+    python3 scripts/bench/run.py hessian_sweep --json $OUT/hess/sweep.json --budget 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyopencl as cl
+from features import volume_of
+
+from volconv.bank.features import build_features, expand
+from volconv.bench import device_record
+from volconv.device.devices import select_device
+from volconv.engines import xfirst
+from volconv.engines.separable import SeparableConvolver
+from volconv.plan.separable import make_separable_plan, plan_paths
+
+BASE = dict(xfirst.XFIRST_SHAPE["gpu"])
+
+
+def shape(**changes: object) -> dict:
+    return {**BASE, **changes}
+
+
+# (name, sigma, convolver options, XFIRST_SHAPE of the device's kind or None)
+VARIANTS = [
+    ("s3_multi", 3.0, {"fused": False, "multi": True, "xfirst": False}, None),
+    ("s3_xf", 3.0, {"fused": False, "xfirst": True}, shape()),
+    ("s3_xf_pf0", 3.0, {"fused": False, "xfirst": True}, shape(PREFETCH=0)),
+    ("s3_xf_ub8", 3.0, {"fused": False, "xfirst": True}, shape(UB=8)),
+    ("s3_xf_vc4", 3.0, {"fused": False, "xfirst": True}, shape(VC=4)),
+    ("s3_xf_ty24", 3.0, {"fused": False, "xfirst": True}, shape(TY=24)),
+    ("s3_xf_ty32_tz32_vc4", 3.0, {"fused": False, "xfirst": True}, shape(TY=32, TZ=32, VC=4)),
+    ("s3_xf_ty16_tz32_vc4", 3.0, {"fused": False, "xfirst": True}, shape(TZ=32, VC=4)),
+    ("s3_xf_ty8", 3.0, {"fused": False, "xfirst": True}, shape(TY=8)),
+    ("s3_xf_block32", 3.0, {"fused": False, "xfirst": True}, shape(BLOCK=32)),
+    ("s3_xf_block16", 3.0, {"fused": False, "xfirst": True}, shape(BLOCK=16)),
+    ("s3_xf_fx0", 3.0, {"fused": False, "xfirst": True}, shape(FX=0)),
+    ("s3_xf_fx32x8", 3.0, {"fused": False, "xfirst": True}, shape(FX=(32, 8))),
+    ("s3_xf_ua4", 3.0, {"fused": False, "xfirst": True}, shape(UA=4)),
+    ("s1_fused", 1.0, {}, None),
+    ("s1_xf", 1.0, {"fused": False, "xfirst": True}, shape()),
+    ("s1_xf_ty32", 1.0, {"fused": False, "xfirst": True}, shape(TY=32)),
+    ("s1_xf_block32", 1.0, {"fused": False, "xfirst": True}, shape(BLOCK=32)),
+    ("s1_xf_pf0", 1.0, {"fused": False, "xfirst": True}, shape(PREFETCH=0)),
+    ("s1_xf_ty32_tz32_vc4", 1.0, {"fused": False, "xfirst": True}, shape(TY=32, TZ=32, VC=4)),
+]
+
+
+def kernel_info(conv: SeparableConvolver, device: cl.Device) -> dict:
+    """Work-group info of the kernels the convolver's passes built."""
+    passes = conv._passes
+    kernels = getattr(passes, "_k", None) or {"fused": getattr(passes, "_kernel", None)}
+    info = {}
+    for name, k in kernels.items():
+        if k is None:
+            continue
+        wg = cl.kernel_work_group_info
+        info[name] = {
+            "work_group_size": k.get_work_group_info(wg.WORK_GROUP_SIZE, device),
+            "private_bytes": k.get_work_group_info(wg.PRIVATE_MEM_SIZE, device),
+            "local_bytes": k.get_work_group_info(wg.LOCAL_MEM_SIZE, device),
+        }
+    return info
+
+
+def run_variant(volume: np.ndarray, sigma: float, options: dict, repeat: int, device) -> tuple:
+    feats = build_features([{"type": "hessian_eigenvalues", "sigma": sigma, "name": "h"}])
+    ex = expand([], feats)
+    t0 = time.perf_counter()
+    choices = plan_paths(ex.filters, device, fused=options.get("fused"), separable=ex.separable)
+    plan = make_separable_plan(ex.filters, volume.shape, volume.dtype, "reflect", 0.0, device,
+                               choices=choices, stream=True, **ex.plan_sizes(),
+                               **options)  # fmt: skip
+    conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, "reflect", 0.0,
+                              device=device, expanded=ex, choices=choices,
+                              slab_depth=plan.slab_depth, **options)  # fmt: skip
+    build = time.perf_counter() - t0
+    pinned = conv.pinned_slab()
+    full = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
+    for a, b in conv.slabs():
+        conv.convolve_slab(a, b, out=pinned[:, : b - a], frame=volume)
+        full[:, a:b] = pinned[:, : b - a]
+    runs = []
+    for _ in range(repeat):
+        before = dict(conv.kernel_seconds)
+        for a, b in conv.slabs():
+            conv.convolve_slab(a, b, out=pinned[:, : b - a], frame=volume)
+        runs.append({k: (v - before.get(k, 0.0)) * 1e3 for k, v in conv.kernel_seconds.items()})
+    by_name = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    record = {
+        "plan": "fused" if conv.plan.fused else "xfirst" if conv.plan.xfirst else "multi",
+        "slab_depth": conv.plan.slab_depth,
+        "build_seconds": build,
+        "kernel_ms": statistics.median(sum(r.values()) for r in runs),
+        "kernel_ms_by_name": by_name,
+        "kernel_ms_runs": [sum(r.values()) for r in runs],
+        "kernels": kernel_info(conv, device),
+    }
+    if conv.plan.xfirst:
+        record["shape"] = {k: v for k, v in conv._passes.shape.items()}
+    return record, full
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--device", default="gpu")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    p.add_argument("--budget", type=float, default=150.0, help="seconds: no variant starts after")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    device = select_device(args.device)
+    kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
+    volume = volume_of(args.size)
+    result: dict = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "shape": list(volume.shape),
+        "device": device_record(device),
+        "local_mem_size": device.local_mem_size,
+        "variants": {},
+    }
+    start = time.perf_counter()
+    refs: dict[float, np.ndarray] = {}
+    only = set(args.only.split(",")) if args.only else None
+    for name, sigma, options, xshape in VARIANTS:
+        if only is not None and name not in only:
+            continue
+        if time.perf_counter() - start > args.budget:
+            result["variants"][name] = {"skipped": "budget"}
+            continue
+        saved = xfirst.XFIRST_SHAPE[kind]
+        if xshape is not None:
+            xfirst.XFIRST_SHAPE[kind] = xshape
+        try:
+            record, full = run_variant(volume, sigma, options, args.repeat, device)
+            if sigma not in refs:
+                refs[sigma] = full
+            ref = refs[sigma]
+            record["max_abs_diff"] = float(np.nanmax(np.abs(full - ref)))
+            record["max_abs_ref"] = float(np.nanmax(np.abs(ref)))
+        except Exception as e:  # a variant that does not build or fit: recorded
+            record = {"error": f"{type(e).__name__}: {e}"[:2000]}
+        finally:
+            xfirst.XFIRST_SHAPE[kind] = saved
+        result["variants"][name] = record
+        brief = {k: record.get(k) for k in ("kernel_ms", "kernel_ms_by_name", "max_abs_diff",
+                                            "error")}  # fmt: skip
+        print(name, json.dumps(brief, default=float), flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
