@@ -1,11 +1,12 @@
 """Hessian eigenvalues at sigma 1 and 3: kernels/tree_yz.cl shapes beside the fused kernel, tree.cl.
 
-Each variant runs `hessian_eigenvalues(sigma)` of the volume (scripts/bench/features.py's:
+Each variant runs one feature (`hessian_eigenvalues(sigma)`; `gradient_magnitude(1)`, which
+shares the fused kernel) of the volume (scripts/bench/features.py's:
 the demo scan where present) as `volconv run` streams it, float32 outputs: a warm-up pass
 that keeps the outputs, then ``--repeat`` timed passes; per kernel the median of the passes'
 device seconds (OpenCL profiling events). Each variant's outputs are compared with the first
-variant of its sigma (the fused kernel at sigma 1, kernels/tree.cl at sigma 3: max |diff|, and
-max |reference| for scale). Variants of kernels/tree_yz.cl set `XFIRST_SHAPE` of the device's
+variant of its feature (the fused kernel at sigma 1, kernels/tree.cl at sigma 3: max |diff|,
+and max |reference| for scale). Variants of kernels/tree_yz.cl set `XFIRST_SHAPE` of the device's
 kind; each kernel's work-group info (private bytes: spills) is recorded.
 
     python3 scripts/bench/run.py hessian_sweep --json $OUT/hess/sweep.json --budget 150
@@ -38,29 +39,36 @@ def shape(**changes: object) -> dict:
     return {**BASE, **changes}
 
 
-# (name, sigma, convolver options, XFIRST_SHAPE of the device's kind or None)
+XF = {"fused": False, "xfirst": True}
+# (name, feature, convolver options, XFIRST_SHAPE of the device's kind or None); the first of
+# each feature is the reference of the others
 VARIANTS = [
-    ("s3_multi", 3.0, {"fused": False, "multi": True, "xfirst": False}, None),
-    ("s3_xf", 3.0, {"fused": False, "xfirst": True}, shape()),
-    ("s3_xf_pf0", 3.0, {"fused": False, "xfirst": True}, shape(PREFETCH=0)),
-    ("s3_xf_ub8", 3.0, {"fused": False, "xfirst": True}, shape(UB=8)),
-    ("s3_xf_vc4", 3.0, {"fused": False, "xfirst": True}, shape(VC=4)),
-    ("s3_xf_ty24", 3.0, {"fused": False, "xfirst": True}, shape(TY=24)),
-    ("s3_xf_ty32_tz32_vc4", 3.0, {"fused": False, "xfirst": True}, shape(TY=32, TZ=32, VC=4)),
-    ("s3_xf_ty16_tz32_vc4", 3.0, {"fused": False, "xfirst": True}, shape(TZ=32, VC=4)),
-    ("s3_xf_ty8", 3.0, {"fused": False, "xfirst": True}, shape(TY=8)),
-    ("s3_xf_block32", 3.0, {"fused": False, "xfirst": True}, shape(BLOCK=32)),
-    ("s3_xf_block16", 3.0, {"fused": False, "xfirst": True}, shape(BLOCK=16)),
-    ("s3_xf_fx0", 3.0, {"fused": False, "xfirst": True}, shape(FX=0)),
-    ("s3_xf_fx32x8", 3.0, {"fused": False, "xfirst": True}, shape(FX=(32, 8))),
-    ("s3_xf_ua4", 3.0, {"fused": False, "xfirst": True}, shape(UA=4)),
-    ("s1_fused", 1.0, {}, None),
-    ("s1_xf", 1.0, {"fused": False, "xfirst": True}, shape()),
-    ("s1_xf_ty32", 1.0, {"fused": False, "xfirst": True}, shape(TY=32)),
-    ("s1_xf_block32", 1.0, {"fused": False, "xfirst": True}, shape(BLOCK=32)),
-    ("s1_xf_pf0", 1.0, {"fused": False, "xfirst": True}, shape(PREFETCH=0)),
-    ("s1_xf_ty32_tz32_vc4", 1.0, {"fused": False, "xfirst": True}, shape(TY=32, TZ=32, VC=4)),
-]
+    ("s3_multi", ("hessian_eigenvalues", 3.0), {"fused": False, "multi": True, "xfirst": False},
+     None),
+    ("s3_xf", ("hessian_eigenvalues", 3.0), XF, shape()),
+    ("s1_fused", ("hessian_eigenvalues", 1.0), {}, None),
+    ("s1_xf", ("hessian_eigenvalues", 1.0), XF, shape()),
+    ("s3_xf_pf0", ("hessian_eigenvalues", 3.0), XF, shape(PREFETCH=0)),
+    ("s3_xf_ty8", ("hessian_eigenvalues", 3.0), XF, shape(TY=8)),
+    ("s3_xf_ty32_tz32_vc4", ("hessian_eigenvalues", 3.0), XF, shape(TY=32, TZ=32, VC=4)),
+    ("s3_xf_block32", ("hessian_eigenvalues", 3.0), XF, shape(BLOCK=32)),
+    ("s1_xf_ty32", ("hessian_eigenvalues", 1.0), XF, shape(TY=32)),
+    ("s3_xf_ub8", ("hessian_eigenvalues", 3.0), XF, shape(UB=8)),
+    ("s3_xf_vc4", ("hessian_eigenvalues", 3.0), XF, shape(VC=4)),
+    ("s3_xf_ty24", ("hessian_eigenvalues", 3.0), XF, shape(TY=24)),
+    ("s3_xf_ty8_tz128", ("hessian_eigenvalues", 3.0), XF, shape(TY=8, TZ=128)),
+    ("s3_xf_vc16", ("hessian_eigenvalues", 3.0), XF, shape(VC=16)),
+    ("s3_xf_ty16_tz32_vc4", ("hessian_eigenvalues", 3.0), XF, shape(TZ=32, VC=4)),
+    ("s3_xf_block16", ("hessian_eigenvalues", 3.0), XF, shape(BLOCK=16)),
+    ("s3_xf_fx0", ("hessian_eigenvalues", 3.0), XF, shape(FX=0)),
+    ("s3_xf_fx32x8", ("hessian_eigenvalues", 3.0), XF, shape(FX=(32, 8))),
+    ("s3_xf_ua4", ("hessian_eigenvalues", 3.0), XF, shape(UA=4)),
+    ("s1_xf_block32", ("hessian_eigenvalues", 1.0), XF, shape(BLOCK=32)),
+    ("s1_xf_pf0", ("hessian_eigenvalues", 1.0), XF, shape(PREFETCH=0)),
+    ("s1_xf_ty32_tz32_vc4", ("hessian_eigenvalues", 1.0), XF, shape(TY=32, TZ=32, VC=4)),
+    ("g1_fused", ("gradient_magnitude", 1.0), {}, None),
+    ("g1_xf", ("gradient_magnitude", 1.0), XF, shape()),
+]  # fmt: skip
 
 
 def kernel_info(conv: SeparableConvolver, device: cl.Device) -> dict:
@@ -80,8 +88,10 @@ def kernel_info(conv: SeparableConvolver, device: cl.Device) -> dict:
     return info
 
 
-def run_variant(volume: np.ndarray, sigma: float, options: dict, repeat: int, device) -> tuple:
-    feats = build_features([{"type": "hessian_eigenvalues", "sigma": sigma, "name": "h"}])
+def run_variant(volume: np.ndarray, feature: tuple[str, float], options: dict, repeat: int,
+                device: cl.Device) -> tuple:  # fmt: skip
+    kind, sigma = feature
+    feats = build_features([{"type": kind, "sigma": sigma, "name": "f"}])
     ex = expand([], feats)
     t0 = time.perf_counter()
     choices = plan_paths(ex.filters, device, fused=options.get("fused"), separable=ex.separable)
@@ -138,9 +148,9 @@ def main() -> None:
         "variants": {},
     }
     start = time.perf_counter()
-    refs: dict[float, np.ndarray] = {}
+    refs: dict[tuple[str, float], np.ndarray] = {}
     only = set(args.only.split(",")) if args.only else None
-    for name, sigma, options, xshape in VARIANTS:
+    for name, feature, options, xshape in VARIANTS:
         if only is not None and name not in only:
             continue
         if time.perf_counter() - start > args.budget:
@@ -150,10 +160,8 @@ def main() -> None:
         if xshape is not None:
             xfirst.XFIRST_SHAPE[kind] = xshape
         try:
-            record, full = run_variant(volume, sigma, options, args.repeat, device)
-            if sigma not in refs:
-                refs[sigma] = full
-            ref = refs[sigma]
+            record, full = run_variant(volume, feature, options, args.repeat, device)
+            ref = refs.setdefault(feature, full)
             record["max_abs_diff"] = float(np.nanmax(np.abs(full - ref)))
             record["max_abs_ref"] = float(np.nanmax(np.abs(ref)))
         except Exception as e:  # a variant that does not build or fit: recorded
@@ -164,9 +172,10 @@ def main() -> None:
         brief = {k: record.get(k) for k in ("kernel_ms", "kernel_ms_by_name", "max_abs_diff",
                                             "error")}  # fmt: skip
         print(name, json.dumps(brief, default=float), flush=True)
+        if args.json:  # after each variant: a run cut short keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
         print(f"wrote {args.json}")
 
 
