@@ -16,18 +16,19 @@
  * columns along axis 1, RZ >= NZ + KC - 1 along axis 2.
  *
  * last_yz: a work-group owns a TY x TZ tile of one row (axis 0) and takes the roots one at a
- * time: it loads the root's (TY + KB - 1) x (TZ + KC - 1) tile of A to local memory, computes
- * the root's mids on the TY x (TZ + KC - 1) tile (UB rows along axis 1 a work-item, from one
- * load of each value), and each work-item adds the combos through them into its VC
- * consecutive outputs along axis 2 of every response (one load of each value); then the
- * features of those voxels (or the responses).
+ * time: it loads the root's (TY + KB - 1) x (TZ + KC - 1) tile of A to local memory; then, MG
+ * of the root's mids at a time, computes them on the TY x (TZ + KC - 1) tile (UB rows along
+ * axis 1 a work-item, from one load of each value), and each work-item adds the combos
+ * through them into its VC consecutive outputs along axis 2 of every response (one load of
+ * each value); then the features of those voxels (or the responses).
  *
  * ROOT_IN gives each root's input slab (several: a structure tensor's six products smoothed as
  * one tree); first_x_products takes first_x's place where the inputs are products of three
  * planes formed as they are read (PAIR_A, PAIR_B: each root's two planes).
  *
- * Build options (-D): the tables (MID_SLOT: each mid's place among its root's mids, MAXM
- * the most a root has), N_OUT, UA, TY, TZ, UB, VC, PM, TL, PREFETCH, IN_T, FEATURES (as in
+ * Build options (-D): the tables (MID_SLOT: each mid's place among its root's mids,
+ * ROOT_MIDS: each root's count, MAXM the most), N_OUT, UA, TY, TZ, UB, VC, MG, PM, TL,
+ * PREFETCH, IN_T, FEATURES (as in
  * kernels/fused.cl: kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF) with N_FEAT, the
  * feature planes; last_yz's work-group is ITEMS = TY x TZ / VC work-items along axis 0.
  */
@@ -40,6 +41,9 @@
 #endif
 #ifndef PREFETCH
 #define PREFETCH 0
+#endif
+#ifndef MG
+#define MG MAXM
 #endif
 #if defined(FEATURES) && !defined(N_FEAT)
 #error "FEATURES needs N_FEAT"
@@ -143,14 +147,15 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
 #define FEAT_STORE(o, v) feat[(long)(o) * plane + at] = (v);
 #endif
 
-/* last_yz, a root at a time: its tile of A (LY x LZ) to local memory; its mids along axis 1
- * on TY x LZ, UB rows a task (la[r0 + j][c], lanes along c); then every combo through those
- * mids along axis 2 into the responses' partial sums, VC outputs a work-item from one load
- * of each value. lm's rows are PM >= LZ apart, PM odd: the work-items of a warp (32 on
+/* last_yz, a root at a time: its tile of A (LY x LZ) to local memory; MG of its mids at a time
+ * along axis 1 on TY x LZ, UB rows a task (la[r0 + j][c], lanes along c), then every combo
+ * through them along axis 2 into the responses' partial sums, VC outputs a work-item from
+ * one load of each value. lm's rows are PM >= LZ apart, PM odd: the work-items of a warp (32 on
  * NVIDIA) take TL rows by 32 / TL runs of VC (TL = VC), so their loads lm[s][ty][c0 + j]
  * fall in 32 distinct banks. With PREFETCH the next root's tile is loaded to registers
  * while this root's combos are computed. */
 #define NL ((LY * LZ + ITEMS - 1) / ITEMS) /* tile elements a work-item loads */
+#define IN_STEP(i) (mid_root[i] == k && mid_slot[i] >= g0 && mid_slot[i] < g0 + MG)
 #define TILE_AT(i) (min(y0 + (i) / LZ, PY - 1) * RZ + min(z0 + (i) % LZ, RZ - 1))
 
 __kernel __attribute__((reqd_work_group_size(ITEMS, 1, 1)))
@@ -162,9 +167,10 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
              const int N_STORED) /* responses written: the first N_STORED; < 0: every one */
 {
     __local float la[LY * LZ];
-    __local float lm[MAXM * TY * PM];
+    __local float lm[MG * TY * PM];
     const int mid_root[N_MIDS] = {MID_ROOT};
     const int mid_slot[N_MIDS] = {MID_SLOT}; /* its place among its root's mids */
+    const int root_mids[N_ROOTS] = {ROOT_MIDS}; /* the mids of each root */
     const int combo_mid[N_COMBOS] = {COMBO_MID};
     const int combo_out[N_COMBOS] = {COMBO_OUT};
     const float wb[N_MIDS * KB] = {WB};
@@ -198,7 +204,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #pragma unroll
     for (int k = 0; k < N_ROOTS; ++k) {
         /* 1. the root's tile (past A's columns: only outputs never stored read them); the
-         * last root's is no longer read (the barrier before its combos) */
+         * last root's is no longer read (the barrier before its last combos) */
 #if PREFETCH
         if (k == 0) {
 #pragma unroll
@@ -210,66 +216,72 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #else
         for (int i = lid; i < LY * LZ; i += ITEMS) la[i] = a[k * root_size + TILE_AT(i)];
 #endif
-        barrier(CLK_LOCAL_MEM_FENCE); /* and the last root's mids are read */
-        /* 2. its mids on TY x LZ, UB rows a task */
-        for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
-            const int r0 = t / LZ * UB, c = t % LZ;
-            float m[MAXM][UB];
+        /* its mids MG at a time (slots [g0, g0 + MG) of the root's) */
 #pragma unroll
-            for (int s = 0; s < MAXM; ++s) {
+        for (int g0 = 0; g0 < MAXM; g0 += MG) {
+            if (g0 >= root_mids[k]) break;
+            const bool last = g0 + MG >= root_mids[k];
+            barrier(CLK_LOCAL_MEM_FENCE); /* and the mids before are read */
+            /* 2. the mids on TY x LZ, UB rows a task */
+            for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
+                const int r0 = t / LZ * UB, c = t % LZ;
+                float m[MG][UB];
 #pragma unroll
-                for (int u = 0; u < UB; ++u) m[s][u] = 0.0f;
-            }
+                for (int s = 0; s < MG; ++s) {
 #pragma unroll
-            for (int j = 0; j < UB + KB - 1; ++j) {
-                const float v = la[(r0 + j) * LZ + c];
+                    for (int u = 0; u < UB; ++u) m[s][u] = 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < UB + KB - 1; ++j) {
+                    const float v = la[(r0 + j) * LZ + c];
+#pragma unroll
+                    for (int i = 0; i < N_MIDS; ++i) {
+                        if (IN_STEP(i)) SLIDE(m[mid_slot[i] - g0], wb + i * KB, KB, UB, j, v)
+                    }
+                }
 #pragma unroll
                 for (int i = 0; i < N_MIDS; ++i) {
-                    if (mid_root[i] != k) continue;
-                    SLIDE(m[mid_slot[i]], wb + i * KB, KB, UB, j, v)
+                    if (!IN_STEP(i)) continue;
+                    __local float *to = lm + ((mid_slot[i] - g0) * TY + r0) * PM + c;
+#pragma unroll
+                    for (int u = 0; u < UB; ++u) to[u * PM] = m[mid_slot[i] - g0][u];
                 }
             }
+            barrier(CLK_LOCAL_MEM_FENCE);
+#if PREFETCH
+            if (last && k + 1 < N_ROOTS) {
+#pragma unroll
+                for (int l = 0; l < NL; ++l) {
+                    const int i = lid + l * ITEMS;
+                    pre[l] = i < LY * LZ ? a[(k + 1) * root_size + TILE_AT(i)] : 0.0f;
+                }
+            }
+#endif
+            /* 3. the combos through them along axis 2, VC outputs a work-item */
 #pragma unroll
             for (int i = 0; i < N_MIDS; ++i) {
-                if (mid_root[i] != k) continue;
+                if (!IN_STEP(i)) continue;
+                const __local float *row = lm + ((mid_slot[i] - g0) * TY + ty) * PM + c0;
 #pragma unroll
-                for (int u = 0; u < UB; ++u) lm[(mid_slot[i] * TY + r0 + u) * PM + c] = m[mid_slot[i]][u];
-            }
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-#if PREFETCH
-        if (k + 1 < N_ROOTS) {
+                for (int j = 0; j < VC + KC - 1; ++j) {
+                    const float v = row[j];
 #pragma unroll
-            for (int l = 0; l < NL; ++l) {
-                const int i = lid + l * ITEMS;
-                pre[l] = i < LY * LZ ? a[(k + 1) * root_size + TILE_AT(i)] : 0.0f;
-            }
-        }
-#endif
-        /* 3. the combos through its mids along axis 2, VC outputs a work-item */
-#pragma unroll
-        for (int i = 0; i < N_MIDS; ++i) {
-            if (mid_root[i] != k) continue;
-            const __local float *row = lm + (mid_slot[i] * TY + ty) * PM + c0;
-#pragma unroll
-            for (int j = 0; j < VC + KC - 1; ++j) {
-                const float v = row[j];
-#pragma unroll
-                for (int c = 0; c < N_COMBOS; ++c) {
-                    if (combo_mid[c] != i) continue;
-                    SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
+                    for (int c = 0; c < N_COMBOS; ++c) {
+                        if (combo_mid[c] != i) continue;
+                        SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
+                    }
                 }
             }
-        }
 #if PREFETCH
-        if (k + 1 < N_ROOTS) {
+            if (last && k + 1 < N_ROOTS) { /* the root's tile is no longer read */
 #pragma unroll
-            for (int l = 0; l < NL; ++l) {
-                const int i = lid + l * ITEMS;
-                if (i < LY * LZ) la[i] = pre[l];
+                for (int l = 0; l < NL; ++l) {
+                    const int i = lid + l * ITEMS;
+                    if (i < LY * LZ) la[i] = pre[l];
+                }
             }
-        }
 #endif
+        }
     }
     const int y = y0 + ty;
     if (y >= NY) return;

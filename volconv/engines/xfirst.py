@@ -22,16 +22,16 @@ if TYPE_CHECKING:
     from volconv.plan.separable import SeparablePlan
 
 # kernels/tree_yz.cl's shape per kind of device: last_yz's tile (TY x TZ of a row), UB rows of
-# a mid and VC outputs along axis 2 a work-item, PREFETCH (the next root's tile loaded to
-# registers while a root's combos are computed), first_x's UA rows a work-item and its
-# work-group (FX: along axes 2, 1; 0: the driver's), and the output rows both run over at a
-# time (BLOCK, the plan's block_rows; 0: the slab). The GPU's as measured fastest on the H100
-# (benchmarks/results/h100-hessian-sweep.json).
+# a mid and VC outputs along axis 2 a work-item, MG mids at a time (0: a root's), PREFETCH
+# (the next root's tile loaded to registers while a root's combos are computed), first_x's UA
+# rows a work-item and its work-group (FX: along axes 2, 1; 0: the driver's), and the output
+# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab). The GPU's as
+# measured fastest on the H100 (benchmarks/results/h100-hessian-sweep.json).
 XFIRST_SHAPE = {
-    "gpu": {"TY": 16, "TZ": 64, "UB": 4, "VC": 8, "UA": 8, "BLOCK": 64, "PREFETCH": 1,
-            "FX": (64, 4)},
-    "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "UA": 4, "BLOCK": 0, "PREFETCH": 0,
-            "FX": 0},
+    "gpu": {"TY": 16, "TZ": 64, "UB": 4, "VC": 8, "MG": 0, "UA": 8, "BLOCK": 64,
+            "PREFETCH": 1, "FX": (64, 4)},
+    "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "MG": 0, "UA": 4, "BLOCK": 0,
+            "PREFETCH": 0, "FX": 0},
 }  # fmt: skip
 
 
@@ -52,14 +52,21 @@ def reversed_tree(choices: Sequence, halo_lo: tuple[int, int, int]) -> FusedTree
     return fused_tree(flipped, tuple(halo_lo[::-1]))
 
 
-def mid_slots(tree: FusedTree) -> tuple[tuple[int, ...], int]:
-    """Each mid's place among its root's mids, and the most mids a root has."""
-    seen: dict[int, int] = {}
+def mid_slots(tree: FusedTree) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each mid's place among its root's mids, and each root's count of mids."""
+    counts = [0] * len(tree.wz)
     slots = []
     for r in tree.mid_root:
-        slots.append(seen.get(r, 0))
-        seen[r] = slots[-1] + 1
-    return tuple(slots), max(seen.values())
+        slots.append(counts[r])
+        counts[r] += 1
+    return tuple(slots), tuple(counts)
+
+
+def mids_at_once(tree: FusedTree, shape: dict[str, int]) -> int:
+    """MG: the mids last_yz holds in local memory at a time (the shape's MG, 0: every mid of
+    a root)."""
+    most = max(mid_slots(tree)[1])
+    return min(shape.get("MG") or most, most)
 
 
 def mid_pitch(tree: FusedTree, shape: dict[str, int]) -> int:
@@ -79,9 +86,9 @@ def warp_rows(shape: dict[str, int]) -> int:
 
 
 def xfirst_local_bytes(tree: FusedTree, shape: dict[str, int]) -> int:
-    """Local memory of last_yz for the reversed ``tree``: a root's tile and its mids'."""
+    """Local memory of last_yz for the reversed ``tree``: a root's tile and MG mids'."""
     ly, lz = shape["TY"] + tree.taps[1] - 1, shape["TZ"] + tree.taps[0] - 1
-    return 4 * (ly * lz + mid_slots(tree)[1] * shape["TY"] * mid_pitch(tree, shape))
+    return 4 * (ly * lz + mids_at_once(tree, shape) * shape["TY"] * mid_pitch(tree, shape))
 
 
 def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
@@ -124,8 +131,10 @@ class XFirstTree(TreeKernels):
             ("VC", s["VC"]), ("PM", mid_pitch(tree, s)), ("TL", warp_rows(s)),
             ("PREFETCH", int(bool(s["PREFETCH"]))), ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
-        slots, most = mid_slots(tree)
-        defines += (("MID_SLOT", ",".join(map(str, slots))), ("MAXM", most))
+        slots, counts = mid_slots(tree)
+        defines += (("MID_SLOT", ",".join(map(str, slots))),
+                    ("ROOT_MIDS", ",".join(map(str, counts))), ("MAXM", max(counts)),
+                    ("MG", mids_at_once(tree, s)))  # fmt: skip
         if self.epilogue:
             defines += (("FEATURES", self.epilogue), ("N_FEAT", self.feature_planes))
         names = ["first_x", "last_yz"] + ["first_x_products"] * (products is not None)
