@@ -57,6 +57,8 @@ VARIANTS = [
     ("s3_xf_ty32_tz32_vc4", ("hessian_eigenvalues", 3.0), XF, shape(TY=32, TZ=32, VC=4)),
     ("s3_xf_block32", ("hessian_eigenvalues", 3.0), XF, shape(BLOCK=32)),
     ("s1_xf_ty32", ("hessian_eigenvalues", 1.0), XF, shape(TY=32)),
+    ("g1_fused", ("gradient_magnitude", 1.0), {}, None),
+    ("g1_xf", ("gradient_magnitude", 1.0), XF, shape()),
     ("s3_xf_ub8", ("hessian_eigenvalues", 3.0), XF, shape(UB=8)),
     ("s3_xf_vc4", ("hessian_eigenvalues", 3.0), XF, shape(VC=4)),
     ("s3_xf_ty24", ("hessian_eigenvalues", 3.0), XF, shape(TY=24)),
@@ -70,8 +72,9 @@ VARIANTS = [
     ("s1_xf_block32", ("hessian_eigenvalues", 1.0), XF, shape(BLOCK=32)),
     ("s1_xf_pf0", ("hessian_eigenvalues", 1.0), XF, shape(PREFETCH=0)),
     ("s1_xf_ty32_tz32_vc4", ("hessian_eigenvalues", 1.0), XF, shape(TY=32, TZ=32, VC=4)),
-    ("g1_fused", ("gradient_magnitude", 1.0), {}, None),
-    ("g1_xf", ("gradient_magnitude", 1.0), XF, shape()),
+    ("s1_fused_8x16x32", ("hessian_eigenvalues", 1.0), {"tile": (8, 16, 32)}, None),
+    ("s1_fused_16x16x32", ("hessian_eigenvalues", 1.0), {"tile": (16, 16, 32)}, None),
+    ("s1_fused_8x32x16", ("hessian_eigenvalues", 1.0), {"tile": (8, 32, 16)}, None),
 ]  # fmt: skip
 
 
