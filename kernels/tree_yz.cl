@@ -28,9 +28,9 @@
  *
  * Build options (-D): the tables (MID_SLOT: each mid's place among its root's mids,
  * ROOT_MIDS: each root's count, MAXM the most), N_OUT, UA, TY, TZ, UB, VC, MG, PM, TL,
- * PREFETCH, IN_T, FEATURES (as in
- * kernels/fused.cl: kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF) with N_FEAT, the
- * feature planes; last_yz's work-group is ITEMS = TY x TZ / VC work-items along axis 0.
+ * PREFETCH, ROUNDS, LBUF, IN_T, FEATURES (as in kernels/fused.cl: kernels/eigen.cl's EIG3,
+ * MAG2, MAG3, PICK, DIFF); last_yz's work-group is ITEMS = TY x TZ / VC work-items along
+ * axis 0.
  */
 
 #define LY (TY + KB - 1)
@@ -45,8 +45,8 @@
 #ifndef MG
 #define MG MAXM
 #endif
-#if defined(FEATURES) && !defined(N_FEAT)
-#error "FEATURES needs N_FEAT"
+#ifndef ROUNDS
+#define ROUNDS 1
 #endif
 
 /* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
@@ -140,12 +140,12 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
 }
 #endif
 
-#define RESP(f) acc[f][l] /* kernels/eigen.cl's epilogue macros, a voxel at a time */
-#ifdef N_FEAT /* the features of the VC voxels gathered, then stored as vectors */
-#define FEAT_STORE(o, v) fv[o][l] = (v);
-#else
+/* kernels/eigen.cl's epilogue macros, a voxel at a time: its responses staged in lbuf */
+#define RESP(f) lbuf[((f) * TY + sy) * SP + q]
 #define FEAT_STORE(o, v) feat[(long)(o) * plane + at] = (v);
-#endif
+#define SV (VC / ROUNDS) /* outputs of a work-item staged a round */
+#define SW (TZ / ROUNDS) /* voxels of a staged row */
+#define SP (SW + 1)      /* its pitch */
 
 /* last_yz, a root at a time: its tile of A (LY x LZ) to local memory; MG of its mids at a time
  * along axis 1 on TY x LZ, UB rows a task (la[r0 + j][c], lanes along c), then every combo
@@ -153,7 +153,8 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
  * one load of each value. lm's rows are PM >= LZ apart, PM odd: the work-items of a warp (32 on
  * NVIDIA) take TL rows by 32 / TL runs of VC (TL = VC), so their loads lm[s][ty][c0 + j]
  * fall in 32 distinct banks. With PREFETCH the next root's tile is loaded to registers
- * while this root's combos are computed. */
+ * while this root's combos are computed. The features' epilogue then takes the responses
+ * through local memory in ROUNDS rounds (LBUF floats hold a round's). */
 #define NL ((LY * LZ + ITEMS - 1) / ITEMS) /* tile elements a work-item loads */
 #define IN_STEP(i) (mid_root[i] == k && mid_slot[i] >= g0 && mid_slot[i] < g0 + MG)
 #define TILE_AT(i) (min(y0 + (i) / LZ, PY - 1) * RZ + min(z0 + (i) % LZ, RZ - 1))
@@ -166,8 +167,8 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
              const int PY, const int RZ,
              const int N_STORED) /* responses written: the first N_STORED; < 0: every one */
 {
-    __local float la[LY * LZ];
-    __local float lm[MG * TY * PM];
+    __local float lbuf[LBUF]; /* a root's tile and MG mids; then the staged responses */
+    __local float *la = lbuf, *lm = lbuf + LY * LZ;
     const int mid_root[N_MIDS] = {MID_ROOT};
     const int mid_slot[N_MIDS] = {MID_SLOT}; /* its place among its root's mids */
     const int root_mids[N_ROOTS] = {ROOT_MIDS}; /* the mids of each root */
@@ -284,43 +285,41 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
         }
     }
     const int y = y0 + ty;
-    if (y >= NY) return;
     const long plane = (long)DEPTH * NY * NZ;
-    const long at0 = ((long)(X0 + x) * NY + y) * NZ + z0 + c0;
-#ifdef N_FEAT
-    float fv[N_FEAT][VC];
-#endif
+    if (y < NY && N_STORED != 0) {
 #pragma unroll
-    for (int l = 0; l < VC; ++l) {
-        const long at = at0 + l;
-        if (z0 + c0 + l < NZ) {
+        for (int l = 0; l < VC; ++l) {
+            const long at = ((long)(X0 + x) * NY + y) * NZ + z0 + c0 + l;
+            if (z0 + c0 + l >= NZ) break;
 #pragma unroll
             for (int f = 0; f < N_OUT; ++f) {
                 if (N_STORED < 0 || f < N_STORED) out[f * plane + at] = acc[f][l];
             }
         }
-#ifdef FEATURES
-        if (N_STORED >= 0) {
-            FEATURES
-        }
-#endif
     }
-#ifdef N_FEAT
-    if (N_STORED < 0) return;
-    /* whole runs as 4-vectors where aligned (every plane is, where NZ is a multiple of 4) */
-    const bool whole = VC % 4 == 0 && z0 + c0 + VC <= NZ && (at0 & 3) == 0 && (plane & 3) == 0;
+#ifdef FEATURES
+    /* the features: the responses staged through local memory, SV of each work-item's
+     * outputs a round, then voxel by voxel by consecutive work-items (one copy of the
+     * epilogue's code, few registers held, stores along axis 2) */
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last mids are read */
 #pragma unroll
-    for (int o = 0; o < N_FEAT; ++o) {
-        __global float *p = feat + o * plane + at0;
-        if (whole) {
+    for (int r = 0; r < ROUNDS; ++r) {
+        if (r > 0) barrier(CLK_LOCAL_MEM_FENCE); /* the last round's are read */
 #pragma unroll
-            for (int l = 0; l + 3 < VC; l += 4)
-                *(__global float4 *)(p + l) = (float4)(fv[o][l], fv[o][l + 1], fv[o][l + 2],
-                                                       fv[o][l + 3]);
-        } else {
+        for (int f = 0; f < N_OUT; ++f) {
 #pragma unroll
-            for (int l = 0; l < VC; ++l) {
-                if (z0 + c0 + l < NZ) p[l] = fv[o][l];
+            for (int l = 0; l < SV; ++l) lbuf[(f * TY + ty) * SP + c0 / ROUNDS + l] = acc[f][r * SV + l];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (N_STORED >= 0) {
+#pragma unroll 1
+            for (int v = lid; v < TY * SW; v += ITEMS) {
+                const int sy = v / SW, q = v % SW;
+                const int yy = y0 + sy, zz = z0 + q / SV * VC + r * SV + q % SV;
+                if (yy < NY && zz < NZ) {
+                    const long at = ((long)(X0 + x) * NY + yy) * NZ + zz;
+                    FEATURES
+                }
             }
         }
     }

@@ -7,7 +7,9 @@ that keeps the outputs, then ``--repeat`` timed passes; per kernel the median of
 device seconds (OpenCL profiling events). Each variant's outputs are compared with the first
 variant of its feature (the fused kernel at sigma 1, kernels/tree.cl at sigma 3: max |diff|,
 and max |reference| for scale). Variants of kernels/tree_yz.cl set `XFIRST_SHAPE` of the device's
-kind; each kernel's work-group info (private bytes: spills) is recorded.
+kind; each kernel's work-group info (private bytes: spills) is recorded. The ``noeig``
+variants build the kernels with the responses picked in place of the eigenvalues (their
+outputs differ: a diagnostic of what the filtering alone costs).
 
     python3 scripts/bench/run.py hessian_sweep --json $OUT/hess/sweep.json --budget 150
 """
@@ -42,39 +44,32 @@ def shape(**changes: object) -> dict:
 XF = {"fused": False, "xfirst": True}
 # (name, feature, convolver options, XFIRST_SHAPE of the device's kind or None); the first of
 # each feature is the reference of the others
+H1, H3 = ("hessian_eigenvalues", 1.0), ("hessian_eigenvalues", 3.0)
+# the eigenvalues' epilogue left out (the responses picked): what the filtering costs
+NO_EIG = {"_epilogue": "PICK(0,0)PICK(1,1)PICK(2,2)"}
 VARIANTS = [
-    ("s3_multi", ("hessian_eigenvalues", 3.0), {"fused": False, "multi": True, "xfirst": False},
-     None),
-    ("s3_xf", ("hessian_eigenvalues", 3.0), XF, shape()),
-    ("s1_fused", ("hessian_eigenvalues", 1.0), {}, None),
-    ("s1_xf", ("hessian_eigenvalues", 1.0), XF, shape()),
-    ("s3_xf_ty32_mg1_ub8", ("hessian_eigenvalues", 3.0), XF, shape(TY=32, MG=1, UB=8)),
-    ("s3_xf_ty32_mg2", ("hessian_eigenvalues", 3.0), XF, shape(TY=32, MG=2)),
-    ("s3_xf_pf0", ("hessian_eigenvalues", 3.0), XF, shape(PREFETCH=0)),
-    ("s3_xf_ty32_mg1", ("hessian_eigenvalues", 3.0), XF, shape(TY=32, MG=1)),
-    ("s3_xf_mg1", ("hessian_eigenvalues", 3.0), XF, shape(MG=1)),
-    ("s3_xf_ty8", ("hessian_eigenvalues", 3.0), XF, shape(TY=8)),
-    ("s3_xf_ty32_tz32_vc4", ("hessian_eigenvalues", 3.0), XF, shape(TY=32, TZ=32, VC=4)),
-    ("s3_xf_block32", ("hessian_eigenvalues", 3.0), XF, shape(BLOCK=32)),
-    ("s1_xf_ty32", ("hessian_eigenvalues", 1.0), XF, shape(TY=32)),
-    ("g1_fused", ("gradient_magnitude", 1.0), {}, None),
+    ("s3_multi", H3, {"fused": False, "multi": True, "xfirst": False}, None),
+    ("s3_xf", H3, XF, shape()),
+    ("s1_fused", H1, {"fused": True}, None),
+    ("s1_xf", H1, XF, shape()),
+    ("s3_xf_ty32_mg2", H3, XF, shape(TY=32, MG=2)),
+    ("s3_xf_vc4", H3, XF, shape(VC=4)),
+    ("s3_xf_ty32_tz32_vc4", H3, XF, shape(TY=32, TZ=32, VC=4)),
+    ("s3_xf_noeig", H3, {**XF, **NO_EIG}, shape()),
+    ("s1_xf_ty32_tz32_vc4", H1, XF, shape(TY=32, TZ=32, VC=4)),
+    ("s1_xf_noeig", H1, {**XF, **NO_EIG}, shape()),
+    ("s3_xf_ty32_mg2_vc4", H3, XF, shape(TY=32, MG=2, VC=4)),
+    ("s3_xf_ty24", H3, XF, shape(TY=24)),
+    ("s3_xf_vc16", H3, XF, shape(VC=16)),
+    ("s3_xf_pf0", H3, XF, shape(PREFETCH=0)),
+    ("s1_xf_ty32", H1, XF, shape(TY=32)),
+    ("s1_xf_vc4", H1, XF, shape(VC=4)),
+    ("s1_xf_ty32_mg2", H1, XF, shape(TY=32, MG=2)),
+    ("g1_fused", ("gradient_magnitude", 1.0), {"fused": True}, None),
     ("g1_xf", ("gradient_magnitude", 1.0), XF, shape()),
-    ("s3_xf_ub8", ("hessian_eigenvalues", 3.0), XF, shape(UB=8)),
-    ("s3_xf_vc4", ("hessian_eigenvalues", 3.0), XF, shape(VC=4)),
-    ("s3_xf_ty24", ("hessian_eigenvalues", 3.0), XF, shape(TY=24)),
-    ("s3_xf_ty8_tz128", ("hessian_eigenvalues", 3.0), XF, shape(TY=8, TZ=128)),
-    ("s3_xf_vc16", ("hessian_eigenvalues", 3.0), XF, shape(VC=16)),
-    ("s3_xf_ty16_tz32_vc4", ("hessian_eigenvalues", 3.0), XF, shape(TZ=32, VC=4)),
-    ("s3_xf_block16", ("hessian_eigenvalues", 3.0), XF, shape(BLOCK=16)),
-    ("s3_xf_fx0", ("hessian_eigenvalues", 3.0), XF, shape(FX=0)),
-    ("s3_xf_fx32x8", ("hessian_eigenvalues", 3.0), XF, shape(FX=(32, 8))),
-    ("s3_xf_ua4", ("hessian_eigenvalues", 3.0), XF, shape(UA=4)),
-    ("s1_xf_block32", ("hessian_eigenvalues", 1.0), XF, shape(BLOCK=32)),
-    ("s1_xf_pf0", ("hessian_eigenvalues", 1.0), XF, shape(PREFETCH=0)),
-    ("s1_xf_ty32_tz32_vc4", ("hessian_eigenvalues", 1.0), XF, shape(TY=32, TZ=32, VC=4)),
-    ("s1_fused_8x16x32", ("hessian_eigenvalues", 1.0), {"tile": (8, 16, 32)}, None),
-    ("s1_fused_16x16x32", ("hessian_eigenvalues", 1.0), {"tile": (16, 16, 32)}, None),
-    ("s1_fused_8x32x16", ("hessian_eigenvalues", 1.0), {"tile": (8, 32, 16)}, None),
+    ("s1_xf_ty32_tz32_vc4_pf0", H1, XF, shape(TY=32, TZ=32, VC=4, PREFETCH=0)),
+    ("s3_xf_ty32_tz32_vc4_pf0", H3, XF, shape(TY=32, TZ=32, VC=4, PREFETCH=0)),
+    ("s1_default", H1, {}, None),
 ]  # fmt: skip
 
 
@@ -99,6 +94,10 @@ def run_variant(volume: np.ndarray, feature: tuple[str, float], options: dict, r
                 device: cl.Device) -> tuple:  # fmt: skip
     kind, sigma = feature
     feats = build_features([{"type": kind, "sigma": sigma, "name": "f"}])
+    options = dict(options)
+    epilogue = options.pop("_epilogue", None)
+    if epilogue is not None:  # a diagnostic: the kernels built with this epilogue instead
+        SeparableConvolver._epilogue = lambda self: epilogue
     ex = expand([], feats)
     t0 = time.perf_counter()
     choices = plan_paths(ex.filters, device, fused=options.get("fused"), separable=ex.separable)
@@ -163,7 +162,7 @@ def main() -> None:
         if time.perf_counter() - start > args.budget:
             result["variants"][name] = {"skipped": "budget"}
             continue
-        saved = xfirst.XFIRST_SHAPE[kind]
+        saved, saved_epilogue = xfirst.XFIRST_SHAPE[kind], SeparableConvolver._epilogue
         if xshape is not None:
             xfirst.XFIRST_SHAPE[kind] = xshape
         try:
@@ -175,6 +174,7 @@ def main() -> None:
             record = {"error": f"{type(e).__name__}: {e}"[:2000]}
         finally:
             xfirst.XFIRST_SHAPE[kind] = saved
+            SeparableConvolver._epilogue = saved_epilogue
         result["variants"][name] = record
         brief = {k: record.get(k) for k in ("kernel_ms", "kernel_ms_by_name", "max_abs_diff",
                                             "error")}  # fmt: skip

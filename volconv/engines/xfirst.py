@@ -85,10 +85,23 @@ def warp_rows(shape: dict[str, int]) -> int:
     return vc
 
 
+def staged(tree: FusedTree, shape: dict[str, int]) -> tuple[int, int]:
+    """(ROUNDS, LBUF) of last_yz: the rounds its features' epilogue stages the responses in
+    (the fewest, halving each work-item's outputs a round, whose responses fit the local
+    memory a root's tile and MG mids take) and the floats of its local memory."""
+    ty, tz, vc = shape["TY"], shape["TZ"], shape["VC"]
+    ly, lz = ty + tree.taps[1] - 1, tz + tree.taps[0] - 1
+    tiles = ly * lz + mids_at_once(tree, shape) * ty * mid_pitch(tree, shape)
+    rounds = 1
+    while tree.n_out * ty * (tz // rounds + 1) > tiles and vc % (2 * rounds) == 0:
+        rounds *= 2
+    return rounds, max(tiles, tree.n_out * ty * (tz // rounds + 1))
+
+
 def xfirst_local_bytes(tree: FusedTree, shape: dict[str, int]) -> int:
-    """Local memory of last_yz for the reversed ``tree``: a root's tile and MG mids'."""
-    ly, lz = shape["TY"] + tree.taps[1] - 1, shape["TZ"] + tree.taps[0] - 1
-    return 4 * (ly * lz + mids_at_once(tree, shape) * shape["TY"] * mid_pitch(tree, shape))
+    """Local memory of last_yz for the reversed ``tree``: a root's tile and MG mids', or
+    a round of staged responses."""
+    return 4 * staged(tree, shape)[1]
 
 
 def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
@@ -132,11 +145,12 @@ class XFirstTree(TreeKernels):
             ("PREFETCH", int(bool(s["PREFETCH"]))), ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
         slots, counts = mid_slots(tree)
+        rounds, lbuf = staged(tree, s)
         defines += (("MID_SLOT", ",".join(map(str, slots))),
                     ("ROOT_MIDS", ",".join(map(str, counts))), ("MAXM", max(counts)),
-                    ("MG", mids_at_once(tree, s)))  # fmt: skip
+                    ("MG", mids_at_once(tree, s)), ("ROUNDS", rounds), ("LBUF", lbuf))  # fmt: skip
         if self.epilogue:
-            defines += (("FEATURES", self.epilogue), ("N_FEAT", self.feature_planes))
+            defines += (("FEATURES", self.epilogue),)
         names = ["first_x", "last_yz"] + ["first_x_products"] * (products is not None)
         prog = build_with_features(ctx, "tree_yz.cl", defines)
         self._k = {name: cl.Kernel(prog, name) for name in names}
