@@ -30,7 +30,8 @@ from features import volume_of
 from volconv.bank.features import build_features, expand
 from volconv.bench import device_record
 from volconv.device.devices import select_device
-from volconv.engines import xfirst
+from volconv.device.programs import binary_build, kernel_source
+from volconv.engines import passes, xfirst
 from volconv.engines.separable import SeparableConvolver
 from volconv.plan.separable import make_separable_plan, plan_paths
 
@@ -73,6 +74,23 @@ VARIANTS = [
 ]  # fmt: skip
 
 
+REPORTS: list[str] = []  # the compiler's report of the last builds (NVIDIA: -cl-nv-verbose)
+
+
+def verbose_build(ctx: cl.Context, name: str, defines: tuple) -> cl.Program:
+    """`volconv.engines.features.build_with_features` with the compiler's report kept (not
+    cached on NVIDIA: each variant is built once anyway)."""
+    source = kernel_source("eigen.cl") + "\n" + kernel_source(name)
+    options = [f"-D{k}={v}" for k, v in defines]
+    if "NVIDIA" in ctx.devices[0].platform.name:
+        options.append("-cl-nv-verbose")
+    program = binary_build(ctx, source, options)
+    log = program.get_build_info(ctx.devices[0], cl.program_build_info.LOG) or ""
+    keep = ("entry function", "registers", "spill")
+    REPORTS.extend(line.strip()[:200] for line in log.splitlines() if any(k in line for k in keep))
+    return program
+
+
 def kernel_info(conv: SeparableConvolver, device: cl.Device) -> dict:
     """Work-group info of the kernels the convolver's passes built."""
     passes = conv._passes
@@ -99,6 +117,7 @@ def run_variant(volume: np.ndarray, feature: tuple[str, float], options: dict, r
     if epilogue is not None:  # a diagnostic: the kernels built with this epilogue instead
         SeparableConvolver._epilogue = lambda self: epilogue
     ex = expand([], feats)
+    REPORTS.clear()
     t0 = time.perf_counter()
     choices = plan_paths(ex.filters, device, fused=options.get("fused"), separable=ex.separable)
     plan = make_separable_plan(ex.filters, volume.shape, volume.dtype, "reflect", 0.0, device,
@@ -131,6 +150,7 @@ def run_variant(volume: np.ndarray, feature: tuple[str, float], options: dict, r
     }
     if conv.plan.xfirst:
         record["shape"] = {k: v for k, v in conv._passes.shape.items()}
+    record["compiler"] = list(REPORTS)
     return record, full
 
 
@@ -144,6 +164,7 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     device = select_device(args.device)
+    xfirst.build_with_features = passes.build_with_features = verbose_build
     kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
     volume = volume_of(args.size)
     result: dict = {
