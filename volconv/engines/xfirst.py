@@ -1,8 +1,9 @@
 """The pass tree axis 0 first in two launches (kernels/tree_yz.cl), for a plan's tree with its
 axes reversed (`reversed_tree`): first_x filters the padded slab along axis 0 by every distinct
 axis-0 factor from one read of it, into A (a block of output rows at a time); last_yz filters
-A along axes 1 and 2 through local memory and ends in the device features as its epilogue.
-The long windows' form (the Hessian at sigma 3): `volconv.plan.trees` says where it runs.
+A along axes 1 and 2 through local memory, a root at a time, and ends in the device features
+as its epilogue. The form of long windows (the Hessian at sigma 3) and, on GPUs, of small banks
+of device features (one Hessian, a gradient magnitude): `volconv.plan.trees` says where it runs.
 """
 
 from __future__ import annotations
