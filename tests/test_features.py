@@ -299,8 +299,8 @@ def test_4d_and_float16_and_nonfinite(device, fused, tree):
 def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, monkeypatch):
     """The multi-output trees in the shapes GPUs take (work-groups past the edges, tiles
     wider than the volume's last axis, blocks of rows not dividing the slab; tree_yz.cl's
-    warps of 4 rows, the next root's tile prefetched, features stored as vectors and
-    scalars) against the float64 definition."""
+    warps of 4 rows; a root's mids at once, or one at a time with the next root's tile
+    prefetched and the responses staged in two rounds) against the float64 definition."""
     from volconv.engines import tree as trees
     from volconv.engines import xfirst
 
@@ -309,7 +309,8 @@ def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, monkeypatch)
                                                   "tree_x": (8, 1, 4)})  # fmt: skip
     monkeypatch.setitem(xfirst.XFIRST_SHAPE, kind, {"TY": 8, "TZ": 32, "UB": 4, "VC": 4,
                                                    "UA": 8, "BLOCK": 7, "FX": (8, 2),
-                                                   "PREFETCH": prefetch})  # fmt: skip
+                                                   "PREFETCH": prefetch,
+                                                   "MG": 1 if prefetch else 0})  # fmt: skip
     volume = scene((23, 21, 20), seed=5)
     sigma = 2.0
     feats = build_features([{"type": "hessian_eigenvalues", "sigma": sigma, "name": "h"}])
