@@ -15,24 +15,39 @@
  * each value it loads feeds up to UA outputs. A is (N_ROOTS, rows, PY, RZ): PY = NY + KB - 1
  * columns along axis 1, RZ >= NZ + KC - 1 along axis 2.
  *
- * last_yz: a work-group owns a TY x TZ tile of one row (axis 0); it loads every root's
- * (TY + KB - 1) x (TZ + KC - 1) tile of A to local memory, computes every mid on the TY x
- * (TZ + KC - 1) tile (UB rows along axis 1 a work-item, from one load of each value), and
- * each work-item VC consecutive outputs along axis 2 of every response (one load of each
- * value), then the features of those voxels (or the responses).
+ * last_yz: a work-group owns a TY x TZ tile of one row (axis 0) and takes the roots one at a
+ * time: it loads the root's (TY + KB - 1) x (TZ + KC - 1) tile of A to local memory; then, MG
+ * of the root's mids at a time, computes them on the TY x (TZ + KC - 1) tile (UB rows along
+ * axis 1 a work-item, from one load of each value), and each work-item adds the combos
+ * through them into its VC consecutive outputs along axis 2 of every response (one load of
+ * each value); then the features of those voxels (or the responses).
  *
  * ROOT_IN gives each root's input slab (several: a structure tensor's six products smoothed as
  * one tree); first_x_products takes first_x's place where the inputs are products of three
  * planes formed as they are read (PAIR_A, PAIR_B: each root's two planes).
  *
- * Build options (-D): the tables, N_OUT, UA, TY, TZ, UB, VC, IN_T, FEATURES (as in
- * kernels/fused.cl: kernels/eigen.cl's EIG3, MAG2, MAG3, PICK, DIFF); the work-group is
- * (TZ / VC, TY).
+ * Build options (-D): the tables (MID_SLOT: each mid's place among its root's mids,
+ * ROOT_MIDS: each root's count, MAXM the most), N_OUT, UA, TY, TZ, UB, VC, MG, PM, TL,
+ * PREFETCH, ROUNDS, LBUF, IN_T, FEATURES (as in kernels/fused.cl: kernels/eigen.cl's EIG3,
+ * MAG2, MAG3, PICK, DIFF); last_yz's work-group is ITEMS = TY x TZ / VC work-items along
+ * axis 0.
  */
 
 #define LY (TY + KB - 1)
 #define LZ (TZ + KC - 1)
 #define ITEMS ((TZ / VC) * TY)
+#ifndef TL
+#define TL 1
+#endif
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+#ifndef MG
+#define MG MAXM
+#endif
+#ifndef ROUNDS
+#define ROUNDS 1
+#endif
 
 /* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
  * reaches (tap t = i - u of K) */
@@ -125,10 +140,26 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
 }
 #endif
 
-#define RESP(f) acc[f][l] /* kernels/eigen.cl's epilogue macros, a voxel at a time */
+/* kernels/eigen.cl's epilogue macros, a voxel at a time: its responses staged in lbuf */
+#define RESP(f) lbuf[((f) * TY + sy) * SP + q]
 #define FEAT_STORE(o, v) feat[(long)(o) * plane + at] = (v);
+#define SV (VC / ROUNDS) /* outputs of a work-item staged a round */
+#define SW (TZ / ROUNDS) /* voxels of a staged row */
+#define SP (SW + 1)      /* its pitch */
 
-__kernel __attribute__((reqd_work_group_size(TZ / VC, TY, 1)))
+/* last_yz, a root at a time: its tile of A (LY x LZ) to local memory; MG of its mids at a time
+ * along axis 1 on TY x LZ, UB rows a task (la[r0 + j][c], lanes along c), then every combo
+ * through them along axis 2 into the responses' partial sums, VC outputs a work-item from
+ * one load of each value. lm's rows are PM >= LZ apart, PM odd: the work-items of a warp (32 on
+ * NVIDIA) take TL rows by 32 / TL runs of VC (TL = VC), so their loads lm[s][ty][c0 + j]
+ * fall in 32 distinct banks. With PREFETCH the next root's tile is loaded to registers
+ * while this root's combos are computed. The features' epilogue then takes the responses
+ * through local memory in ROUNDS rounds (LBUF floats hold a round's). */
+#define NL ((LY * LZ + ITEMS - 1) / ITEMS) /* tile elements a work-item loads */
+#define IN_STEP(i) (mid_root[i] == k && mid_slot[i] >= g0 && mid_slot[i] < g0 + MG)
+#define TILE_AT(i) (min(y0 + (i) / LZ, PY - 1) * RZ + min(z0 + (i) % LZ, RZ - 1))
+
+__kernel __attribute__((reqd_work_group_size(ITEMS, 1, 1)))
 void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
              __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
              __global float *restrict feat,      /* (planes, DEPTH, NY, NZ) */
@@ -136,90 +167,161 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
              const int PY, const int RZ,
              const int N_STORED) /* responses written: the first N_STORED; < 0: every one */
 {
-#ifdef ONE_ROOT /* a root at a time through one tile: larger tiles fit local memory */
-#define N_TILES 1
-#define TILE(k) 0
-#else
-#define N_TILES N_ROOTS
-#define TILE(k) (k)
-#endif
-    __local float la[N_TILES][LY][LZ];
-    __local float lm[N_MIDS][TY][LZ];
+    __local float lbuf[LBUF]; /* a root's tile and MG mids; then the staged responses */
+    __local float *la = lbuf, *lm = lbuf + LY * LZ;
     const int mid_root[N_MIDS] = {MID_ROOT};
+    const int mid_slot[N_MIDS] = {MID_SLOT}; /* its place among its root's mids */
+    const int root_mids[N_ROOTS] = {ROOT_MIDS}; /* the mids of each root */
     const int combo_mid[N_COMBOS] = {COMBO_MID};
     const int combo_out[N_COMBOS] = {COMBO_OUT};
     const float wb[N_MIDS * KB] = {WB};
     const float wc[N_COMBOS * KC] = {WC};
-    const int lid = (int)get_local_id(1) * (TZ / VC) + (int)get_local_id(0);
+    const int lid = (int)get_local_id(0);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
+    const long root_size = (long)NX * PY * RZ;
+    const __global float *a = src + (long)x * PY * RZ;
+#if TL > 1
+    const int lane = lid & 31, w = lid >> 5;
+    const int ty = (w % (TY / TL)) * TL + lane % TL;
+    const int c0 = ((w / (TY / TL)) * (32 / TL) + lane / TL) * VC;
+#else
+    const int ty = lid / (TZ / VC), c0 = lid % (TZ / VC) * VC;
+#endif
+    float acc[N_OUT][VC];
 #pragma unroll
-    for (int k0 = 0; k0 < N_ROOTS; k0 += N_TILES) {
-        if (k0 > 0) barrier(CLK_LOCAL_MEM_FENCE); /* the last root's tile is read */
-        /* 1. the roots' tiles (past A's columns: only outputs never stored read them) */
-        for (int i = lid; i < N_TILES * LY * LZ; i += ITEMS) {
-            const int k = i / (LY * LZ), r = i / LZ % LY, c = i % LZ;
-            const int y = min(y0 + r, PY - 1), z = min(z0 + c, RZ - 1);
-            la[k][r][c] = src[(((long)(k0 + k) * NX + x) * PY + y) * RZ + z];
+    for (int f = 0; f < N_OUT; ++f) {
+#pragma unroll
+        for (int l = 0; l < VC; ++l) acc[f][l] = 0.0f;
+    }
+#if PREFETCH
+    float pre[NL];
+#pragma unroll
+    for (int l = 0; l < NL; ++l) {
+        const int i = lid + l * ITEMS;
+        pre[l] = i < LY * LZ ? a[TILE_AT(i)] : 0.0f;
+    }
+#endif
+#pragma unroll
+    for (int k = 0; k < N_ROOTS; ++k) {
+        /* 1. the root's tile (past A's columns: only outputs never stored read them); the
+         * last root's is no longer read (the barrier before its last combos) */
+#if PREFETCH
+        if (k == 0) {
+#pragma unroll
+            for (int l = 0; l < NL; ++l) {
+                const int i = lid + l * ITEMS;
+                if (i < LY * LZ) la[i] = pre[l];
+            }
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        /* 2. their mids on TY x LZ, UB rows a task */
-        for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
-            const int r0 = t / LZ * UB, c = t % LZ;
+#else
+        for (int i = lid; i < LY * LZ; i += ITEMS) la[i] = a[k * root_size + TILE_AT(i)];
+#endif
+        /* its mids MG at a time (slots [g0, g0 + MG) of the root's) */
 #pragma unroll
-            for (int k = 0; k < N_ROOTS; ++k) {
-                if (k < k0 || k >= k0 + N_TILES) continue;
-                float m[N_MIDS][UB] = {{0.0f}};
-                #pragma unroll
+        for (int g0 = 0; g0 < MAXM; g0 += MG) {
+            if (g0 >= root_mids[k]) break;
+            const bool last = g0 + MG >= root_mids[k];
+            barrier(CLK_LOCAL_MEM_FENCE); /* and the mids before are read */
+            /* 2. the mids on TY x LZ, UB rows a task */
+            for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
+                const int r0 = t / LZ * UB, c = t % LZ;
+                float m[MG][UB];
+#pragma unroll
+                for (int s = 0; s < MG; ++s) {
+#pragma unroll
+                    for (int u = 0; u < UB; ++u) m[s][u] = 0.0f;
+                }
+#pragma unroll
                 for (int j = 0; j < UB + KB - 1; ++j) {
-                    const float v = la[TILE(k)][r0 + j][c];
+                    const float v = la[(r0 + j) * LZ + c];
 #pragma unroll
                     for (int i = 0; i < N_MIDS; ++i) {
-                        if (mid_root[i] != k) continue;
-                        SLIDE(m[i], wb + i * KB, KB, UB, j, v)
+                        if (IN_STEP(i)) SLIDE(m[mid_slot[i] - g0], wb + i * KB, KB, UB, j, v)
                     }
                 }
 #pragma unroll
                 for (int i = 0; i < N_MIDS; ++i) {
-                    if (mid_root[i] != k) continue;
+                    if (!IN_STEP(i)) continue;
+                    __local float *to = lm + ((mid_slot[i] - g0) * TY + r0) * PM + c;
 #pragma unroll
-                    for (int u = 0; u < UB; ++u) lm[i][r0 + u][c] = m[i][u];
+                    for (int u = 0; u < UB; ++u) to[u * PM] = m[mid_slot[i] - g0][u];
+                }
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+#if PREFETCH
+            if (last && k + 1 < N_ROOTS) {
+#pragma unroll
+                for (int l = 0; l < NL; ++l) {
+                    const int i = lid + l * ITEMS;
+                    pre[l] = i < LY * LZ ? a[(k + 1) * root_size + TILE_AT(i)] : 0.0f;
+                }
+            }
+#endif
+            /* 3. the combos through them along axis 2, VC outputs a work-item */
+#pragma unroll
+            for (int i = 0; i < N_MIDS; ++i) {
+                if (!IN_STEP(i)) continue;
+                const __local float *row = lm + ((mid_slot[i] - g0) * TY + ty) * PM + c0;
+#pragma unroll
+                for (int j = 0; j < VC + KC - 1; ++j) {
+                    const float v = row[j];
+#pragma unroll
+                    for (int c = 0; c < N_COMBOS; ++c) {
+                        if (combo_mid[c] != i) continue;
+                        SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
+                    }
+                }
+            }
+#if PREFETCH
+            if (last && k + 1 < N_ROOTS) { /* the root's tile is no longer read */
+#pragma unroll
+                for (int l = 0; l < NL; ++l) {
+                    const int i = lid + l * ITEMS;
+                    if (i < LY * LZ) la[i] = pre[l];
+                }
+            }
+#endif
+        }
+    }
+    const int y = y0 + ty;
+    const long plane = (long)DEPTH * NY * NZ;
+    if (y < NY && N_STORED != 0) {
+#pragma unroll
+        for (int l = 0; l < VC; ++l) {
+            const long at = ((long)(X0 + x) * NY + y) * NZ + z0 + c0 + l;
+            if (z0 + c0 + l >= NZ) break;
+#pragma unroll
+            for (int f = 0; f < N_OUT; ++f) {
+                if (N_STORED < 0 || f < N_STORED) out[f * plane + at] = acc[f][l];
+            }
+        }
+    }
+#ifdef FEATURES
+    /* the features: the responses staged through local memory, SV of each work-item's
+     * outputs a round, then voxel by voxel by consecutive work-items (one copy of the
+     * epilogue's code, few registers held, stores along axis 2) */
+    barrier(CLK_LOCAL_MEM_FENCE); /* the last mids are read */
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r) {
+        if (r > 0) barrier(CLK_LOCAL_MEM_FENCE); /* the last round's are read */
+#pragma unroll
+        for (int f = 0; f < N_OUT; ++f) {
+#pragma unroll
+            for (int l = 0; l < SV; ++l) lbuf[(f * TY + ty) * SP + c0 / ROUNDS + l] = acc[f][r * SV + l];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (N_STORED >= 0) {
+#pragma unroll 1
+            for (int v = lid; v < TY * SW; v += ITEMS) {
+                const int sy = v / SW, q = v % SW;
+                const int yy = y0 + sy, zz = z0 + q / SV * VC + r * SV + q % SV;
+                if (yy < NY && zz < NZ) {
+                    const long at = ((long)(X0 + x) * NY + yy) * NZ + zz;
+                    FEATURES
                 }
             }
         }
     }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    /* 3. every response along axis 2, VC outputs a work-item */
-    const int ty = (int)get_local_id(1), c0 = (int)get_local_id(0) * VC;
-    float acc[N_OUT][VC] = {{0.0f}};
-#pragma unroll
-    for (int i = 0; i < N_MIDS; ++i) {
-#pragma unroll
-        for (int j = 0; j < VC + KC - 1; ++j) {
-            const float v = lm[i][ty][c0 + j];
-#pragma unroll
-            for (int c = 0; c < N_COMBOS; ++c) {
-                if (combo_mid[c] != i) continue;
-                SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
-            }
-        }
-    }
-    const int y = y0 + ty;
-    if (y >= NY) return;
-    const long plane = (long)DEPTH * NY * NZ;
-#pragma unroll
-    for (int l = 0; l < VC; ++l) {
-        const int z = z0 + c0 + l;
-        if (z >= NZ) break;
-        const long at = ((long)(X0 + x) * NY + y) * NZ + z;
-#pragma unroll
-        for (int f = 0; f < N_OUT; ++f) {
-            if (N_STORED < 0 || f < N_STORED) out[f * plane + at] = acc[f][l];
-        }
-#ifdef FEATURES
-        if (N_STORED >= 0) {
-            FEATURES
-        }
 #endif
-    }
 }

@@ -1,8 +1,9 @@
 """The pass tree axis 0 first in two launches (kernels/tree_yz.cl), for a plan's tree with its
 axes reversed (`reversed_tree`): first_x filters the padded slab along axis 0 by every distinct
 axis-0 factor from one read of it, into A (a block of output rows at a time); last_yz filters
-A along axes 1 and 2 through local memory and ends in the device features as its epilogue.
-The long windows' form (the Hessian at sigma 3): `volconv.plan.trees` says where it runs.
+A along axes 1 and 2 through local memory, a root at a time, and ends in the device features
+as its epilogue. The form of long windows (the Hessian at sigma 3) and, on GPUs, of small banks
+of device features (one Hessian, a gradient magnitude): `volconv.plan.trees` says where it runs.
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ if TYPE_CHECKING:
     from volconv.plan.separable import SeparablePlan
 
 # kernels/tree_yz.cl's shape per kind of device: last_yz's tile (TY x TZ of a row), UB rows of
-# a mid and VC outputs along axis 2 a work-item, first_x's UA rows a work-item, and the output
-# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab); ONE_ROOT: last_yz
-# holds one root's tile at a time (larger tiles fit). The GPU's as measured fastest on the H100
-# (benchmarks/results/h100-feature-sweep-*.json).
+# a mid and VC outputs along axis 2 a work-item, MG mids at a time (0: a root's), PREFETCH
+# (the next root's tile loaded to registers while a root's combos are computed), first_x's UA
+# rows a work-item and its work-group (FX: along axes 2, 1; 0: the driver's), and the output
+# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab); XFIRST_SHORT: the
+# changes to it for trees whose windows are at most SHORT_TAPS long. The GPU's as measured
+# fastest on the H100 (benchmarks/results/h100-hessian-sweep-2.json: the Hessian at sigma 3,
+# and at sigma 1).
 XFIRST_SHAPE = {
-    "gpu": {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 64, "ONE_ROOT": 0},
-    "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "UA": 4, "BLOCK": 0, "ONE_ROOT": 0},
-}
+    "gpu": {"TY": 32, "TZ": 64, "UB": 4, "VC": 8, "MG": 2, "UA": 8, "BLOCK": 64,
+            "PREFETCH": 1, "FX": (64, 4)},
+    "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "MG": 0, "UA": 4, "BLOCK": 0,
+            "PREFETCH": 0, "FX": 0},
+}  # fmt: skip
+SHORT_TAPS = 13
+XFIRST_SHORT: dict[str, dict[str, int]] = {"gpu": {"TY": 16, "VC": 4, "MG": 0}, "cpu": {}}
 
 
 def reversed_tree(choices: Sequence, halo_lo: tuple[int, int, int]) -> FusedTree | None:
@@ -49,24 +57,68 @@ def reversed_tree(choices: Sequence, halo_lo: tuple[int, int, int]) -> FusedTree
     return fused_tree(flipped, tuple(halo_lo[::-1]))
 
 
+def mid_slots(tree: FusedTree) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each mid's place among its root's mids, and each root's count of mids."""
+    counts = [0] * len(tree.wz)
+    slots = []
+    for r in tree.mid_root:
+        slots.append(counts[r])
+        counts[r] += 1
+    return tuple(slots), tuple(counts)
+
+
+def mids_at_once(tree: FusedTree, shape: dict[str, int]) -> int:
+    """MG: the mids last_yz holds in local memory at a time (the shape's MG, 0: every mid of
+    a root)."""
+    most = max(mid_slots(tree)[1])
+    return min(shape.get("MG") or most, most)
+
+
+def mid_pitch(tree: FusedTree, shape: dict[str, int]) -> int:
+    """PM: the elements between two rows of a mid in last_yz's local memory, odd, so that a
+    warp's loads across TL rows fall in distinct banks."""
+    return (shape["TZ"] + tree.taps[0] - 1) | 1
+
+
+def warp_rows(shape: dict[str, int]) -> int:
+    """TL: the rows of a warp (32 work-items) in last_yz's combos, VC where the tile splits
+    into whole warps of VC rows by 32 / VC runs; else 1 (work-items along axis 2 first)."""
+    ty, vc = shape["TY"], shape["VC"]
+    runs = shape["TZ"] // vc
+    if vc > 32 or 32 % vc or ty % vc or runs % (32 // vc) or ty * runs % 32:
+        return 1
+    return vc
+
+
+def staged(tree: FusedTree, shape: dict[str, int]) -> tuple[int, int]:
+    """(ROUNDS, LBUF) of last_yz: the rounds its features' epilogue stages the responses in
+    (the fewest, halving each work-item's outputs a round, whose responses fit the local
+    memory a root's tile and MG mids take) and the floats of its local memory."""
+    ty, tz, vc = shape["TY"], shape["TZ"], shape["VC"]
+    ly, lz = ty + tree.taps[1] - 1, tz + tree.taps[0] - 1
+    tiles = ly * lz + mids_at_once(tree, shape) * ty * mid_pitch(tree, shape)
+    rounds = 1
+    while tree.n_out * ty * (tz // rounds + 1) > tiles and vc % (2 * rounds) == 0:
+        rounds *= 2
+    return rounds, max(tiles, tree.n_out * ty * (tz // rounds + 1))
+
+
 def xfirst_local_bytes(tree: FusedTree, shape: dict[str, int]) -> int:
-    """Local memory of last_yz for the reversed ``tree``: the roots' tiles (one with
-    ONE_ROOT) and every mid's."""
-    ly, lz = shape["TY"] + tree.taps[1] - 1, shape["TZ"] + tree.taps[0] - 1
-    tiles = 1 if shape.get("ONE_ROOT") else len(tree.wz)
-    return 4 * lz * (tiles * ly + len(tree.wy) * shape["TY"])
+    """Local memory of last_yz for the reversed ``tree``: a root's tile and MG mids', or
+    a round of staged responses."""
+    return 4 * staged(tree, shape)[1]
 
 
 def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
-    """`XFIRST_SHAPE` of ``device``'s kind, one root's tile at a time, then its tile's rows
-    halved (down to UB), until last_yz's tiles fit the device's local memory; None if they
-    never do."""
+    """`XFIRST_SHAPE` of ``device``'s kind (with `XFIRST_SHORT`'s changes for short windows),
+    its tile's rows halved (down to UB) until last_yz's tiles fit the device's local memory
+    and its work-group the device; None if they never do."""
     kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
-    shape = dict(XFIRST_SHAPE[kind])
-    while xfirst_local_bytes(tree, shape) > device.local_mem_size:
-        if not shape["ONE_ROOT"]:
-            shape["ONE_ROOT"] = 1
-            continue
+    shape = {"PREFETCH": 0, "FX": 0, **XFIRST_SHAPE[kind]}
+    if max(tree.taps) <= SHORT_TAPS:
+        shape.update(XFIRST_SHORT[kind])
+    while (xfirst_local_bytes(tree, shape) > device.local_mem_size
+           or shape["TY"] * shape["TZ"] // shape["VC"] > device.max_work_group_size):  # fmt: skip
         if shape["TY"] // 2 < shape["UB"] or shape["TY"] % (2 * shape["UB"]):
             return None
         shape["TY"] //= 2
@@ -97,10 +149,14 @@ class XFirstTree(TreeKernels):
             ("SA", tree.start[2]), ("SB", tree.start[1]), ("SC", tree.start[0]),
             *tree_tables(tree, root_in, products, ("WA", "WB", "WC")),
             ("UA", s["UA"]), ("TY", s["TY"]), ("TZ", s["TZ"]), ("UB", s["UB"]),
-            ("VC", s["VC"]), ("IN_T", CL_TYPES[plan.pad_dtype]),
+            ("VC", s["VC"]), ("PM", mid_pitch(tree, s)), ("TL", warp_rows(s)),
+            ("PREFETCH", int(bool(s["PREFETCH"]))), ("IN_T", CL_TYPES[plan.pad_dtype]),
         )  # fmt: skip
-        if s["ONE_ROOT"]:
-            defines += (("ONE_ROOT", 1),)
+        slots, counts = mid_slots(tree)
+        rounds, lbuf = staged(tree, s)
+        defines += (("MID_SLOT", ",".join(map(str, slots))),
+                    ("ROOT_MIDS", ",".join(map(str, counts))), ("MAXM", max(counts)),
+                    ("MG", mids_at_once(tree, s)), ("ROUNDS", rounds), ("LBUF", lbuf))  # fmt: skip
         if self.epilogue:
             defines += (("FEATURES", self.epilogue),)
         names = ["first_x", "last_yz"] + ["first_x_products"] * (products is not None)
@@ -150,20 +206,22 @@ class XFirstTree(TreeKernels):
         i32 = np.int32
         last = self._k["last_yz"]
         n_stored = -1 if every or not self.epilogue else self.n_stored
-        group = (s["TZ"] // s["VC"], s["TY"], 1)
+        items = s["TY"] * s["TZ"] // s["VC"]
+        fx = (*s["FX"], 1) if s["FX"] else None
         events = []
         for x0 in range(0, depth, self.block):
             nx = min(self.block, depth - x0)
             first(x0, nx)
             glob = (self.pz, self.py, -(-nx // s["UA"]))
-            event = cl.enqueue_nd_range_kernel(queue, self._k[name], glob, None)
+            if fx is not None:  # whole groups: the kernel skips what lies past the edges
+                glob = tuple(-(-n // g) * g for n, g in zip(glob, fx, strict=True))
+            event = cl.enqueue_nd_range_kernel(queue, self._k[name], glob, fx)
             events.append(self.clock.add(name, event))
             last.set_args(self._a, out, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
                           i32(self.py), i32(self.rz), i32(n_stored))  # fmt: skip
-            glob = (-(-nz // s["TZ"]) * group[0], -(-ny // s["TY"]) * group[1], nx)
-            events.append(
-                self.clock.add("last_yz", cl.enqueue_nd_range_kernel(queue, last, glob, group))
-            )
+            glob = (-(-nz // s["TZ"]) * items, -(-ny // s["TY"]), nx)
+            event = cl.enqueue_nd_range_kernel(queue, last, glob, (items, 1, 1))
+            events.append(self.clock.add("last_yz", event))
         return events
 
     def work(self, slabs: Iterable[tuple[int, int]]) -> tuple[float, int]:

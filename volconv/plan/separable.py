@@ -39,6 +39,7 @@ from volconv.plan.trees import (
     TREE_SHAPE,
     multi_fits,
     xfirst_fits,
+    xfirst_over_fused,
 )
 
 PATHS = ("direct", "separable", "low-rank")
@@ -419,6 +420,8 @@ def make_separable_plan(
         raise ValueError(f"choices: {len(choices)} for {len(entries)} filters")
     tree = fused_tree(choices, lo)
     want = kind == "gpu" if fused is None else bool(fused)
+    if want and fused is None and xfirst is not False:  # small banks of features: axis 0 first
+        want = not xfirst_over_fused(choices, lo, feature_planes, device)
     if want and not fused_fits(tree, tile, device, forced=bool(fused)):
         if fused:
             raise ValueError(

@@ -1,6 +1,7 @@
 """Which form of the pass tree a bank's separable filters take on a device, besides the fused
 kernel (`volconv.plan.separable.fused_fits`): three multi-output launches (kernels/tree.cl,
-`multi_fits`) or two with axis 0 first (kernels/tree_yz.cl, `xfirst_fits`)."""
+`multi_fits`) or two with axis 0 first (kernels/tree_yz.cl, `xfirst_fits`), which small banks
+of device features take over the fused kernel (`xfirst_over_fused`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pyopencl as cl
 
-from volconv.engines.xfirst import xfirst_shape
+from volconv.engines.xfirst import reversed_tree, xfirst_shape
 
 if TYPE_CHECKING:
     from volconv.engines.passes import FusedTree
@@ -55,4 +56,30 @@ def xfirst_fits(tree: FusedTree | None, device: cl.Device) -> bool:
     return (
         tree.n_out * shape["VC"] <= MAX_TREE_VALUES
         and len(tree.wz) * shape["UA"] <= MAX_TREE_VALUES
+    )
+
+
+# On GPUs a bank with device features and at most this many separable responses (one
+# Hessian's six) runs axis 0 first rather than in the fused kernel, where it fits: faster at
+# sigma 1 too (benchmarks/results/h100-hessian-sweep.json, the Hessian eigenvalues and the
+# gradient magnitude).
+XFIRST_OVER_FUSED_OUTS = 6
+
+
+def xfirst_over_fused(choices: Sequence[Choice], halo_lo: tuple[int, int, int],
+                      feature_planes: int, device: cl.Device) -> bool:  # fmt: skip
+    """Whether a bank (``choices``, its common halo before the outputs ``halo_lo``) with
+    ``feature_planes`` device features runs its tree axis 0 first by default on ``device``
+    rather than in the fused kernel: where the tree takes that form by default (`multi_fits`
+    in kernels/tree.cl's shape unforced, `xfirst_fits`)."""
+    from volconv.engines.passes import fused_tree
+
+    if feature_planes <= 0 or device.type & cl.device_type.CPU:
+        return False
+    tree = fused_tree(choices, halo_lo)
+    if tree is None or tree.n_out > XFIRST_OVER_FUSED_OUTS:
+        return False
+    lanes, rows = TREE_SHAPE["gpu"]
+    return multi_fits(tree, choices, rows, lanes, forced=False) and xfirst_fits(
+        reversed_tree(choices, halo_lo), device
     )
