@@ -1,0 +1,145 @@
+/* A structure tensor's outer smoothing and eigenvalues in two launches, axis 0 first:
+ *
+ * st_x forms the six products g_a * g_b (a <= b) of the three gradient planes g as it reads
+ * them, through the index maps of the padded rows (m0, rows of g), columns (m1) and row
+ * positions (m2), -1 meaning cval (the product field extended by the bank's mode), and filters
+ * them along axis 0 into C (6, DEPTH, PY, RZ): the output rows, the padded columns. A
+ * work-item computes UA consecutive rows of one column of the six, so each value it loads
+ * feeds up to UA outputs, and the products are formed once per value read.
+ *
+ * st_yz: a work-group owns a TY x TZ tile of one row; for each product in turn it filters
+ * C's (TY + KY - 1) x (TZ + KZ - 1) tile along axis 1 into local memory (UB rows a task, read
+ * from global memory where the work-group's tasks share them in cache), then along axis 2
+ * (VC outputs a work-item from VC + KZ - 1 values of local memory, read four at a time), two
+ * buffers in turn so that one barrier a product keeps the reads and the writes apart; the
+ * eigenvalues of the six smoothed products (kernels/eigen.cl) are its epilogue, and only they
+ * are written.
+ *
+ * Build options (-D): KX, KY, KZ taps (WX, WY, WZ: each axis's factor, flipped, float32 hex)
+ * from S0, S1, S2 of the maps' halo; UA; TY, TZ, UY (output rows a work-item in st_yz), UB,
+ * VC (a multiple of 4 where the loads go four at a time: VQ 1). The work-group of st_yz is
+ * (TZ / VC, TY / UY).
+ */
+
+#define N_PROD 6
+#define SLIDE(to, w, K, U, i, v)                                                         \
+    _Pragma("unroll") for (int u_ = 0; u_ < U; ++u_) {                                   \
+        if ((i) - u_ >= 0 && (i) - u_ < K) to[u_] += (w)[(i) - u_] * (v);                \
+    }
+
+/* C[k][x][y][z] = sum_j wx[j] P_k[x + S0 + j][y + S1][z + S2], P_k the k-th product of the
+ * padded (extended) gradient planes */
+__kernel void st_x(__global const float *restrict g, const long G_PLANE,
+                   __global float *restrict dst, /* C */
+                   __global const int *restrict m0, __global const int *restrict m1,
+                   __global const int *restrict m2, const int DEPTH, const int PY,
+                   const int PZ, const int NY, const int NZ, const int RZ, const float cval)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1);
+    const int x = (int)get_global_id(2) * UA;
+    if (z >= PZ || y >= PY || x >= DEPTH) return;
+    const float wx[KX] = {WX};
+    const int i1 = m1[y + S1], i2 = m2[z + S2];
+    const bool column = i1 >= 0 && i2 >= 0;
+    const long base = column ? (long)i1 * NZ + i2 : 0;
+    const long row = (long)NY * NZ;
+    const int last = DEPTH - x + KX - 2; /* the last row this work-item's outputs read */
+    float acc[N_PROD][UA];
+#pragma unroll
+    for (int k = 0; k < N_PROD; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) acc[k][u] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < UA + KX - 1; ++i) {
+        const int i0 = m0[x + S0 + min(i, last)];
+        const bool inside = column && i0 >= 0;
+        const long at = inside ? i0 * row + base : 0;
+        const float a = g[at], b = g[G_PLANE + at], c = g[2 * G_PLANE + at];
+        const float p[N_PROD] = {inside ? a * a : cval, inside ? b * b : cval,
+                                 inside ? c * c : cval, inside ? a * b : cval,
+                                 inside ? a * c : cval, inside ? b * c : cval};
+#pragma unroll
+        for (int k = 0; k < N_PROD; ++k) SLIDE(acc[k], wx, KX, UA, i, p[k])
+    }
+#pragma unroll
+    for (int k = 0; k < N_PROD; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) {
+            if (x + u < DEPTH) dst[(((long)k * DEPTH + x + u) * PY + y) * RZ + z] = acc[k][u];
+        }
+    }
+}
+
+#define LZ (TZ + KZ - 1)                 /* the tile's columns along axis 2 */
+#define LW (((VC + KZ - 1) + 3) / 4 * 4) /* a work-item's window along axis 2, in fours */
+#define LP (((TZ - VC + LW) + 3) / 4)    /* the local rows' pitch, in fours */
+#define ITEMS ((TZ / VC) * (TY / UY))
+
+/* the eigenvalues of the six products smoothed along axes 1 and 2 at [x][y][z] */
+__kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
+void st_yz(__global const float *restrict src, /* C */
+           __global float *restrict feat,      /* (3, DEPTH, NY, NZ) */
+           const int DEPTH, const int NY, const int NZ, const int PY, const int PZ,
+           const int RZ)
+{
+    __local float4 lm[2][TY][LP];
+    const float wy[KY] = {WY};
+    const float wz[KZ] = {WZ};
+    const int lx = (int)get_local_id(0), ly = (int)get_local_id(1);
+    const int lid = ly * (TZ / VC) + lx;
+    const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
+    const int x = (int)get_group_id(2);
+    float acc[N_PROD][UY][VC];
+#pragma unroll
+    for (int k = 0; k < N_PROD; ++k) {
+        __local float (*mid)[LP * 4] = (__local float (*)[LP * 4])lm[k & 1];
+        /* 1. along axis 1: the tile's TY rows of LZ columns, UB rows a task */
+        const __global float *plane = src + ((long)k * DEPTH + x) * PY * RZ;
+        for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
+            const int r0 = t / LZ * UB, c = t % LZ;
+            const __global float *p = plane + min(z0 + c, PZ - 1);
+            float m[UB];
+#pragma unroll
+            for (int u = 0; u < UB; ++u) m[u] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < UB + KY - 1; ++j) {
+                const float v = p[(long)min(y0 + r0 + j, PY - 1) * RZ]; /* past PY: unused */
+                SLIDE(m, wy, KY, UB, j, v)
+            }
+#pragma unroll
+            for (int u = 0; u < UB; ++u) mid[r0 + u][c] = m[u];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE); /* (also: the other buffer's reads are done) */
+        /* 2. along axis 2: VC outputs of UY rows a work-item */
+#pragma unroll
+        for (int r = 0; r < UY; ++r) {
+            float w[LW];
+            const __local float4 *q = lm[k & 1][ly * UY + r] + lx * VC / 4;
+#pragma unroll
+            for (int j = 0; j < LW / 4; ++j) vstore4(q[j], j, w);
+#pragma unroll
+            for (int l = 0; l < VC; ++l) acc[k][r][l] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < VC + KZ - 1; ++j) SLIDE(acc[k][r], wz, KZ, VC, j, w[j])
+        }
+    }
+    const long plane = (long)DEPTH * NY * NZ;
+#pragma unroll
+    for (int r = 0; r < UY; ++r) {
+        const int y = y0 + ly * UY + r;
+        if (y >= NY) break;
+#pragma unroll
+        for (int l = 0; l < VC; ++l) {
+            const int z = z0 + lx * VC + l;
+            if (z >= NZ) break;
+            float l0, l1, l2;
+            eigen_sym3(acc[0][r][l], acc[1][r][l], acc[2][r][l], acc[3][r][l], acc[4][r][l],
+                       acc[5][r][l], &l0, &l1, &l2);
+            const long at = ((long)x * NY + y) * NZ + z;
+            feat[at] = l0;
+            feat[plane + at] = l1;
+            feat[2 * plane + at] = l2;
+        }
+    }
+}

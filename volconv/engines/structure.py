@@ -1,0 +1,107 @@
+"""A structure tensor's outer smoothing with its eigenvalues in two launches
+(kernels/structure.cl): st_x forms the six products of the gradient planes as it reads them
+and filters them along axis 0, st_yz filters them along axes 1 and 2 through local memory with
+the eigenvalues as its epilogue; only the eigenvalues are written."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyopencl as cl
+
+from volconv.engines.clock import KernelClock
+from volconv.engines.features import build_with_features
+
+if TYPE_CHECKING:
+    from volconv.engines.passes import FusedTree
+    from volconv.plan.separable import SeparablePlan
+
+# kernels/structure.cl's shape per kind of device: st_x's UA rows and work-group (None: the
+# driver's), st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB
+# rows a task along axis 1; RZ_ALIGN the padded rows' length rounded up to it.
+ST_SHAPES: dict[str, dict[str, object]] = {
+    "gpu": {"UA": 8, "XG": (32, 4, 1), "TY": 32, "TZ": 64, "UY": 2, "VC": 4, "UB": 4,
+            "RZ_ALIGN": 32},
+    "cpu": {"UA": 4, "XG": None, "TY": 8, "TZ": 16, "UY": 2, "VC": 4, "UB": 4, "RZ_ALIGN": 4},
+}  # fmt: skip
+
+
+def _taps(w: np.ndarray) -> str:
+    """float32 taps as exact hex literals, comma-separated."""
+    return ",".join(f"{float(v).hex()}f" for v in np.asarray(w, np.float32).ravel())
+
+
+def st_shape(device: cl.Device) -> dict[str, object]:
+    """`ST_SHAPES` of ``device``'s kind."""
+    return dict(ST_SHAPES["cpu" if device.type & cl.device_type.CPU else "gpu"])
+
+
+def st_row(plan: SeparablePlan, tree: FusedTree, device: cl.Device) -> int:
+    """RZ: C's row length, the padded row rounded up to the shape's alignment."""
+    pz = plan.shape[2] + tree.taps[2] - 1
+    align = int(st_shape(device)["RZ_ALIGN"])
+    return -(-pz // align) * align
+
+
+def st_bytes(plan: SeparablePlan, tree: FusedTree, device: cl.Device, depth: int) -> int:
+    """Device bytes of C (the six products along axis 0) for ``depth`` output rows."""
+    py = plan.shape[1] + tree.taps[1] - 1
+    return 6 * depth * py * st_row(plan, tree, device) * 4
+
+
+class StructureKernels:
+    """kernels/structure.cl built for ``tree`` (`volconv.engines.features.six_inputs` of the
+    outer smoothing's plan: one root, mid and combo per product, the same factors) and slabs
+    of at most ``depth`` output rows; ``shape`` overrides `ST_SHAPES` entries."""
+
+    def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
+                 tree: FusedTree, depth: int, clock: KernelClock,
+                 shape: dict[str, object] | None = None) -> None:  # fmt: skip
+        self.plan, self.tree, self.queue, self.clock = plan, tree, queue, clock
+        device = ctx.devices[0]
+        self.shape = {**st_shape(device), **(shape or {})}
+        s = self.shape
+        if s["VC"] % 4 or s["TZ"] % s["VC"] or s["TY"] % s["UY"] or s["TY"] % s["UB"]:
+            raise ValueError(f"structure kernels: shape {s} does not tile")
+        defines = (
+            ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
+            ("S0", tree.start[0]), ("S1", tree.start[1]), ("S2", tree.start[2]),
+            ("WX", _taps(tree.wx[0])), ("WY", _taps(tree.wy[0])), ("WZ", _taps(tree.wz[0])),
+            *((k, s[k]) for k in ("UA", "TY", "TZ", "UY", "VC", "UB")),
+        )  # fmt: skip
+        prog = build_with_features(ctx, "structure.cl", defines)
+        self._x, self._yz = cl.Kernel(prog, "st_x"), cl.Kernel(prog, "st_yz")
+        ny, nz = plan.shape[1:]
+        self.py, self.pz = ny + tree.taps[1] - 1, nz + tree.taps[2] - 1
+        self.rz = st_row(plan, tree, device)
+        self._c = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, st_bytes(plan, tree, device, depth))
+
+    @property
+    def held_bytes(self) -> int:
+        """Device memory it holds (C)."""
+        return self._c.size
+
+    def launch(self, g: cl.Buffer, g_plane: int, m0: cl.Buffer, m1: cl.Buffer, m2: cl.Buffer,
+               cval: float, feat: cl.Buffer, depth: int) -> list[cl.Event]:  # fmt: skip
+        """Enqueue both launches for ``depth`` output rows: the products of the three planes
+        ``g`` (``g_plane`` elements apart) read through the index maps ``m0`` (the padded
+        rows' rows of ``g``), ``m1``, ``m2`` (-1: ``cval``); the eigenvalues into ``feat``
+        (3, depth, ny, nz)."""
+        s, i32 = self.shape, np.int32
+        ny, nz = self.plan.shape[1:]
+        self._x.set_args(g, np.int64(g_plane), self._c, m0, m1, m2, i32(depth), i32(self.py),
+                         i32(self.pz), i32(ny), i32(nz), i32(self.rz),
+                         np.float32(cval))  # fmt: skip
+        self._yz.set_args(self._c, feat, i32(depth), i32(ny), i32(nz), i32(self.py),
+                          i32(self.pz), i32(self.rz))  # fmt: skip
+        xg = s["XG"]
+        glob = (self.pz, self.py, -(-depth // s["UA"]))
+        if xg is not None:
+            glob = tuple(-(-n // g) * g for n, g in zip(glob, xg, strict=True))
+        group = (s["TZ"] // s["VC"], s["TY"] // s["UY"], 1)
+        yz = (-(-nz // s["TZ"]) * group[0], -(-ny // s["TY"]) * group[1], depth)
+        events = []
+        for name, k, gl, gr in (("st_x", self._x, glob, xg), ("st_yz", self._yz, yz, group)):
+            events.append(self.clock.add(name, cl.enqueue_nd_range_kernel(self.queue, k, gl, gr)))
+        return events
