@@ -3,7 +3,8 @@
  * st_x forms the six products g_a * g_b (a <= b) of the three gradient planes g as it reads
  * them, through the index maps of the padded rows (m0, rows of g), columns (m1) and row
  * positions (m2), -1 meaning cval (the product field extended by the bank's mode), and filters
- * them along axis 0 into C (6, DEPTH, PY, RZ): the output rows, the padded columns. A
+ * them along axis 0 into C (6, NX, PY, RZ): NX output rows from X0 (a block of the slab's,
+ * so that C stays in cache between the two launches), the padded columns. A
  * work-item computes UA consecutive rows of one column of the six, so each value it loads
  * feeds up to UA outputs, and the products are formed once per value read.
  *
@@ -27,23 +28,24 @@
         if ((i) - u_ >= 0 && (i) - u_ < K) to[u_] += (w)[(i) - u_] * (v);                \
     }
 
-/* C[k][x][y][z] = sum_j wx[j] P_k[x + S0 + j][y + S1][z + S2], P_k the k-th product of the
- * padded (extended) gradient planes */
+/* C[k][x][y][z] = sum_j wx[j] P_k[X0 + x + S0 + j][y + S1][z + S2] for the NX output rows
+ * from X0, P_k the k-th product of the padded (extended) gradient planes */
 __kernel void st_x(__global const float *restrict g, const long G_PLANE,
                    __global float *restrict dst, /* C */
                    __global const int *restrict m0, __global const int *restrict m1,
-                   __global const int *restrict m2, const int DEPTH, const int PY,
-                   const int PZ, const int NY, const int NZ, const int RZ, const float cval)
+                   __global const int *restrict m2, const int X0, const int NX,
+                   const int PY, const int PZ, const int NY, const int NZ, const int RZ,
+                   const float cval)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
-    if (z >= PZ || y >= PY || x >= DEPTH) return;
+    if (z >= PZ || y >= PY || x >= NX) return;
     const float wx[KX] = {WX};
     const int i1 = m1[y + S1], i2 = m2[z + S2];
     const bool column = i1 >= 0 && i2 >= 0;
     const long base = column ? (long)i1 * NZ + i2 : 0;
     const long row = (long)NY * NZ;
-    const int last = DEPTH - x + KX - 2; /* the last row this work-item's outputs read */
+    const int last = NX - x + KX - 2; /* the last row this work-item's outputs read */
     float acc[N_PROD][UA];
 #pragma unroll
     for (int k = 0; k < N_PROD; ++k) {
@@ -52,7 +54,7 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     }
 #pragma unroll
     for (int i = 0; i < UA + KX - 1; ++i) {
-        const int i0 = m0[x + S0 + min(i, last)];
+        const int i0 = m0[X0 + x + S0 + min(i, last)];
         const bool inside = column && i0 >= 0;
         const long at = inside ? i0 * row + base : 0;
         const float a = g[at], b = g[G_PLANE + at], c = g[2 * G_PLANE + at];
@@ -66,7 +68,7 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     for (int k = 0; k < N_PROD; ++k) {
 #pragma unroll
         for (int u = 0; u < UA; ++u) {
-            if (x + u < DEPTH) dst[(((long)k * DEPTH + x + u) * PY + y) * RZ + z] = acc[k][u];
+            if (x + u < NX) dst[(((long)k * NX + x + u) * PY + y) * RZ + z] = acc[k][u];
         }
     }
 }
@@ -76,12 +78,12 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
 #define LP (((TZ - VC + LW) + 3) / 4)    /* the local rows' pitch, in fours */
 #define ITEMS ((TZ / VC) * (TY / UY))
 
-/* the eigenvalues of the six products smoothed along axes 1 and 2 at [x][y][z] */
+/* the eigenvalues of the six products smoothed along axes 1 and 2 at [X0 + x][y][z] */
 __kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
-void st_yz(__global const float *restrict src, /* C */
+void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
            __global float *restrict feat,      /* (3, DEPTH, NY, NZ) */
-           const int DEPTH, const int NY, const int NZ, const int PY, const int PZ,
-           const int RZ)
+           const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
+           const int PY, const int PZ, const int RZ)
 {
     __local float4 lm[2][TY][LP];
     const float wy[KY] = {WY};
@@ -95,7 +97,7 @@ void st_yz(__global const float *restrict src, /* C */
     for (int k = 0; k < N_PROD; ++k) {
         __local float (*mid)[LP * 4] = (__local float (*)[LP * 4])lm[k & 1];
         /* 1. along axis 1: the tile's TY rows of LZ columns, UB rows a task */
-        const __global float *plane = src + ((long)k * DEPTH + x) * PY * RZ;
+        const __global float *plane = src + ((long)k * NX + x) * PY * RZ;
         for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
             const int r0 = t / LZ * UB, c = t % LZ;
             const __global float *p = plane + min(z0 + c, PZ - 1);
@@ -136,7 +138,7 @@ void st_yz(__global const float *restrict src, /* C */
             float l0, l1, l2;
             eigen_sym3(acc[0][r][l], acc[1][r][l], acc[2][r][l], acc[3][r][l], acc[4][r][l],
                        acc[5][r][l], &l0, &l1, &l2);
-            const long at = ((long)x * NY + y) * NZ + z;
+            const long at = ((long)(X0 + x) * NY + y) * NZ + z;
             feat[at] = l0;
             feat[plane + at] = l1;
             feat[2 * plane + at] = l2;

@@ -14,14 +14,15 @@ from volconv.checks import SPEC_ATOL, SPEC_RTOL
 from volconv.engines.separable import SeparableConvolver
 
 
-@pytest.mark.parametrize(
-    ("kind", "mode", "rho"), [("gpu", "reflect", 1.5), ("cpu", "constant", 1.0)]
-)
-def test_structure_kernels_in_each_shape(device, monkeypatch, kind, mode, rho):
+@pytest.mark.parametrize(("kind", "mode", "rho", "block"),
+                         [("gpu", "reflect", 1.5, None), ("cpu", "constant", 1.0, 2)])  # fmt: skip
+def test_structure_kernels_in_each_shape(device, monkeypatch, kind, mode, rho, block):
     """Tiles cut by the volume's edges along axes 1 and 2 (the GPU's 32 x 64 over 40 x 70),
-    slab seams every 5 rows, rho's reach past the slab: within the Weyl bound of the float64
-    definition's eigenvalues."""
+    slab seams every 5 rows, rho's reach past the slab, blocks of rows in a slab: within the
+    Weyl bound of the float64 definition's eigenvalues."""
     shape = dict(st.ST_SHAPES[kind], XG=None)  # the driver's work-group for st_x on PoCL
+    if block is not None:
+        shape["BLOCK"] = block
     monkeypatch.setitem(st.ST_SHAPES, "cpu", shape)
     volume = scene((12, 40, 70), seed=3)
     cval = 2.0 if mode == "constant" else 0.0

@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 
 # kernels/structure.cl's shape per kind of device: st_x's UA rows and work-group (None: the
 # driver's), st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB
-# rows a task along axis 1; RZ_ALIGN the padded rows' length rounded up to it.
+# rows a task along axis 1; RZ_ALIGN the padded rows' length rounded up to it; BLOCK the
+# output rows both launches run over at a time (0: the slab), so that C stays in cache.
 ST_SHAPES: dict[str, dict[str, object]] = {
     "gpu": {"UA": 8, "XG": (32, 4, 1), "TY": 32, "TZ": 64, "UY": 2, "VC": 4, "UB": 4,
-            "RZ_ALIGN": 32},
-    "cpu": {"UA": 4, "XG": None, "TY": 8, "TZ": 16, "UY": 2, "VC": 4, "UB": 4, "RZ_ALIGN": 4},
+            "RZ_ALIGN": 32, "BLOCK": 0},
+    "cpu": {"UA": 4, "XG": None, "TY": 8, "TZ": 16, "UY": 2, "VC": 4, "UB": 4, "RZ_ALIGN": 4,
+            "BLOCK": 0},
 }  # fmt: skip
 
 
@@ -45,9 +47,11 @@ def st_row(plan: SeparablePlan, tree: FusedTree, device: cl.Device) -> int:
 
 
 def st_bytes(plan: SeparablePlan, tree: FusedTree, device: cl.Device, depth: int) -> int:
-    """Device bytes of C (the six products along axis 0) for ``depth`` output rows."""
+    """Device bytes of C (the six products along axis 0) for ``depth`` output rows (at most
+    a block of them)."""
     py = plan.shape[1] + tree.taps[1] - 1
-    return 6 * depth * py * st_row(plan, tree, device) * 4
+    block = int(st_shape(device)["BLOCK"]) or depth
+    return 6 * min(block, depth) * py * st_row(plan, tree, device) * 4
 
 
 class StructureKernels:
@@ -75,7 +79,9 @@ class StructureKernels:
         ny, nz = plan.shape[1:]
         self.py, self.pz = ny + tree.taps[1] - 1, nz + tree.taps[2] - 1
         self.rz = st_row(plan, tree, device)
-        self._c = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, st_bytes(plan, tree, device, depth))
+        self.block = min(int(s["BLOCK"]) or depth, depth)
+        size = 6 * self.block * self.py * self.rz * 4  # st_bytes of this shape
+        self._c = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size)
 
     @property
     def held_bytes(self) -> int:
@@ -84,24 +90,28 @@ class StructureKernels:
 
     def launch(self, g: cl.Buffer, g_plane: int, m0: cl.Buffer, m1: cl.Buffer, m2: cl.Buffer,
                cval: float, feat: cl.Buffer, depth: int) -> list[cl.Event]:  # fmt: skip
-        """Enqueue both launches for ``depth`` output rows: the products of the three planes
-        ``g`` (``g_plane`` elements apart) read through the index maps ``m0`` (the padded
-        rows' rows of ``g``), ``m1``, ``m2`` (-1: ``cval``); the eigenvalues into ``feat``
-        (3, depth, ny, nz)."""
+        """Enqueue both launches for ``depth`` output rows, a block of rows at a time: the
+        products of the three planes ``g`` (``g_plane`` elements apart) read through the index
+        maps ``m0`` (the padded rows' rows of ``g``), ``m1``, ``m2`` (-1: ``cval``); the
+        eigenvalues into ``feat`` (3, depth, ny, nz)."""
         s, i32 = self.shape, np.int32
         ny, nz = self.plan.shape[1:]
-        self._x.set_args(g, np.int64(g_plane), self._c, m0, m1, m2, i32(depth), i32(self.py),
-                         i32(self.pz), i32(ny), i32(nz), i32(self.rz),
-                         np.float32(cval))  # fmt: skip
-        self._yz.set_args(self._c, feat, i32(depth), i32(ny), i32(nz), i32(self.py),
-                          i32(self.pz), i32(self.rz))  # fmt: skip
         xg = s["XG"]
-        glob = (self.pz, self.py, -(-depth // s["UA"]))
-        if xg is not None:
-            glob = tuple(-(-n // g) * g for n, g in zip(glob, xg, strict=True))
         group = (s["TZ"] // s["VC"], s["TY"] // s["UY"], 1)
-        yz = (-(-nz // s["TZ"]) * group[0], -(-ny // s["TY"]) * group[1], depth)
         events = []
-        for name, k, gl, gr in (("st_x", self._x, glob, xg), ("st_yz", self._yz, yz, group)):
-            events.append(self.clock.add(name, cl.enqueue_nd_range_kernel(self.queue, k, gl, gr)))
+        for x0 in range(0, depth, self.block):
+            nx = min(self.block, depth - x0)
+            self._x.set_args(g, np.int64(g_plane), self._c, m0, m1, m2, i32(x0), i32(nx),
+                             i32(self.py), i32(self.pz), i32(ny), i32(nz), i32(self.rz),
+                             np.float32(cval))  # fmt: skip
+            self._yz.set_args(self._c, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
+                              i32(self.py), i32(self.pz), i32(self.rz))  # fmt: skip
+            glob = (self.pz, self.py, -(-nx // s["UA"]))
+            if xg is not None:
+                glob = tuple(-(-n // g) * g for n, g in zip(glob, xg, strict=True))
+            yz = (-(-nz // s["TZ"]) * group[0], -(-ny // s["TY"]) * group[1], nx)
+            for name, k, gl, gr in (("st_x", self._x, glob, xg),
+                                    ("st_yz", self._yz, yz, group)):  # fmt: skip
+                event = cl.enqueue_nd_range_kernel(self.queue, k, gl, gr)
+                events.append(self.clock.add(name, event))
         return events
