@@ -108,21 +108,20 @@ def main() -> None:
         "device": device_record(device),
         "sets": {},
     }
-    for name, (feats, mode) in sets.items():
-        first = None
-        entries = result["sets"].setdefault(name, {})
-        for text in args.variants:
+    first: dict[str, np.ndarray] = {}
+    for text in args.variants:  # each variant over every set, so that a cut budget cuts variants
+        label, shape = parse_variant(text)
+        for name, (feats, mode) in sets.items():
+            entries = result["sets"].setdefault(name, {})
             if time.perf_counter() - start > args.budget:
-                entries[text] = "skipped: budget"
+                entries[label] = "skipped: budget"
                 continue
-            label, shape = parse_variant(text)
             st.ST_SHAPES[kind] = {**base_shape, **(shape or {})}
             if shape is None:
                 StructureTensorStage.outer_st = staticmethod(lambda xfirst, mode: False)
             try:
-                entry, out = measure(
-                    volume, feats, mode, device, args.repeat, True if args.multi else None
-                )
+                entry, out = measure(volume, feats, mode, device, args.repeat,
+                                     True if args.multi else None)  # fmt: skip
             except Exception as e:  # a shape the device refuses: record it, go on
                 entries[label] = {"error": f"{type(e).__name__}: {e}"[:400]}
                 print(name, label, entries[label], flush=True)
@@ -130,11 +129,11 @@ def main() -> None:
             finally:
                 StructureTensorStage.outer_st = keep
                 st.ST_SHAPES[kind] = base_shape
-            if first is None:
-                first = out
+            if name not in first:
+                first[name] = out
             else:
-                scale = float(np.abs(first).max()) or 1.0
-                entry["max_diff_rel"] = float(np.abs(out - first).max()) / scale
+                scale = float(np.abs(first[name]).max()) or 1.0
+                entry["max_diff_rel"] = float(np.abs(out - first[name]).max()) / scale
             entries[label] = entry
             print(name, label, json.dumps(entry, default=float), flush=True)
     if args.json:
