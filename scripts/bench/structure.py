@@ -4,7 +4,8 @@ three-launch tree (kernels/tree.cl), device time per kernel (median over passes)
 Each variant streams the volume slab by slab as `volconv run` does (the plan's slab depth,
 float32 outputs) and is compared with the first variant (max |difference| relative to the
 largest eigenvalue). Variants are ``name:KEY=VALUE,...`` over `volconv.engines.structure`
-ST_SHAPES's keys (XG as AxBxC) or ``name:tree`` (the tree path); the sets are those of
+ST_SHAPES's keys (XG as AxBxC) and GRAD (the gradients' path: fused, multi, xfirst, passes),
+or ``name:tree`` (the tree path); the sets are those of
 scripts/bench/features.py (structure_s1, structure_s3).
 
     python scripts/bench/run.py structure --device gpu --json $OUT/st/x.json \\
@@ -31,6 +32,13 @@ from volconv.engines.features import StructureTensorStage
 from volconv.engines.separable import SeparableConvolver
 from volconv.plan.separable import make_separable_plan, plan_paths
 
+GRAD_PATHS = {
+    "fused": {"fused": True},
+    "multi": {"fused": False, "multi": True, "xfirst": False},
+    "xfirst": {"fused": False, "multi": True, "xfirst": True},
+    "passes": {"fused": False, "multi": False, "xfirst": False},
+}
+
 
 def parse_variant(text: str) -> tuple[str, dict | None]:
     """``name:KEY=VALUE,...`` -> (name, overrides); ``name:tree`` -> (name, None)."""
@@ -40,6 +48,9 @@ def parse_variant(text: str) -> tuple[str, dict | None]:
     shape: dict = {}
     for item in filter(None, spec.split(",")):
         key, _, value = item.partition("=")
+        if key == "GRAD":  # the gradients' path: fused, multi, xfirst or passes
+            shape[key] = value
+            continue
         shape[key] = (None if value == "none" else tuple(int(v) for v in value.split("x"))
                       if key == "XG" else int(value))  # fmt: skip
     return name, shape
@@ -116,7 +127,10 @@ def main() -> None:
             if time.perf_counter() - start > args.budget:
                 entries[label] = "skipped: budget"
                 continue
-            st.ST_SHAPES[kind] = {**base_shape, **(shape or {})}
+            grad = (shape or {}).get("GRAD")
+            StructureTensorStage.GRAD_OPTIONS = GRAD_PATHS[grad] if grad else {}
+            st.ST_SHAPES[kind] = {**base_shape, **{k: v for k, v in (shape or {}).items()
+                                                   if k != "GRAD"}}  # fmt: skip
             if shape is None:
                 StructureTensorStage.outer_st = staticmethod(lambda xfirst, mode: False)
             try:
@@ -128,6 +142,7 @@ def main() -> None:
                 continue
             finally:
                 StructureTensorStage.outer_st = keep
+                StructureTensorStage.GRAD_OPTIONS = {}
                 st.ST_SHAPES[kind] = base_shape
             if name not in first:
                 first[name] = out

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyopencl as cl
@@ -141,6 +141,9 @@ class StructureTensorStage:
     """
 
     fills_out = True  # `compute` takes ``out`` and downloads into it
+    # the gradients' convolver's path options over the caller's (fused, multi, xfirst), for
+    # trials (scripts/bench/structure.py)
+    GRAD_OPTIONS: ClassVar[dict[str, object]] = {}
 
     def __init__(
         self,
@@ -177,7 +180,8 @@ class StructureTensorStage:
         self.grad = SeparableConvolver(
             grads, shape, dtype, mode, cval, device=device,
             slab_depth=min(n0, slab_depth + 2 * self.reach),
-            choices=plan_bank(grads, force="separable"), fused=fused,
+            choices=plan_bank(grads, force="separable"),
+            **{"fused": fused, **self.GRAD_OPTIONS},
         )  # fmt: skip
         if self.grad._slots != [0, 1, 2]:
             raise ValueError("structure tensor: the gradients run as passes")
@@ -294,7 +298,8 @@ class StructureTensorStage:
         total = 3 * slab_depth * ny * nz * 4
         total += make_separable_plan(
             grads, shape, dtype, mode, cval, device, choices=plan_bank(grads, force="separable"),
-            slab_depth=min(n0, slab_depth + 2 * reach), fused=fused,
+            slab_depth=min(n0, slab_depth + 2 * reach),
+            **{"fused": fused, **StructureTensorStage.GRAD_OPTIONS},
         ).device_bytes  # fmt: skip
         several = StructureTensorStage.outer_multi(device, fused, multi)
         outer = StructureTensorStage._outer_plan(feature, shape, mode, cval, device, slab_depth,
