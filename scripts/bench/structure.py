@@ -151,10 +151,9 @@ def main() -> None:
                 entry["max_diff_rel"] = float(np.abs(out - first[name]).max()) / scale
             entries[label] = entry
             print(name, label, json.dumps(entry, default=float), flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
-        print(f"wrote {args.json}")
+            if args.json:  # after each, so that a run cut short keeps what it measured
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(result, indent=1, default=float) + "\n")
 
 
 if __name__ == "__main__":
