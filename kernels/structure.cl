@@ -8,17 +8,18 @@
  * work-item computes UA consecutive rows of one column of the six, so each value it loads
  * feeds up to UA outputs, and the products are formed once per value read.
  *
- * st_yz: a work-group owns a TY x TZ tile of one row; for each product in turn it filters
- * C's (TY + KY - 1) x (TZ + KZ - 1) tile along axis 1 into local memory (UB rows a task, read
- * from global memory where the work-group's tasks share them in cache), then along axis 2
- * (VC outputs a work-item from VC + KZ - 1 values of local memory, read four at a time), two
- * buffers in turn so that one barrier a product keeps the reads and the writes apart; the
+ * st_yz: a work-group owns a TY x TZ tile of one row; for CH products at a time (a phase) it
+ * filters C's (TY + KY - 1) x (TZ + KZ - 1) tiles along axis 1 into local memory (UB rows a
+ * task, read from global memory where the work-group's tasks share them in cache), then along
+ * axis 2 (VC outputs a work-item from VC + KZ - 1 values of local memory, read four at a
+ * time), two phases' buffers in turn so that one barrier a phase keeps the reads and the
+ * writes apart; the
  * eigenvalues of the six smoothed products (kernels/eigen.cl) are its epilogue, and only they
  * are written.
  *
  * Build options (-D): KX, KY, KZ taps (WX, WY, WZ: each axis's factor, flipped, float32 hex)
  * from S0, S1, S2 of the maps' halo; UA; TY, TZ, UY (output rows a work-item in st_yz), UB,
- * VC (a multiple of 4 where the loads go four at a time: VQ 1). The work-group of st_yz is
+ * VC (a multiple of 4: the loads go four at a time), CH. The work-group of st_yz is
  * (TZ / VC, TY / UY).
  */
 
@@ -77,6 +78,10 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
 #define LW (((VC + KZ - 1) + 3) / 4 * 4) /* a work-item's window along axis 2, in fours */
 #define LP (((TZ - VC + LW) + 3) / 4)    /* the local rows' pitch, in fours */
 #define ITEMS ((TZ / VC) * (TY / UY))
+#ifndef CH
+#define CH 1 /* products a phase (1, 2, 3 or 6): one barrier a phase */
+#endif
+#define NB (CH == N_PROD ? N_PROD : 2 * CH) /* local buffers: two phases' in turn */
 
 /* the eigenvalues of the six products smoothed along axes 1 and 2 at [X0 + x][y][z] */
 __kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
@@ -85,7 +90,7 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
            const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
            const int PY, const int PZ, const int RZ)
 {
-    __local float4 lm[2][TY][LP];
+    __local float4 lm[NB][TY][LP];
     const float wy[KY] = {WY};
     const float wz[KZ] = {WZ};
     const int lx = (int)get_local_id(0), ly = (int)get_local_id(1);
@@ -94,13 +99,13 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
     const int x = (int)get_group_id(2);
     float acc[N_PROD][UY][VC];
 #pragma unroll
-    for (int k = 0; k < N_PROD; ++k) {
-        __local float (*mid)[LP * 4] = (__local float (*)[LP * 4])lm[k & 1];
-        /* 1. along axis 1: the tile's TY rows of LZ columns, UB rows a task */
-        const __global float *plane = src + ((long)k * NX + x) * PY * RZ;
-        for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
-            const int r0 = t / LZ * UB, c = t % LZ;
-            const __global float *p = plane + min(z0 + c, PZ - 1);
+    for (int k0 = 0; k0 < N_PROD; k0 += CH) {
+        const int b0 = k0 / CH % 2 * CH; /* this phase's first buffer */
+        /* 1. along axis 1: the tile's TY rows of LZ columns of CH products, UB rows a task */
+        for (int t = lid; t < CH * (TY / UB) * LZ; t += ITEMS) {
+            const int ch = t / ((TY / UB) * LZ), r0 = t / LZ % (TY / UB) * UB, c = t % LZ;
+            const __global float *p =
+                src + ((long)(k0 + ch) * NX + x) * PY * RZ + min(z0 + c, PZ - 1);
             float m[UB];
 #pragma unroll
             for (int u = 0; u < UB; ++u) m[u] = 0.0f;
@@ -109,21 +114,26 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
                 const float v = p[(long)min(y0 + r0 + j, PY - 1) * RZ]; /* past PY: unused */
                 SLIDE(m, wy, KY, UB, j, v)
             }
+            __local float (*mid)[LP * 4] = (__local float (*)[LP * 4])lm[b0 + ch];
 #pragma unroll
             for (int u = 0; u < UB; ++u) mid[r0 + u][c] = m[u];
         }
-        barrier(CLK_LOCAL_MEM_FENCE); /* (also: the other buffer's reads are done) */
-        /* 2. along axis 2: VC outputs of UY rows a work-item */
+        barrier(CLK_LOCAL_MEM_FENCE); /* (also: the other buffers' reads are done) */
+        /* 2. along axis 2: VC outputs of UY rows a work-item, each product of the phase */
 #pragma unroll
-        for (int r = 0; r < UY; ++r) {
-            float w[LW];
-            const __local float4 *q = lm[k & 1][ly * UY + r] + lx * VC / 4;
+        for (int ch = 0; ch < CH; ++ch) {
 #pragma unroll
-            for (int j = 0; j < LW / 4; ++j) vstore4(q[j], j, w);
+            for (int r = 0; r < UY; ++r) {
+                float w[LW];
+                const __local float4 *q = lm[b0 + ch][ly * UY + r] + lx * VC / 4;
 #pragma unroll
-            for (int l = 0; l < VC; ++l) acc[k][r][l] = 0.0f;
+                for (int j = 0; j < LW / 4; ++j) vstore4(q[j], j, w);
 #pragma unroll
-            for (int j = 0; j < VC + KZ - 1; ++j) SLIDE(acc[k][r], wz, KZ, VC, j, w[j])
+                for (int l = 0; l < VC; ++l) acc[k0 + ch][r][l] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < VC + KZ - 1; ++j)
+                    SLIDE(acc[k0 + ch][r], wz, KZ, VC, j, w[j])
+            }
         }
     }
     const long plane = (long)DEPTH * NY * NZ;

@@ -19,13 +19,14 @@ if TYPE_CHECKING:
 
 # kernels/structure.cl's shape per kind of device: st_x's UA rows and work-group (None: the
 # driver's), st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB
-# rows a task along axis 1; RZ_ALIGN the padded rows' length rounded up to it; BLOCK the
-# output rows both launches run over at a time (0: the slab), so that C stays in cache.
+# rows a task along axis 1, CH products a phase (1, 2, 3 or 6); RZ_ALIGN the padded rows'
+# length rounded up to it; BLOCK the output rows both launches run over at a time (0: the
+# slab), so that C stays in cache.
 ST_SHAPES: dict[str, dict[str, object]] = {
     "gpu": {"UA": 8, "XG": (32, 4, 1), "TY": 32, "TZ": 64, "UY": 2, "VC": 4, "UB": 4,
-            "RZ_ALIGN": 32, "BLOCK": 0},
+            "RZ_ALIGN": 32, "BLOCK": 0, "CH": 1},
     "cpu": {"UA": 4, "XG": None, "TY": 8, "TZ": 16, "UY": 2, "VC": 4, "UB": 4, "RZ_ALIGN": 4,
-            "BLOCK": 0},
+            "BLOCK": 0, "CH": 1},
 }  # fmt: skip
 
 
@@ -66,13 +67,14 @@ class StructureKernels:
         device = ctx.devices[0]
         self.shape = {**st_shape(device), **(shape or {})}
         s = self.shape
-        if s["VC"] % 4 or s["TZ"] % s["VC"] or s["TY"] % s["UY"] or s["TY"] % s["UB"]:
+        if (s["VC"] % 4 or s["TZ"] % s["VC"] or s["TY"] % s["UY"] or s["TY"] % s["UB"]
+                or s["CH"] not in (1, 2, 3, 6)):  # fmt: skip
             raise ValueError(f"structure kernels: shape {s} does not tile")
         defines = (
             ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
             ("S0", tree.start[0]), ("S1", tree.start[1]), ("S2", tree.start[2]),
             ("WX", _taps(tree.wx[0])), ("WY", _taps(tree.wy[0])), ("WZ", _taps(tree.wz[0])),
-            *((k, s[k]) for k in ("UA", "TY", "TZ", "UY", "VC", "UB")),
+            *((k, s[k]) for k in ("UA", "TY", "TZ", "UY", "VC", "UB", "CH")),
         )  # fmt: skip
         prog = build_with_features(ctx, "structure.cl", defines)
         self._x, self._yz = cl.Kernel(prog, "st_x"), cl.Kernel(prog, "st_yz")
