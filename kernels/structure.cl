@@ -3,8 +3,9 @@
  * st_x forms the six products g_a * g_b (a <= b) of the three gradient planes g as it reads
  * them, through the index maps of the padded rows (m0, rows of g), columns (m1) and row
  * positions (m2), -1 meaning cval (the product field extended by the bank's mode), and filters
- * them along axis 0 into C (6, NX, PY, RZ): NX output rows from X0 (a block of the slab's,
- * so that C stays in cache between the two launches), the padded columns. A
+ * them along axis 0 into C (6, NX, PYA, RZ): NX output rows from X0 (a block of the slab's,
+ * so that C stays in cache between the two launches), the PY x PZ padded columns (PYA >= PY
+ * rows, RZ >= PZ columns: st_yz's last tiles read past them without a bound test). A
  * work-item computes UA consecutive rows of one column of the six, so each value it loads
  * feeds up to UA outputs, and the products are formed once per value read.
  *
@@ -35,8 +36,8 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
                    __global float *restrict dst, /* C */
                    __global const int *restrict m0, __global const int *restrict m1,
                    __global const int *restrict m2, const int X0, const int NX,
-                   const int PY, const int PZ, const int NY, const int NZ, const int RZ,
-                   const float cval)
+                   const int PY, const int PZ, const int NY, const int NZ, const int PYA,
+                   const int RZ, const float cval)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
@@ -69,7 +70,7 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     for (int k = 0; k < N_PROD; ++k) {
 #pragma unroll
         for (int u = 0; u < UA; ++u) {
-            if (x + u < NX) dst[(((long)k * NX + x + u) * PY + y) * RZ + z] = acc[k][u];
+            if (x + u < NX) dst[(((long)k * NX + x + u) * PYA + y) * RZ + z] = acc[k][u];
         }
     }
 }
@@ -88,7 +89,7 @@ __kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
 void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
            __global float *restrict feat,      /* (3, DEPTH, NY, NZ) */
            const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
-           const int PY, const int PZ, const int RZ)
+           const int PYA, const int RZ)
 {
     __local float4 lm[NB][TY][LP];
     const float wy[KY] = {WY};
@@ -105,13 +106,13 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
         for (int t = lid; t < CH * (TY / UB) * LZ; t += ITEMS) {
             const int ch = t / ((TY / UB) * LZ), r0 = t / LZ % (TY / UB) * UB, c = t % LZ;
             const __global float *p =
-                src + ((long)(k0 + ch) * NX + x) * PY * RZ + min(z0 + c, PZ - 1);
+                src + ((long)(k0 + ch) * NX + x) * PYA * RZ + (y0 + r0) * RZ + z0 + c;
             float m[UB];
 #pragma unroll
             for (int u = 0; u < UB; ++u) m[u] = 0.0f;
 #pragma unroll
             for (int j = 0; j < UB + KY - 1; ++j) {
-                const float v = p[(long)min(y0 + r0 + j, PY - 1) * RZ]; /* past PY: unused */
+                const float v = p[j * RZ]; /* past PY or PZ: never stored outputs read it */
                 SLIDE(m, wy, KY, UB, j, v)
             }
             __local float (*mid)[LP * 4] = (__local float (*)[LP * 4])lm[b0 + ch];

@@ -17,14 +17,15 @@ if TYPE_CHECKING:
     from volconv.engines.passes import FusedTree
     from volconv.plan.separable import SeparablePlan
 
-# kernels/structure.cl's shape per kind of device: st_x's UA rows and work-group (None: the
-# driver's), st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB
+# kernels/structure.cl's shape per kind of device (GPUs: as measured on the H100,
+# benchmarks/results/h100-structure-*.json): st_x's UA rows and work-group (None: the
+# driver's; eight row blocks a work-group share the gradient rows they read in cache), st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB
 # rows a task along axis 1, CH products a phase (1, 2, 3 or 6); RZ_ALIGN the padded rows'
 # length rounded up to it; BLOCK the output rows both launches run over at a time (0: the
 # slab), so that C stays in cache.
 ST_SHAPES: dict[str, dict[str, object]] = {
-    "gpu": {"UA": 8, "XG": (32, 4, 1), "TY": 32, "TZ": 64, "UY": 2, "VC": 4, "UB": 4,
-            "RZ_ALIGN": 32, "BLOCK": 0, "CH": 1},
+    "gpu": {"UA": 8, "XG": (32, 1, 8), "TY": 32, "TZ": 64, "UY": 2, "VC": 4, "UB": 8,
+            "RZ_ALIGN": 32, "BLOCK": 0, "CH": 2},
     "cpu": {"UA": 4, "XG": None, "TY": 8, "TZ": 16, "UY": 2, "VC": 4, "UB": 4, "RZ_ALIGN": 4,
             "BLOCK": 0, "CH": 1},
 }  # fmt: skip
@@ -40,19 +41,23 @@ def st_shape(device: cl.Device) -> dict[str, object]:
     return dict(ST_SHAPES["cpu" if device.type & cl.device_type.CPU else "gpu"])
 
 
-def st_row(plan: SeparablePlan, tree: FusedTree, device: cl.Device) -> int:
-    """RZ: C's row length, the padded row rounded up to the shape's alignment."""
-    pz = plan.shape[2] + tree.taps[2] - 1
-    align = int(st_shape(device)["RZ_ALIGN"])
-    return -(-pz // align) * align
+def st_extent(plan: SeparablePlan, tree: FusedTree, shape: dict[str, object]) -> tuple[int, int]:
+    """C's rows (PYA) and row length (RZ) a plane: the padded columns and what the last tiles
+    of ``shape`` read past them (RZ rounded up to its alignment)."""
+    ny, nz = plan.shape[1:]
+    ty, tz, align = int(shape["TY"]), int(shape["TZ"]), int(shape["RZ_ALIGN"])
+    pya = -(-ny // ty) * ty + tree.taps[1] - 1
+    rz = -(-nz // tz) * tz + tree.taps[2] - 1
+    return pya, -(-rz // align) * align
 
 
 def st_bytes(plan: SeparablePlan, tree: FusedTree, device: cl.Device, depth: int) -> int:
     """Device bytes of C (the six products along axis 0) for ``depth`` output rows (at most
     a block of them)."""
-    py = plan.shape[1] + tree.taps[1] - 1
-    block = int(st_shape(device)["BLOCK"]) or depth
-    return 6 * min(block, depth) * py * st_row(plan, tree, device) * 4
+    shape = st_shape(device)
+    block = int(shape["BLOCK"]) or depth
+    pya, rz = st_extent(plan, tree, shape)
+    return 6 * min(block, depth) * pya * rz * 4
 
 
 class StructureKernels:
@@ -80,9 +85,9 @@ class StructureKernels:
         self._x, self._yz = cl.Kernel(prog, "st_x"), cl.Kernel(prog, "st_yz")
         ny, nz = plan.shape[1:]
         self.py, self.pz = ny + tree.taps[1] - 1, nz + tree.taps[2] - 1
-        self.rz = st_row(plan, tree, device)
+        self.pya, self.rz = st_extent(plan, tree, s)
         self.block = min(int(s["BLOCK"]) or depth, depth)
-        size = 6 * self.block * self.py * self.rz * 4  # st_bytes of this shape
+        size = 6 * self.block * self.pya * self.rz * 4  # st_bytes of this shape
         self._c = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size)
 
     @property
@@ -104,10 +109,10 @@ class StructureKernels:
         for x0 in range(0, depth, self.block):
             nx = min(self.block, depth - x0)
             self._x.set_args(g, np.int64(g_plane), self._c, m0, m1, m2, i32(x0), i32(nx),
-                             i32(self.py), i32(self.pz), i32(ny), i32(nz), i32(self.rz),
-                             np.float32(cval))  # fmt: skip
+                             i32(self.py), i32(self.pz), i32(ny), i32(nz), i32(self.pya),
+                             i32(self.rz), np.float32(cval))  # fmt: skip
             self._yz.set_args(self._c, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
-                              i32(self.py), i32(self.pz), i32(self.rz))  # fmt: skip
+                              i32(self.pya), i32(self.rz))  # fmt: skip
             glob = (self.pz, self.py, -(-nx // s["UA"]))
             if xg is not None:
                 glob = tuple(-(-n // g) * g for n, g in zip(glob, xg, strict=True))
