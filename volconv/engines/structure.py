@@ -18,11 +18,11 @@ if TYPE_CHECKING:
     from volconv.plan.separable import SeparablePlan
 
 # kernels/structure.cl's shape per kind of device (GPUs: as measured on the H100,
-# benchmarks/results/h100-structure-*.json): st_x's UA rows and work-group (None: the
-# driver's; eight row blocks a work-group share the gradient rows they read in cache), st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB
-# rows a task along axis 1, CH products a phase (1, 2, 3 or 6); RZ_ALIGN the padded rows'
-# length rounded up to it; BLOCK the output rows both launches run over at a time (0: the
-# slab), so that C stays in cache.
+# benchmarks/results/h100-structure-*.json): st_x's UA rows and work-group (None: the driver's;
+# on GPUs eight row blocks a work-group, which share the gradient rows they read in cache),
+# st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB rows a task
+# along axis 1, CH products a phase (1, 2, 3 or 6); RZ_ALIGN C's row length rounded up to it;
+# BLOCK the output rows both launches run over at a time (0: the slab), so that C stays in cache.
 ST_SHAPES: dict[str, dict[str, object]] = {
     "gpu": {"UA": 8, "XG": (32, 1, 8), "TY": 32, "TZ": 64, "UY": 2, "VC": 4, "UB": 8,
             "RZ_ALIGN": 32, "BLOCK": 0, "CH": 2},
