@@ -19,9 +19,9 @@
  * are written.
  *
  * Build options (-D): KX, KY, KZ taps (WX, WY, WZ: each axis's factor, flipped, float32 hex)
- * from S0, S1, S2 of the maps' halo; UA; TY, TZ, UY (output rows a work-item in st_yz), UB,
- * VC (a multiple of 4: the loads go four at a time), CH. The work-group of st_yz is
- * (TZ / VC, TY / UY).
+ * from S0, S1, S2 of the maps' halo; CVAL_MAPS where the maps hold -1 (constant mode); UA;
+ * TY, TZ, UY (output rows a work-item in st_yz), UB, VC (a multiple of 4: the loads go four at
+ * a time), CH. The work-group of st_yz is (TZ / VC, TY / UY).
  */
 
 #define N_PROD 6
@@ -57,7 +57,11 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
 #pragma unroll
     for (int i = 0; i < UA + KX - 1; ++i) {
         const int i0 = m0[X0 + x + S0 + min(i, last)];
+#ifdef CVAL_MAPS
         const bool inside = column && i0 >= 0;
+#else
+        const bool inside = true; /* the maps hold -1 (cval) in constant mode only */
+#endif
         const long at = inside ? i0 * row + base : 0;
         const float a = g[at], b = g[G_PLANE + at], c = g[2 * G_PLANE + at];
         const float p[N_PROD] = {inside ? a * a : cval, inside ? b * b : cval,
@@ -147,8 +151,13 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
             const int z = z0 + lx * VC + l;
             if (z >= NZ) break;
             float l0, l1, l2;
+#ifdef NO_EIGEN /* the first three entries instead: the epilogue's cost, for timing only */
+            l0 = acc[0][r][l], l1 = acc[1][r][l] + acc[3][r][l] + acc[4][r][l];
+            l2 = acc[2][r][l] + acc[5][r][l];
+#else
             eigen_sym3(acc[0][r][l], acc[1][r][l], acc[2][r][l], acc[3][r][l], acc[4][r][l],
                        acc[5][r][l], &l0, &l1, &l2);
+#endif
             const long at = ((long)(X0 + x) * NY + y) * NZ + z;
             feat[at] = l0;
             feat[plane + at] = l1;

@@ -81,6 +81,10 @@ class StructureKernels:
             ("WX", _taps(tree.wx[0])), ("WY", _taps(tree.wy[0])), ("WZ", _taps(tree.wz[0])),
             *((k, s[k]) for k in ("UA", "TY", "TZ", "UY", "VC", "UB", "CH")),
         )  # fmt: skip
+        if plan.mode == "constant":  # the index maps hold -1 (cval)
+            defines += (("CVAL_MAPS", 1),)
+        if s.get("NO_EIGEN"):  # scripts/bench/structure.py's timing of the epilogue
+            defines += (("NO_EIGEN", 1),)
         prog = build_with_features(ctx, "structure.cl", defines)
         self._x, self._yz = cl.Kernel(prog, "st_x"), cl.Kernel(prog, "st_yz")
         ny, nz = plan.shape[1:]
