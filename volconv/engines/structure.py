@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # along axis 1, CH products a phase (1, 2, 3 or 6); RZ_ALIGN C's row length rounded up to it;
 # BLOCK the output rows both launches run over at a time (0: the slab), so that C stays in cache.
 ST_SHAPES: dict[str, dict[str, object]] = {
-    "gpu": {"UA": 8, "XG": (32, 1, 8), "TY": 32, "TZ": 64, "UY": 2, "VC": 4, "UB": 8,
+    "gpu": {"UA": 8, "XG": (32, 1, 8), "TY": 16, "TZ": 64, "UY": 1, "VC": 4, "UB": 8,
             "RZ_ALIGN": 32, "BLOCK": 0, "CH": 2},
     "cpu": {"UA": 4, "XG": None, "TY": 8, "TZ": 16, "UY": 2, "VC": 4, "UB": 4, "RZ_ALIGN": 4,
             "BLOCK": 0, "CH": 1},
