@@ -45,9 +45,9 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     const float wx[KX] = {WX};
     const int i1 = m1[y + S1], i2 = m2[z + S2];
     const bool column = i1 >= 0 && i2 >= 0;
-    const long base = column ? (long)i1 * NZ + i2 : 0;
-    const long row = (long)NY * NZ;
-    const int last = NX - x + KX - 2; /* the last row this work-item's outputs read */
+    const int base = column ? i1 * NZ + i2 : 0, row = NY * NZ; /* within a plane of g */
+    const __global float *g0 = g, *g1 = g + G_PLANE, *g2 = g + 2 * G_PLANE;
+    const __global int *rows = m0 + X0 + x + S0; /* m0 holds UA rows past the last it maps */
     float acc[N_PROD][UA];
 #pragma unroll
     for (int k = 0; k < N_PROD; ++k) {
@@ -56,25 +56,27 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     }
 #pragma unroll
     for (int i = 0; i < UA + KX - 1; ++i) {
-        const int i0 = m0[X0 + x + S0 + min(i, last)];
+        const int i0 = rows[i]; /* past the block's rows: read, never stored */
 #ifdef CVAL_MAPS
         const bool inside = column && i0 >= 0;
 #else
         const bool inside = true; /* the maps hold -1 (cval) in constant mode only */
 #endif
-        const long at = inside ? i0 * row + base : 0;
-        const float a = g[at], b = g[G_PLANE + at], c = g[2 * G_PLANE + at];
+        const int at = inside ? i0 * row + base : 0;
+        const float a = g0[at], b = g1[at], c = g2[at];
         const float p[N_PROD] = {inside ? a * a : cval, inside ? b * b : cval,
                                  inside ? c * c : cval, inside ? a * b : cval,
                                  inside ? a * c : cval, inside ? b * c : cval};
 #pragma unroll
         for (int k = 0; k < N_PROD; ++k) SLIDE(acc[k], wx, KX, UA, i, p[k])
     }
+    __global float *d = dst + ((long)x * PYA + y) * RZ + z;
+    const long plane = (long)NX * PYA * RZ;
 #pragma unroll
     for (int k = 0; k < N_PROD; ++k) {
 #pragma unroll
         for (int u = 0; u < UA; ++u) {
-            if (x + u < NX) dst[(((long)k * NX + x + u) * PYA + y) * RZ + z] = acc[k][u];
+            if (x + u < NX) d[k * plane + u * PYA * RZ] = acc[k][u];
         }
     }
 }

@@ -400,12 +400,12 @@ class StructureTensorStage:
             events += [*up, pad, *grad._launch_passes(c1 - c0)]
             if direct:
                 local = np.where(m0 >= 0, m0 - c0, -1).astype(np.int32)
-                m0_buf = cl.Buffer(grad.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=local)
                 if self._st is not None:
-                    events += self._st.launch(grad._out, (c1 - c0) * ny * nz, m0_buf,
+                    events += self._st.launch(grad._out, (c1 - c0) * ny * nz, local,
                                               self._maps._m1, self._maps._m2, self.cval,
                                               self._values, depth)  # fmt: skip
                     continue
+                m0_buf = cl.Buffer(grad.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=local)
                 events += self._tree.launch_products(
                     grad._out, (c1 - c0) * ny * nz, m0_buf, self._maps._m1, self._maps._m2,
                     self.cval, self._values, self._values, depth,

@@ -99,13 +99,17 @@ class StructureKernels:
         """Device memory it holds (C)."""
         return self._c.size
 
-    def launch(self, g: cl.Buffer, g_plane: int, m0: cl.Buffer, m1: cl.Buffer, m2: cl.Buffer,
+    def launch(self, g: cl.Buffer, g_plane: int, m0: np.ndarray, m1: cl.Buffer, m2: cl.Buffer,
                cval: float, feat: cl.Buffer, depth: int) -> list[cl.Event]:  # fmt: skip
         """Enqueue both launches for ``depth`` output rows, a block of rows at a time: the
         products of the three planes ``g`` (``g_plane`` elements apart) read through the index
         maps ``m0`` (the padded rows' rows of ``g``), ``m1``, ``m2`` (-1: ``cval``); the
         eigenvalues into ``feat`` (3, depth, ny, nz)."""
         s, i32 = self.shape, np.int32
+        # the rows st_x's last work-items read past the map: row 0, never stored
+        rows = np.concatenate([m0, np.zeros(int(s["UA"]), np.int32)]).astype(np.int32)
+        m0 = cl.Buffer(self._c.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                       hostbuf=rows)  # fmt: skip
         ny, nz = self.plan.shape[1:]
         xg = s["XG"]
         group = (s["TZ"] // s["VC"], s["TY"] // s["UY"], 1)
