@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyopencl as cl
@@ -14,6 +15,9 @@ from volconv.bank.features import PAIRS, Feature
 from volconv.device.programs import binary_build, device_seconds, kernel_source
 from volconv.engines.boundary import sources
 from volconv.engines.clock import KernelClock
+
+if TYPE_CHECKING:
+    from volconv.engines.structure import StructureKernels
 
 # Voxels per work-item of the element-wise feature kernels: CPUs run explicit vectors in
 # their SIMD lanes (benchmarks/results/pocl-features-eigen.json, "eigen3_lanes"), GPUs one
@@ -137,6 +141,9 @@ class StructureTensorStage:
     """
 
     fills_out = True  # `compute` takes ``out`` and downloads into it
+    # the gradients' convolver's path options over the caller's (fused, multi, xfirst), for
+    # trials (scripts/bench/structure.py)
+    GRAD_OPTIONS: ClassVar[dict[str, object]] = {}
 
     def __init__(
         self,
@@ -160,6 +167,7 @@ class StructureTensorStage:
         benchmarks/results/h100-feature-sweep-2.json) and its tiles fit."""
         from volconv.engines.padder import Padder
         from volconv.engines.separable import SeparableConvolver
+        from volconv.engines.structure import StructureKernels
         from volconv.engines.tree import MultiTree
         from volconv.engines.xfirst import XFirstTree
         from volconv.plan.separable import plan_bank
@@ -172,7 +180,8 @@ class StructureTensorStage:
         self.grad = SeparableConvolver(
             grads, shape, dtype, mode, cval, device=device,
             slab_depth=min(n0, slab_depth + 2 * self.reach),
-            choices=plan_bank(grads, force="separable"), fused=fused,
+            choices=plan_bank(grads, force="separable"),
+            **{"fused": fused, **self.GRAD_OPTIONS},
         )  # fmt: skip
         if self.grad._slots != [0, 1, 2]:
             raise ValueError("structure tensor: the gradients run as passes")
@@ -183,6 +192,7 @@ class StructureTensorStage:
         self.multi = self.outer_multi(device, fused, multi)
         self.outer: SeparableConvolver | None = None
         self.xfirst = False
+        self._st: StructureKernels | None = None
         if self.multi:  # the stack's padded slabs and maps, and the six-input tree
             self.outer_plan = self._outer_plan(feature, shape, mode, cval, device, slab_depth,
                                                fused, multi=True, xfirst=xfirst)  # fmt: skip
@@ -193,10 +203,14 @@ class StructureTensorStage:
                                 plan.padded_yz, 1)  # fmt: skip
             self._clock = KernelClock()
             self.xfirst = self.outer_xfirst(plan, device)
-            kind = XFirstTree if self.xfirst else MultiTree
-            self._tree = kind(kernels.ctx, kernels.queue, plan, six_inputs(plan, self.xfirst),
-                              "EIG3(0,1,2,3,4,5,0)", 0, 3, self._clock, range(6), slab_depth,
-                              products=PAIRS)  # fmt: skip
+            if self.outer_st(self.xfirst, mode):  # kernels/structure.cl
+                self._st = StructureKernels(kernels.ctx, kernels.queue, plan, six_inputs(plan),
+                                            slab_depth, self._clock)  # fmt: skip
+            else:
+                kind = XFirstTree if self.xfirst else MultiTree
+                self._tree = kind(kernels.ctx, kernels.queue, plan,
+                                  six_inputs(plan, self.xfirst), "EIG3(0,1,2,3,4,5,0)", 0, 3,
+                                  self._clock, range(6), slab_depth, products=PAIRS)  # fmt: skip
         else:
             self.outer = SeparableConvolver(
                 rho, (rows, ny, nz), np.float32, mode, cval, device=device, slab_depth=rows,
@@ -237,6 +251,13 @@ class StructureTensorStage:
         )  # fmt: skip
 
     @staticmethod
+    def outer_st(xfirst: bool, mode: str) -> bool:
+        """Whether the six products' tree runs as kernels/structure.cl: unless axis 0 goes
+        first through kernels/tree_yz.cl (``xfirst``) or the mode wraps (a slab's product rows
+        then come in several chunks of gradients, which it does not read)."""
+        return not xfirst and mode != "wrap"
+
+    @staticmethod
     def outer_xfirst(plan: object, device: cl.Device) -> bool:
         """Whether the six products' tree runs axis 0 first (kernels/tree_yz.cl): where the
         plan takes it and the six roots' tiles fit."""
@@ -245,15 +266,19 @@ class StructureTensorStage:
         return plan.xfirst and xfirst_fits(six_inputs(plan, True), device)
 
     @staticmethod
-    def _outer_bytes(plan: object, device: cl.Device, slab_depth: int) -> int:
+    def _outer_bytes(plan: object, device: cl.Device, slab_depth: int, mode: str) -> int:
         """Device memory of the six products' tree: the stacked padded slabs (where the
-        products are gathered first) and its intermediates."""
+        products are gathered first) and its intermediates; kernels/structure.cl's C."""
+        from volconv.engines.structure import st_bytes
         from volconv.engines.tree import tree_bytes
         from volconv.engines.xfirst import xfirst_bytes
 
+        xfirst = StructureTensorStage.outer_xfirst(plan, device)
+        if StructureTensorStage.outer_st(xfirst, mode):
+            return st_bytes(plan, six_inputs(plan), device, slab_depth)
         rows = plan.slab_depth
         total = plan.slab_bytes(rows)["padded"]
-        if StructureTensorStage.outer_xfirst(plan, device):
+        if xfirst:
             return total + xfirst_bytes(plan, six_inputs(plan, True), slab_depth)
         return total + sum(tree_bytes(plan, six_inputs(plan), slab_depth).values())
 
@@ -273,13 +298,14 @@ class StructureTensorStage:
         total = 3 * slab_depth * ny * nz * 4
         total += make_separable_plan(
             grads, shape, dtype, mode, cval, device, choices=plan_bank(grads, force="separable"),
-            slab_depth=min(n0, slab_depth + 2 * reach), fused=fused,
+            slab_depth=min(n0, slab_depth + 2 * reach),
+            **{"fused": fused, **StructureTensorStage.GRAD_OPTIONS},
         ).device_bytes  # fmt: skip
         several = StructureTensorStage.outer_multi(device, fused, multi)
         outer = StructureTensorStage._outer_plan(feature, shape, mode, cval, device, slab_depth,
                                                  fused, several, xfirst)  # fmt: skip
         if several:
-            return total + StructureTensorStage._outer_bytes(outer, device, slab_depth)
+            return total + StructureTensorStage._outer_bytes(outer, device, slab_depth, mode)
         return total + outer.device_bytes
 
     @property
@@ -292,7 +318,8 @@ class StructureTensorStage:
     def held_bytes(self) -> int:
         """Device memory the stage holds (`device_bytes` of its sizes)."""
         outer = (self.outer.plan.device_bytes if self.outer else
-                 self._outer_bytes(self.outer_plan, self.device, self.depth))  # fmt: skip
+                 self._outer_bytes(self.outer_plan, self.device, self.depth,
+                                   self.mode))  # fmt: skip
         return self.grad.plan.device_bytes + outer + self._values.size
 
     @staticmethod
@@ -358,6 +385,8 @@ class StructureTensorStage:
         # the products formed where the tree first reads them (one chunk of gradients: every
         # row the smoothing reads at once), else gathered by product_pad into padded slabs
         direct = outer is None and len(chunks) == 1
+        if self._st is not None and not direct:
+            raise RuntimeError("structure tensor: a slab's product rows in several chunks")
         if outer is None and not direct and self._padded is None:
             size = self.outer_plan.slab_bytes(self.outer_plan.slab_depth)["padded"]
             self._padded = cl.Buffer(grad.ctx, mf.READ_WRITE, size)
@@ -371,6 +400,11 @@ class StructureTensorStage:
             events += [*up, pad, *grad._launch_passes(c1 - c0)]
             if direct:
                 local = np.where(m0 >= 0, m0 - c0, -1).astype(np.int32)
+                if self._st is not None:
+                    events += self._st.launch(grad._out, (c1 - c0) * ny * nz, local,
+                                              self._maps._m1, self._maps._m2, self.cval,
+                                              self._values, depth)  # fmt: skip
+                    continue
                 m0_buf = cl.Buffer(grad.ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=local)
                 events += self._tree.launch_products(
                     grad._out, (c1 - c0) * ny * nz, m0_buf, self._maps._m1, self._maps._m2,

@@ -1,0 +1,169 @@
+/* A structure tensor's outer smoothing and eigenvalues in two launches, axis 0 first:
+ *
+ * st_x forms the six products g_a * g_b (a <= b) of the three gradient planes g as it reads
+ * them, through the index maps of the padded rows (m0, rows of g), columns (m1) and row
+ * positions (m2), -1 meaning cval (the product field extended by the bank's mode), and filters
+ * them along axis 0 into C (6, NX, PYA, RZ): NX output rows from X0 (a block of the slab's,
+ * so that C stays in cache between the two launches), the PY x PZ padded columns (PYA >= PY
+ * rows, RZ >= PZ columns: st_yz's last tiles read past them without a bound test). A
+ * work-item computes UA consecutive rows of one column of the six, so each value it loads
+ * feeds up to UA outputs, and the products are formed once per value read.
+ *
+ * st_yz: a work-group owns a TY x TZ tile of one row; for CH products at a time (a phase) it
+ * filters C's (TY + KY - 1) x (TZ + KZ - 1) tiles along axis 1 into local memory (UB rows a
+ * task, read from global memory where the work-group's tasks share them in cache), then along
+ * axis 2 (VC outputs a work-item from VC + KZ - 1 values of local memory, read four at a
+ * time), two phases' buffers in turn so that one barrier a phase keeps the reads and the
+ * writes apart; the
+ * eigenvalues of the six smoothed products (kernels/eigen.cl) are its epilogue, and only they
+ * are written.
+ *
+ * Build options (-D): KX, KY, KZ taps (WX, WY, WZ: each axis's factor, flipped, float32 hex)
+ * from S0, S1, S2 of the maps' halo; CVAL_MAPS where the maps hold -1 (constant mode); UA;
+ * TY, TZ, UY (output rows a work-item in st_yz), UB, VC (a multiple of 4: the loads go four at
+ * a time), CH. The work-group of st_yz is (TZ / VC, TY / UY).
+ */
+
+#define N_PROD 6
+#define SLIDE(to, w, K, U, i, v)                                                         \
+    _Pragma("unroll") for (int u_ = 0; u_ < U; ++u_) {                                   \
+        if ((i) - u_ >= 0 && (i) - u_ < K) to[u_] += (w)[(i) - u_] * (v);                \
+    }
+
+/* C[k][x][y][z] = sum_j wx[j] P_k[X0 + x + S0 + j][y + S1][z + S2] for the NX output rows
+ * from X0, P_k the k-th product of the padded (extended) gradient planes */
+__kernel void st_x(__global const float *restrict g, const long G_PLANE,
+                   __global float *restrict dst, /* C */
+                   __global const int *restrict m0, __global const int *restrict m1,
+                   __global const int *restrict m2, const int X0, const int NX,
+                   const int PY, const int PZ, const int NY, const int NZ, const int PYA,
+                   const int RZ, const float cval)
+{
+    const int z = (int)get_global_id(0), y = (int)get_global_id(1);
+    const int x = (int)get_global_id(2) * UA;
+    if (z >= PZ || y >= PY || x >= NX) return;
+    const float wx[KX] = {WX};
+    const int i1 = m1[y + S1], i2 = m2[z + S2];
+    const bool column = i1 >= 0 && i2 >= 0;
+    const int base = column ? i1 * NZ + i2 : 0, row = NY * NZ; /* within a plane of g */
+    const __global float *g0 = g, *g1 = g + G_PLANE, *g2 = g + 2 * G_PLANE;
+    const __global int *rows = m0 + X0 + x + S0; /* m0 holds UA rows past the last it maps */
+    float acc[N_PROD][UA];
+#pragma unroll
+    for (int k = 0; k < N_PROD; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) acc[k][u] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < UA + KX - 1; ++i) {
+        const int i0 = rows[i]; /* past the block's rows: read, never stored */
+#ifdef CVAL_MAPS
+        const bool inside = column && i0 >= 0;
+#else
+        const bool inside = true; /* the maps hold -1 (cval) in constant mode only */
+#endif
+        const int at = inside ? i0 * row + base : 0;
+        const float a = g0[at], b = g1[at], c = g2[at];
+        const float p[N_PROD] = {inside ? a * a : cval, inside ? b * b : cval,
+                                 inside ? c * c : cval, inside ? a * b : cval,
+                                 inside ? a * c : cval, inside ? b * c : cval};
+#pragma unroll
+        for (int k = 0; k < N_PROD; ++k) SLIDE(acc[k], wx, KX, UA, i, p[k])
+    }
+    __global float *d = dst + ((long)x * PYA + y) * RZ + z;
+    const long plane = (long)NX * PYA * RZ;
+#pragma unroll
+    for (int k = 0; k < N_PROD; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) {
+            if (x + u < NX) d[k * plane + u * PYA * RZ] = acc[k][u];
+        }
+    }
+}
+
+#define LZ (TZ + KZ - 1)                 /* the tile's columns along axis 2 */
+#define LW (((VC + KZ - 1) + 3) / 4 * 4) /* a work-item's window along axis 2, in fours */
+#define LP (((TZ - VC + LW) + 3) / 4)    /* the local rows' pitch, in fours */
+#define ITEMS ((TZ / VC) * (TY / UY))
+#ifndef CH
+#define CH 1 /* products a phase (1, 2, 3 or 6): one barrier a phase */
+#endif
+#define NB (CH == N_PROD ? N_PROD : 2 * CH) /* local buffers: two phases' in turn */
+
+/* the eigenvalues of the six products smoothed along axes 1 and 2 at [X0 + x][y][z] */
+__kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
+void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
+           __global float *restrict feat,      /* (3, DEPTH, NY, NZ) */
+           const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
+           const int PYA, const int RZ)
+{
+    __local float4 lm[NB][TY][LP];
+    const float wy[KY] = {WY};
+    const float wz[KZ] = {WZ};
+    const int lx = (int)get_local_id(0), ly = (int)get_local_id(1);
+    const int lid = ly * (TZ / VC) + lx;
+    const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
+    const int x = (int)get_group_id(2);
+    float acc[N_PROD][UY][VC];
+#pragma unroll
+    for (int k0 = 0; k0 < N_PROD; k0 += CH) {
+        const int b0 = k0 / CH % 2 * CH; /* this phase's first buffer */
+        /* 1. along axis 1: the tile's TY rows of LZ columns of CH products, UB rows a task */
+        for (int t = lid; t < CH * (TY / UB) * LZ; t += ITEMS) {
+            const int ch = t / ((TY / UB) * LZ), r0 = t / LZ % (TY / UB) * UB, c = t % LZ;
+            const __global float *p =
+                src + ((long)(k0 + ch) * NX + x) * PYA * RZ + (y0 + r0) * RZ + z0 + c;
+            float m[UB];
+#pragma unroll
+            for (int u = 0; u < UB; ++u) m[u] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < UB + KY - 1; ++j) {
+                const float v = p[j * RZ]; /* past PY or PZ: never stored outputs read it */
+                SLIDE(m, wy, KY, UB, j, v)
+            }
+            __local float (*mid)[LP * 4] = (__local float (*)[LP * 4])lm[b0 + ch];
+#pragma unroll
+            for (int u = 0; u < UB; ++u) mid[r0 + u][c] = m[u];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE); /* (also: the other buffers' reads are done) */
+        /* 2. along axis 2: VC outputs of UY rows a work-item, each product of the phase */
+#pragma unroll
+        for (int ch = 0; ch < CH; ++ch) {
+#pragma unroll
+            for (int r = 0; r < UY; ++r) {
+                float w[LW];
+                const __local float4 *q = lm[b0 + ch][ly * UY + r] + lx * VC / 4;
+#pragma unroll
+                for (int j = 0; j < LW / 4; ++j) vstore4(q[j], j, w);
+#pragma unroll
+                for (int l = 0; l < VC; ++l) acc[k0 + ch][r][l] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < VC + KZ - 1; ++j)
+                    SLIDE(acc[k0 + ch][r], wz, KZ, VC, j, w[j])
+            }
+        }
+    }
+    const long plane = (long)DEPTH * NY * NZ;
+#pragma unroll
+    for (int r = 0; r < UY; ++r) {
+        const int y = y0 + ly * UY + r;
+        if (y >= NY) break;
+#pragma unroll
+        for (int l = 0; l < VC; ++l) {
+            const int z = z0 + lx * VC + l;
+            if (z >= NZ) break;
+            float l0, l1, l2;
+#ifdef NO_EIGEN /* the first three entries instead: the epilogue's cost, for timing only */
+            l0 = acc[0][r][l], l1 = acc[1][r][l] + acc[3][r][l] + acc[4][r][l];
+            l2 = acc[2][r][l] + acc[5][r][l];
+#else
+            eigen_sym3(acc[0][r][l], acc[1][r][l], acc[2][r][l], acc[3][r][l], acc[4][r][l],
+                       acc[5][r][l], &l0, &l1, &l2);
+#endif
+            const long at = ((long)(X0 + x) * NY + y) * NZ + z;
+            feat[at] = l0;
+            feat[plane + at] = l1;
+            feat[2 * plane + at] = l2;
+        }
+    }
+}

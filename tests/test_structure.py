@@ -1,0 +1,47 @@
+"""kernels/structure.cl: the structure tensor's outer smoothing in two launches, in the tile
+shapes each kind of device runs (volconv.engines.structure.ST_SHAPES), against float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.ndimage as ndi
+from test_features import AXES, eig_ref, gauss, kernel_l1, run, scene, tol, weyl
+
+import volconv.engines.structure as st
+from volconv.bank.features import PAIRS, build_features, expand
+from volconv.checks import SPEC_ATOL, SPEC_RTOL
+from volconv.engines.separable import SeparableConvolver
+
+
+@pytest.mark.parametrize(("kind", "mode", "rho", "block"),
+                         [("gpu", "reflect", 1.5, None), ("cpu", "constant", 1.0, 2)])  # fmt: skip
+def test_structure_kernels_in_each_shape(device, monkeypatch, kind, mode, rho, block):
+    """Tiles cut by the volume's edges along axes 1 and 2 (the GPU's 32 x 64 over 40 x 70),
+    slab seams every 5 rows, rho's reach past the slab, blocks of rows in a slab: within the
+    Weyl bound of the float64 definition's eigenvalues."""
+    shape = dict(st.ST_SHAPES[kind], XG=None)  # the driver's work-group for st_x on PoCL
+    if block is not None:
+        shape["BLOCK"] = block
+    monkeypatch.setitem(st.ST_SHAPES, "cpu", shape)
+    volume = scene((12, 40, 70), seed=3)
+    cval = 2.0 if mode == "constant" else 0.0
+    sigma = 1.0
+    feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": sigma,
+                             "rho": rho, "name": "st"}])  # fmt: skip
+    options = {"slab_depth": 5, "multi": True, "xfirst": False}
+    out = run(volume, [], feats, mode, cval, device, **options)
+    ex = expand([], feats)
+    conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, cval, device=device,
+                              expanded=ex, **options)  # fmt: skip
+    assert conv._tensors[0][0]._st is not None  # these kernels ran
+    m = max(float(np.abs(volume).max()), abs(cval))
+    g = [gauss(volume, sigma, o, mode, cval) for o in AXES]
+    entries = [ndi.gaussian_filter(g[a] * g[b], rho, mode=mode, cval=cval) for a, b in PAIRS]
+    t = [tol(kernel_l1(sigma, o), m) for o in AXES]
+    gmax = [float(np.abs(x).max()) for x in g]
+    bound = weyl([gmax[a] * t[b] + gmax[b] * t[a] + t[a] * t[b]
+                  + SPEC_RTOL * (gmax[a] * gmax[b] + abs(cval)) + SPEC_ATOL
+                  for a, b in PAIRS])  # fmt: skip
+    err = np.abs(out - eig_ref(entries)).max()
+    assert err <= bound, (err, bound)
