@@ -16,7 +16,7 @@
  * several blocks along the pass's axis (the host's), whose windows overlap in cache.
  *
  * Build options (-D): R the radius, WEIGHTS the 2R + 1 float32 taps, M outputs per work-item
- * of smooth_y and smooth_x, MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
+ * of smooth_y, MX of smooth_x (default M), MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
  * element type; UNROLL_TAPS: the tap loops fully unrolled, so that each tap is a constant of
  * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled).
  */
@@ -33,6 +33,9 @@ __constant float W[2 * R + 1] = {WEIGHTS};
 #define SEG (WG * MZ) /* outputs of a smooth_z work-group's row */
 #ifndef LINES
 #define LINES 1
+#endif
+#ifndef MX
+#define MX M
 #endif
 
 /* acc[m] += W[j - m] v for the outputs m < mm whose window holds input j */
@@ -104,19 +107,19 @@ __kernel void smooth_x(__global const float *restrict ring, const int CAP, const
 {
     __global float *G = G_all + F;
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
-    const int g0 = (int)get_global_id(2) * M;
+    const int g0 = (int)get_global_id(2) * MX;
     if (z >= NZ || g0 >= NG) return;
     const long plane = (long)NY * NZ, at = (long)y * NZ + z;
-    float acc[M];
+    float acc[MX];
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+    for (int m = 0; m < MX; ++m) acc[m] = 0.0f;
     TAP_LOOP
-    for (int j = 0; j < M + 2 * R; ++j) {
+    for (int j = 0; j < MX + 2 * R; ++j) {
         const int row = clamp(G0 + g0 - R + j, 0, N0 - 1);
         const float v = ring[(row & (CAP - 1)) * plane + at];
-        SLIDE(acc, j, v, M)
+        SLIDE(acc, j, v, MX)
     }
 #pragma unroll
-    for (int m = 0; m < M; ++m)
+    for (int m = 0; m < MX; ++m)
         if (g0 + m < NG) G[(g0 + m) * plane + at] = acc[m];
 }

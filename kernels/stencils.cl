@@ -38,6 +38,10 @@
 #define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
     E[(e) * n + v] = a00, E[((e) + 1) * n + v] = a11, E[((e) + 2) * n + v] = a22,           \
     E[((e) + 3) * n + v] = a01, E[((e) + 4) * n + v] = a02, E[((e) + 5) * n + v] = a12
+#elif defined(SK_NO_EIGEN) /* timing only: the diagonal, not the eigenvalues */
+#define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
+    dst[(p) * n + v] = a00 + a01, dst[((p) + 1) * n + v] = a11 + a02,                       \
+    dst[((p) + 2) * n + v] = a22 + a12
 #else
 #define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
     do {                                                                                    \
@@ -92,6 +96,17 @@ inline float sobel_smoothing3(const float m, const float c, const float p)
     return 0.25f * m + 0.5f * c + 0.25f * p;
 }
 
+/* sqrt(x^2 + y^2 + z^2): in float where the sum of squares is far from underflow and
+ * overflow (a few roundings), else magnitude3 */
+inline float sobel_norm(const float x, const float y, const float z)
+{
+#ifdef SK_FLOAT_MAG
+    const float s = x * x + y * y + z * z;
+    if (s > 1e-30f && s < 1e30f) return sqrt(s);
+#endif
+    return magnitude3(x, y, z);
+}
+
 /* One voxel's channels from G's 3x3x3 neighbourhood f (clamped at the volume's border), the
  * Hessian's diagonal and np.gradient's weights: into planes o .. o + 4 of dst at v (with
  * ENTRIES the entries into planes e .. e + 5 of E) */
@@ -124,7 +139,7 @@ inline void skimage_channels(float f[3][3][3], const float h00, const float h11,
     const float h02 = (dx[1][2] * wx - dx[1][0] * wx) * wz;
     const float h12 = ((f[1][2][2] - f[1][0][2]) * wy - (f[1][2][0] - f[1][0][0]) * wy) * wz;
     dst[o * n + v] = c * f[1][1][1];
-    dst[(o + 1) * n + v] = c * magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
+    dst[(o + 1) * n + v] = c * sobel_norm(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
     /* the scale c is linear: applied to the results, not to each tap */
     EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, e);
 }
@@ -148,6 +163,36 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
     const int x0 = A + i0, nv = min(VX, D - i0), SX = NY * NZ; /* offsets in a few planes: int */
     __global const float *b0 = G + ((long)gps[sc] * NR - R0 + x0) * SX + y * NZ + z;
     const long v0 = ((long)i0 * NY + y) * NZ + z;
+#ifdef SK_ROLLED
+    if (nv == VX && x0 >= 2 && x0 + VX + 1 < N0 && y >= 2 && y < NY - 2 && z >= 2 && z < NZ - 2) {
+        float f[3][3][3]; /* planes x - 1, x, x + 1 */
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+            for (int e = 0; e < 3; ++e)
+#pragma unroll
+                for (int h = 0; h < 3; ++h) f[a][e][h] = b0[(a - 1) * SX + (e - 1) * NZ + h - 1];
+        float gm = b0[-2 * SX];
+#pragma unroll 1
+        for (int k = 0; k < VX; ++k) {
+            __global const float *b = b0 + k * SX;
+#pragma unroll
+            for (int e = 0; e < 3; ++e)
+#pragma unroll
+                for (int h = 0; h < 3; ++h) f[2][e][h] = b[SX + (e - 1) * NZ + h - 1];
+            const float gp = b[2 * SX];
+            const float h00 = ((gp - f[1][1][1]) * 0.5f - (f[1][1][1] - gm) * 0.5f) * 0.5f;
+            skimage_channels(f, h00, central_second(b, NZ), central_second(b, 1), 0.5f, 0.5f,
+                             0.5f, c, dst, n, o, v0 + (long)k * SX, E, 6 * sc);
+            gm = f[0][1][1];
+#pragma unroll
+            for (int e = 0; e < 3; ++e)
+#pragma unroll
+                for (int h = 0; h < 3; ++h) f[0][e][h] = f[1][e][h], f[1][e][h] = f[2][e][h];
+        }
+        return;
+    }
+#else
     if (nv == VX && x0 >= 2 && x0 + VX + 1 < N0 && y >= 2 && y < NY - 2 && z >= 2 && z < NZ - 2) {
         float pl[VX + 2][3][3]; /* planes x0 - 1 .. x0 + VX */
 #pragma unroll
@@ -170,6 +215,10 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
         }
         return;
     }
+#endif
+#ifdef SK_ROLLED
+#pragma unroll 1
+#endif
     for (int k = 0; k < nv; ++k) {
         const int x = x0 + k;
         int jx0, jx1, jy0, jy1, jz0, jz1;
