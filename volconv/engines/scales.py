@@ -10,7 +10,7 @@ import pyopencl as cl
 
 from volconv.bank.features import gaussian_filter_of
 from volconv.bank.presets import PresetPlan, skimage_scale
-from volconv.device.programs import context_for, device_seconds
+from volconv.device.programs import build, context_for, device_seconds
 from volconv.engines.boundary import extend_indices, sources
 from volconv.engines.clock import KernelClock
 from volconv.engines.features import FeatureKernels, build_with_features, lanes_for
@@ -21,6 +21,7 @@ SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
 SLACK = 32  # floats before and after ilastik's V (kernels/stencils.cl's SLACK)
 SKIMAGE_ROWS = 4  # skimage_scale's rows per work-item (VX)
+ROW_LANES = 8  # skimage_rows' voxels per work-item along axis 2 (kernels/skimage_rows.cl's L)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
 
@@ -183,7 +184,9 @@ class PresetStage:
         # CPUs: the eigenvalues by eigen3 over written-out entries, in vectors of its lanes
         self._eigen = FeatureKernels(self.ctx, self.queue) if lanes_for(device) > 1 else None
         entries = self._eigen is not None
-        if self.skimage:
+        if self.skimage and entries:  # CPUs: in vectors along axis 2 (kernels/skimage_rows.cl)
+            self._k = [cl.Kernel(build(self.ctx, "skimage_rows.cl", ()), "skimage_rows")]
+        elif self.skimage:
             self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries), "skimage_scale")]
         else:
             self._k = []
@@ -420,8 +423,15 @@ class PresetStage:
         kernel.set_args(field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
                         i32(b - a), i32(k), self.factor, self._dst, np.int64(n), os_,
                         self._entries(6 * k))  # fmt: skip
-        size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
-        events = [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
+        if self._eigen is not None:  # skimage_rows: ROW_LANES voxels along axis 2 an item
+            nb = -(-nz // ROW_LANES)
+            w = min(nb, 8)
+            event = cl.enqueue_nd_range_kernel(self.queue, kernel, (-(-nb // w) * w, ny,
+                                               k * (b - a)), (w, 1, 1))  # fmt: skip
+            events = [self.clock.add("skimage_rows", event)]
+        else:
+            size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
+            events = [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
         return events + self._eigenvalues([s.at[0] + 2 for s in self.preset.scales], n)
 
     def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
