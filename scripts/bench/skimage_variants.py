@@ -37,6 +37,7 @@ VARIANTS = [
     {"defines": [R], "SKIMAGE_ROWS": 8},
     {"defines": [R, ("SK_NO_EIGEN", 1)], "SKIMAGE_ROWS": 8},  # timing only: no eigenvalues
     {"defines": [R, ("SK_FLOAT_MAG", 1)], "SKIMAGE_ROWS": 8},
+    {"defines": [R, ("EIG_FAST", 1)], "SKIMAGE_ROWS": 8},
     {"defines": [R], "SKIMAGE_ROWS": 16},
     {"options": ["-cl-nv-maxrregcount=64"]},
     {"options": ["-cl-nv-maxrregcount=128"]},
