@@ -128,6 +128,7 @@ def main() -> None:
             return smooth_build(ctx, name, tuple(defs) + _x, opts)
 
         features.binary_build, smoothing.build = patched, spatched
+        features.build_with_features.cache_clear()  # its programs: this variant's options
         entry: dict = {"variant": i, **consts, "defines": defines, "options": options,
                        "smooth_defines": [f"{k}={v}" for k, v in sdefines]}  # fmt: skip
         try:
