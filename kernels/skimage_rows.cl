@@ -1,9 +1,8 @@
 /* The skimage preset's second stage on CPUs (volconv/engines/scales.py): kernels/stencils.cl's
  * skimage_scale, the same arithmetic in the same order, over 8 voxels consecutive along axis 2
  * per work-item in float8 vectors (CPUs run vectors in SIMD lanes; a work-item's scalar code
- * with branches does not vectorise across work-items). It writes the intensity and the Sobel
- * magnitude into planes os[s] and os[s] + 1 of dst and the Hessian's six entries into planes
- * 6s .. 6s + 5 of E, for kernels/features.cl's eigen3.
+ * with branches does not vectorise across work-items): every channel of a scale, the
+ * eigenvalues by kernels/eigen.cl's eigen_sym3 in 8 lanes (built behind it with EV 8).
  *
  * The neighbours along axes 0 and 1 are whole rows (clamped at the volume's border, as
  * 'reflect' at distance 1 and np.gradient's one-sided differences take them); along axis 2
@@ -14,8 +13,6 @@
 #define L 8
 typedef float8 vf;
 typedef int8 vi;
-
-#pragma OPENCL EXTENSION cl_khr_fp64 : enable
 
 /* the lanes of p at z0 + i + d (i < L), clamped to [0, NZ) */
 inline vf row_at(__global const float *p, const int z0, const int d, const int NZ)
@@ -68,12 +65,13 @@ inline vf sobel3(const vf m, const vf c, const vf p)
 }
 
 /* Output rows A .. A + D - 1 of S scales, scale s along axis 2 of the range at s * D: its field
- * is plane gps[s] (of NR rows each) of G, holding rows R0 .. of the volume (N0, NY, NZ). */
+ * is plane gps[s] (of NR rows each) of G, holding rows R0 .. of the volume (N0, NY, NZ), its
+ * channels planes os[s] .. os[s] + 4 of dst (plane o at o * n). */
 __kernel void skimage_rows(__global const float *restrict G, __global const int *restrict gps,
                            const int NR, const int R0, const int A, const int N0, const int NY,
                            const int NZ, const int D, const int S, const float c,
                            __global float *restrict dst, const long n,
-                           __global const int *restrict os, __global float *restrict E)
+                           __global const int *restrict os)
 {
     const int z0 = (int)get_global_id(0) * L, y = (int)get_global_id(1);
     const int sx = (int)get_global_id(2);
@@ -129,22 +127,20 @@ __kernel void skimage_rows(__global const float *restrict G, __global const int 
     const vf h01 = (dx[2][1] * wx - dx[0][1] * wx) * wy;
     const vf h02 = (dx[1][2] * wx - dx[1][0] * wx) * wz;
     const vf h12 = ((f[1][2][2] - f[1][0][2]) * wy - (f[1][2][0] - f[1][0][0]) * wy) * wz;
-    const double8 d0 = convert_double8(e0), d1 = convert_double8(e1), d2 = convert_double8(e2);
-    const vf mag = convert_float8(sqrt(d0 * d0 + d1 * d1 + d2 * d2));
-    const vf out[8] = {c * f[1][1][1], c * mag * 0.57735026918962576f, c * h00, c * h11,
-                       c * h22, c * h01, c * h02, c * h12};
+    vf l0, l1, l2;
+    eigen_sym3(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, &l0, &l1, &l2);
+    const vf out[5] = {c * f[1][1][1], c * magnitude3(e0, e1, e2) * 0.57735026918962576f, l0,
+                       l1, l2};
     const long v = ((long)i * NY + y) * NZ + z0;
-    __global float *planes[8] = {dst + o * n, dst + (o + 1) * n, E + 6 * sc * n,
-                                 E + (6 * sc + 1) * n, E + (6 * sc + 2) * n, E + (6 * sc + 3) * n,
-                                 E + (6 * sc + 4) * n, E + (6 * sc + 5) * n};
+    __global float *at = dst + o * n + v;
     if (z0 + L <= NZ) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) vstore8(out[k], 0, planes[k] + v);
+        for (int k = 0; k < 5; ++k) vstore8(out[k], 0, at + k * n);
     } else {
         float t[L];
-        for (int k = 0; k < 8; ++k) {
+        for (int k = 0; k < 5; ++k) {
             vstore8(out[k], 0, t);
-            for (int l = 0; l < NZ - z0; ++l) planes[k][v + l] = t[l];
+            for (int l = 0; l < NZ - z0; ++l) at[k * n + l] = t[l];
         }
     }
 }

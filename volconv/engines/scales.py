@@ -10,7 +10,7 @@ import pyopencl as cl
 
 from volconv.bank.features import gaussian_filter_of
 from volconv.bank.presets import PresetPlan, skimage_scale
-from volconv.device.programs import build, context_for, device_seconds
+from volconv.device.programs import context_for, device_seconds
 from volconv.engines.boundary import extend_indices, sources
 from volconv.engines.clock import KernelClock
 from volconv.engines.features import FeatureKernels, build_with_features, lanes_for
@@ -60,8 +60,8 @@ def _buffer_bytes(
     sub = min(depth, SUB_ROWS)
     rows = min(n0, depth + 2 * reach(preset))
     own = preset.n_outputs * sub * ny * nz
-    triples = len(preset.scales) if preset.kind == "skimage" else 2  # ilastik's: per scale
-    own += 6 * triples * sub * ny * nz if lanes_for(device) > 1 else 1  # the entries
+    # the entries (CPUs, ilastik: two triples per scale; skimage's in its kernel)
+    own += 12 * sub * ny * nz if lanes_for(device) > 1 and preset.kind != "skimage" else 1
     if preset.kind == "ilastik":
         q = 2 * (sub + 2)
         own += 2 * rows * len(preset.scales) * ny * nz  # field
@@ -181,11 +181,14 @@ class PresetStage:
             )  # fmt: skip
             self.convolvers = (self.conv,)
             self.ctx, self.queue = self.conv.ctx, self.conv.queue
-        # CPUs: the eigenvalues by eigen3 over written-out entries, in vectors of its lanes
-        self._eigen = FeatureKernels(self.ctx, self.queue) if lanes_for(device) > 1 else None
-        entries = self._eigen is not None
-        if self.skimage and entries:  # CPUs: in vectors along axis 2 (kernels/skimage_rows.cl)
-            self._k = [cl.Kernel(build(self.ctx, "skimage_rows.cl", ()), "skimage_rows")]
+        # CPUs: skimage's channels in vectors along axis 2 (kernels/skimage_rows.cl); ilastik's
+        # eigenvalues by eigen3 over written-out entries, in vectors of its lanes
+        self._vectors = lanes_for(device) > 1
+        entries = self._vectors and not self.skimage
+        self._eigen = FeatureKernels(self.ctx, self.queue) if entries else None
+        if self.skimage and self._vectors:
+            prog = build_with_features(self.ctx, "skimage_rows.cl", (("EV", ROW_LANES),))
+            self._k = [cl.Kernel(prog, "skimage_rows")]
         elif self.skimage:
             self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries), "skimage_scale")]
         else:
@@ -420,19 +423,18 @@ class PresetStage:
         gps, os_ = self._tables[key]
         (kernel,) = self._k
         i32 = np.int32
-        kernel.set_args(field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
-                        i32(b - a), i32(k), self.factor, self._dst, np.int64(n), os_,
-                        self._entries(6 * k))  # fmt: skip
-        if self._eigen is not None:  # skimage_rows: ROW_LANES voxels along axis 2 an item
+        args = [field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz), i32(b - a),
+                i32(k), self.factor, self._dst, np.int64(n), os_]  # fmt: skip
+        if self._vectors:  # skimage_rows: ROW_LANES voxels along axis 2 a work-item
+            kernel.set_args(*args)
             nb = -(-nz // ROW_LANES)
             w = min(nb, 8)
             event = cl.enqueue_nd_range_kernel(self.queue, kernel, (-(-nb // w) * w, ny,
                                                k * (b - a)), (w, 1, 1))  # fmt: skip
-            events = [self.clock.add("skimage_rows", event)]
-        else:
-            size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
-            events = [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
-        return events + self._eigenvalues([s.at[0] + 2 for s in self.preset.scales], n)
+            return [self.clock.add("skimage_rows", event)]
+        kernel.set_args(*args, self._entries(6 * k))
+        size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
+        return [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
 
     def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups of `TILE` (the kernel checks its bounds): neighbours along axes 1 and 0
