@@ -38,6 +38,33 @@ __constant float W[2 * R + 1] = {WEIGHTS};
 #define MX M
 #endif
 
+#ifdef TAP_CHUNK
+/* The taps in chunks of TAP_CHUNK, a rolled loop over the chunks (the code of one chunk: the
+ * unrolled code of 2R + 1 taps overflows the instruction cache at large R): acc[m] (m < MM) =
+ * sum_t W[t] LOAD(t + m), t in order, a window of MM + TAP_CHUNK - 1 inputs in registers; the
+ * taps past 2R weigh 0 and LOAD reads inputs that are smoothed for them (finite: the preset
+ * refuses non-finite voxels), clamped to the rows the pass reads. */
+#define NCHUNK ((2 * R + TAP_CHUNK) / TAP_CHUNK)
+__constant float WP[NCHUNK * TAP_CHUNK] = {WEIGHTS};
+#define CHUNKED(acc, MM, LOAD)                                                             \
+    {                                                                                      \
+        float xw_[MM + TAP_CHUNK - 1];                                                     \
+        _Pragma("unroll") for (int i_ = 0; i_ < MM - 1; ++i_) xw_[i_] = LOAD(i_);          \
+        _Pragma("unroll 1") for (int c_ = 0; c_ < NCHUNK; ++c_)                            \
+        {                                                                                  \
+            const int t0_ = c_ * TAP_CHUNK;                                                \
+            _Pragma("unroll") for (int k_ = 0; k_ < TAP_CHUNK; ++k_) xw_[MM - 1 + k_] =    \
+                LOAD(t0_ + MM - 1 + k_);                                                   \
+            _Pragma("unroll") for (int k_ = 0; k_ < TAP_CHUNK; ++k_)                       \
+            {                                                                              \
+                const float w_ = WP[t0_ + k_];                                             \
+                _Pragma("unroll") for (int m_ = 0; m_ < MM; ++m_) acc[m_] += w_ * xw_[m_ + k_]; \
+            }                                                                              \
+            _Pragma("unroll") for (int i_ = 0; i_ < MM - 1; ++i_) xw_[i_] = xw_[i_ + TAP_CHUNK]; \
+        }                                                                                  \
+    }
+#endif
+
 /* acc[m] += W[j - m] v for the outputs m < mm whose window holds input j */
 #define SLIDE(acc, j, v, mm)                              \
     _Pragma("unroll") for (int m_ = 0; m_ < (mm); ++m_)   \
@@ -88,11 +115,16 @@ __kernel void smooth_y(__global const float *restrict T, const int R0, const int
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+#ifdef TAP_CHUNK
+#define LOAD_Y(j) t[(long)clamp(y0 - R + min((j), M + 2 * R - 1), 0, NY - 1) * NZ]
+    CHUNKED(acc, M, LOAD_Y)
+#else
     TAP_LOOP
     for (int j = 0; j < M + 2 * R; ++j) {
         const float v = t[(long)clamp(y0 - R + j, 0, NY - 1) * NZ];
         SLIDE(acc, j, v, M)
     }
+#endif
     __global float *out = ring + ((long)((R0 + r) & (CAP - 1)) * NY + y0) * NZ + z;
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -113,12 +145,18 @@ __kernel void smooth_x(__global const float *restrict ring, const int CAP, const
     float acc[MX];
 #pragma unroll
     for (int m = 0; m < MX; ++m) acc[m] = 0.0f;
+#ifdef TAP_CHUNK
+    const int last = min(N0, G0 + NG + R) - 1; /* the ring's last row smoothed for this field */
+#define LOAD_X(j) ring[(clamp(G0 + g0 - R + (j), 0, last) & (CAP - 1)) * plane + at]
+    CHUNKED(acc, MX, LOAD_X)
+#else
     TAP_LOOP
     for (int j = 0; j < MX + 2 * R; ++j) {
         const int row = clamp(G0 + g0 - R + j, 0, N0 - 1);
         const float v = ring[(row & (CAP - 1)) * plane + at];
         SLIDE(acc, j, v, MX)
     }
+#endif
 #pragma unroll
     for (int m = 0; m < MX; ++m)
         if (g0 + m < NG) G[(g0 + m) * plane + at] = acc[m];

@@ -29,7 +29,7 @@ from volconv.engines import clock, features, scales, smoothing
 
 BASE = {"OUT_PER_ITEM": 16, "X_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32,
         "BLOCKS": 8, "ROW_GROUP": 32, "ROW_LINES": 8, "TILE": (32, 4, 2), "SUB_ROWS": 32,
-        "SKIMAGE_ROWS": 4}  # fmt: skip
+        "SKIMAGE_ROWS": 4, "TAP_CHUNK": 0, "CHUNK_FROM": 32}  # fmt: skip
 R = ("SK_ROLLED", 1)
 VARIANTS = [
     {},
@@ -38,16 +38,20 @@ VARIANTS = [
     {"defines": [R, ("SK_NO_EIGEN", 1)], "SKIMAGE_ROWS": 8},  # timing only: no eigenvalues
     {"defines": [R, ("SK_FLOAT_MAG", 1)], "SKIMAGE_ROWS": 8},
     {"defines": [R, ("EIG_FAST", 1)], "SKIMAGE_ROWS": 8},
-    {"defines": [R], "SKIMAGE_ROWS": 16},
     {"options": ["-cl-nv-maxrregcount=64"]},
-    {"options": ["-cl-nv-maxrregcount=128"]},
     {"defines": [R], "SKIMAGE_ROWS": 8, "options": ["-cl-nv-maxrregcount=64"]},
+    {"defines": [R, ("SK_FLOAT_MAG", 1), ("EIG_FAST", 1)], "SKIMAGE_ROWS": 8, "X_PER_ITEM": 17},
+    {"X_PER_ITEM": 17},  # a field of 68 rows (slab 64): 4 blocks, none idle
+    {"TAP_CHUNK": 16},
+    {"TAP_CHUNK": 16, "CHUNK_FROM": 16},
+    {"OUT_PER_ITEM": 32},
+    {"TAP_CHUNK": 32, "OUT_PER_ITEM": 32, "X_PER_ITEM": 17, "BLOCKS": 4},
+    {"defines": [R], "SKIMAGE_ROWS": 16},
+    {"options": ["-cl-nv-maxrregcount=128"]},
     {"defines": [R], "SKIMAGE_ROWS": 8, "TILE": (32, 8, 1)},
     {"defines": [R], "SKIMAGE_ROWS": 8, "TILE": (64, 4, 1)},
     {"X_PER_ITEM": 8},
-    {"X_PER_ITEM": 17},  # a field of 68 rows (slab 64): 4 blocks, none idle
     {"X_PER_ITEM": 34},
-    {"OUT_PER_ITEM": 32},
     {"OUT_PER_ITEM": 32, "X_PER_ITEM": 17, "BLOCKS": 4},
     {"BLOCKS": 4},
     {"ROW_PER_ITEM": 16, "ROW_GROUP": 16},

@@ -20,6 +20,8 @@ OUT_PER_ITEM = 16  # outputs per work-item along smooth_y's axis (M)
 X_PER_ITEM = 16  # ... along smooth_x's (MX)
 ROW_PER_ITEM = 8  # ... along smooth_z's (MZ)
 UNROLL: bool | None = None  # the tap loops fully unrolled (None: on GPUs, not on CPUs)
+TAP_CHUNK = 0  # unrolled, smooth_y's and smooth_x's taps in rolled chunks of this many (0: no)
+CHUNK_FROM = 32  # ... at radii from this one (the shorter ones unrolled whole)
 ROW_GROUP = 32  # smooth_z's work-group (WG): a segment of ROW_GROUP * MZ outputs of a row
 ROW_LINES = 8  # ... and its rows of axis 1 (LINES)
 LINE_GROUP = 32  # smooth_y's and smooth_x's work-groups along axis 2
@@ -83,6 +85,8 @@ class NearestGaussians:
                        ("LINES", ROW_LINES), ("IN_T", CL_TYPES[self.up_dtype]))  # fmt: skip
             if unroll:
                 defines += (("UNROLL_TAPS", 1),)
+                if TAP_CHUNK and r >= CHUNK_FROM:
+                    defines += (("TAP_CHUNK", TAP_CHUNK),)
             prog = build(ctx, "smoothing.cl", defines)
             self._k.append({n: cl.Kernel(prog, n) for n in ("smooth_z", "smooth_y", "smooth_x")})
         mf, plane = cl.mem_flags, ny * nz
