@@ -18,7 +18,8 @@
  * Build options (-D): R the radius, WEIGHTS the 2R + 1 float32 taps, M outputs per work-item
  * of smooth_y, MX of smooth_x (default M), MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
  * element type; UNROLL_TAPS: the tap loops fully unrolled, so that each tap is a constant of
- * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled).
+ * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled);
+ * TAP_CHUNK (with UNROLL_TAPS): the taps in rolled chunks of that many, each chunk unrolled.
  */
 
 __constant float W[2 * R + 1] = {WEIGHTS};
@@ -92,11 +93,16 @@ smooth_z(__global const IN_T *restrict src, const int S0, const int NY, const in
 #pragma unroll
     for (int m = 0; m < MZ; ++m) acc[m] = 0.0f;
     const int base = lid * MZ;
+#ifdef TAP_CHUNK
+#define LOAD_Z(j) line[SKEW(base + min((j), MZ + 2 * R - 1))]
+    CHUNKED(acc, MZ, LOAD_Z)
+#else
     TAP_LOOP
     for (int j = 0; j < MZ + 2 * R; ++j) {
         const float v = line[SKEW(base + j)];
         SLIDE(acc, j, v, MZ)
     }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
     for (int m = 0; m < MZ; ++m) line[SKEW(base + m)] = acc[m];
