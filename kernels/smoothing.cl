@@ -19,7 +19,7 @@
  * of smooth_y, MX of smooth_x (default M), MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
  * element type; UNROLL_TAPS: the tap loops fully unrolled, so that each tap is a constant of
  * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled);
- * TAP_CHUNK (with UNROLL_TAPS): the taps in rolled chunks of that many, each chunk unrolled.
+ * TAP_CHUNK: smooth_y's taps in rolled chunks of that many, each chunk unrolled.
  */
 
 __constant float W[2 * R + 1] = {WEIGHTS};
@@ -40,11 +40,11 @@ __constant float W[2 * R + 1] = {WEIGHTS};
 #endif
 
 #ifdef TAP_CHUNK
-/* The taps in chunks of TAP_CHUNK, a rolled loop over the chunks (the code of one chunk: the
- * unrolled code of 2R + 1 taps overflows the instruction cache at large R): acc[m] (m < MM) =
- * sum_t W[t] LOAD(t + m), t in order, a window of MM + TAP_CHUNK - 1 inputs in registers; the
- * taps past 2R weigh 0 and LOAD reads inputs that are smoothed for them (finite: the preset
- * refuses non-finite voxels), clamped to the rows the pass reads. */
+/* smooth_y's taps in chunks of TAP_CHUNK, a rolled loop over the chunks, each unrolled (the
+ * code of 2R + 1 taps unrolled whole is long at large R): acc[m] (m < MM) = sum_t W[t]
+ * LOAD(t + m), t in order (the same sums as SLIDE's), a window of MM + TAP_CHUNK - 1 inputs in
+ * registers; the taps past 2R weigh 0, and LOAD reads rows of T for them (finite: the preset
+ * refuses non-finite voxels). */
 #define NCHUNK ((2 * R + TAP_CHUNK) / TAP_CHUNK)
 __constant float WP[NCHUNK * TAP_CHUNK] = {WEIGHTS};
 #define CHUNKED(acc, MM, LOAD)                                                             \
@@ -93,16 +93,11 @@ smooth_z(__global const IN_T *restrict src, const int S0, const int NY, const in
 #pragma unroll
     for (int m = 0; m < MZ; ++m) acc[m] = 0.0f;
     const int base = lid * MZ;
-#ifdef TAP_CHUNK
-#define LOAD_Z(j) line[SKEW(base + min((j), MZ + 2 * R - 1))]
-    CHUNKED(acc, MZ, LOAD_Z)
-#else
     TAP_LOOP
     for (int j = 0; j < MZ + 2 * R; ++j) {
         const float v = line[SKEW(base + j)];
         SLIDE(acc, j, v, MZ)
     }
-#endif
     barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
     for (int m = 0; m < MZ; ++m) line[SKEW(base + m)] = acc[m];
@@ -151,18 +146,12 @@ __kernel void smooth_x(__global const float *restrict ring, const int CAP, const
     float acc[MX];
 #pragma unroll
     for (int m = 0; m < MX; ++m) acc[m] = 0.0f;
-#ifdef TAP_CHUNK
-    const int last = min(N0, G0 + NG + R) - 1; /* the ring's last row smoothed for this field */
-#define LOAD_X(j) ring[(clamp(G0 + g0 - R + (j), 0, last) & (CAP - 1)) * plane + at]
-    CHUNKED(acc, MX, LOAD_X)
-#else
     TAP_LOOP
     for (int j = 0; j < MX + 2 * R; ++j) {
         const int row = clamp(G0 + g0 - R + j, 0, N0 - 1);
         const float v = ring[(row & (CAP - 1)) * plane + at];
         SLIDE(acc, j, v, MX)
     }
-#endif
 #pragma unroll
     for (int m = 0; m < MX; ++m)
         if (g0 + m < NG) G[(g0 + m) * plane + at] = acc[m];

@@ -27,35 +27,24 @@ from volconv.device.devices import select_device
 from volconv.device.programs import kernel_source
 from volconv.engines import clock, features, scales, smoothing
 
-BASE = {"OUT_PER_ITEM": 16, "X_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32,
+BASE = {"OUT_PER_ITEM": 16, "X_PER_ITEM": 17, "ROW_PER_ITEM": 8, "LINE_GROUP": 32,
         "BLOCKS": 8, "ROW_GROUP": 32, "ROW_LINES": 8, "TILE": (32, 4, 2), "SUB_ROWS": 32,
-        "SKIMAGE_ROWS": 4, "TAP_CHUNK": 0, "CHUNK_FROM": 32}  # fmt: skip
+        "SKIMAGE_ROWS": 8, "SKIMAGE_TILE": (32, 8), "TAP_CHUNK": 16, "CHUNK_FROM": 64}  # fmt: skip
 R = ("SK_ROLLED", 1)
+OLD = {"SKIMAGE_TILE": None, "SKIMAGE_ROWS": 4}  # stage 2 by skimage_scale
 VARIANTS = [
     {},
-    {"defines": [R]},
-    {"defines": [R], "SKIMAGE_ROWS": 8},
-    {"defines": [R, ("SK_NO_EIGEN", 1)], "SKIMAGE_ROWS": 8},  # timing only: no eigenvalues
-    {"defines": [R, ("SK_FLOAT_MAG", 1)], "SKIMAGE_ROWS": 8},
-    {"defines": [R, ("EIG_FAST", 1)], "SKIMAGE_ROWS": 8},
-    {"options": ["-cl-nv-maxrregcount=64"]},
-    {"defines": [R], "SKIMAGE_ROWS": 8, "options": ["-cl-nv-maxrregcount=64"]},
-    {"defines": [R, ("SK_FLOAT_MAG", 1), ("EIG_FAST", 1)], "SKIMAGE_ROWS": 8, "X_PER_ITEM": 17},
-    {"X_PER_ITEM": 17},  # a field of 68 rows (slab 64): 4 blocks, none idle
-    {"TAP_CHUNK": 16},
-    {"TAP_CHUNK": 16, "CHUNK_FROM": 16},
-    {"OUT_PER_ITEM": 32},
-    {"TAP_CHUNK": 32, "OUT_PER_ITEM": 32, "X_PER_ITEM": 17, "BLOCKS": 4},
-    {"defines": [R], "SKIMAGE_ROWS": 16},
-    {"options": ["-cl-nv-maxrregcount=128"]},
-    {"defines": [R], "SKIMAGE_ROWS": 8, "TILE": (32, 8, 1)},
-    {"defines": [R], "SKIMAGE_ROWS": 8, "TILE": (64, 4, 1)},
-    {"X_PER_ITEM": 8},
-    {"X_PER_ITEM": 34},
-    {"OUT_PER_ITEM": 32, "X_PER_ITEM": 17, "BLOCKS": 4},
-    {"BLOCKS": 4},
-    {"ROW_PER_ITEM": 16, "ROW_GROUP": 16},
-    {"ROW_PER_ITEM": 4, "ROW_GROUP": 64},
+    OLD,
+    {**OLD, "X_PER_ITEM": 16, "TAP_CHUNK": 0},  # the previous defaults
+    {"SKIMAGE_ROWS": 4},
+    {"SKIMAGE_ROWS": 16},
+    {"SKIMAGE_TILE": (32, 4)},
+    {"SKIMAGE_TILE": (64, 4)},
+    {"SKIMAGE_TILE": (32, 16)},
+    {"defines": [("SK_FLOAT_MAG", 1), ("EIG_FAST", 1)]},
+    {"defines": [("SK_NO_EIGEN", 1)]},  # timing only: no eigenvalues
+    {"TAP_CHUNK": 0},
+    {"defines": [R], **OLD, "SKIMAGE_ROWS": 8},
 ]
 
 

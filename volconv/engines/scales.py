@@ -20,7 +20,8 @@ from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth)
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
 SLACK = 32  # floats before and after ilastik's V (kernels/stencils.cl's SLACK)
-SKIMAGE_ROWS = 4  # skimage_scale's rows per work-item (VX)
+SKIMAGE_ROWS = 8  # skimage_tile's and skimage_scale's rows per work-item (VX)
+SKIMAGE_TILE: tuple[int, int] | None = (32, 8)  # skimage_tile's group (TZ, TY); None: skimage_scale
 ROW_LANES = 8  # skimage_rows' voxels per work-item along axis 2 (kernels/skimage_rows.cl's L)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
@@ -34,6 +35,8 @@ def stencil_program(
     eigen3 (CPUs: its lanes)."""
     defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]),
                ("VX", SKIMAGE_ROWS))  # fmt: skip
+    if SKIMAGE_TILE:
+        defines += (("TZ", SKIMAGE_TILE[0]), ("TY", SKIMAGE_TILE[1]))
     return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
                                                               else ()))  # fmt: skip
 
@@ -190,7 +193,8 @@ class PresetStage:
             prog = build_with_features(self.ctx, "skimage_rows.cl", (("EV", ROW_LANES),))
             self._k = [cl.Kernel(prog, "skimage_rows")]
         elif self.skimage:
-            self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries), "skimage_scale")]
+            name = "skimage_tile" if SKIMAGE_TILE else "skimage_scale"
+            self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries), name)]
         else:
             self._k = []
             for scale in preset.scales:
@@ -433,6 +437,11 @@ class PresetStage:
                                                k * (b - a)), (w, 1, 1))  # fmt: skip
             return [self.clock.add("skimage_rows", event)]
         kernel.set_args(*args, self._entries(6 * k))
+        if SKIMAGE_TILE:  # a work-group a tile of VX rows
+            tz, ty = SKIMAGE_TILE
+            glob = (-(-nz // tz) * tz, -(-ny // ty) * ty, k * -(-(b - a) // SKIMAGE_ROWS))
+            event = cl.enqueue_nd_range_kernel(self.queue, kernel, glob, (tz, ty, 1))
+            return [self.clock.add("skimage_scale", event)]
         size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
         return [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
 

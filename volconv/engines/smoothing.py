@@ -17,11 +17,11 @@ from volconv.engines.clock import KernelClock
 from volconv.plan.direct import CL_TYPES
 
 OUT_PER_ITEM = 16  # outputs per work-item along smooth_y's axis (M)
-X_PER_ITEM = 16  # ... along smooth_x's (MX)
+X_PER_ITEM = 17  # ... along smooth_x's at most (MX: the field's rows in blocks of equal size)
 ROW_PER_ITEM = 8  # ... along smooth_z's (MZ)
 UNROLL: bool | None = None  # the tap loops fully unrolled (None: on GPUs, not on CPUs)
-TAP_CHUNK = 0  # unrolled, the passes' taps in rolled chunks of this many (0: no)
-CHUNK_FROM = 32  # ... at radii from this one (the shorter ones unrolled whole)
+TAP_CHUNK = 16  # smooth_y's taps in rolled chunks of this many (0: no) ...
+CHUNK_FROM = 64  # ... at radii from this one (the shorter ones unrolled whole)
 ROW_GROUP = 32  # smooth_z's work-group (WG): a segment of ROW_GROUP * MZ outputs of a row
 ROW_LINES = 8  # ... and its rows of axis 1 (LINES)
 LINE_GROUP = 32  # smooth_y's and smooth_x's work-groups along axis 2
@@ -75,7 +75,8 @@ class NearestGaussians:
         unroll = not device.type & cl.device_type.CPU if UNROLL is None else UNROLL
         # CPUs: one output per work-item, so that the tap loop is the same for every item
         self.m = per_item or (OUT_PER_ITEM if unroll else 1)
-        self.mx = per_item or (X_PER_ITEM if unroll else 1)
+        blocks = -(-self.rows // X_PER_ITEM)  # smooth_x's blocks of the field's rows
+        self.mx = per_item or (-(-self.rows // blocks) if unroll else 1)
         self.mz = per_item or (ROW_PER_ITEM if unroll else 1)
         self._k = []
         for s, r in zip(sigmas, self.radii, strict=True):
@@ -85,8 +86,8 @@ class NearestGaussians:
                        ("LINES", ROW_LINES), ("IN_T", CL_TYPES[self.up_dtype]))  # fmt: skip
             if unroll:
                 defines += (("UNROLL_TAPS", 1),)
-                if TAP_CHUNK and r >= CHUNK_FROM:
-                    defines += (("TAP_CHUNK", TAP_CHUNK),)
+            if TAP_CHUNK and r >= CHUNK_FROM:
+                defines += (("TAP_CHUNK", TAP_CHUNK),)
             prog = build(ctx, "smoothing.cl", defines)
             self._k.append({n: cl.Kernel(prog, n) for n in ("smooth_z", "smooth_y", "smooth_x")})
         mf, plane = cl.mem_flags, ny * nz
