@@ -286,7 +286,11 @@ skimage_tile(__global const float *restrict G, __global const int *restrict gps,
     const float wy = gradient_taps(y, NY, &jy0, &jy1), wz = gradient_taps(z, NZ, &jz0, &jz1);
     const int ys[3] = {(jy1 - y) * TW, 0, (jy0 - y) * TW}, zs[3] = {jz1 - z, 0, jz0 - z};
     const int nv = min(VX, D - i0);
+#ifdef SK_TILE_UNROLL
+#pragma unroll
+#else
 #pragma unroll 1
+#endif
     for (int k = 0; k < nv; ++k) {
         const int x = x0 + k;
         int jx0, jx1;

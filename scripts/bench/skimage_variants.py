@@ -44,6 +44,8 @@ VARIANTS = [
     {"defines": [("SK_FLOAT_MAG", 1), ("EIG_FAST", 1)]},
     {"defines": [("SK_NO_EIGEN", 1)]},  # timing only: no eigenvalues
     {"TAP_CHUNK": 0},
+    {"defines": [("SK_TILE_UNROLL", 1)]},
+    {"defines": [("SK_TILE_UNROLL", 1)], "SKIMAGE_ROWS": 4},
     {"defines": [R], **OLD, "SKIMAGE_ROWS": 8},
 ]
 
