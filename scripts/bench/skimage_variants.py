@@ -34,18 +34,19 @@ R = ("SK_ROLLED", 1)
 OLD = {"SKIMAGE_TILE": None, "SKIMAGE_ROWS": 4}  # stage 2 by skimage_scale
 VARIANTS = [
     {},
-    OLD,
     {**OLD, "X_PER_ITEM": 16, "TAP_CHUNK": 0},  # the previous defaults
+    OLD,
+    {"defines": [("EIG_FLAT", 1)]},
+    {"defines": [("EIG_FLAT", 1), ("SK_FLOAT_MAG", 1), ("EIG_FAST", 1)]},
     {"SKIMAGE_ROWS": 4},
-    {"SKIMAGE_ROWS": 16},
+    {"defines": [("SK_TILE_UNROLL", 1)], "SKIMAGE_ROWS": 4},
     {"SKIMAGE_TILE": (32, 4)},
-    {"SKIMAGE_TILE": (64, 4)},
     {"SKIMAGE_TILE": (32, 16)},
-    {"defines": [("SK_FLOAT_MAG", 1), ("EIG_FAST", 1)]},
     {"defines": [("SK_NO_EIGEN", 1)]},  # timing only: no eigenvalues
+    {"SKIMAGE_ROWS": 16},
+    {"SKIMAGE_TILE": (64, 4)},
     {"TAP_CHUNK": 0},
     {"defines": [("SK_TILE_UNROLL", 1)]},
-    {"defines": [("SK_TILE_UNROLL", 1)], "SKIMAGE_ROWS": 4},
     {"defines": [R], **OLD, "SKIMAGE_ROWS": 8},
 ]
 
