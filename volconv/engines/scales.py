@@ -240,12 +240,6 @@ class PresetStage:
         """Device memory the stage holds (as a structure tensor's stage says it)."""
         return self.device_bytes
 
-    def _launch(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
-        """Work-groups along axis 2 (the kernels check their bounds)."""
-        w = self._group
-        return cl.enqueue_nd_range_kernel(self.queue, kernel, (-(-size[0] // w) * w, *size[1:]),
-                                          (w, 1, 1))  # fmt: skip
-
     # -- rows -------------------------------------------------------------------------------
     def _rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """The rows of stage 1 that stage 2 reads for output rows ``[a, b)``, and (ilastik) the
