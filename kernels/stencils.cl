@@ -163,36 +163,6 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
     const int x0 = A + i0, nv = min(VX, D - i0), SX = NY * NZ; /* offsets in a few planes: int */
     __global const float *b0 = G + ((long)gps[sc] * NR - R0 + x0) * SX + y * NZ + z;
     const long v0 = ((long)i0 * NY + y) * NZ + z;
-#ifdef SK_ROLLED
-    if (nv == VX && x0 >= 2 && x0 + VX + 1 < N0 && y >= 2 && y < NY - 2 && z >= 2 && z < NZ - 2) {
-        float f[3][3][3]; /* planes x - 1, x, x + 1 */
-#pragma unroll
-        for (int a = 0; a < 2; ++a)
-#pragma unroll
-            for (int e = 0; e < 3; ++e)
-#pragma unroll
-                for (int h = 0; h < 3; ++h) f[a][e][h] = b0[(a - 1) * SX + (e - 1) * NZ + h - 1];
-        float gm = b0[-2 * SX];
-#pragma unroll 1
-        for (int k = 0; k < VX; ++k) {
-            __global const float *b = b0 + k * SX;
-#pragma unroll
-            for (int e = 0; e < 3; ++e)
-#pragma unroll
-                for (int h = 0; h < 3; ++h) f[2][e][h] = b[SX + (e - 1) * NZ + h - 1];
-            const float gp = b[2 * SX];
-            const float h00 = ((gp - f[1][1][1]) * 0.5f - (f[1][1][1] - gm) * 0.5f) * 0.5f;
-            skimage_channels(f, h00, central_second(b, NZ), central_second(b, 1), 0.5f, 0.5f,
-                             0.5f, c, dst, n, o, v0 + (long)k * SX, E, 6 * sc);
-            gm = f[0][1][1];
-#pragma unroll
-            for (int e = 0; e < 3; ++e)
-#pragma unroll
-                for (int h = 0; h < 3; ++h) f[0][e][h] = f[1][e][h], f[1][e][h] = f[2][e][h];
-        }
-        return;
-    }
-#else
     if (nv == VX && x0 >= 2 && x0 + VX + 1 < N0 && y >= 2 && y < NY - 2 && z >= 2 && z < NZ - 2) {
         float pl[VX + 2][3][3]; /* planes x0 - 1 .. x0 + VX */
 #pragma unroll
@@ -215,10 +185,6 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
         }
         return;
     }
-#endif
-#ifdef SK_ROLLED
-#pragma unroll 1
-#endif
     for (int k = 0; k < nv; ++k) {
         const int x = x0 + k;
         int jx0, jx1, jy0, jy1, jz0, jz1;

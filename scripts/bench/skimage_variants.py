@@ -30,7 +30,6 @@ from volconv.engines import clock, features, scales, smoothing
 BASE = {"OUT_PER_ITEM": 16, "X_PER_ITEM": 17, "ROW_PER_ITEM": 8, "LINE_GROUP": 32,
         "BLOCKS": 8, "ROW_GROUP": 32, "ROW_LINES": 8, "TILE": (32, 4, 2), "SUB_ROWS": 32,
         "SKIMAGE_ROWS": 8, "SKIMAGE_TILE": (32, 8), "TAP_CHUNK": 16, "CHUNK_FROM": 64}  # fmt: skip
-R = ("SK_ROLLED", 1)
 OLD = {"SKIMAGE_TILE": None, "SKIMAGE_ROWS": 4}  # stage 2 by skimage_scale
 VARIANTS = [
     {},
@@ -47,7 +46,6 @@ VARIANTS = [
     {"SKIMAGE_TILE": (64, 4)},
     {"TAP_CHUNK": 0},
     {"defines": [("SK_TILE_UNROLL", 1)]},
-    {"defines": [R], **OLD, "SKIMAGE_ROWS": 8},
 ]
 
 
