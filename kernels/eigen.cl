@@ -60,7 +60,8 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
                        evf *l0, evf *l1, evf *l2)
 {
 #if defined(EIG_FLAT) && EV == 1
-    /* a diagonal matrix (flat regions) by a branch, what the code below gives it */
+    /* EIG_FLAT (one matrix a work-item): a diagonal matrix (flat regions) by a branch, what
+     * the code below gives it */
     if (a01 == 0.0f && a02 == 0.0f && a12 == 0.0f) {
         const int ok = isfinite(a00 + a11 + a22) &&
                        !isnan(fmax(fmax(fabs(a00), fabs(a11)), fabs(a22)));

@@ -33,19 +33,8 @@ BASE = {"OUT_PER_ITEM": 16, "X_PER_ITEM": 17, "ROW_PER_ITEM": 8, "LINE_GROUP": 3
 OLD = {"SKIMAGE_TILE": None, "SKIMAGE_ROWS": 4}  # stage 2 by skimage_scale
 VARIANTS = [
     {},
-    {**OLD, "X_PER_ITEM": 16, "TAP_CHUNK": 0},  # the previous defaults
-    OLD,
-    {"defines": [("EIG_FLAT", 1)]},
-    {"defines": [("EIG_FLAT", 1), ("SK_FLOAT_MAG", 1), ("EIG_FAST", 1)]},
-    {"SKIMAGE_ROWS": 4},
-    {"defines": [("SK_TILE_UNROLL", 1)], "SKIMAGE_ROWS": 4},
-    {"SKIMAGE_TILE": (32, 4)},
-    {"SKIMAGE_TILE": (32, 16)},
-    {"defines": [("SK_NO_EIGEN", 1)]},  # timing only: no eigenvalues
     {"SKIMAGE_ROWS": 16},
-    {"SKIMAGE_TILE": (64, 4)},
-    {"TAP_CHUNK": 0},
-    {"defines": [("SK_TILE_UNROLL", 1)]},
+    {},
 ]
 
 

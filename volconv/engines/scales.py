@@ -27,16 +27,20 @@ XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its
 
 
 def stencil_program(
-    ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False
-) -> cl.Program:
+    ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False,
+    flat: bool = False,
+) -> cl.Program:  # fmt: skip
     """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
     kernels built for the radii (inner, DoG's second, outer) of one scale and work-groups of
     `XYZ_GROUP`; ``entries``: the eigenvalues' entries written out for kernels/features.cl's
-    eigen3 (CPUs: its lanes)."""
+    eigen3 (CPUs: its lanes); ``flat``: eigen_sym3 takes diagonal matrices (skimage's flat
+    regions: a zero background) by a branch (EIG_FLAT)."""
     defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]),
                ("VX", SKIMAGE_ROWS))  # fmt: skip
     if SKIMAGE_TILE:
         defines += (("TZ", SKIMAGE_TILE[0]), ("TY", SKIMAGE_TILE[1]))
+    if flat:
+        defines += (("EIG_FLAT", 1),)
     return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
                                                               else ()))  # fmt: skip
 
@@ -194,7 +198,7 @@ class PresetStage:
             self._k = [cl.Kernel(prog, "skimage_rows")]
         elif self.skimage:
             name = "skimage_tile" if SKIMAGE_TILE else "skimage_scale"
-            self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries), name)]
+            self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries, flat=True), name)]
         else:
             self._k = []
             for scale in preset.scales:
