@@ -220,7 +220,7 @@ class PresetStage:
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
-        self._tables: dict = {}  # skimage_scale's tables of each scale's planes
+        self._tables: dict = {}  # skimage's stage 2: tables of each scale's planes
         mf = cl.mem_flags
         self._taps = (
             []
@@ -411,7 +411,7 @@ class PresetStage:
     def _skimage(
         self, a: int, b: int, field: cl.Buffer, planes: list[int], r0: int, nr: int
     ) -> list[cl.Event]:
-        """Enqueue skimage_scale over output rows ``[a, b)`` of every scale, scale s's field
+        """Enqueue skimage's stage 2 over output rows ``[a, b)`` of every scale, scale s's field
         (rows from ``r0``) at plane ``planes[s]`` of ``field`` (``nr`` rows each)."""
         n0, ny, nz = self.shape
         n, k = (b - a) * ny * nz, len(planes)
@@ -428,20 +428,18 @@ class PresetStage:
         args = [field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz), i32(b - a),
                 i32(k), self.factor, self._dst, np.int64(n), os_]  # fmt: skip
         if self._vectors:  # skimage_rows: ROW_LANES voxels along axis 2 a work-item
-            kernel.set_args(*args)
             nb = -(-nz // ROW_LANES)
-            w = min(nb, 8)
-            event = cl.enqueue_nd_range_kernel(self.queue, kernel, (-(-nb // w) * w, ny,
-                                               k * (b - a)), (w, 1, 1))  # fmt: skip
-            return [self.clock.add("skimage_rows", event)]
-        kernel.set_args(*args, self._entries(6 * k))
-        if SKIMAGE_TILE:  # a work-group a tile of VX rows
-            tz, ty = SKIMAGE_TILE
-            glob = (-(-nz // tz) * tz, -(-ny // ty) * ty, k * -(-(b - a) // SKIMAGE_ROWS))
-            event = cl.enqueue_nd_range_kernel(self.queue, kernel, glob, (tz, ty, 1))
-            return [self.clock.add("skimage_scale", event)]
-        size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
-        return [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
+            size, local = (nb, ny, k * (b - a)), (min(nb, 8), 1, 1)
+        else:  # skimage_tile (a work-group a tile) or skimage_scale (`_launch_tiles`)
+            args.append(self._entries(6 * k))
+            size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
+            local = (*SKIMAGE_TILE, 1) if SKIMAGE_TILE else None
+        kernel.set_args(*args)
+        if local is None:
+            return [self.clock.add(kernel.function_name, self._launch_tiles(kernel, size))]
+        glob = tuple(-(-m // g) * g for m, g in zip(size, local, strict=True))
+        event = cl.enqueue_nd_range_kernel(self.queue, kernel, glob, local)
+        return [self.clock.add(kernel.function_name, event)]
 
     def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups of `TILE` (the kernel checks its bounds): neighbours along axes 1 and 0
