@@ -29,12 +29,14 @@ from volconv.engines import clock, features, scales, smoothing
 
 BASE = {"OUT_PER_ITEM": 16, "X_PER_ITEM": 17, "ROW_PER_ITEM": 8, "LINE_GROUP": 32,
         "BLOCKS": 8, "ROW_GROUP": 32, "ROW_LINES": 8, "TILE": (32, 4, 2), "SUB_ROWS": 32,
-        "SKIMAGE_ROWS": 8, "SKIMAGE_TILE": (32, 8), "TAP_CHUNK": 16, "CHUNK_FROM": 64}  # fmt: skip
+        "SKIMAGE_ROWS": 16, "SKIMAGE_TILE": (32, 8), "TAP_CHUNK": 16, "CHUNK_FROM": 64}  # fmt: skip
 OLD = {"SKIMAGE_TILE": None, "SKIMAGE_ROWS": 4}  # stage 2 by skimage_scale
 VARIANTS = [
     {},
-    {"SKIMAGE_ROWS": 16},
-    {},
+    {"SKIMAGE_ROWS": 8},
+    OLD,
+    {**OLD, "X_PER_ITEM": 16, "TAP_CHUNK": 0},  # before skimage_tile and the smoothing's shapes
+    {"defines": [("SK_NO_EIGEN", 1)]},  # timing only: no eigenvalues
 ]
 
 

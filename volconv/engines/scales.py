@@ -20,7 +20,7 @@ from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth)
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
 SLACK = 32  # floats before and after ilastik's V (kernels/stencils.cl's SLACK)
-SKIMAGE_ROWS = 8  # skimage_tile's and skimage_scale's rows per work-item (VX)
+SKIMAGE_ROWS = 16  # skimage_tile's and skimage_scale's rows per work-item (VX), at most
 SKIMAGE_TILE: tuple[int, int] | None = (32, 8)  # skimage_tile's group (TZ, TY); None: skimage_scale
 ROW_LANES = 8  # skimage_rows' voxels per work-item along axis 2 (kernels/skimage_rows.cl's L)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
@@ -28,15 +28,16 @@ XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its
 
 def stencil_program(
     ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False,
-    flat: bool = False,
+    flat: bool = False, rows: int | None = None,
 ) -> cl.Program:  # fmt: skip
     """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
     kernels built for the radii (inner, DoG's second, outer) of one scale and work-groups of
     `XYZ_GROUP`; ``entries``: the eigenvalues' entries written out for kernels/features.cl's
     eigen3 (CPUs: its lanes); ``flat``: eigen_sym3 takes diagonal matrices (skimage's flat
-    regions: a zero background) by a branch (EIG_FLAT)."""
+    regions: a zero background) by a branch (EIG_FLAT); ``rows``: skimage's rows per work-item
+    (default `SKIMAGE_ROWS`)."""
     defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]),
-               ("VX", SKIMAGE_ROWS))  # fmt: skip
+               ("VX", SKIMAGE_ROWS if rows is None else rows))  # fmt: skip
     if SKIMAGE_TILE:
         defines += (("TZ", SKIMAGE_TILE[0]), ("TY", SKIMAGE_TILE[1]))
     if flat:
@@ -198,11 +199,16 @@ class PresetStage:
             self._k = [cl.Kernel(prog, "skimage_rows")]
         elif self.skimage:
             name = "skimage_tile" if SKIMAGE_TILE else "skimage_scale"
-            self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries, flat=True), name)]
+            tz, ty = SKIMAGE_TILE or (0, 0)
+            self._vx = SKIMAGE_ROWS  # halved until skimage_tile's tile fits local memory
+            while self._vx > 1 and (self._vx + 4) * (tz + 4) * (ty + 4) * 4 > device.local_mem_size:
+                self._vx //= 2
+            prog = stencil_program(self.ctx, entries=entries, flat=True, rows=self._vx)
+            self._k = [cl.Kernel(prog, name)]
         else:
             self._k = []
             for scale in preset.scales:
-                prog = stencil_program(self.ctx, scale.radii(), entries)
+                prog = stencil_program(self.ctx, scale.radii(), entries, rows=4)  # VX: unused
                 names = ("ilastik_xyz", "ilastik_outer_xy", "ilastik_outer")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
@@ -432,7 +438,7 @@ class PresetStage:
             size, local = (nb, ny, k * (b - a)), (min(nb, 8), 1, 1)
         else:  # skimage_tile (a work-group a tile) or skimage_scale (`_launch_tiles`)
             args.append(self._entries(6 * k))
-            size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
+            size = (nz, ny, k * -(-(b - a) // self._vx))
             local = (*SKIMAGE_TILE, 1) if SKIMAGE_TILE else None
         kernel.set_args(*args)
         if local is None:
