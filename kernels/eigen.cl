@@ -84,12 +84,7 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
     const evf q = (b00 + b11 + b22) * (1.0f / 3.0f);
     const evf p2 = ((b00 - q) * (b00 - q) + (b11 - q) * (b11 - q) + (b22 - q) * (b22 - q) +
                     2.0f * (b01 * b01 + b02 * b02 + b12 * b12)) * (1.0f / 6.0f);
-#ifdef EIG_FAST /* timing trial: the reciprocals by the hardware's approximation */
-#define EIG_RECIP(x) native_recip(x)
-#else
-#define EIG_RECIP(x) (1.0f / (x))
-#endif
-    const evf p = sqrt(p2), ip = EIG_RECIP(fmax(p, 1e-15f));
+    const evf p = sqrt(p2), ip = 1.0f / fmax(p, 1e-15f);
     const evf c00 = (b00 - q) * ip, c11 = (b11 - q) * ip, c22 = (b22 - q) * ip;
     const evf c01 = b01 * ip, c02 = b02 * ip, c12 = b12 * ip;
     const evf r = 0.5f * (c00 * (c11 * c22 - c12 * c12) - c01 * (c01 * c22 - c12 * c02) +
@@ -99,7 +94,7 @@ inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
     const evf ar = fmin(fabs(r), 1.0f);
     evf mu = 1.7320508f + 0.26794919f * ar;
     for (int k = 0; k < NEWTON_STEPS; ++k)
-        mu -= (mu * mu * mu - 3.0f * mu - 2.0f * ar) * EIG_RECIP(3.0f * mu * mu - 3.0f);
+        mu -= (mu * mu * mu - 3.0f * mu - 2.0f * ar) / (3.0f * mu * mu - 3.0f);
     mu = SEL(r >= 0.0f, mu, -mu);
     /* its eigenvector: the largest cross product of two rows of C - mu I (rank 2) */
     const evf m00 = c00 - mu, m11 = c11 - mu, m22 = c22 - mu;

@@ -96,17 +96,6 @@ inline float sobel_smoothing3(const float m, const float c, const float p)
     return 0.25f * m + 0.5f * c + 0.25f * p;
 }
 
-/* sqrt(x^2 + y^2 + z^2): in float where the sum of squares is far from underflow and
- * overflow (a few roundings), else magnitude3 */
-inline float sobel_norm(const float x, const float y, const float z)
-{
-#ifdef SK_FLOAT_MAG
-    const float s = x * x + y * y + z * z;
-    if (s > 1e-30f && s < 1e30f) return sqrt(s);
-#endif
-    return magnitude3(x, y, z);
-}
-
 /* One voxel's channels from G's 3x3x3 neighbourhood f (clamped at the volume's border), the
  * Hessian's diagonal and np.gradient's weights: into planes o .. o + 4 of dst at v (with
  * ENTRIES the entries into planes e .. e + 5 of E) */
@@ -139,7 +128,7 @@ inline void skimage_channels(float f[3][3][3], const float h00, const float h11,
     const float h02 = (dx[1][2] * wx - dx[1][0] * wx) * wz;
     const float h12 = ((f[1][2][2] - f[1][0][2]) * wy - (f[1][2][0] - f[1][0][0]) * wy) * wz;
     dst[o * n + v] = c * f[1][1][1];
-    dst[(o + 1) * n + v] = c * sobel_norm(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
+    dst[(o + 1) * n + v] = c * magnitude3(e0, e1, e2) * 0.57735026918962576f; /* / sqrt(3) */
     /* the scale c is linear: applied to the results, not to each tap */
     EIGEN(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, o + 2, e);
 }
@@ -252,11 +241,7 @@ skimage_tile(__global const float *restrict G, __global const int *restrict gps,
     const float wy = gradient_taps(y, NY, &jy0, &jy1), wz = gradient_taps(z, NZ, &jz0, &jz1);
     const int ys[3] = {(jy1 - y) * TW, 0, (jy0 - y) * TW}, zs[3] = {jz1 - z, 0, jz0 - z};
     const int nv = min(VX, D - i0);
-#ifdef SK_TILE_UNROLL
-#pragma unroll
-#else
 #pragma unroll 1
-#endif
     for (int k = 0; k < nv; ++k) {
         const int x = x0 + k;
         int jx0, jx1;
