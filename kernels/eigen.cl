@@ -59,6 +59,19 @@ typedef EXCAT(double, EV) evd;
 inline void eigen_sym3(evf a00, evf a11, evf a22, evf a01, evf a02, evf a12,
                        evf *l0, evf *l1, evf *l2)
 {
+#if defined(EIG_FLAT) && EV == 1
+    /* EIG_FLAT (one matrix a work-item): a diagonal matrix (flat regions) by a branch, what
+     * the code below gives it */
+    if (a01 == 0.0f && a02 == 0.0f && a12 == 0.0f) {
+        const int ok = isfinite(a00 + a11 + a22) &&
+                       !isnan(fmax(fmax(fabs(a00), fabs(a11)), fabs(a22)));
+        const float hi = fmax(a00, a11), lo = fmin(a00, a11);
+        *l0 = ok ? fmax(hi, a22) : NAN;
+        *l1 = ok ? fmax(lo, fmin(hi, a22)) : NAN;
+        *l2 = ok ? fmin(lo, a22) : NAN;
+        return;
+    }
+#endif
     const evf big = fmax(fmax(fmax(fabs(a00), fabs(a11)), fmax(fabs(a22), fabs(a01))),
                          fmax(fabs(a02), fabs(a12)));
     const evi finite = isfinite(a00 + a11 + a22 + a01 + a02 + a12) && !isnan(big);

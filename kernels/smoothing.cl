@@ -16,9 +16,10 @@
  * several blocks along the pass's axis (the host's), whose windows overlap in cache.
  *
  * Build options (-D): R the radius, WEIGHTS the 2R + 1 float32 taps, M outputs per work-item
- * of smooth_y and smooth_x, MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
+ * of smooth_y, MX of smooth_x (default M), MZ of smooth_z, WG smooth_z's work-group size, IN_T the input's
  * element type; UNROLL_TAPS: the tap loops fully unrolled, so that each tap is a constant of
- * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled).
+ * the code (GPUs; PoCL takes seconds to compile that for R = 64, so CPUs run them rolled);
+ * TAP_CHUNK: smooth_y's taps in rolled chunks of that many, each chunk unrolled.
  */
 
 __constant float W[2 * R + 1] = {WEIGHTS};
@@ -33,6 +34,36 @@ __constant float W[2 * R + 1] = {WEIGHTS};
 #define SEG (WG * MZ) /* outputs of a smooth_z work-group's row */
 #ifndef LINES
 #define LINES 1
+#endif
+#ifndef MX
+#define MX M
+#endif
+
+#ifdef TAP_CHUNK
+/* smooth_y's taps in chunks of TAP_CHUNK, a rolled loop over the chunks, each unrolled (the
+ * code of 2R + 1 taps unrolled whole is long at large R): acc[m] (m < MM) = sum_t W[t]
+ * LOAD(t + m), t in order (the same sums as SLIDE's), a window of MM + TAP_CHUNK - 1 inputs in
+ * registers; the taps past 2R weigh 0, and LOAD reads rows of T for them (finite: the preset
+ * refuses non-finite voxels). */
+#define NCHUNK ((2 * R + TAP_CHUNK) / TAP_CHUNK)
+__constant float WP[NCHUNK * TAP_CHUNK] = {WEIGHTS};
+#define CHUNKED(acc, MM, LOAD)                                                             \
+    {                                                                                      \
+        float xw_[MM + TAP_CHUNK - 1];                                                     \
+        _Pragma("unroll") for (int i_ = 0; i_ < MM - 1; ++i_) xw_[i_] = LOAD(i_);          \
+        _Pragma("unroll 1") for (int c_ = 0; c_ < NCHUNK; ++c_)                            \
+        {                                                                                  \
+            const int t0_ = c_ * TAP_CHUNK;                                                \
+            _Pragma("unroll") for (int k_ = 0; k_ < TAP_CHUNK; ++k_) xw_[MM - 1 + k_] =    \
+                LOAD(t0_ + MM - 1 + k_);                                                   \
+            _Pragma("unroll") for (int k_ = 0; k_ < TAP_CHUNK; ++k_)                       \
+            {                                                                              \
+                const float w_ = WP[t0_ + k_];                                             \
+                _Pragma("unroll") for (int m_ = 0; m_ < MM; ++m_) acc[m_] += w_ * xw_[m_ + k_]; \
+            }                                                                              \
+            _Pragma("unroll") for (int i_ = 0; i_ < MM - 1; ++i_) xw_[i_] = xw_[i_ + TAP_CHUNK]; \
+        }                                                                                  \
+    }
 #endif
 
 /* acc[m] += W[j - m] v for the outputs m < mm whose window holds input j */
@@ -85,11 +116,16 @@ __kernel void smooth_y(__global const float *restrict T, const int R0, const int
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+#ifdef TAP_CHUNK
+#define LOAD_Y(j) t[(long)clamp(y0 - R + min((j), M + 2 * R - 1), 0, NY - 1) * NZ]
+    CHUNKED(acc, M, LOAD_Y)
+#else
     TAP_LOOP
     for (int j = 0; j < M + 2 * R; ++j) {
         const float v = t[(long)clamp(y0 - R + j, 0, NY - 1) * NZ];
         SLIDE(acc, j, v, M)
     }
+#endif
     __global float *out = ring + ((long)((R0 + r) & (CAP - 1)) * NY + y0) * NZ + z;
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -104,19 +140,19 @@ __kernel void smooth_x(__global const float *restrict ring, const int CAP, const
 {
     __global float *G = G_all + F;
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
-    const int g0 = (int)get_global_id(2) * M;
+    const int g0 = (int)get_global_id(2) * MX;
     if (z >= NZ || g0 >= NG) return;
     const long plane = (long)NY * NZ, at = (long)y * NZ + z;
-    float acc[M];
+    float acc[MX];
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+    for (int m = 0; m < MX; ++m) acc[m] = 0.0f;
     TAP_LOOP
-    for (int j = 0; j < M + 2 * R; ++j) {
+    for (int j = 0; j < MX + 2 * R; ++j) {
         const int row = clamp(G0 + g0 - R + j, 0, N0 - 1);
         const float v = ring[(row & (CAP - 1)) * plane + at];
-        SLIDE(acc, j, v, M)
+        SLIDE(acc, j, v, MX)
     }
 #pragma unroll
-    for (int m = 0; m < M; ++m)
+    for (int m = 0; m < MX; ++m)
         if (g0 + m < NG) G[(g0 + m) * plane + at] = acc[m];
 }

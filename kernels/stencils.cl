@@ -38,6 +38,10 @@
 #define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
     E[(e) * n + v] = a00, E[((e) + 1) * n + v] = a11, E[((e) + 2) * n + v] = a22,           \
     E[((e) + 3) * n + v] = a01, E[((e) + 4) * n + v] = a02, E[((e) + 5) * n + v] = a12
+#elif defined(SK_NO_EIGEN) /* timing only: the diagonal, not the eigenvalues */
+#define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
+    dst[(p) * n + v] = a00 + a01, dst[((p) + 1) * n + v] = a11 + a02,                       \
+    dst[((p) + 2) * n + v] = a22 + a12
 #else
 #define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
     do {                                                                                    \
@@ -184,6 +188,71 @@ __kernel void skimage_scale(__global const float *restrict G, __global const int
                          second_difference(b, NZ, y, NY, jy0, jy1, wy),
                          second_difference(b, 1, z, NZ, jz0, jz1, wz), wx, wy, wz, c, dst, n, o,
                          v0 + (long)k * SX, E, 6 * sc);
+    }
+}
+
+/* skimage_tile: skimage_scale through local memory. A work-group of TZ x TY work-items holds
+ * the field of one scale over VX output rows and a TY x TZ tile, with 2 more on every side
+ * (clamped to the volume, as the neighbours are), loaded once, coalesced; each work-item then
+ * computes its VX voxels along axis 0 from it, np.gradient's taps (gradient_taps) at every
+ * voxel, so that the border needs no other path. Same arithmetic as skimage_scale. */
+#ifndef TZ
+#define TZ 32
+#define TY 8
+#endif
+#define TW (TZ + 4)
+#define TH (TY + 4)
+
+/* second_difference over the tile: t at the voxel, S the tile's stride along the axis */
+inline float second_tile(__local const float *t, const int S, const int i, const int n)
+{
+    int j0, j1, k0, k1, l0, l1;
+    const float w = gradient_taps(i, n, &j0, &j1);
+    const float w0 = gradient_taps(j0, n, &k0, &k1), w1 = gradient_taps(j1, n, &l0, &l1);
+    const float d0 = (t[(k0 - i) * S] - t[(k1 - i) * S]) * w0;
+    const float d1 = (t[(l0 - i) * S] - t[(l1 - i) * S]) * w1;
+    return (d0 - d1) * w;
+}
+
+__kernel __attribute__((reqd_work_group_size(TZ, TY, 1))) void
+skimage_tile(__global const float *restrict G, __global const int *restrict gps, const int NR,
+             const int R0, const int A, const int N0, const int NY, const int NZ, const int D,
+             const int S, const float c, __global float *restrict dst, const long n,
+             __global const int *restrict os, __global float *restrict E)
+{
+    __local float tile[(VX + 4) * TH * TW];
+    const int lz = (int)get_local_id(0), ly = (int)get_local_id(1);
+    const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
+    const int DB = (D + VX - 1) / VX, sb = (int)get_group_id(2);
+    const int sc = sb / DB, i0 = (sb - sc * DB) * VX, x0 = A + i0, o = os[sc];
+    const long SX = (long)NY * NZ;
+    __global const float *P = G + ((long)gps[sc] * NR - R0) * SX; /* the volume's row 0 */
+    for (int q = ly * TZ + lz; q < (VX + 4) * TH * TW; q += TZ * TY) {
+        const int a = q / (TH * TW), e = (q / TW) % TH, h = q % TW;
+        /* rows past the field (a partial block's) are its last, never stored */
+        const int gx = clamp(clamp(x0 - 2 + a, 0, N0 - 1), R0, R0 + NR - 1);
+        const int gy = clamp(y0 - 2 + e, 0, NY - 1), gz = clamp(z0 - 2 + h, 0, NZ - 1);
+        tile[q] = P[gx * SX + (long)gy * NZ + gz];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int y = y0 + ly, z = z0 + lz;
+    if (y >= NY || z >= NZ) return;
+    int jy0, jy1, jz0, jz1;
+    const float wy = gradient_taps(y, NY, &jy0, &jy1), wz = gradient_taps(z, NZ, &jz0, &jz1);
+    const int ys[3] = {(jy1 - y) * TW, 0, (jy0 - y) * TW}, zs[3] = {jz1 - z, 0, jz0 - z};
+    const int nv = min(VX, D - i0);
+#pragma unroll 1
+    for (int k = 0; k < nv; ++k) {
+        const int x = x0 + k;
+        int jx0, jx1;
+        const float wx = gradient_taps(x, N0, &jx0, &jx1);
+        __local const float *t = tile + ((k + 2) * TH + ly + 2) * TW + lz + 2; /* the voxel */
+        const int xs[3] = {(jx1 - x) * TH * TW, 0, (jx0 - x) * TH * TW};
+        float f[3][3][3];
+        FOR3(a, e, h) f[a][e][h] = t[xs[a] + ys[e] + zs[h]];
+        skimage_channels(f, second_tile(t, TH * TW, x, N0), second_tile(t, TW, y, NY),
+                         second_tile(t, 1, z, NZ), wx, wy, wz, c, dst, n, o,
+                         ((long)(i0 + k) * NY + y) * NZ + z, E, 6 * sc);
     }
 }
 

@@ -114,6 +114,31 @@ def test_the_skimage_preset_against_its_float64_definition(
         run(volume[..., 1], [], feats, "reflect", 0.0, device, slab_depth=4)
 
 
+@pytest.mark.parametrize(
+    ("tile", "rows"), [(None, 4), ((32, 8), 8), ((32, 4), 3)], ids=["scale", "tile", "tile-32x4"]
+)
+def test_the_skimage_stage2_kernels_on_gpus(device, monkeypatch, tile, rows):
+    """What GPUs run for skimage's channels (skimage_scale, or skimage_tile: a tile of the
+    field in local memory), the eigenvalues in the kernel, at several rows a work-item, with
+    tiles and row blocks crossing every face and slab seams: within SPEC's tolerance of the
+    float64 definition."""
+    import volconv.engines.scales as scales
+
+    monkeypatch.setattr(scales, "lanes_for", lambda device: 1)
+    monkeypatch.setattr(scales, "SKIMAGE_TILE", tile)
+    monkeypatch.setattr(scales, "SKIMAGE_ROWS", rows)
+    monkeypatch.setattr(scales, "SUB_ROWS", 6)
+    volume = scene((19, 13, 37), seed=5)
+    feats = build_features(None, preset="skimage")
+    out = run(volume, [], feats, "reflect", 0.0, device, slab_depth=7)
+    ref = skimage_definition(volume.astype(np.float64))
+    m = float(np.abs(volume).max())
+    bounds = [tol(1, m), tol(2, m)] + [weyl([tol(4, m)] * 6)] * 3
+    for c, r in enumerate(ref):
+        err = np.abs(out[c] - r).max()
+        assert err <= bounds[c % 5], (c, err, bounds[c % 5])
+
+
 def test_skimage_names():
     feats = build_features(None, preset="skimage")
     names = expand([], feats).names

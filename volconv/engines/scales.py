@@ -20,19 +20,28 @@ from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
 SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth)
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
 SLACK = 32  # floats before and after ilastik's V (kernels/stencils.cl's SLACK)
-SKIMAGE_ROWS = 4  # skimage_scale's rows per work-item (VX)
+SKIMAGE_ROWS = 16  # skimage_tile's and skimage_scale's rows per work-item (VX), at most
+SKIMAGE_TILE: tuple[int, int] | None = (32, 8)  # skimage_tile's group (TZ, TY); None: skimage_scale
+ROW_LANES = 8  # skimage_rows' voxels per work-item along axis 2 (kernels/skimage_rows.cl's L)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
 
 def stencil_program(
-    ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False
-) -> cl.Program:
+    ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False,
+    flat: bool = False, rows: int | None = None,
+) -> cl.Program:  # fmt: skip
     """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
     kernels built for the radii (inner, DoG's second, outer) of one scale and work-groups of
     `XYZ_GROUP`; ``entries``: the eigenvalues' entries written out for kernels/features.cl's
-    eigen3 (CPUs: its lanes)."""
+    eigen3 (CPUs: its lanes); ``flat``: eigen_sym3 takes diagonal matrices (skimage's flat
+    regions: a zero background) by a branch (EIG_FLAT); ``rows``: skimage's rows per work-item
+    (default `SKIMAGE_ROWS`)."""
     defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]),
-               ("VX", SKIMAGE_ROWS))  # fmt: skip
+               ("VX", SKIMAGE_ROWS if rows is None else rows))  # fmt: skip
+    if SKIMAGE_TILE:
+        defines += (("TZ", SKIMAGE_TILE[0]), ("TY", SKIMAGE_TILE[1]))
+    if flat:
+        defines += (("EIG_FLAT", 1),)
     return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
                                                               else ()))  # fmt: skip
 
@@ -59,8 +68,8 @@ def _buffer_bytes(
     sub = min(depth, SUB_ROWS)
     rows = min(n0, depth + 2 * reach(preset))
     own = preset.n_outputs * sub * ny * nz
-    triples = len(preset.scales) if preset.kind == "skimage" else 2  # ilastik's: per scale
-    own += 6 * triples * sub * ny * nz if lanes_for(device) > 1 else 1  # the entries
+    # the entries (CPUs, ilastik: two triples per scale; skimage's in its kernel)
+    own += 12 * sub * ny * nz if lanes_for(device) > 1 and preset.kind != "skimage" else 1
     if preset.kind == "ilastik":
         q = 2 * (sub + 2)
         own += 2 * rows * len(preset.scales) * ny * nz  # field
@@ -180,15 +189,26 @@ class PresetStage:
             )  # fmt: skip
             self.convolvers = (self.conv,)
             self.ctx, self.queue = self.conv.ctx, self.conv.queue
-        # CPUs: the eigenvalues by eigen3 over written-out entries, in vectors of its lanes
-        self._eigen = FeatureKernels(self.ctx, self.queue) if lanes_for(device) > 1 else None
-        entries = self._eigen is not None
-        if self.skimage:
-            self._k = [cl.Kernel(stencil_program(self.ctx, entries=entries), "skimage_scale")]
+        # CPUs: skimage's channels in vectors along axis 2 (kernels/skimage_rows.cl); ilastik's
+        # eigenvalues by eigen3 over written-out entries, in vectors of its lanes
+        self._vectors = lanes_for(device) > 1
+        entries = self._vectors and not self.skimage
+        self._eigen = FeatureKernels(self.ctx, self.queue) if entries else None
+        if self.skimage and self._vectors:
+            prog = build_with_features(self.ctx, "skimage_rows.cl", (("EV", ROW_LANES),))
+            self._k = [cl.Kernel(prog, "skimage_rows")]
+        elif self.skimage:
+            name = "skimage_tile" if SKIMAGE_TILE else "skimage_scale"
+            tz, ty = SKIMAGE_TILE or (0, 0)
+            self._vx = SKIMAGE_ROWS  # halved until skimage_tile's tile fits local memory
+            while self._vx > 1 and (self._vx + 4) * (tz + 4) * (ty + 4) * 4 > device.local_mem_size:
+                self._vx //= 2
+            prog = stencil_program(self.ctx, entries=entries, flat=True, rows=self._vx)
+            self._k = [cl.Kernel(prog, name)]
         else:
             self._k = []
             for scale in preset.scales:
-                prog = stencil_program(self.ctx, scale.radii(), entries)
+                prog = stencil_program(self.ctx, scale.radii(), entries, rows=4)  # VX: unused
                 names = ("ilastik_xyz", "ilastik_outer_xy", "ilastik_outer")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
@@ -206,7 +226,7 @@ class PresetStage:
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
-        self._tables: dict = {}  # skimage_scale's tables of each scale's planes
+        self._tables: dict = {}  # skimage's stage 2: tables of each scale's planes
         mf = cl.mem_flags
         self._taps = (
             []
@@ -229,12 +249,6 @@ class PresetStage:
     def held_bytes(self) -> int:
         """Device memory the stage holds (as a structure tensor's stage says it)."""
         return self.device_bytes
-
-    def _launch(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
-        """Work-groups along axis 2 (the kernels check their bounds)."""
-        w = self._group
-        return cl.enqueue_nd_range_kernel(self.queue, kernel, (-(-size[0] // w) * w, *size[1:]),
-                                          (w, 1, 1))  # fmt: skip
 
     # -- rows -------------------------------------------------------------------------------
     def _rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -403,7 +417,7 @@ class PresetStage:
     def _skimage(
         self, a: int, b: int, field: cl.Buffer, planes: list[int], r0: int, nr: int
     ) -> list[cl.Event]:
-        """Enqueue skimage_scale over output rows ``[a, b)`` of every scale, scale s's field
+        """Enqueue skimage's stage 2 over output rows ``[a, b)`` of every scale, scale s's field
         (rows from ``r0``) at plane ``planes[s]`` of ``field`` (``nr`` rows each)."""
         n0, ny, nz = self.shape
         n, k = (b - a) * ny * nz, len(planes)
@@ -417,12 +431,21 @@ class PresetStage:
         gps, os_ = self._tables[key]
         (kernel,) = self._k
         i32 = np.int32
-        kernel.set_args(field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz),
-                        i32(b - a), i32(k), self.factor, self._dst, np.int64(n), os_,
-                        self._entries(6 * k))  # fmt: skip
-        size = (nz, ny, k * -(-(b - a) // SKIMAGE_ROWS))
-        events = [self.clock.add("skimage_scale", self._launch_tiles(kernel, size))]
-        return events + self._eigenvalues([s.at[0] + 2 for s in self.preset.scales], n)
+        args = [field, gps, i32(nr), i32(r0), i32(a), i32(n0), i32(ny), i32(nz), i32(b - a),
+                i32(k), self.factor, self._dst, np.int64(n), os_]  # fmt: skip
+        if self._vectors:  # skimage_rows: ROW_LANES voxels along axis 2 a work-item
+            nb = -(-nz // ROW_LANES)
+            size, local = (nb, ny, k * (b - a)), (min(nb, 8), 1, 1)
+        else:  # skimage_tile (a work-group a tile) or skimage_scale (`_launch_tiles`)
+            args.append(self._entries(6 * k))
+            size = (nz, ny, k * -(-(b - a) // self._vx))
+            local = (*SKIMAGE_TILE, 1) if SKIMAGE_TILE else None
+        kernel.set_args(*args)
+        if local is None:
+            return [self.clock.add(kernel.function_name, self._launch_tiles(kernel, size))]
+        glob = tuple(-(-m // g) * g for m, g in zip(size, local, strict=True))
+        event = cl.enqueue_nd_range_kernel(self.queue, kernel, glob, local)
+        return [self.clock.add(kernel.function_name, event)]
 
     def _launch_tiles(self, kernel: cl.Kernel, size: tuple[int, int, int]) -> cl.Event:
         """Work-groups of `TILE` (the kernel checks its bounds): neighbours along axes 1 and 0

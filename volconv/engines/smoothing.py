@@ -16,9 +16,12 @@ from volconv.device.programs import build
 from volconv.engines.clock import KernelClock
 from volconv.plan.direct import CL_TYPES
 
-OUT_PER_ITEM = 16  # outputs per work-item along smooth_y's and smooth_x's axis (M)
+OUT_PER_ITEM = 16  # outputs per work-item along smooth_y's axis (M)
+X_PER_ITEM = 17  # ... along smooth_x's at most (MX: the field's rows in blocks of equal size)
 ROW_PER_ITEM = 8  # ... along smooth_z's (MZ)
 UNROLL: bool | None = None  # the tap loops fully unrolled (None: on GPUs, not on CPUs)
+TAP_CHUNK = 16  # smooth_y's taps in rolled chunks of this many (0: no) ...
+CHUNK_FROM = 64  # ... at radii from this one (the shorter ones unrolled whole)
 ROW_GROUP = 32  # smooth_z's work-group (WG): a segment of ROW_GROUP * MZ outputs of a row
 ROW_LINES = 8  # ... and its rows of axis 1 (LINES)
 LINE_GROUP = 32  # smooth_y's and smooth_x's work-groups along axis 2
@@ -72,15 +75,19 @@ class NearestGaussians:
         unroll = not device.type & cl.device_type.CPU if UNROLL is None else UNROLL
         # CPUs: one output per work-item, so that the tap loop is the same for every item
         self.m = per_item or (OUT_PER_ITEM if unroll else 1)
+        blocks = -(-self.rows // X_PER_ITEM)  # smooth_x's blocks of the field's rows
+        self.mx = per_item or (-(-self.rows // blocks) if unroll else 1)
         self.mz = per_item or (ROW_PER_ITEM if unroll else 1)
         self._k = []
         for s, r in zip(sigmas, self.radii, strict=True):
             w = gaussian_kernel1d(s, 0, r).astype(np.float32)
             defines = (("R", r), ("WEIGHTS", ",".join(f"{float(x):.9e}f" for x in w)),
-                       ("M", self.m), ("MZ", self.mz), ("WG", ROW_GROUP), ("LINES", ROW_LINES),
-                       ("IN_T", CL_TYPES[self.up_dtype]))  # fmt: skip
+                       ("M", self.m), ("MX", self.mx), ("MZ", self.mz), ("WG", ROW_GROUP),
+                       ("LINES", ROW_LINES), ("IN_T", CL_TYPES[self.up_dtype]))  # fmt: skip
             if unroll:
                 defines += (("UNROLL_TAPS", 1),)
+            if TAP_CHUNK and r >= CHUNK_FROM:
+                defines += (("TAP_CHUNK", TAP_CHUNK),)
             prog = build(ctx, "smoothing.cl", defines)
             self._k.append({n: cl.Kernel(prog, n) for n in ("smooth_z", "smooth_y", "smooth_x")})
         mf, plane = cl.mem_flags, ny * nz
@@ -137,8 +144,8 @@ class NearestGaussians:
         seg, m = ROW_GROUP * self.mz, self.m
         zs = -(-nz // LINE_GROUP) * LINE_GROUP
 
-        def blocks(n: int) -> tuple[int, int]:
-            """Work-items along a pass's axis for n outputs (M each), and the group's."""
+        def blocks(n: int, m: int) -> tuple[int, int]:
+            """Work-items along a pass's axis for n outputs (m each), and the group's."""
             nb = -(-n // m)
             group = min(BLOCKS, nb)
             return -(-nb // group) * group, group
@@ -152,14 +159,14 @@ class NearestGaussians:
                 size = (-(-nz // seg) * ROW_GROUP, -(-ny // ROW_LINES) * ROW_LINES, c1 - c0)
                 work.append(self.clock.add("smooth_z", cl.enqueue_nd_range_kernel(
                     self.queue, k["smooth_z"], size, (ROW_GROUP, ROW_LINES, 1))))  # fmt: skip
-                ys, group = blocks(ny)
+                ys, group = blocks(ny, m)
                 work.append(self.clock.add("smooth_y", cl.enqueue_nd_range_kernel(
                     self.queue, k["smooth_y"], (zs, ys, c1 - c0),
                     (LINE_GROUP, group, 1))))  # fmt: skip
             k["smooth_x"].set_args(self.rings[s], i32(self.caps[s]), i32(g0), i32(g1 - g0),
                                    i32(n0), i32(ny), i32(nz), self.field,
                                    np.int64(s * self.rows * ny * nz))  # fmt: skip
-            xs, group = blocks(g1 - g0)
+            xs, group = blocks(g1 - g0, self.mx)
             work.append(self.clock.add("smooth_x", cl.enqueue_nd_range_kernel(
                 self.queue, k["smooth_x"], (zs, ny, xs), (LINE_GROUP, 1, group))))  # fmt: skip
         return events, work

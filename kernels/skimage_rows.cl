@@ -1,0 +1,146 @@
+/* The skimage preset's second stage on CPUs (volconv/engines/scales.py): kernels/stencils.cl's
+ * skimage_scale, the same arithmetic in the same order, over 8 voxels consecutive along axis 2
+ * per work-item in float8 vectors (CPUs run vectors in SIMD lanes; a work-item's scalar code
+ * with branches does not vectorise across work-items): every channel of a scale, the
+ * eigenvalues by kernels/eigen.cl's eigen_sym3 in 8 lanes (built behind it with EV 8).
+ *
+ * The neighbours along axes 0 and 1 are whole rows (clamped at the volume's border, as
+ * 'reflect' at distance 1 and np.gradient's one-sided differences take them); along axis 2
+ * each lane's neighbour is clamped: one unaligned vector load inside the axis, lane by lane at
+ * its ends. np.gradient's weights and the second differences' taps follow
+ * kernels/stencils.cl's gradient_taps and second_difference, lane by lane along axis 2. */
+
+#define L 8
+typedef float8 vf;
+typedef int8 vi;
+
+/* the lanes of p at z0 + i + d (i < L), clamped to [0, NZ) */
+inline vf row_at(__global const float *p, const int z0, const int d, const int NZ)
+{
+    if (z0 + d >= 0 && z0 + d + L <= NZ) return vload8(0, p + z0 + d);
+    float t[L];
+    for (int i = 0; i < L; ++i) t[i] = p[clamp(z0 + d + i, 0, NZ - 1)];
+    return vload8(0, t);
+}
+
+/* the lanes of p at the indices q */
+inline vf gather(__global const float *p, const vi q)
+{
+    int qi[L];
+    float t[L];
+    vstore8(q, 0, qi);
+    for (int i = 0; i < L; ++i) t[i] = p[qi[i]];
+    return vload8(0, t);
+}
+
+/* np.gradient's weight at index i of an axis of n: 1/2 inside, 1 at an end, 0 if n is 1 */
+inline float weight(const int i, const int n)
+{
+    const int span = min(i + 1, n - 1) - max(i - 1, 0);
+    return span == 2 ? 0.5f : span == 1 ? 1.0f : 0.0f;
+}
+
+inline vf weights(const vi i, const int n)
+{
+    const vi span = min(i + 1, n - 1) - max(i - 1, 0);
+    return select(select((vf)0.0f, (vf)1.0f, span == 1), (vf)0.5f, span == 2);
+}
+
+/* D_a D_a g (np.gradient twice) along axis 0 or 1 at index i of n, the row at index r being
+ * p + r * stride (kernels/stencils.cl's second_difference) */
+inline vf second_rows(__global const float *p, const long stride, const int i, const int n,
+                      const int z0, const int NZ)
+{
+    const int j0 = min(i + 1, n - 1), j1 = max(i - 1, 0);
+    const vf d0 = (row_at(p + min(j0 + 1, n - 1) * stride, z0, 0, NZ) -
+                   row_at(p + max(j0 - 1, 0) * stride, z0, 0, NZ)) * weight(j0, n);
+    const vf d1 = (row_at(p + min(j1 + 1, n - 1) * stride, z0, 0, NZ) -
+                   row_at(p + max(j1 - 1, 0) * stride, z0, 0, NZ)) * weight(j1, n);
+    return (d0 - d1) * weight(i, n);
+}
+
+inline vf sobel3(const vf m, const vf c, const vf p)
+{
+    return 0.25f * m + 0.5f * c + 0.25f * p;
+}
+
+/* Output rows A .. A + D - 1 of S scales, scale s along axis 2 of the range at s * D: its field
+ * is plane gps[s] (of NR rows each) of G, holding rows R0 .. of the volume (N0, NY, NZ), its
+ * channels planes os[s] .. os[s] + 4 of dst (plane o at o * n). */
+__kernel void skimage_rows(__global const float *restrict G, __global const int *restrict gps,
+                           const int NR, const int R0, const int A, const int N0, const int NY,
+                           const int NZ, const int D, const int S, const float c,
+                           __global float *restrict dst, const long n,
+                           __global const int *restrict os)
+{
+    const int z0 = (int)get_global_id(0) * L, y = (int)get_global_id(1);
+    const int sx = (int)get_global_id(2);
+    if (z0 >= NZ || y >= NY || sx >= S * D) return;
+    const int sc = sx / D, i = sx - sc * D, x = A + i, o = os[sc];
+    const long SX = (long)NY * NZ;
+    __global const float *P = G + ((long)gps[sc] * NR - R0) * SX; /* the volume's row 0 */
+    const int xs[3] = {max(x - 1, 0), x, min(x + 1, N0 - 1)};
+    const int ys[3] = {max(y - 1, 0), y, min(y + 1, NY - 1)};
+    vf f[3][3][3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int e = 0; e < 3; ++e) {
+            __global const float *p = P + xs[a] * SX + ys[e] * NZ;
+#pragma unroll
+            for (int h = 0; h < 3; ++h) f[a][e][h] = row_at(p, z0, h - 1, NZ);
+        }
+    const float wx = weight(x, N0), wy = weight(y, NY);
+    const vi iz = min(z0 + (vi)(0, 1, 2, 3, 4, 5, 6, 7), NZ - 1);
+    const vf wz = weights(iz, NZ);
+    const vf h00 = second_rows(P + (long)y * NZ, SX, x, N0, z0, NZ);
+    const vf h11 = second_rows(P + x * SX, NZ, y, NY, z0, NZ);
+    __global const float *b = P + x * SX + (long)y * NZ;
+    vf h22;
+    if (z0 >= 2 && z0 + L + 2 <= NZ) {
+        const vf g = vload8(0, b + z0);
+        h22 = ((vload8(0, b + z0 + 2) - g) * 0.5f - (g - vload8(0, b + z0 - 2)) * 0.5f) * 0.5f;
+    } else {
+        const vi j0 = min(iz + 1, NZ - 1), j1 = max(iz - 1, 0);
+        const vf d0 = (gather(b, min(j0 + 1, NZ - 1)) - gather(b, max(j0 - 1, 0))) * weights(j0, NZ);
+        const vf d1 = (gather(b, min(j1 + 1, NZ - 1)) - gather(b, max(j1 - 1, 0))) * weights(j1, NZ);
+        h22 = (d0 - d1) * wz;
+    }
+    /* the Sobels: along axis 0, then 1, then 2 (skimage_channels) */
+    vf dx[3][3], sx3[3][3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a)
+#pragma unroll
+        for (int h = 0; h < 3; ++h) {
+            dx[a][h] = f[2][a][h] - f[0][a][h];
+            sx3[a][h] = sobel3(f[0][a][h], f[1][a][h], f[2][a][h]);
+        }
+    vf a0[3], a1[3], a2[3];
+#pragma unroll
+    for (int h = 0; h < 3; ++h) {
+        a0[h] = sobel3(dx[0][h], dx[1][h], dx[2][h]);
+        a1[h] = sx3[2][h] - sx3[0][h];
+        a2[h] = sobel3(sx3[0][h], sx3[1][h], sx3[2][h]);
+    }
+    const vf e0 = sobel3(a0[0], a0[1], a0[2]), e1 = sobel3(a1[0], a1[1], a1[2]);
+    const vf e2 = a2[2] - a2[0];
+    const vf h01 = (dx[2][1] * wx - dx[0][1] * wx) * wy;
+    const vf h02 = (dx[1][2] * wx - dx[1][0] * wx) * wz;
+    const vf h12 = ((f[1][2][2] - f[1][0][2]) * wy - (f[1][2][0] - f[1][0][0]) * wy) * wz;
+    vf l0, l1, l2;
+    eigen_sym3(c * h00, c * h11, c * h22, c * h01, c * h02, c * h12, &l0, &l1, &l2);
+    const vf out[5] = {c * f[1][1][1], c * magnitude3(e0, e1, e2) * 0.57735026918962576f, l0,
+                       l1, l2};
+    const long v = ((long)i * NY + y) * NZ + z0;
+    __global float *at = dst + o * n + v;
+    if (z0 + L <= NZ) {
+#pragma unroll
+        for (int k = 0; k < 5; ++k) vstore8(out[k], 0, at + k * n);
+    } else {
+        float t[L];
+        for (int k = 0; k < 5; ++k) {
+            vstore8(out[k], 0, t);
+            for (int l = 0; l < NZ - z0; ++l) at[k * n + l] = t[l];
+        }
+    }
+}
