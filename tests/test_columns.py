@@ -46,6 +46,12 @@ def test_the_default_on_cpus(device):
     assert plan.columns == cpu
     plain = make_separable_plan(ex.filters, (9, 10, 11), np.uint8, "reflect", 0.0, device)
     assert not plain.columns
+    # a bank with a direct filter beside its separable ones (its group planned first) keeps
+    # its own path: the kernel is a bool of the plan, never a group's buffer sizes
+    mixed = make_separable_plan([*build_bank([{"type": "gaussian", "sigma": 1.0}]),
+                                 rank_r((3, 3, 3), 3)], (9, 10, 11), np.uint8, "reflect", 0.0,
+                                device)  # fmt: skip
+    assert mixed.groups and mixed.columns is False
     vol = volume((9, 10, 11))
     out = convolve_separable(vol, ex.filters[:1], "reflect", device=device, features=feats)
     k = ex.filters[0].kernel

@@ -452,8 +452,8 @@ def make_separable_plan(
     # built per bank: the taps are immediate operands)
     if columns is None:
         columns = kind == "cpu" and feature_planes > 0 and columns_fits(tree)
-    one = not want and not several and bool(columns)
-    if one:
+    in_columns = not want and not several and bool(columns)
+    if in_columns:
         if tree is None:
             raise ValueError("columns: the bank has no separable filter")
         vector_width = max(vector_width, COLUMN_SHAPE["V"])
@@ -479,7 +479,7 @@ def make_separable_plan(
         shape, len(entries), mode, cval, src, pad_dtype_for(src, mode, cval), lo, hi,
         vector_width, int(rows), int(block_rows), shape[0], choices, groups, tuple(direct),
         want, tile, n_stored, int(feature_planes), int(n_tensor), tuple(plans), several, first,
-        one,
+        in_columns,
     )  # fmt: skip
     if slab_depth is None:
         budget = memory_budget or min(device.global_mem_size // 4, 2 << 30)
