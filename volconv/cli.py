@@ -123,9 +123,14 @@ def _start_workers(argv: list[str]) -> None:
     """For a batch on several local devices, start their workers first thing, while this
     process imports and plans (`volconv.run.spawn.start_early`: the batch takes them where
     its model wants them, and closes them otherwise)."""
-    if argv[:1] != ["run"]:
+    if argv[:1] != ["run"] or len(argv) < 2:
         return
     with contextlib.suppress(Exception):  # a head start only: the batch starts its own
+        # nothing imported for a run that names no devices (the pipeline file read as bytes)
+        if not any(a.startswith("--devices") for a in argv):
+            with open(argv[1], "rb") as f:
+                if b"devices" not in f.read(1 << 20):
+                    return
         from volconv.run.spawn import start_early
 
         start_early(argv)

@@ -176,16 +176,17 @@ def early_specs(argv: list[str]) -> list[str] | None:
         if not isinstance(run, dict) or run.get("scheduler"):
             return None
         devices = run.get("devices")
-    if (count := input_count(argv, pipeline)) is not None and count < EARLY_INPUTS:
-        return None
+    specs = None
     if isinstance(devices, str):
         word = devices.strip().lower()
         if word == "all":
-            return [f"{EVERY}0", f"{EVERY}1"]  # at least two; `start_early` starts the rest
-        devices = None if word == "one" else devices.split(",")
+            specs = [f"{EVERY}0", f"{EVERY}1"]  # at least two; `start_early` starts the rest
+        devices = None if word in ("one", "all") else devices.split(",")
     if isinstance(devices, list) and all(isinstance(s, str) and s.strip() for s in devices):
-        return [s.strip() for s in devices]
-    return None
+        specs = [s.strip() for s in devices]
+    if specs and (count := input_count(argv, pipeline)) is not None and count < EARLY_INPUTS:
+        return None
+    return specs
 
 
 def input_count(argv: list[str], pipeline: dict) -> int | None:
