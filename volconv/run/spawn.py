@@ -16,14 +16,10 @@ second on a GPU node): the second device's worker starts at once as ``all#1`` (t
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import tomllib
 from contextlib import suppress
 from functools import cache
 from pathlib import Path
@@ -67,6 +63,8 @@ class Worker:
         self._start()
 
     def _start(self) -> None:
+        import subprocess
+        import tempfile
         from multiprocessing.connection import Connection
 
         self.starts += 1
@@ -112,6 +110,8 @@ class Worker:
 
     def lost(self) -> str:
         """Why the worker's pipe ended: its exit status, waited for a moment."""
+        import subprocess
+
         with suppress(subprocess.TimeoutExpired):
             self.proc.wait(1.0)
         code = self.proc.returncode
@@ -157,6 +157,8 @@ def early_specs(argv: list[str]) -> list[str] | None:
     separated by commas), else the pipeline file's ``[run] devices``; None where it is no
     such batch (another command, one device, ``--scheduler``, fewer than `EARLY_INPUTS`
     inputs by `input_count`) or it cannot be told."""
+    import tomllib
+
     if not argv or argv[0] != "run" or len(argv) < 2 or argv[1].startswith("-"):
         return None
     devices: object = None
@@ -194,6 +196,9 @@ def input_count(argv: list[str], pipeline: dict) -> int | None:
     own reading of them: ``--set input.paths=...`` (relative to the working folder), else
     the pipeline's ``[input] paths`` (relative to its folder), each a file or a glob; None
     where it cannot be told."""
+    import glob
+    import tomllib
+
     paths, base = None, Path(argv[1]).parent
     for i, arg in enumerate(argv[:-1]):
         if arg == "--set" and argv[i + 1].startswith("input.paths="):
