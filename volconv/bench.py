@@ -97,6 +97,18 @@ def device_record(device: cl.Device) -> dict[str, object]:
     }
 
 
+def volume_record(volume: np.ndarray, device: cl.Device) -> dict[str, object]:
+    """A benchmark's head: when, the volume's shape and type, the device."""
+    from datetime import UTC, datetime
+
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "shape": list(volume.shape),
+        "dtype": str(volume.dtype),
+        "device": device_record(device),
+    }
+
+
 def time_volconv(
     work: Work,
     volume: np.ndarray,

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 from features import feature_sets, volume_of
 
 from volconv.bank.features import expand
-from volconv.bench import device_record
+from volconv.bench import volume_record
 from volconv.device.devices import select_device
 from volconv.engines import tree, xfirst
 from volconv.engines.separable import SeparableConvolver
@@ -166,10 +165,7 @@ def main() -> None:
     device = select_device(args.device)
     volume = volume_of(args.size)
     result: dict = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "shape": list(volume.shape),
-        "dtype": str(volume.dtype),
-        "device": device_record(device),
+        **volume_record(volume, device),
         "sets": {},
     }
     start = time.perf_counter()

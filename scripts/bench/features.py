@@ -45,14 +45,13 @@ import json
 import math
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import scipy.ndimage as ndi
 
 from volconv.bank.features import PAIRS, build_features, expand
-from volconv.bench import device_record
+from volconv.bench import volume_record
 from volconv.device.devices import select_device
 from volconv.engines.features import eigenvalues
 from volconv.engines.separable import SeparableConvolver
@@ -314,11 +313,8 @@ def main() -> None:
     if args.only:
         sets = {k: v for k, v in sets.items() if k in args.only.split(",")}
     result: dict = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        **volume_record(volume, device),
         "mode": args.mode,
-        "shape": list(volume.shape),
-        "dtype": str(volume.dtype),
-        "device": device_record(device),
         "max_fused_values": args.max_fused_values,
         "repeat": args.repeat,
         "sets": {},

@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ import pyopencl as cl
 from features import volume_of
 
 from volconv.bank.features import build_features, expand
-from volconv.bench import device_record
+from volconv.bench import volume_record
 from volconv.device.devices import select_device
 from volconv.device.programs import binary_build, kernel_source
 from volconv.engines import passes, xfirst
@@ -157,9 +156,7 @@ def main() -> None:
     kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
     volume = volume_of(args.size)
     result: dict = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "shape": list(volume.shape),
-        "device": device_record(device),
+        **volume_record(volume, device),
         "local_mem_size": device.local_mem_size,
         "variants": {},
     }

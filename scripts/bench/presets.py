@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 
 from features import feature_sets, run_volconv, volume_of
 
-from volconv.bench import device_record
+from volconv.bench import volume_record
 from volconv.device.devices import select_device
 from volconv.engines import scales, smoothing
 
@@ -59,10 +58,7 @@ def main() -> None:
     volume = volume_of(args.size)
     sets = {k: v for k, v in feature_sets().items() if k in args.only.split(",")}
     result: dict = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "shape": list(volume.shape),
-        "dtype": str(volume.dtype),
-        "device": device_record(device),
+        **volume_record(volume, device),
         "runs": [],
     }
     if args.json:

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyopencl as cl
 from features import feature_sets, run_volconv, volume_of
 
-from volconv.bench import device_record
+from volconv.bench import volume_record
 from volconv.device.devices import select_device
 from volconv.device.programs import kernel_source
 from volconv.engines import clock, features, scales, smoothing
@@ -86,10 +85,7 @@ def main() -> None:
     volume = volume_of(args.size)
     feats, mode = feature_sets()["skimage"]
     result: dict = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "shape": list(volume.shape),
-        "dtype": str(volume.dtype),
-        "device": device_record(device),
+        **volume_record(volume, device),
         "runs": [],
     }
     if args.json:

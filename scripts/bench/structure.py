@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from features import feature_sets, volume_of
 
 import volconv.engines.structure as st
 from volconv.bank.features import expand
-from volconv.bench import device_record
+from volconv.bench import volume_record
 from volconv.device.devices import select_device
 from volconv.engines.features import StructureTensorStage
 from volconv.engines.separable import SeparableConvolver
@@ -114,9 +113,7 @@ def main() -> None:
     volume = volume_of(args.size)
     sets = {k: v for k, v in feature_sets().items() if k in args.only.split(",")}
     result: dict = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "shape": list(volume.shape),
-        "device": device_record(device),
+        **volume_record(volume, device),
         "sets": {},
     }
     first: dict[str, np.ndarray] = {}
