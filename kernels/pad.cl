@@ -8,12 +8,13 @@
  * addressed through strides, so they may sit in the file's own layout (an x-fastest NIfTI
  * uploaded as it is): the transpose to the padded slab's C order happens here, for free.
  *
- * On CPUs (build option ROWS) a work-item fills a whole padded row: the NZ samples inside the
- * volume along axis 2, from LO2 on, are a plain copy of a source row (vectorised), only the
- * border goes through m2; a work-item per element costs a CPU more than the copy.
+ * On CPUs (build option ROWS) a work-item fills a whole padded row: the nz samples inside the
+ * volume along axis 2, from lo2 on, are a plain copy of a source row (vectorised), only the
+ * border goes through m2; a work-item per element costs a CPU more than the copy. lo2 and nz
+ * are arguments, not build options: one program serves every volume's shape.
  *
- * Build options (-D): SRC_T the source element type, DST_T the padded element type; ROWS,
- * with LO2 and NZ, for the row kernel (launched over (1, P1, P0)).
+ * Build options (-D): SRC_T the source element type, DST_T the padded element type; ROWS for
+ * the row kernel (launched over (1, P1, P0)).
  */
 __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided */
                   __global DST_T *restrict dst,        /* (P0, P1, P2) padded slab */
@@ -22,7 +23,8 @@ __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided *
                   __global const int *restrict m2,     /* P2 entries into [0, S2) or -1 */
                   const int P0, const int P1, const int P2,
                   const long s0, const long s1, const long s2,  /* element strides of src */
-                  const float cval)
+                  const float cval,
+                  const int lo2, const int nz)  /* the row kernel's: the halo, the volume's NZ */
 {
 #ifdef ROWS
     const int p1 = (int)get_global_id(1);
@@ -35,13 +37,13 @@ __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided *
         return;
     }
     const __global SRC_T *s = src + i0 * s0 + i1 * s1;
-    for (int p2 = 0; p2 < LO2; ++p2) d[p2] = m2[p2] < 0 ? (DST_T)cval : (DST_T)s[m2[p2] * s2];
+    for (int p2 = 0; p2 < lo2; ++p2) d[p2] = m2[p2] < 0 ? (DST_T)cval : (DST_T)s[m2[p2] * s2];
     if (s2 == 1) {
-        for (int k = 0; k < NZ; ++k) d[LO2 + k] = (DST_T)s[k];
+        for (int k = 0; k < nz; ++k) d[lo2 + k] = (DST_T)s[k];
     } else {
-        for (int k = 0; k < NZ; ++k) d[LO2 + k] = (DST_T)s[k * s2];
+        for (int k = 0; k < nz; ++k) d[lo2 + k] = (DST_T)s[k * s2];
     }
-    for (int p2 = LO2 + NZ; p2 < P2; ++p2)
+    for (int p2 = lo2 + nz; p2 < P2; ++p2)
         d[p2] = m2[p2] < 0 ? (DST_T)cval : (DST_T)s[m2[p2] * s2];
 #else
     const int p2 = (int)get_global_id(0);

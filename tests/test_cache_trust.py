@@ -26,6 +26,7 @@ from volconv.engines.registry import ENGINES
 from volconv.plan.knobs import TUNE_FILE, TUNE_FORMAT, kernel_hash, tune_keys, tuned_knobs
 
 PAD_LINE = "dst[at] = (DST_T)src[i0 * s0 + i1 * s1 + i2 * s2];"  # kernels/pad.cl's copy
+ROWS_LINE = "d[lo2 + k] = (DST_T)s[k];"  # ... and its row kernel's (CPUs), contiguous rows
 
 
 @pytest.fixture(autouse=True)
@@ -227,8 +228,9 @@ def plant_pad(device, folder: Path) -> list[Path]:
     which gives wrong responses wherever it is loaded."""
     ctx, _ = context_for(device)
     source = kernel_source("pad.cl")
-    assert PAD_LINE in source
+    assert PAD_LINE in source and ROWS_LINE in source
     evil = source.replace(PAD_LINE, "dst[at] = (DST_T)777;")
+    evil = evil.replace(ROWS_LINE, "d[lo2 + k] = (DST_T)777;")
     planted = []
     for path in sorted((folder / "programs").iterdir()):
         data = path.read_bytes()

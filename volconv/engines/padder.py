@@ -125,7 +125,7 @@ class Padder:
         defines = (("SRC_T", CL_TYPES[self.src_dtype]), ("DST_T", CL_TYPES[np.dtype(pad_dtype)]))
         self._rows = bool(ctx.devices[0].type & cl.device_type.CPU)  # a work-item a row
         if self._rows:
-            defines += (("ROWS", 1), ("LO2", halo_lo[2]), ("NZ", shape[2]))
+            defines += (("ROWS", 1),)
         self._pad = cl.Kernel(build(ctx, "pad.cl", defines), "pad")
         ny, nz = shape[1:]
         p2 = padded_yz[1]
@@ -179,7 +179,7 @@ class Padder:
         self._pad.set_args(
             src, padded, self._m0, self._m1, self._m2,
             np.int32(len(m0)), np.int32(p1), np.int32(p2), *map(np.int64, strides),
-            np.float32(self.cval),
+            np.float32(self.cval), np.int32(self.halo_lo[2]), np.int32(self.shape[2]),
         )  # fmt: skip
         glob = (1 if self._rows else p2, p1, len(m0))
         pad = cl.enqueue_nd_range_kernel(self.queue, self._pad, glob, None)
