@@ -12,6 +12,7 @@ import pyopencl as cl
 
 from volconv.engines.clock import KernelClock
 from volconv.engines.features import build_with_features
+from volconv.engines.passes import cl_table
 
 if TYPE_CHECKING:
     from volconv.engines.passes import FusedTree
@@ -29,11 +30,6 @@ ST_SHAPES: dict[str, dict[str, object]] = {
     "cpu": {"UA": 4, "XG": None, "TY": 8, "TZ": 16, "UY": 2, "VC": 4, "UB": 4, "RZ_ALIGN": 4,
             "BLOCK": 0, "CH": 1},
 }  # fmt: skip
-
-
-def _taps(w: np.ndarray) -> str:
-    """float32 taps as exact hex literals, comma-separated."""
-    return ",".join(f"{float(v).hex()}f" for v in np.asarray(w, np.float32).ravel())
 
 
 def st_shape(device: cl.Device) -> dict[str, object]:
@@ -78,7 +74,9 @@ class StructureKernels:
         defines = (
             ("KX", tree.taps[0]), ("KY", tree.taps[1]), ("KZ", tree.taps[2]),
             ("S0", tree.start[0]), ("S1", tree.start[1]), ("S2", tree.start[2]),
-            ("WX", _taps(tree.wx[0])), ("WY", _taps(tree.wy[0])), ("WZ", _taps(tree.wz[0])),
+            ("WX", cl_table(np.asarray(tree.wx[0], np.float32))),
+            ("WY", cl_table(np.asarray(tree.wy[0], np.float32))),
+            ("WZ", cl_table(np.asarray(tree.wz[0], np.float32))),
             *((k, s[k]) for k in ("UA", "TY", "TZ", "UY", "VC", "UB", "CH")),
         )  # fmt: skip
         if plan.mode == "constant":  # the index maps hold -1 (cval)

@@ -157,14 +157,12 @@ def process_specs(cfg: Config, devices: tuple[str, ...], job: Job, device: cl.De
 def starts(specs: tuple[str, ...], cost: float, early: list[Worker]) -> list[float]:
     """Seconds until each worker for ``specs`` after the first is ready: ``cost`` less what
     an early worker on its spec (one each) has done already."""
-    now = time.time()
-    ages = [(w.spec, now - w.started_at) for w in early]
-    left = []
+    now, unclaimed, left = time.time(), list(early), []
     for spec in specs[1:]:
-        age = next((a for s, a in ages if s == spec), 0.0)
-        if age:
-            ages.remove((spec, age))
-        left.append(max(0.0, cost - age))
+        w = next((w for w in unclaimed if w.spec == spec), None)
+        if w is not None:
+            unclaimed.remove(w)
+        left.append(max(0.0, cost - (now - w.started_at if w is not None else 0.0)))
     return left
 
 
