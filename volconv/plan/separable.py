@@ -421,7 +421,7 @@ def make_separable_plan(
     tree = fused_tree(choices, lo)
     want = kind == "gpu" if fused is None else bool(fused)
     if want and fused is None and xfirst is not False:  # small banks of features: axis 0 first
-        want = not xfirst_over_fused(choices, lo, feature_planes, device)
+        want = not xfirst_over_fused(tree, choices, lo, feature_planes, device)
     if want and not fused_fits(tree, tile, device, forced=bool(fused)):
         if fused:
             raise ValueError(

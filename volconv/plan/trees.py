@@ -61,22 +61,20 @@ def xfirst_fits(tree: FusedTree | None, device: cl.Device) -> bool:
 
 # On GPUs a bank with device features and at most this many separable responses (one
 # Hessian's six) runs axis 0 first rather than in the fused kernel, where it fits: faster at
-# sigma 1 too (benchmarks/results/h100-hessian-sweep.json, the Hessian eigenvalues and the
+# sigma 1 too (benchmarks/results/h100-hessian-sweep-3.json, the Hessian eigenvalues and the
 # gradient magnitude).
 XFIRST_OVER_FUSED_OUTS = 6
 
 
-def xfirst_over_fused(choices: Sequence[Choice], halo_lo: tuple[int, int, int],
-                      feature_planes: int, device: cl.Device) -> bool:  # fmt: skip
-    """Whether a bank (``choices``, its common halo before the outputs ``halo_lo``) with
-    ``feature_planes`` device features runs its tree axis 0 first by default on ``device``
-    rather than in the fused kernel: where the tree takes that form by default (`multi_fits`
-    in kernels/tree.cl's shape unforced, `xfirst_fits`)."""
-    from volconv.engines.passes import fused_tree
-
+def xfirst_over_fused(tree: FusedTree | None, choices: Sequence[Choice],
+                      halo_lo: tuple[int, int, int], feature_planes: int,
+                      device: cl.Device) -> bool:  # fmt: skip
+    """Whether a bank (``choices``, its pass ``tree``, its common halo before the outputs
+    ``halo_lo``) with ``feature_planes`` device features runs its tree axis 0 first by
+    default on ``device`` rather than in the fused kernel: where the tree takes that form by
+    default (`multi_fits` in kernels/tree.cl's shape unforced, `xfirst_fits`)."""
     if feature_planes <= 0 or device.type & cl.device_type.CPU:
         return False
-    tree = fused_tree(choices, halo_lo)
     if tree is None or tree.n_out > XFIRST_OVER_FUSED_OUTS:
         return False
     lanes, rows = TREE_SHAPE["gpu"]
