@@ -244,10 +244,15 @@ def _redirect(fd: int) -> None:
     limited = resource is not None and (
         resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
     )
-    if hasattr(os, "memfd_create") and not limited:
-        other = os.memfd_create("volconv-discard")
-    else:
-        other = os.open(os.devnull, os.O_RDWR)
+    try:
+        if hasattr(os, "memfd_create") and not limited:
+            other = os.memfd_create("volconv-discard")
+        else:
+            other = os.open(os.devnull, os.O_RDWR)
+    except OSError as e:  # out of descriptors: closing writes to the file, deleted next
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            return
+        raise
     try:
         os.dup2(other, fd)
     finally:

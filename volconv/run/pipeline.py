@@ -132,14 +132,14 @@ def run_overlapped(
                 on_device_done=left.set,
                 first_frame=ahead.get(index[id(job)]),
             )
-        except InputError as e:  # planned, then unreadable (corrupt, changed): this input's
-            if resource_cause(e) is not None:  # the machine's trouble: it stops the run
+        except Exception as e:
+            if resource_cause(e) is not None:  # out of descriptors, memory or disk: the
+                raise  # machine's trouble, which stops the run
+            if isinstance(e, InputError):  # planned, then unreadable (corrupt, changed)
+                return job.failed(str(e))  # this input's own trouble: the others go on
+            if isinstance(e, STOPS_THE_RUN):
                 raise
-            return job.failed(str(e))  # own trouble, the others go on
-        except STOPS_THE_RUN:
-            raise
-        except Exception as e:  # this input's own trouble: the others go on (exit status 1)
-            return job.failed(f"{type(e).__name__}: {e}")
+            return job.failed(f"{type(e).__name__}: {e}")  # as an InputError (exit status 1)
         finally:
             left.set()
             ahead.pop(index[id(job)], None)  # the frame goes with its input
