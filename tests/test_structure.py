@@ -45,3 +45,20 @@ def test_structure_kernels_in_each_shape(device, monkeypatch, kind, mode, rho, b
                   for a, b in PAIRS])  # fmt: skip
     err = np.abs(out - eig_ref(entries)).max()
     assert err <= bound, (err, bound)
+
+
+def test_kernel_time_is_the_named_kernels_and_the_gradients_pads_are_pad(device):
+    """A structure tensor's slab counts its gradients' uploads and pads as "upload" and
+    "pad", and as "kernel" exactly the kernels `kernel_seconds` names (the benchmarks' split
+    of where a slab's time goes)."""
+    volume = scene((12, 20, 24), seed=5)
+    feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": 1.0,
+                             "rho": 1.0, "name": "st"}])  # fmt: skip
+    ex = expand([], feats)
+    conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, "reflect", 0.0,
+                              device=device, expanded=ex, slab_depth=5)  # fmt: skip
+    for a, b in conv.slabs():
+        conv.convolve_slab(a, b, frame=volume)
+    named = sum(conv.kernel_seconds.values())
+    assert conv.timings["pad"] > 0 and conv.timings["kernel"] > 0
+    assert conv.timings["kernel"] == pytest.approx(named, rel=1e-9), (conv.timings, named)

@@ -381,6 +381,8 @@ class StructureTensorStage:
         i32 = np.int32
         k = self.kernels._k["product_pad"]
         events: list[cl.Event] = []
+        ups: list[cl.Event] = []  # the gradients' uploads and pads: counted as theirs
+        pads: list[cl.Event] = []
         chunks = self._chunks(a, b)
         # the products formed where the tree first reads them (one chunk of gradients: every
         # row the smoothing reads at once), else gathered by product_pad into padded slabs
@@ -397,7 +399,9 @@ class StructureTensorStage:
             else:
                 own = rows[np.searchsorted(needed, grad.source_rows(c0, c1))]
                 up, pad = grad.padder(c0, c1, grad._padded, rows=own)
-            events += [*up, pad, *grad._launch_passes(c1 - c0)]
+            ups += up
+            pads.append(pad)
+            events += grad._launch_passes(c1 - c0)
             if direct:
                 local = np.where(m0 >= 0, m0 - c0, -1).astype(np.int32)
                 if self._st is not None:
@@ -439,8 +443,10 @@ class StructureTensorStage:
                                               n, stride=p0 * ny * nz))  # fmt: skip
         down = [cl.enqueue_copy(queue, out[i], self._values, src_offset=i * n * 4,
                                 is_blocking=False) for i in range(3)]  # fmt: skip
-        cl.wait_for_events(events + down)
+        cl.wait_for_events(events + ups + pads + down)
         self.seconds += device_seconds(events)
+        grad.timings["upload"] += device_seconds(ups)
+        grad.timings["pad"] += device_seconds(pads)
         return out
 
     def _compute_host(
