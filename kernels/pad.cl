@@ -14,7 +14,7 @@
  * are arguments, not build options: one program serves every volume's shape.
  *
  * Build options (-D): SRC_T the source element type, DST_T the padded element type; ROWS for
- * the row kernel (launched over (1, P1, P0)).
+ * the row kernel (launched over (1, P1, P0)); else PAD_TILE and PAD_ROWS, pad_tiles' shape.
  */
 __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided */
                   __global DST_T *restrict dst,        /* (P0, P1, P2) padded slab */
@@ -59,3 +59,38 @@ __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided *
     }
 #endif
 }
+
+#ifndef ROWS
+/* pad_tiles: pad for sources whose fastest axis is axis 0 (s0 == 1: NIfTI's x-fastest
+ * layout) on GPUs, where pad's work-items along axis 2 would each read a memory sector of their
+ * own (their elements s2 apart). A work-group moves a PAD_TILE x PAD_TILE tile of (axis 2,
+ * axis 0) at one padded row p1 through local memory, reading along axis 0 and writing along
+ * axis 2, both coalesced. Launched over (ceil(P2 / PAD_TILE) PAD_TILE, P1 PAD_ROWS,
+ * ceil(P0 / PAD_TILE)) in work-groups of (PAD_TILE, PAD_ROWS, 1). */
+__kernel __attribute__((reqd_work_group_size(PAD_TILE, PAD_ROWS, 1)))
+void pad_tiles(__global const SRC_T *restrict src, __global DST_T *restrict dst,
+               __global const int *restrict m0, __global const int *restrict m1,
+               __global const int *restrict m2, const int P0, const int P1, const int P2,
+               const long s0, const long s1, const long s2, const float cval,
+               const int lo2, const int nz) /* pad's arguments; lo2 and nz unused */
+{
+    __local DST_T tile[PAD_TILE][PAD_TILE + 1]; /* [p2][p0], its rows an odd pitch apart */
+    const int tx = (int)get_local_id(0), ty = (int)get_local_id(1);
+    const int b2 = (int)get_group_id(0) * PAD_TILE, b0 = (int)get_group_id(2) * PAD_TILE;
+    const int p1 = (int)get_group_id(1);
+    const int i1 = m1[p1];
+    const int p0 = b0 + tx, i0 = p0 < P0 ? m0[p0] : -1;
+    for (int r = ty; r < PAD_TILE; r += PAD_ROWS) {
+        const int p2 = b2 + r;
+        const int i2 = p2 < P2 ? m2[p2] : -1;
+        tile[r][tx] = i0 < 0 || i1 < 0 || i2 < 0 ? (DST_T)cval
+                                                 : (DST_T)src[i0 * s0 + i1 * s1 + i2 * s2];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const int p2 = b2 + tx;
+    for (int r = ty; r < PAD_TILE; r += PAD_ROWS) {
+        const int q0 = b0 + r;
+        if (q0 < P0 && p2 < P2) dst[((long)q0 * P1 + p1) * P2 + p2] = tile[tx][r];
+    }
+}
+#endif

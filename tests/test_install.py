@@ -29,7 +29,7 @@ names = sorted(p.name for p in resources.files("volconv.kernels").iterdir() if p
 defines = {
     "bank_conv.cl": (("KX", 3), ("KY", 3), ("KZ", 3), ("NV", 4), ("UNROLL", 4), ("IN_T", "uchar"),
                      ("FILT_LOCAL", 1)),
-    "pad.cl": (("SRC_T", "uchar"), ("DST_T", "float")),
+    "pad.cl": (("SRC_T", "uchar"), ("DST_T", "float"), ("PAD_TILE", 32), ("PAD_ROWS", 8)),
     "fma_probe.cl": (),
     "separable.cl": (("K", 5), ("V", 16), ("U", 4), ("UM", 2), ("IN_T", "uchar")),
     # mma.sync emulated: the inline PTX builds on NVIDIA only (tests/test_tensor.py runs it)

@@ -13,6 +13,9 @@ from volconv.device.programs import build
 from volconv.engines.boundary import extend_indices, sources
 from volconv.plan.direct import CL_TYPES
 
+# kernels/pad.cl's pad_tiles: its tile's side and the work-items along its rows
+PAD_TILE, PAD_ROWS = 32, 8
+
 
 def native_volume(volume: np.ndarray) -> np.ndarray:
     """The volume in a type the kernels read: native byte order, else float32; a ValueError
@@ -124,9 +127,11 @@ class Padder:
         mf = cl.mem_flags
         defines = (("SRC_T", CL_TYPES[self.src_dtype]), ("DST_T", CL_TYPES[np.dtype(pad_dtype)]))
         self._rows = bool(ctx.devices[0].type & cl.device_type.CPU)  # a work-item a row
-        if self._rows:
-            defines += (("ROWS", 1),)
-        self._pad = cl.Kernel(build(ctx, "pad.cl", defines), "pad")
+        tiles = (("PAD_TILE", PAD_TILE), ("PAD_ROWS", PAD_ROWS))
+        defines += (("ROWS", 1),) if self._rows else tiles
+        program = build(ctx, "pad.cl", defines)
+        self._pad = cl.Kernel(program, "pad")
+        self._tiles = None if self._rows else cl.Kernel(program, "pad_tiles")
         ny, nz = shape[1:]
         p2 = padded_yz[1]
         m1 = extend_indices(ny, -halo_lo[1], ny + halo_hi[1], mode)
@@ -175,14 +180,21 @@ class Padder:
             events[0] = cl.enqueue_copy(self.queue, self._m0, local, is_blocking=False)
         else:
             strides = self._upload_runs(frame, needed, events)
-        p1, p2 = self.padded_yz
-        self._pad.set_args(
+        p0, (p1, p2) = len(m0), self.padded_yz
+        # axis 0 the source's fastest (x-fastest) on a GPU: through tiles, both sides coalesced
+        tiles = self._tiles is not None and strides[0] == 1 and strides[2] != 1
+        kernel = self._tiles if tiles else self._pad
+        kernel.set_args(
             src, padded, self._m0, self._m1, self._m2,
-            np.int32(len(m0)), np.int32(p1), np.int32(p2), *map(np.int64, strides),
+            np.int32(p0), np.int32(p1), np.int32(p2), *map(np.int64, strides),
             np.float32(self.cval), np.int32(self.halo_lo[2]), np.int32(self.shape[2]),
         )  # fmt: skip
-        glob = (1 if self._rows else p2, p1, len(m0))
-        pad = cl.enqueue_nd_range_kernel(self.queue, self._pad, glob, None)
+        if tiles:
+            t, r = PAD_TILE, PAD_ROWS
+            glob, local = (-(-p2 // t) * t, p1 * r, -(-p0 // t)), (t, r, 1)
+        else:
+            glob, local = (1 if self._rows else p2, p1, p0), None
+        pad = cl.enqueue_nd_range_kernel(self.queue, kernel, glob, local)
         return events, pad
 
     def _upload_frame(self, frame: np.ndarray, events: list) -> tuple[cl.Buffer, tuple]:
