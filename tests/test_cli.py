@@ -943,3 +943,24 @@ def test_validate_prints_the_bytes_written_and_an_estimate(tmp_path, capsys, dev
     assert volconv("run", pipeline, capsys=capsys)[0] == 0
     code, out, _ = volconv("validate", pipeline, capsys=capsys)
     assert "writes   0 bytes in all for 0 output(s)" in out and "estimate" not in out
+
+
+@pytest.mark.parametrize(
+    ("bank", "n"),
+    [({"filter": [{"type": "box"}], "feature": [
+        {"type": "gradient_magnitude", "sigma": 1, "name": "g"},
+        {"type": "hessian_eigenvalues", "sigma": 1, "name": "h"},
+        {"type": "structure_tensor_eigenvalues", "sigma": 1, "rho": 1, "name": "st"}]}, 8),
+     ({"filter": [], "preset": "skimage"}, 30)],
+)  # fmt: skip
+def test_validate_counts_the_bytes_of_every_output_features_included(tmp_path, capsys, bank, n):
+    """N is the file's volumes: the responses stored and every feature's outputs (a preset's
+    30 included), never the filters the device runs."""
+    shape = (9, 8, 7)
+    np.save(tmp_path / "a.npy", random_volume(shape, "uint8"))
+    pipeline = write_pipeline(tmp_path, [], bank=bank)
+    code, out, err = volconv("validate", pipeline, capsys=capsys)
+    assert code == 0, err
+    size = n * int(np.prod(shape)) * 4
+    assert f"N = {n}," in out and f"writes {size:,} bytes" in out, out
+    assert f"writes   {size:,} bytes" in out, out

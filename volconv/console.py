@@ -293,8 +293,9 @@ DISK_BYTES_PER_S = 500e6
 
 
 def output_bytes(job: Job, dtype: str) -> int:
-    """The bytes of an input's responses as stored, uncompressed: N x voxels x the type's."""
-    return len(job.filters) * math.prod(job.volume.shape) * np.dtype(dtype).itemsize
+    """The bytes of an input's outputs as stored, uncompressed: N (the responses and the
+    features' volumes) x voxels x the type's."""
+    return len(job.outputs) * math.prod(job.volume.shape) * np.dtype(dtype).itemsize
 
 
 def kernel_seconds(job: Job, gflops: float | None) -> float:

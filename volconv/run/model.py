@@ -66,7 +66,7 @@ def input_costs(job: Job, cfg: Config, peak_gflops: float | None) -> tuple[float
     """``job``'s `modelled_costs`."""
     voxels = math.prod(int(s) for s in job.volume.shape)
     itemsize = np.dtype(cfg.dtype).itemsize
-    return modelled_costs(voxels, len(job.filters), itemsize, job.gflop, peak_gflops)
+    return modelled_costs(voxels, len(job.outputs), itemsize, job.gflop, peak_gflops)
 
 
 def input_seconds(job: Job, cfg: Config, peak_gflops: float | None, pace: float = 1.0) -> float:
