@@ -405,3 +405,30 @@ def test_structure_tensor_with_nonfinite_voxels(device):
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     ok = ~np.isnan(ref)
     assert np.abs(out[ok] - ref[ok]).max() <= 1e-4 * float(np.abs(ref[ok]).max())
+
+
+def test_useful_work_counts_every_filter_the_features_definitions_apply():
+    """The throughput record's useful work (docs/contract.md): a feature's filters at their
+    own extents, a structure tensor's outer smoothing of its six products, and a preset's
+    filters composed with its smoothing, as its library applies them."""
+    from volconv.bank.presets import preset_features
+
+    feats = build_features([
+        {"type": "gradient_magnitude", "sigma": 1.0, "name": "g"},  # 3 of 9^3
+        {"type": "structure_tensor_eigenvalues", "sigma": 1.5, "rho": 1.0, "truncate": 2.0,
+         "name": "st"},  # 3 of 7^3 (radius 3), 6 of 5^3 (radius 2)
+    ])  # fmt: skip
+    assert sorted(map(math.prod, expand([], feats).work_extents)) == sorted(
+        [9**3] * 3 + [7**3] * 3 + [5**3] * 6
+    )
+    skimage = {f.name: f.work_extents() for f in preset_features("skimage", None)}
+    assert skimage["intensity_s1"] == [(9, 9, 9)]  # radius 4 at truncate 4
+    assert skimage["edges_s1"] == [(11, 11, 11)] * 3  # a Sobel operator on it
+    assert skimage["texture_s1"] == [(13, 9, 9), (9, 13, 9), (9, 9, 13), (11, 11, 9),
+                                     (11, 9, 11), (9, 11, 11)]  # fmt: skip
+    # ilastik at scale 1.6: presmoothing sqrt(1.56) at window 3.5 (radius 4), inner 1 at
+    # window 2 (radius 2): 13^3; the outer Gaussian 0.5 at window 2 (radius 1): 3^3
+    ilastik = {f.params["feature"]: f.work_extents() for f in preset_features("ilastik", [1.6])}
+    assert ilastik["HessianOfGaussianEigenvalues"] == [(13, 13, 13)] * 6
+    assert ilastik["StructureTensorEigenvalues"] == [(13, 13, 13)] * 3 + [(3, 3, 3)] * 6
+    assert ilastik["DifferenceOfGaussians"] == [(13, 13, 13), (11, 11, 11)]  # 0.66: radius 1

@@ -127,6 +127,20 @@ class Feature:
             for i, name in enumerate(self.output_names)
         ]
 
+    def work_extents(self) -> list[tuple[int, ...]]:
+        """The extents of the linear filters its definition applies, for the throughput
+        record's useful work: the responses it reads and a structure tensor's outer smoothing
+        of each of its six products; a preset's as its library applies them
+        (`volconv.bank.presets.preset_extents`)."""
+        if "preset" in self.params:
+            from volconv.bank.presets import preset_extents
+
+            return preset_extents(self)
+        extents = [tuple(f.kernel.shape) for f in self.inputs]
+        if self.rho_filter is not None:
+            extents += [tuple(self.rho_filter.kernel.shape)] * len(PAIRS)
+        return extents
+
     def describe(self) -> str:
         """One line, as ``volconv validate`` lists it."""
         keys = ", ".join(f"{k}={_show(v)}" for k, v in self.params.items())
@@ -348,6 +362,10 @@ class Expanded:
     presets : list of (PresetPlan, tuple of int)
         A preset (`volconv.bank.presets.PresetPlan`) with the output planes it fills
         (`volconv.engines.scales.PresetStage`).
+    work_extents : tuple of extents
+        The useful work's filters (`volconv.report.work_gflop`): the filters run for the bank
+        and the device features, then each structure tensor's and preset's
+        (`Feature.work_extents`); not the one filter a convolver runs where nothing else is.
     """
 
     filters: list[Filter]
@@ -358,6 +376,7 @@ class Expanded:
     separable: tuple[int, ...] = ()
     features: tuple[Feature, ...] = ()
     presets: list[tuple[object, tuple[int, ...]]] = field(default_factory=list)
+    work_extents: tuple[tuple[int, ...], ...] = ()
 
     @property
     def names(self) -> list[str]:
@@ -426,10 +445,12 @@ def expand(filters: Sequence[Filter], features: Sequence[Feature]) -> Expanded:
             raise ValueError("expand: a preset's outputs must be consecutive")
         plan = preset_plan([(f, tuple(o - first for o in at)) for f, at in preset])
         presets.append((plan, planes))
+    work = [tuple(f.kernel.shape) for f in all_filters]
+    work += [e for feat, _ in [*tensors, *preset] for e in feat.work_extents()]
     if not all_filters and tensors:  # the convolver runs at least one filter: a cheap one
         all_filters.append(tensors[0][0].inputs[0])
     elif not all_filters and presets:  # one tap: the identity
         all_filters.append(gaussian_filter_of("identity", (0.1,) * 3, (0, 0, 0), 1.0))
         separable.add(0)
     return Expanded(all_filters, len(filters), outputs, device, tensors,
-                    tuple(sorted(separable)), tuple(features), presets)  # fmt: skip
+                    tuple(sorted(separable)), tuple(features), presets, tuple(work))  # fmt: skip

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from volconv.bank.features import Feature, _fail, radius
+from volconv.bank.features import PAIRS, Feature, _fail, radius
 from volconv.bank.kernels import gaussian_kernel1d
 from volconv.bank.spec import BankError
 from volconv.plan.direct import MAX_SEPARABLE_EXTENT
@@ -119,6 +119,10 @@ class PresetPlan:
     scales: tuple[PresetScale, ...]
     n_outputs: int
 
+    def smoothing_taps(self) -> int:
+        """Taps per voxel of its first stage: each scale's Gaussian along the three axes."""
+        return sum(3 * (2 * s.smooth_radius + 1) for s in self.scales)
+
 
 def preset_plan(features: Sequence[tuple[Feature, tuple[int, ...]]]) -> PresetPlan:
     """The plan of a preset's features, each with its output planes among the preset's."""
@@ -137,6 +141,41 @@ def preset_plan(features: Sequence[tuple[Feature, tuple[int, ...]]]) -> PresetPl
             scales.append(PresetScale(pre, ILASTIK_PRESMOOTH_WINDOW, min(s, 1.0), at))
     n = sum(len(f.output_names) for f, _ in features)
     return PresetPlan(kind, tuple(scales), n)
+
+
+def preset_extents(feature: Feature) -> list[tuple[int, ...]]:
+    """The extents of the linear filters a preset's ``feature`` applies to the input, as its
+    library defines it (`Feature.work_extents`): each stage-2 filter composed with the scale's
+    smoothing. ilastik: the inner Gaussian, its derivatives and DoG's second one over the
+    presmoothing, and the structure tensor's outer Gaussian over each of its six products;
+    skimage: the Gaussian, the Sobel operators on it, and np.gradient taken twice."""
+    p = feature.params
+    if p["preset"] == "skimage":
+        r = radius(float(p["sigma"]), SKIMAGE_TRUNCATE)
+        g = 2 * r + 1
+        if p["feature"] == "intensity":
+            return [(g, g, g)]
+        if p["feature"] == "edges":  # a 3 x 3 x 3 Sobel operator per axis
+            return [(g + 2,) * 3] * 3
+        # the Hessian's entries: central differences twice along one axis, or once along two
+        return [tuple(g + 4 if a == b == k else g + 2 * ((a == k) + (b == k)) for k in range(3))
+                for a, b in PAIRS]  # fmt: skip
+    pre = radius(float(p["presmooth"]), ILASTIK_PRESMOOTH_WINDOW)
+    inner = float(p["sigma"])
+
+    def cube(sigma: float) -> tuple[int, int, int]:
+        return (2 * (pre + radius(sigma, ILASTIK_WINDOW)) + 1,) * 3
+
+    count = {"GaussianSmoothing": 1, "LaplacianOfGaussian": 3, "GaussianGradientMagnitude": 3,
+             "StructureTensorEigenvalues": 3, "HessianOfGaussianEigenvalues": 6}  # fmt: skip
+    fid = p["feature"]
+    if fid == "DifferenceOfGaussians":
+        return [cube(inner), cube(ILASTIK_DOG * inner)]
+    extents = [cube(inner)] * count[fid]
+    if fid == "StructureTensorEigenvalues":
+        outer = 2 * radius(ILASTIK_OUTER * inner, ILASTIK_WINDOW) + 1
+        extents += [(outer,) * 3] * len(PAIRS)
+    return extents
 
 
 def _check_extent(key: str, sigma: float, truncate: float) -> None:

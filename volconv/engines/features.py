@@ -4,6 +4,7 @@ tensor's second smoothing (`StructureTensorStage`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, ClassVar
@@ -327,6 +328,14 @@ class StructureTensorStage:
         """Output rows of the stacked outer smoothing: six padded slabs of ``depth + 2
         reach`` rows, less one halo."""
         return 6 * (depth + 2 * reach) - 2 * reach
+
+    @property
+    def executed_gflop(self) -> float:
+        """GFLOP its kernels compute for one volume: the gradients' passes, and the outer
+        smoothing's three passes over each of the six products (the rows between slabs and the
+        eigenvalues uncounted)."""
+        taps = len(PAIRS) * 3 * (2 * self.reach + 1)
+        return self.grad.executed_gflop + 2.0 * math.prod(self.shape) * taps / 1e9
 
     @property
     def convolvers(self) -> tuple:

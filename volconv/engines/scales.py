@@ -5,6 +5,8 @@ from the smoothed field."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyopencl as cl
 
@@ -249,6 +251,12 @@ class PresetStage:
     def held_bytes(self) -> int:
         """Device memory the stage holds (as a structure tensor's stage says it)."""
         return self.device_bytes
+
+    @property
+    def executed_gflop(self) -> float:
+        """GFLOP of its first stage for one volume, each scale's smoothing (the stencils of
+        stage 2 uncounted)."""
+        return 2.0 * math.prod(self.shape) * self.preset.smoothing_taps() / 1e9
 
     # -- rows -------------------------------------------------------------------------------
     def _rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:

@@ -515,16 +515,21 @@ class SeparableConvolver(SlabConvolver):
 
     @property
     def gflop(self) -> float:
-        """Useful GFLOP of one volume, as SPEC.md counts it: 2 * voxels * sum_k prod(extent_k)
-        over each filter's own extent."""
-        return work_gflop([k.shape for k in self.kernels], math.prod(self.plan.shape))
+        """Useful GFLOP of one volume (`volconv.report.work_gflop`): 2 * voxels *
+        sum_k prod(extent_k) over each filter's own extent, the features' included
+        (`Expanded.work_extents`)."""
+        extents = (self.expanded.work_extents if self.expanded is not None
+                   else [k.shape for k in self.kernels])  # fmt: skip
+        return work_gflop(extents, math.prod(self.plan.shape))
 
     @property
     def executed_gflop(self) -> float:
         """GFLOP the kernels compute for one volume: the passes' taps over every output they
-        produce (halo rows and the row tail included), the coefficient multiply-adds, and the
-        direct groups' taps."""
-        return self._work()[0] / 1e9 + sum(c.executed_gflop for c in self._direct)
+        produce (halo rows and the row tail included), the coefficient multiply-adds, the
+        direct groups' taps, a structure tensor's passes and a preset's first stage (its
+        smoothing; its stencils uncounted)."""
+        return (self._work()[0] / 1e9 + sum(c.executed_gflop for c in self._direct)
+                + sum(stage.executed_gflop for stage, _ in self._tensors))  # fmt: skip
 
     @property
     def kernel_bytes(self) -> int:

@@ -95,9 +95,8 @@ class Job:
     @property
     def gflop(self) -> float:
         """The useful work of the whole input (`volconv.report.work_gflop`): every filter
-        the device runs, at its own extent."""
-        extents = [f.kernel.shape for f in self.run_filters]
-        return work_gflop(extents, int(np.prod(self.volume.shape)))
+        the outputs' definitions apply, at its own extent (`Expanded.work_extents`)."""
+        return work_gflop(self.expanded.work_extents, int(np.prod(self.volume.shape)))
 
     def skipped(self, reason: str = "") -> VolumeReport:
         return VolumeReport.skipped(self.spec, str(self.output), self.volume.shape,
