@@ -103,6 +103,9 @@ class Feature:
         01, 02, 12), or a Gabor pair (real, imag).
     rho_filter : Filter or None
         The structure tensor's outer Gaussian.
+    work : tuple of extents
+        A preset's feature: the extents of the filters its library applies
+        (`volconv.bank.presets.preset_extents`), which it reads through no filter of the bank.
     """
 
     name: str
@@ -111,6 +114,7 @@ class Feature:
     inputs: tuple[Filter, ...]
     rho_filter: Filter | None = None
     names: tuple[str, ...] = ()  # the outputs' names, where not <name>_0 .. (a preset's)
+    work: tuple[tuple[int, ...], ...] = ()
 
     @property
     def output_names(self) -> list[str]:
@@ -130,13 +134,8 @@ class Feature:
     def work_extents(self) -> list[tuple[int, ...]]:
         """The extents of the linear filters its definition applies, for the throughput
         record's useful work: the responses it reads and a structure tensor's outer smoothing
-        of each of its six products; a preset's as its library applies them
-        (`volconv.bank.presets.preset_extents`)."""
-        if "preset" in self.params:
-            from volconv.bank.presets import preset_extents
-
-            return preset_extents(self)
-        extents = [tuple(f.kernel.shape) for f in self.inputs]
+        of each of its six products; a preset's as its library applies them (``work``)."""
+        extents = [*self.work, *(tuple(f.kernel.shape) for f in self.inputs)]
         if self.rho_filter is not None:
             extents += [tuple(self.rho_filter.kernel.shape)] * len(PAIRS)
         return extents

@@ -143,13 +143,16 @@ def preset_plan(features: Sequence[tuple[Feature, tuple[int, ...]]]) -> PresetPl
     return PresetPlan(kind, tuple(scales), n)
 
 
-def preset_extents(feature: Feature) -> list[tuple[int, ...]]:
-    """The extents of the linear filters a preset's ``feature`` applies to the input, as its
-    library defines it (`Feature.work_extents`): each stage-2 filter composed with the scale's
-    smoothing. ilastik: the inner Gaussian, its derivatives and DoG's second one over the
-    presmoothing, and the structure tensor's outer Gaussian over each of its six products;
-    skimage: the Gaussian, the Sobel operators on it, and np.gradient taken twice."""
-    p = feature.params
+def preset_extents(p: dict[str, object]) -> tuple[tuple[int, ...], ...]:
+    """The extents of the linear filters the preset's feature of parameters ``p`` applies to
+    the input, as its library defines it (`Feature.work`): each stage-2 filter composed with
+    the scale's smoothing. ilastik: the inner Gaussian, its derivatives and DoG's second one
+    over the presmoothing, and the structure tensor's outer Gaussian over each of its six
+    products; skimage: the Gaussian, the Sobel operators on it, and np.gradient taken twice."""
+    return tuple(_extents(p))
+
+
+def _extents(p: dict[str, object]) -> list[tuple[int, ...]]:
     if p["preset"] == "skimage":
         r = radius(float(p["sigma"]), SKIMAGE_TRUNCATE)
         g = 2 * r + 1
@@ -208,7 +211,8 @@ def ilastik_features(scales: Sequence[float]) -> list[Feature]:
             if fid == "StructureTensorEigenvalues":
                 params["rho"] = ILASTIK_OUTER * inner
             names = tuple(f"{name} [{i}]" for i in range(3)) if "Eigen" in fid else (name,)
-            features.append(Feature(name, kind, params, (), names=names))
+            features.append(Feature(name, kind, params, (), names=names,
+                                    work=preset_extents(params)))  # fmt: skip
     return features
 
 
@@ -241,13 +245,12 @@ def skimage_features() -> list[Feature]:
     features = []
     for s in SKIMAGE_SIGMAS:
         tag = f"s{s:g}"
-        params: dict[str, object] = {"preset": "skimage", "sigma": s,
-                                     "truncate": SKIMAGE_TRUNCATE}  # fmt: skip
-        features.append(Feature(f"intensity_{tag}", "linear",
-                                {**params, "feature": "intensity"}, ()))  # fmt: skip
-        features.append(Feature(f"edges_{tag}", "gradient_magnitude",
-                                {**params, "feature": "edges"}, ()))  # fmt: skip
-        names = tuple(f"texture_{tag}_{i}" for i in range(3))
-        features.append(Feature(f"texture_{tag}", "hessian_eigenvalues",
-                                {**params, "feature": "texture"}, (), names=names))  # fmt: skip
+        for feature, kind in (("intensity", "linear"), ("edges", "gradient_magnitude"),
+                              ("texture", "hessian_eigenvalues")):  # fmt: skip
+            params: dict[str, object] = {
+                "preset": "skimage", "sigma": s, "truncate": SKIMAGE_TRUNCATE, "feature": feature,
+            }  # fmt: skip
+            names = tuple(f"texture_{tag}_{i}" for i in range(3)) if feature == "texture" else ()
+            features.append(Feature(f"{feature}_{tag}", kind, params, (), names=names,
+                                    work=preset_extents(params)))  # fmt: skip
     return features
