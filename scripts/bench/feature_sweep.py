@@ -30,13 +30,14 @@ from volconv.plan.separable import make_separable_plan, plan_paths
 # name -> options of SeparableConvolver; "groups" sets tree.TREE_GROUPS' GPU shapes, "uy"
 # tree.TREE_ROWS, "tree_shape" separable.TREE_SHAPE's GPU (V, UX) (a structure tensor's own),
 # "xfirst_shape" xfirst.XFIRST_SHAPE's GPU entry
-XF = {"TY": 16, "TZ": 32, "UB": 4, "VC": 2, "UA": 8, "BLOCK": 64, "ONE_ROOT": 0}
-SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry)
+XF = xfirst.XFIRST_SHAPE["gpu"]
+SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry), each from the module's
     "xf_block32": {**XF, "BLOCK": 32},
     "xf_ub2": {**XF, "UB": 2},
     "xf_vc4": {**XF, "VC": 4},
-    "xf_one": {**XF, "ONE_ROOT": 1},
-    "xf_tz64_ty8": {**XF, "TZ": 64, "TY": 8},
+    "xf_mg_all": {**XF, "MG": 0},  # every mid of a root at once
+    "xf_no_prefetch": {**XF, "PREFETCH": 0},
+    "xf_tz32_ty16": {**XF, "TZ": 32, "TY": 16},
 }
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
@@ -64,10 +65,10 @@ STRUCTURE = {
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "xf_block32", "xf_one", "xf_ub2", "xf_vc4",
-                   "xf_tz64_ty8", "multi_v2_u4", "multi_v2_u4_nogroups"],
+    "hessian_s3": ["passes", "default", "xf_block32", "xf_mg_all", "xf_no_prefetch", "xf_ub2",
+                   "xf_vc4", "xf_tz32_ty16", "multi_v2_u4", "multi_v2_u4_nogroups"],
     "structure_s1": ["passes", "default", "multi_v4", "xfirst", "fused"],
-    "structure_s3": ["passes", "default", "multi_v4", "xfirst", "xf_one"],
+    "structure_s3": ["passes", "default", "multi_v4", "xfirst", "xf_mg_all"],
     "hessian_s1": ["default", "fused_8x16x32", "fused_8x16x128", "fused_16x16x64",
                    "fused_4x32x64", "xfirst"],
 }  # fmt: skip

@@ -25,9 +25,13 @@ from volconv.bench import volume_record
 from volconv.device.devices import select_device
 from volconv.engines import scales, smoothing
 
-BASE = {"OUT_PER_ITEM": 16, "ROW_PER_ITEM": 8, "LINE_GROUP": 32, "BLOCKS": 8, "UNROLL": None,
-        "TILE": (32, 4, 2), "SUB_ROWS": 32, "XYZ_GROUP": (32, 8, 1),
-        "ENTRY_LANES": None, "SKIMAGE_ROWS": 4, "ROW_GROUP": 32, "ROW_LINES": 8}  # fmt: skip
+# the constants as the modules hold them (ENTRY_LANES None: the device's lanes)
+BASE = {
+    **{k: getattr(smoothing, k) for k in ("OUT_PER_ITEM", "ROW_PER_ITEM", "LINE_GROUP", "BLOCKS",
+                                          "UNROLL", "ROW_GROUP", "ROW_LINES")},
+    **{k: getattr(scales, k) for k in ("TILE", "SUB_ROWS", "XYZ_GROUP", "SKIMAGE_ROWS")},
+    "ENTRY_LANES": None,
+}  # fmt: skip
 LANES_FOR = scales.lanes_for
 # the constants only one preset's kernels read
 ONLY = {"OUT_PER_ITEM": "skimage", "ROW_PER_ITEM": "skimage", "LINE_GROUP": "skimage",
@@ -40,7 +44,7 @@ VARIANTS = [
     {**BASE, "ROW_GROUP": 64, "ROW_PER_ITEM": 4},
     {**BASE, "TILE": (32, 8, 1)},
     {**BASE, "TILE": (64, 2, 2)},
-    {**BASE, "SKIMAGE_ROWS": 2},
+    {**BASE, "SKIMAGE_ROWS": BASE["SKIMAGE_ROWS"] // 2},
     {**BASE, "SUB_ROWS": 64},
     {**BASE, "OUT_PER_ITEM": 8},
     {**BASE, "ENTRY_LANES": 1},  # the eigenvalues by eigen3 apart: what they take
