@@ -38,6 +38,7 @@ SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry), each from 
     "xf_mg_all": {**XF, "MG": 0},  # every mid of a root at once
     "xf_no_prefetch": {**XF, "PREFETCH": 0},
     "xf_tz32_ty16": {**XF, "TZ": 32, "TY": 16},
+    "xf_tz128_ty16": {**XF, "TZ": 128, "TY": 16},  # less of axis 2's halo recomputed
 }
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
@@ -66,7 +67,8 @@ STRUCTURE = {
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
     "hessian_s3": ["passes", "default", "xf_block32", "xf_mg_all", "xf_no_prefetch", "xf_ub2",
-                   "xf_vc4", "xf_tz32_ty16", "multi_v2_u4", "multi_v2_u4_nogroups"],
+                   "xf_vc4", "xf_tz32_ty16", "xf_tz128_ty16", "multi_v2_u4",
+                   "multi_v2_u4_nogroups"],
     "structure_s1": ["passes", "default", "multi_v4", "xfirst", "fused"],
     "structure_s3": ["passes", "default", "multi_v4", "xfirst", "xf_mg_all"],
     "hessian_s1": ["default", "fused_8x16x32", "fused_8x16x128", "fused_16x16x64",
