@@ -300,11 +300,12 @@ def output_bytes(job: Job, dtype: str) -> int:
 
 def kernel_seconds(job: Job, gflops: float | None) -> float:
     """The kernels' time for an input at ``gflops``: the plan's cost per voxel of each
-    filter's chosen path (in direct taps, two flops each) over every voxel; 0 if unknown."""
+    filter's chosen path (in direct taps, two flops each) and the stages' beside it
+    (`Expanded.stage_taps`), over every voxel; 0 if unknown."""
     if not gflops or not math.isfinite(gflops):
         return 0.0
     taps = sum(c.direct_cost if c.path == "direct" else c.separable_cost
-               for c in job.plan.choices)  # fmt: skip
+               for c in job.plan.choices) + job.expanded.stage_taps()  # fmt: skip
     return 2.0 * taps * math.prod(job.volume.shape) / (gflops * 1e9)
 
 

@@ -389,6 +389,15 @@ class Expanded:
             "n_tensor": sum(len(at) for _, at in [*self.tensors, *self.presets]),
         }
 
+    def stage_taps(self) -> int:
+        """Taps per voxel that the stages beside the plan's passes run, three passes per
+        filter: each structure tensor's gradients and its outer smoothing of six products, and
+        a preset's smoothing (`PresetPlan.smoothing_taps`; its stencils uncounted)."""
+        taps = sum(3 * (sum(f.kernel.shape[0] for f in feat.inputs)
+                        + len(PAIRS) * feat.rho_filter.kernel.shape[0])
+                   for feat, _ in self.tensors)  # fmt: skip
+        return taps + sum(plan.smoothing_taps() for plan, _ in self.presets)
+
     def stored_kernels(self) -> tuple[np.ndarray, np.ndarray]:
         """The ``/kernels`` array and the per-output extents: each response's kernel, and a
         (1, 1, 1) zero kernel for each feature output (the ``features`` attribute describes
