@@ -58,12 +58,13 @@ def test_sources_are_the_distinct_rows_read(mode, n):
 
 
 @pytest.mark.parametrize(
-    ("src_t", "shape", "halo_"),
-    [("uint8", (37, 20, 45), (3, 2, 5)), ("float32", (33, 9, 64), (1, 4, 0))],
-)
+    ("src_t", "dst_t", "shape", "halo_"),
+    [("uint8", "float32", (37, 20, 45), (3, 2, 5)), ("uint8", "uint8", (40, 7, 33), (0, 1, 2)),
+     ("float32", "float32", (33, 9, 64), (1, 4, 0))],
+)  # fmt: skip
 @pytest.mark.parametrize("mode", ["reflect", "constant"])
 def test_pad_tiles_gathers_an_x_fastest_source_as_the_index_maps_say(
-    device, src_t, shape, halo_, mode
+    device, src_t, dst_t, shape, halo_, mode
 ):
     """kernels/pad.cl's pad_tiles (GPUs, sources whose axis 0 is the fastest): every padded
     element is the source's at the three index maps, cval where one says outside; extents and
@@ -82,13 +83,13 @@ def test_pad_tiles_gathers_an_x_fastest_source_as_the_index_maps_say(
     p0, p1, p2 = (len(m) for m in maps)
     ctx = cl.Context([device])
     queue = cl.CommandQueue(ctx)
-    defines = (("SRC_T", CL_TYPES[np.dtype(src_t)]), ("DST_T", "float"),
+    defines = (("SRC_T", CL_TYPES[np.dtype(src_t)]), ("DST_T", CL_TYPES[np.dtype(dst_t)]),
                ("PAD_TILE", PAD_TILE), ("PAD_ROWS", PAD_ROWS))  # fmt: skip
     kernel = cl.Kernel(build(ctx, "pad.cl", defines), "pad_tiles")
     mf = cl.mem_flags
     bufs = [cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
             for a in (src.reshape(-1, order="F"), *(m.astype(np.int32) for m in maps))]  # fmt: skip
-    out = np.empty((p0, p1, p2), np.float32)
+    out = np.empty((p0, p1, p2), dst_t)
     dst = cl.Buffer(ctx, mf.WRITE_ONLY, out.nbytes)
     nx, ny = shape[:2]
     kernel(queue, (-(-p2 // PAD_TILE) * PAD_TILE, p1 * PAD_ROWS, -(-p0 // PAD_TILE)),
@@ -99,5 +100,5 @@ def test_pad_tiles_gathers_an_x_fastest_source_as_the_index_maps_say(
     i0, i1, i2 = np.ix_(*maps)
     inside = (i0 >= 0) & (i1 >= 0) & (i2 >= 0)
     expected = np.where(inside, src[np.maximum(i0, 0), np.maximum(i1, 0), np.maximum(i2, 0)],
-                        cval).astype(np.float32)  # fmt: skip
+                        cval).astype(dst_t)  # fmt: skip
     np.testing.assert_array_equal(out, expected)
