@@ -58,3 +58,26 @@ def test_the_default_on_cpus(device):
     assert_spec_close(out[:1], vol, k[None], reference(vol, k[None], "reflect"))
     ref = ndi.gaussian_gradient_magnitude(vol.astype(np.float64), 1.0, mode="reflect")
     assert np.abs(out[-1] - ref).max() <= 2 * SPEC_RTOL * 255 + SPEC_ATOL  # sum|k| < 1
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e22])
+def test_the_gradient_magnitude_in_float32_and_where_it_overflows(device, scale):
+    """The kernel's magnitude: in float32 where the sum of squares is finite, through float64
+    where it overflows float32 (components near 2^64, some lanes of a vector only); zero
+    where the volume is flat; an odd tail along axis 2 and slabs of 5 rows."""
+    feats = build_features([{"type": "gradient_magnitude", "sigma": 1.0, "name": "g"}])
+    shape = (13, 12, COLUMN_SHAPE["V"] + 5)
+    vol = (volume(shape).astype(np.float64) * scale).astype(np.float32)
+    vol[:, :, : COLUMN_SHAPE["V"]] = 0.0  # flat: its lanes' magnitudes exactly 0
+    ex = expand([], feats)
+    conv = SeparableConvolver(ex.filters, shape, vol.dtype, "reflect", device=device,
+                              expanded=ex, slab_depth=5)  # fmt: skip
+    assert conv.plan.columns == bool(device.type & 2)
+    out = convolve_separable(vol, [], "reflect", device=device, features=feats, slab_depth=5)
+    ref = ndi.gaussian_gradient_magnitude(vol.astype(np.float64), 1.0, mode="reflect")
+    if scale > 1:
+        assert (ref > np.sqrt(np.finfo(np.float32).max)).any()  # squares past float32
+    assert np.isfinite(out).all()
+    assert (out[0][ref == 0] == 0).all() and (ref == 0).any()
+    atol = 2 * SPEC_RTOL * np.abs(vol).max() + SPEC_ATOL  # sum|k| < 1 per component
+    np.testing.assert_allclose(out[0], ref, rtol=0, atol=atol)
