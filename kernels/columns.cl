@@ -177,14 +177,19 @@ __kernel void columns(__global const IN_T *restrict src, /* (P0, P1, P2) padded 
         }
         floatv(*m)[TY] = ring[p % KX];
         floatv(*m2)[TY] = ring[p % KX + KX];
-        /* a mid at a time along axis 1 (rolled): its window of rows slides in registers */
+        /* a root at a time along axis 1 (rolled), its mids together: they share its rows'
+         * loads, and only its mids' windows are live (all mids at once spill registers) */
 #pragma unroll
-        for (int k = 0; k < N_MIDS; ++k) {
+        for (int r = 0; r < N_ROOTS; ++r) {
             for (int y = 0; y < TY; ++y) {
-                floatv s = 0.0f;
-#define IN_Y(j) rows[mid_root[k]][y + (j)]
-                TAPS(s, wy + k * KY, KY, IN_Y)
-                m[k][y] = m2[k][y] = s;
+#pragma unroll
+                for (int k = 0; k < N_MIDS; ++k) {
+                    if (mid_root[k] != r) continue;
+                    floatv s = 0.0f;
+#define IN_Y(j) rows[r][y + (j)]
+                    TAPS(s, wy + k * KY, KY, IN_Y)
+                    m[k][y] = m2[k][y] = s;
+                }
             }
         }
         if (p < KX - 1) continue;
