@@ -54,7 +54,7 @@ class ColumnKernel:
         if epilogue:
             defines += (("FEATURES", epilogue),)
         self._kernel = cl.Kernel(build_with_features(ctx, "columns.cl", defines), "columns")
-        self._args: list[object] = []  # the arguments set last: only changed ones are set
+        self._args: tuple = ()  # the kernel's arguments as last set
 
     @property
     def counts(self) -> tuple[int, int, int]:
@@ -76,27 +76,18 @@ class ColumnKernel:
         n_stored = -1 if every or not self.epilogue else self.n_stored
         events = []
         for c0, rows in spans or [(0, depth)]:
-            self._set_args(
+            args = (
                 padded, out, out if feat is None else feat, i32(c0), i32(c0 + rows), i32(depth),
                 i32(ny), i32(nz), i32(p1), i32(p2), i32(s0), i32(s1), i32(s2), i32(n_stored),
             )  # fmt: skip
+            if args != self._args:  # a slab's differ at most in its rows: set once a run
+                self._kernel.set_args(*args)
+                self._args = args
             chunks = -(-rows // self.cx) if self.cx else 1
             glob = (-(-nz // self.v), -(-ny // self.ty), chunks)
             event = cl.enqueue_nd_range_kernel(self.queue, self._kernel, glob, (1, 1, 1))
             events.append(self.clock.add("columns", event))
         return events
-
-    def _set_args(self, *args: object) -> None:
-        """Set the kernel's arguments that differ from the last launch's (a slab's launch
-        changes at most its rows; setting all fourteen costs the host more than a slab's
-        upload on a CPU device)."""
-        if len(self._args) != len(args):
-            self._kernel.set_args(*args)
-        else:
-            for i, (was, now) in enumerate(zip(self._args, args, strict=True)):
-                if was is not now and (type(was) is not type(now) or was != now):
-                    self._kernel.set_arg(i, now)
-        self._args = list(args)
 
     def work(self, slabs: Iterable[tuple[int, int]]) -> tuple[float, int]:
         """(flop, bytes) over ``slabs``: every work-item's taps over its V x TY columns (the

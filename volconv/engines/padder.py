@@ -127,6 +127,7 @@ class Padder:
         if self._rows:
             defines += (("ROWS", 1),)
         self._pad = cl.Kernel(build(ctx, "pad.cl", defines), "pad")
+        self._args: tuple = ()  # the kernel's arguments as last set
         ny, nz = shape[1:]
         p2 = padded_yz[1]
         m1 = extend_indices(ny, -halo_lo[1], ny + halo_hi[1], mode)
@@ -176,11 +177,14 @@ class Padder:
         else:
             strides = self._upload_runs(frame, needed, events)
         p1, p2 = self.padded_yz
-        self._pad.set_args(
+        args = (
             src, padded, self._m0, self._m1, self._m2,
             np.int32(len(m0)), np.int32(p1), np.int32(p2), *map(np.int64, strides),
             np.float32(self.cval), np.int32(self.halo_lo[2]), np.int32(self.shape[2]),
         )  # fmt: skip
+        if args != self._args:  # a slab's differ at most in its rows: set once a run
+            self._pad.set_args(*args)
+            self._args = args
         glob = (1 if self._rows else p2, p1, len(m0))
         pad = cl.enqueue_nd_range_kernel(self.queue, self._pad, glob, None)
         return events, pad
