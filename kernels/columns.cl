@@ -7,11 +7,13 @@
  * plane:
  *   1. every root filters the TY + KY - 1 input rows of its columns along axis 2 (each input
  *      vector loaded once for all roots);
- *   2. every mid filters its root's rows along axis 1, into a ring that holds the mids of the
- *      last KX planes (private memory: the CPU's L1 cache);
+ *   2. every mid filters its root's rows along axis 1 (a root at a time, its mids together),
+ *      into a ring that holds the mids of the last KX planes (private memory: the CPU's
+ *      caches);
  *   3. once KX planes are in, each response of the oldest output row is the sum over its
  *      combos of the axis-0 taps times the ring's planes; the features read it there
- *      (kernels/eigen.cl's epilogue macros, on V lanes) and only what is stored is written.
+ *      (kernels/eigen.cl's epilogue macros, on V lanes; the magnitudes in float32 here,
+ *      `magnitude_fast`) and only what is stored is written.
  * So no intermediate volume touches global memory and each input row is read once per plane
  * by the work-items that share it.
  *
