@@ -12,16 +12,20 @@ from test_separable import FUSED, rank_r, volume
 from volconv.bank.features import build_features, expand
 from volconv.bank.filters import build_bank
 from volconv.checks import SPEC_ATOL, SPEC_RTOL
+from volconv.engines import columns
 from volconv.engines.columns import COLUMN_SHAPE
 from volconv.engines.separable import SeparableConvolver, convolve_separable
 from volconv.plan.separable import make_separable_plan, plan_bank
 
 
+@pytest.mark.parametrize("half", [False, True], ids=["rows", "half-rows"])
 @pytest.mark.parametrize(("mode", "cval"), [("reflect", 0.0), ("constant", -7.5), ("wrap", 0.0)])
-def test_a_mixed_bank_with_seams_and_edges(device, mode, cval):
+def test_a_mixed_bank_with_seams_and_edges(device, mode, cval, half, monkeypatch):
     """Every kind of factor (symmetric, antisymmetric, neither: a custom rank-2 kernel of even
     extents), extents that differ per axis and per filter; slabs of 3 rows; axis 1 past a
-    work-item's TY rows and axis 2 past its V lanes, both with a tail."""
+    work-item's TY rows (all of them, or half where its ring of mids is large) and axis 2 past
+    its V lanes, both with a tail."""
+    monkeypatch.setattr(columns, "HALF_ROWS_VALUES", 0 if half else 1 << 30)
     bank = [*build_bank(FUSED), rank_r((4, 3, 6), 2)]
     shape = (11, COLUMN_SHAPE["TY"] + 5, 2 * COLUMN_SHAPE["V"] + 3)
     vol = volume(shape)
@@ -29,6 +33,7 @@ def test_a_mixed_bank_with_seams_and_edges(device, mode, cval):
                "multi": False, "slab_depth": 3}  # fmt: skip
     conv = SeparableConvolver(bank, shape, vol.dtype, mode, cval, device=device, **options)
     assert conv.plan.columns and conv.pass_counts[2] >= len(bank)
+    assert conv._passes.ty == COLUMN_SHAPE["TY"] // (2 if half else 1)
     out = convolve_separable(vol, bank, mode, cval, device=device, **options)
     for f, k in enumerate(bank):
         k = getattr(k, "kernel", k)

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 COLUMN_SHAPE = {"V": 8, "TY": 32, "CX": 0}
 # Floats a work-item's ring of mids (2 KX planes x mids x TY x V) may hold by default.
 MAX_COLUMN_VALUES = 96 * 1024
+# Floats of a ring past which a tree's work-items take half the rows (TY / 2): the ring's
+# reads then stay in a core's first caches (the Hessian's six mids; the gradient's three
+# keep 32 rows; benchmarks/results/pocl-features-grad2.json).
+HALF_ROWS_VALUES = 16 * 1024
 
 
 def columns_fits(tree: FusedTree | None) -> bool:
@@ -33,6 +37,15 @@ def columns_fits(tree: FusedTree | None) -> bool:
         return False
     ring = 2 * tree.taps[0] * len(tree.wy) * COLUMN_SHAPE["TY"] * COLUMN_SHAPE["V"]
     return ring <= MAX_COLUMN_VALUES
+
+
+def column_shape(tree: FusedTree) -> dict[str, int]:
+    """`COLUMN_SHAPE` for ``tree``: half the rows along axis 1 where its ring of mids would
+    hold more than `HALF_ROWS_VALUES` floats."""
+    shape = dict(COLUMN_SHAPE)
+    if 2 * tree.taps[0] * len(tree.wy) * shape["TY"] * shape["V"] > HALF_ROWS_VALUES:
+        shape["TY"] = max(1, shape["TY"] // 2)
+    return shape
 
 
 class ColumnKernel:
@@ -45,7 +58,7 @@ class ColumnKernel:
                  clock: KernelClock) -> None:  # fmt: skip
         self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
         self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
-        v, ty, cx = (COLUMN_SHAPE[k] for k in ("V", "TY", "CX"))
+        v, ty, cx = (column_shape(tree)[k] for k in ("V", "TY", "CX"))
         self.v, self.ty, self.cx = v, ty, cx
         defines = (
             *fused_defines(tree, plan.pad_dtype),
