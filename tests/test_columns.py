@@ -25,7 +25,8 @@ def test_a_mixed_bank_with_seams_and_edges(device, mode, cval, half, monkeypatch
     extents), extents that differ per axis and per filter; slabs of 3 rows; axis 1 past a
     work-item's TY rows (all of them, or half where its ring of mids is large) and axis 2 past
     its V lanes, both with a tail."""
-    monkeypatch.setattr(columns, "HALF_ROWS_VALUES", 0 if half else 1 << 30)
+    rows = COLUMN_SHAPE["TY"] // (2 if half else 1)
+    monkeypatch.setattr(columns, "column_shape", lambda tree: {**COLUMN_SHAPE, "TY": rows})
     bank = [*build_bank(FUSED), rank_r((4, 3, 6), 2)]
     shape = (11, COLUMN_SHAPE["TY"] + 5, 2 * COLUMN_SHAPE["V"] + 3)
     vol = volume(shape)
@@ -33,7 +34,7 @@ def test_a_mixed_bank_with_seams_and_edges(device, mode, cval, half, monkeypatch
                "multi": False, "slab_depth": 3}  # fmt: skip
     conv = SeparableConvolver(bank, shape, vol.dtype, mode, cval, device=device, **options)
     assert conv.plan.columns and conv.pass_counts[2] >= len(bank)
-    assert conv._passes.ty == COLUMN_SHAPE["TY"] // (2 if half else 1)
+    assert conv._passes.ty == rows
     out = convolve_separable(vol, bank, mode, cval, device=device, **options)
     for f, k in enumerate(bank):
         k = getattr(k, "kernel", k)

@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 COLUMN_SHAPE = {"V": 8, "TY": 32, "CX": 0}
 # Floats a work-item's ring of mids (2 KX planes x mids x TY x V) may hold by default.
 MAX_COLUMN_VALUES = 96 * 1024
-# Floats of a ring past which a tree's work-items take half the rows (TY / 2): the ring's
-# reads then stay in a core's first caches (the Hessian's six mids; the gradient's three
-# keep 32 rows; benchmarks/results/pocl-features-grad2.json).
+# Floats of a ring that a core's first caches hold: a tree whose ring at TY rows passes it and
+# at TY / 2 does not takes half the rows (the Hessian's six mids of 9 taps; the gradient's
+# three keep 32 rows, wide trees too: half the rows would add more taps along axis 2 than the
+# ring's reads save; benchmarks/results/pocl-features-grad2.json).
 HALF_ROWS_VALUES = 16 * 1024
 
 
@@ -40,11 +41,12 @@ def columns_fits(tree: FusedTree | None) -> bool:
 
 
 def column_shape(tree: FusedTree) -> dict[str, int]:
-    """`COLUMN_SHAPE` for ``tree``: half the rows along axis 1 where its ring of mids would
-    hold more than `HALF_ROWS_VALUES` floats."""
+    """`COLUMN_SHAPE` for ``tree``: half the rows along axis 1 where that brings its ring of
+    mids within `HALF_ROWS_VALUES` floats."""
     shape = dict(COLUMN_SHAPE)
-    if 2 * tree.taps[0] * len(tree.wy) * shape["TY"] * shape["V"] > HALF_ROWS_VALUES:
-        shape["TY"] = max(1, shape["TY"] // 2)
+    ring = 2 * tree.taps[0] * len(tree.wy) * shape["V"]  # floats a row
+    if ring * shape["TY"] > HALF_ROWS_VALUES >= ring * (shape["TY"] // 2):
+        shape["TY"] //= 2
     return shape
 
 
