@@ -83,10 +83,11 @@ inline void put_lanes(__global float *p, floatv v, int n)
     }
 }
 
-/* sqrt(x^2 + y^2 + z^2) in float32 (within the bound its components' errors imply): a
- * vector sqrt, where kernels/eigen.cl's magnitude3 takes two in float64 (a CPU's slowest
- * instruction); magnitude3 itself where the sum overflows float32 (NaN and Inf components
- * included, which it orders as the contract does) */
+/* sqrt(x^2 + y^2 + z^2) in float32, a few roundings (well within the bound its components'
+ * errors imply): one vector square root where kernels/eigen.cl's magnitude3 takes two in
+ * float64, on a CPU the epilogue's slowest part; magnitude3 itself for a vector whose sum is
+ * not finite (an overflow of float32; NaN or Inf components, which it orders as the contract
+ * does) */
 inline floatv magnitude_fast(floatv x, floatv y, floatv z)
 {
     const floatv s = x * x + y * y + z * z;
