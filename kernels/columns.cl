@@ -7,11 +7,13 @@
  * plane:
  *   1. every root filters the TY + KY - 1 input rows of its columns along axis 2 (each input
  *      vector loaded once for all roots);
- *   2. every mid filters its root's rows along axis 1, into a ring that holds the mids of the
- *      last KX planes (private memory: the CPU's L1 cache);
+ *   2. every mid filters its root's rows along axis 1 (a root at a time, its mids together),
+ *      into a ring that holds the mids of the last KX planes (private memory: the CPU's
+ *      caches);
  *   3. once KX planes are in, each response of the oldest output row is the sum over its
  *      combos of the axis-0 taps times the ring's planes; the features read it there
- *      (kernels/eigen.cl's epilogue macros, on V lanes) and only what is stored is written.
+ *      (kernels/eigen.cl's epilogue macros, on V lanes; the magnitudes in float32 here,
+ *      `magnitude_fast`) and only what is stored is written.
  * So no intermediate volume touches global memory and each input row is read once per plane
  * by the work-items that share it.
  *
@@ -81,6 +83,44 @@ inline void put_lanes(__global float *p, floatv v, int n)
     }
 }
 
+/* sqrt(x^2 + y^2 + z^2) in float32, a few roundings (well within the bound its components'
+ * errors imply): one vector square root where kernels/eigen.cl's magnitude3 takes two in
+ * float64, on a CPU the epilogue's slowest part; magnitude3 itself for a vector whose sum is
+ * not finite (an overflow of float32; NaN or Inf components, which it orders as the contract
+ * does) */
+inline floatv magnitude_fast(floatv x, floatv y, floatv z)
+{
+    const floatv s = x * x + y * y + z * z;
+    /* whether a lane is not finite: the lanes' bits OR-ed by halves (no branch per lane, as
+     * any() compiles to) */
+#if V == 1
+    const int bad = !isfinite(s);
+#else
+    const CXCAT(int, V) b = !isfinite(s);
+#if V == 16
+    const int8 b8 = b.lo | b.hi;
+#elif V == 8
+    const int8 b8 = b;
+#endif
+#if V >= 8
+    const int4 b4 = b8.lo | b8.hi;
+#elif V == 4
+    const int4 b4 = b;
+#endif
+#if V >= 4
+    const int2 b2 = b4.lo | b4.hi;
+#else
+    const int2 b2 = b;
+#endif
+    const int bad = b2.x | b2.y;
+#endif
+    return bad ? magnitude3(x, y, z) : sqrt(s);
+}
+#undef MAG2
+#undef MAG3
+#define MAG2(a, b, o) FEAT_STORE(o, magnitude_fast(RESP(a), RESP(b), (floatv)0.0f))
+#define MAG3(a, b, c, o) FEAT_STORE(o, magnitude_fast(RESP(a), RESP(b), RESP(c)))
+
 #define RESP(f) res[f]
 #define FEAT_STORE(o, v) put_lanes(feat + (long)(o) * out_plane + at, v, lanes);
 
@@ -140,18 +180,25 @@ __kernel void columns(__global const IN_T *restrict src, /* (P0, P1, P2) padded 
         }
         floatv(*m)[TY] = ring[p % KX];
         floatv(*m2)[TY] = ring[p % KX + KX];
-        for (int y = 0; y < TY; ++y) { /* rolled; the mids of a root share its loads */
+        /* a root at a time along axis 1 (rolled), its mids together: they share its rows'
+         * loads, and only its mids' windows are live (all mids at once spill registers) */
 #pragma unroll
-            for (int k = 0; k < N_MIDS; ++k) {
-                floatv s = 0.0f;
-#define IN_Y(j) rows[mid_root[k]][y + (j)]
-                TAPS(s, wy + k * KY, KY, IN_Y)
-                m[k][y] = m2[k][y] = s;
+        for (int r = 0; r < N_ROOTS; ++r) {
+            for (int y = 0; y < TY; ++y) {
+#pragma unroll
+                for (int k = 0; k < N_MIDS; ++k) {
+                    if (mid_root[k] != r) continue;
+                    floatv s = 0.0f;
+#define IN_Y(j) rows[r][y + (j)]
+                    TAPS(s, wy + k * KY, KY, IN_Y)
+                    m[k][y] = m2[k][y] = s;
+                }
             }
         }
         if (p < KX - 1) continue;
         const int x = x0 + p - (KX - 1); /* the output row now complete */
         floatv(*w)[N_MIDS][TY] = ring + (p + 1) % KX; /* its planes x + i at w[i] */
+        const long at0 = ((long)x * NY + y0) * NZ + z;
         for (int y = 0; y < TY && y0 + y < NY; ++y) {
             floatv res[N_OUT];
 #pragma unroll
@@ -161,7 +208,7 @@ __kernel void columns(__global const IN_T *restrict src, /* (P0, P1, P2) padded 
 #define IN_X(i) w[i][combo_mid[c]][y]
                 TAPS(res[combo_out[c]], wx + c * KX, KX, IN_X)
             }
-            const long at = ((long)x * NY + y0 + y) * NZ + z;
+            const long at = at0 + (long)y * NZ;
 #ifdef FEATURES
 #pragma unroll
             for (int f = 0; f < N_OUT; ++f) {

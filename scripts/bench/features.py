@@ -9,7 +9,9 @@ volume slab by slab as `volconv run` streams it, float32 outputs):
   ilastik                     preset "ilastik" at scales 0.7, 1, 1.6, 3.5, 5 (50 channels)
 After a warm-up pass (PoCL compiles each kernel at its first launch) one timed pass (the
 median of --repeat; each peer as often, after): wall
-seconds to every output in host memory, and device seconds per stage from OpenCL profiling
+seconds to every output in host memory, the process's CPU seconds (every thread: the host's
+and PoCL's workers; less sensitive than the wall to other programs on a shared machine), and
+device seconds per stage from OpenCL profiling
 events ("kernel": the passes and the features; a structure tensor's second smoothing and
 eigenvalues included) and per kernel by name ("kernel_ms_by_name": pass_fast, pass_mid,
 pass_out, fused, eigen3, magnitude, product_pad, ...); device bytes: the plan's buffers and
@@ -117,13 +119,17 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device, repeat: int 
     build = time.perf_counter() - t0
     pinned = conv.pinned_slab()
 
+    cpu: list[float] = []
+
     def one_pass() -> float:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         for a, b in conv.slabs():
             conv.convolve_slab(a, b, out=pinned[:, : b - a], frame=volume)
+        cpu.append(time.process_time() - c)
         return time.perf_counter() - t
 
     first = one_pass()
+    cpu.clear()
     walls, stage_runs, kernel_runs = [], [], []
     for _ in range(repeat):
         before, kernels_before = dict(conv.timings), conv.kernel_seconds
@@ -145,6 +151,8 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device, repeat: int 
         "first_pass_seconds": first,
         "wall_seconds": wall,
         "wall_seconds_all": walls,
+        "cpu_seconds": float(np.median(cpu)),
+        "cpu_seconds_all": cpu,
         "columns": getattr(conv.plan, "columns", False),
         "device_seconds": stages,
         "kernel_ms": stages["kernel"] * 1e3,
@@ -200,13 +208,15 @@ def cpu_peers(volume: np.ndarray) -> dict[str, Callable[[], object]]:
 
 
 def time_cpu(fn: Callable[[], object], repeat: int = 1) -> dict:
-    """The median of ``repeat`` calls, and each."""
-    runs = []
+    """The median of ``repeat`` calls, and each; the median CPU seconds."""
+    runs, cpu = [], []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
         runs.append(time.perf_counter() - t)
-    return {"seconds": float(np.median(runs)), "seconds_all": runs}
+        cpu.append(time.process_time() - c)
+    return {"seconds": float(np.median(runs)), "seconds_all": runs,
+            "cpu_seconds": float(np.median(cpu))}  # fmt: skip
 
 
 # -- peers on the GPU ---------------------------------------------------------------------
@@ -283,7 +293,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=("pocl", "gpu"), default="pocl")
     p.add_argument("--size", type=int, default=128)
-    p.add_argument("--only", default="", help="comma-separated feature sets (default: all)")
+    p.add_argument(
+        "--sets",
+        "--only",
+        dest="only",
+        default="",
+        help="comma-separated feature sets (default: all)",
+    )
     p.add_argument("--device", default=None, help="volconv's device (default: cpu / gpu)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--no-peers", action="store_true", help="volconv only")

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 COLUMN_SHAPE = {"V": 8, "TY": 32, "CX": 0}
 # Floats a work-item's ring of mids (2 KX planes x mids x TY x V) may hold by default.
 MAX_COLUMN_VALUES = 96 * 1024
+# Floats of a ring that a core's first caches hold: a tree whose ring at TY rows passes it and
+# at TY / 2 does not takes half the rows (the Hessian's six mids of 9 taps; the gradient's
+# three keep 32 rows, wide trees too: half the rows would add more taps along axis 2 than the
+# ring's reads save; benchmarks/results/pocl-features-grad2.json).
+HALF_ROWS_VALUES = 16 * 1024
 
 
 def columns_fits(tree: FusedTree | None) -> bool:
@@ -33,6 +38,16 @@ def columns_fits(tree: FusedTree | None) -> bool:
         return False
     ring = 2 * tree.taps[0] * len(tree.wy) * COLUMN_SHAPE["TY"] * COLUMN_SHAPE["V"]
     return ring <= MAX_COLUMN_VALUES
+
+
+def column_shape(tree: FusedTree) -> dict[str, int]:
+    """`COLUMN_SHAPE` for ``tree``: half the rows along axis 1 where that brings its ring of
+    mids within `HALF_ROWS_VALUES` floats."""
+    shape = dict(COLUMN_SHAPE)
+    ring = 2 * tree.taps[0] * len(tree.wy) * shape["V"]  # floats a row
+    if ring * shape["TY"] > HALF_ROWS_VALUES >= ring * (shape["TY"] // 2):
+        shape["TY"] //= 2
+    return shape
 
 
 class ColumnKernel:
@@ -45,7 +60,7 @@ class ColumnKernel:
                  clock: KernelClock) -> None:  # fmt: skip
         self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
         self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
-        v, ty, cx = (COLUMN_SHAPE[k] for k in ("V", "TY", "CX"))
+        v, ty, cx = (column_shape(tree)[k] for k in ("V", "TY", "CX"))
         self.v, self.ty, self.cx = v, ty, cx
         defines = (
             *fused_defines(tree, plan.pad_dtype),
@@ -54,6 +69,7 @@ class ColumnKernel:
         if epilogue:
             defines += (("FEATURES", epilogue),)
         self._kernel = cl.Kernel(build_with_features(ctx, "columns.cl", defines), "columns")
+        self._args: tuple = ()  # the kernel's arguments as last set
 
     @property
     def counts(self) -> tuple[int, int, int]:
@@ -75,10 +91,13 @@ class ColumnKernel:
         n_stored = -1 if every or not self.epilogue else self.n_stored
         events = []
         for c0, rows in spans or [(0, depth)]:
-            self._kernel.set_args(
+            args = (
                 padded, out, out if feat is None else feat, i32(c0), i32(c0 + rows), i32(depth),
                 i32(ny), i32(nz), i32(p1), i32(p2), i32(s0), i32(s1), i32(s2), i32(n_stored),
             )  # fmt: skip
+            if args != self._args:  # a slab's differ at most in its rows: set once a run
+                self._kernel.set_args(*args)
+                self._args = args
             chunks = -(-rows // self.cx) if self.cx else 1
             glob = (-(-nz // self.v), -(-ny // self.ty), chunks)
             event = cl.enqueue_nd_range_kernel(self.queue, self._kernel, glob, (1, 1, 1))

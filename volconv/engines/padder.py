@@ -132,6 +132,7 @@ class Padder:
         program = build(ctx, "pad.cl", defines)
         self._pad = cl.Kernel(program, "pad")
         self._tiles = None if self._rows else cl.Kernel(program, "pad_tiles")
+        self._args: tuple = ()  # the kernel and its arguments as last set
         ny, nz = shape[1:]
         p2 = padded_yz[1]
         m1 = extend_indices(ny, -halo_lo[1], ny + halo_hi[1], mode)
@@ -184,11 +185,14 @@ class Padder:
         # axis 0 the source's fastest (x-fastest) on a GPU: through tiles, both sides coalesced
         tiles = self._tiles is not None and strides[0] == 1 and strides[2] != 1
         kernel = self._tiles if tiles else self._pad
-        kernel.set_args(
+        args = (
             src, padded, self._m0, self._m1, self._m2,
             np.int32(p0), np.int32(p1), np.int32(p2), *map(np.int64, strides),
             np.float32(self.cval), np.int32(self.halo_lo[2]), np.int32(self.shape[2]),
         )  # fmt: skip
+        if (kernel, *args) != self._args:  # a slab's differ at most in its rows: set once
+            kernel.set_args(*args)
+            self._args = (kernel, *args)
         if tiles:
             t, r = PAD_TILE, PAD_ROWS
             glob, local = (-(-p2 // t) * t, p1 * r, -(-p0 // t)), (t, r, 1)
