@@ -143,7 +143,7 @@ class Padder:
         reach = halo_lo[0] + halo_hi[0]
         rows_max = min(shape[0], max_depth + reach)
         self._src = cl.Buffer(ctx, mf.READ_ONLY, rows_max * ny * nz * self.src_dtype.itemsize)
-        self._m0 = cl.Buffer(ctx, mf.READ_ONLY, (max_depth + reach) * 4)
+        self._row_maps: dict[tuple[int, int, bool], tuple[int, cl.Buffer]] = {}
 
     def row_map(self, a: int, b: int) -> np.ndarray:
         """Source row (or -1: cval) of each padded row of output rows ``[a, b)``."""
@@ -167,26 +167,23 @@ class Padder:
         ``rows`` (the `source_rows`, C order) or from ``frame`` (the whole 3D volume, in
         C order or x-fastest, of `src_dtype`). Returns the upload events and the pad event."""
         ny, nz = self.shape[1:]
-        m0 = self.row_map(a, b)
-        needed = sources(m0)
-        local = np.where(m0 >= 0, np.searchsorted(needed, m0), -1).astype(np.int32)
-        events = [cl.enqueue_copy(self.queue, self._m0, local, is_blocking=False)]
+        whole = rows is None and frame.nbytes <= self.frame_bytes
+        p0, m0 = self._row_map_buffer(a, b, whole)
+        events: list[cl.Event] = []
         src = self._src
         if rows is not None:
             events.append(cl.enqueue_copy(self.queue, self._src, rows, is_blocking=False))
             strides = (ny * nz, nz, 1)
-        elif frame.nbytes <= self.frame_bytes:
+        elif whole:
             src, strides = self._upload_frame(frame, events)
-            local = m0.astype(np.int32)  # rows of the whole frame
-            events[0] = cl.enqueue_copy(self.queue, self._m0, local, is_blocking=False)
         else:
-            strides = self._upload_runs(frame, needed, events)
-        p0, (p1, p2) = len(m0), self.padded_yz
+            strides = self._upload_runs(frame, self.source_rows(a, b), events)
+        p1, p2 = self.padded_yz
         # axis 0 the source's fastest (x-fastest) on a GPU: through tiles, both sides coalesced
         tiles = self._tiles is not None and strides[0] == 1 and strides[2] != 1
         kernel = self._tiles if tiles else self._pad
         args = (
-            src, padded, self._m0, self._m1, self._m2,
+            src, padded, m0, self._m1, self._m2,
             np.int32(p0), np.int32(p1), np.int32(p2), *map(np.int64, strides),
             np.float32(self.cval), np.int32(self.halo_lo[2]), np.int32(self.shape[2]),
         )  # fmt: skip
@@ -200,6 +197,20 @@ class Padder:
             glob, local = (1 if self._rows else p2, p1, p0), None
         pad = cl.enqueue_nd_range_kernel(self.queue, kernel, glob, local)
         return events, pad
+
+    def _row_map_buffer(self, a: int, b: int, whole: bool) -> tuple[int, cl.Buffer]:
+        """The padded rows of output rows ``[a, b)`` and pad.cl's map of them on the device:
+        rows of the whole frame (``whole``: it is on the device) or of the uploaded source
+        rows. Made once per slab and kept (the volumes of a batch share them): no upload of
+        its own before each slab's pad."""
+        key = (a, b, whole)
+        if (kept := self._row_maps.get(key)) is None:
+            m0 = self.row_map(a, b)
+            local = m0 if whole else np.where(m0 >= 0, np.searchsorted(sources(m0), m0), -1)
+            kept = len(m0), cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                                      hostbuf=local.astype(np.int32))  # fmt: skip
+            self._row_maps[key] = kept
+        return kept
 
     def _upload_frame(self, frame: np.ndarray, events: list) -> tuple[cl.Buffer, tuple]:
         """The whole ``frame`` on the device (uploaded at its first slab, in one copy of its
