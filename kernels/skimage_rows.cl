@@ -144,3 +144,104 @@ __kernel void skimage_rows(__global const float *restrict G, __global const int 
         }
     }
 }
+
+/* The skimage preset's first stage on CPUs (volconv/engines/gaussians.py): one scale's
+ * Gaussian in mode 'nearest' as scipy's gaussian_filter runs it, 1D passes along axes 0, 1
+ * and 2 in that order, each over taps w[t] = wp[U + t], t = 0 .. 2 RW (symmetric: correlation and
+ * convolution agree) in order, the indices clamped to the volume; so each pass computes only
+ * the rows the next one reads (no padded rows). */
+
+/* Axis 0: rows G0 .. G0 + NG - 1 of the volume (N0 rows) from src (float rows S0 .. of it)
+ * into dst (NG rows), U consecutive rows a work-item: each input row it reads, loaded once,
+ * feeds every output whose window holds it; wp: the taps with U zeros before and after */
+#ifndef U
+#define U 8
+#endif
+__kernel void gauss_x(__global const float *restrict src, const int S0, const int G0,
+                      const int NG, const int N0, const int NY, const int NZ,
+                      __global const float *restrict wp, const int RW,
+                      __global float *restrict dst)
+{
+    const int z0 = (int)get_global_id(0) * L, y = (int)get_global_id(1);
+    const int g0 = (int)get_global_id(2) * U;
+    if (z0 >= NZ || y >= NY || g0 >= NG) return;
+    const long plane = (long)NY * NZ;
+    __global const float *p = src + (long)y * NZ;
+    vf acc[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc[u] = 0.0f;
+#pragma unroll 2
+    for (int j = 0; j < 2 * RW + U; ++j) { /* input row G0 + g0 - RW + j */
+        const int x = clamp(G0 + g0 - RW + j, 0, N0 - 1) - S0;
+        const vf v = row_at(p + x * plane, z0, 0, NZ);
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[u] += wp[j - u + U] * v; /* tap j - u */
+    }
+    for (int u = 0; u < U && g0 + u < NG; ++u) {
+        const long at = (long)(g0 + u) * plane + (long)y * NZ + z0;
+        if (z0 + L <= NZ) {
+            vstore8(acc[u], 0, dst + at);
+        } else {
+            float t[L];
+            vstore8(acc[u], 0, t);
+            for (int l = 0; z0 + l < NZ; ++l) dst[at + l] = t[l];
+        }
+    }
+}
+
+/* Axis 1: over NG rows of src into dst, U consecutive rows of axis 1 a work-item (as
+ * gauss_x) */
+__kernel void gauss_y(__global const float *restrict src, const int NG, const int NY,
+                      const int NZ, __global const float *restrict wp, const int RW,
+                      __global float *restrict dst)
+{
+    const int z0 = (int)get_global_id(0) * L, y0 = (int)get_global_id(1) * U;
+    const int g = (int)get_global_id(2);
+    if (z0 >= NZ || y0 >= NY || g >= NG) return;
+    __global const float *p = src + (long)g * NY * NZ;
+    vf acc[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc[u] = 0.0f;
+#pragma unroll 2
+    for (int j = 0; j < 2 * RW + U; ++j) { /* row y0 - RW + j of axis 1 */
+        const vf v = row_at(p + clamp(y0 - RW + j, 0, NY - 1) * NZ, z0, 0, NZ);
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[u] += wp[j - u + U] * v;
+    }
+    for (int u = 0; u < U && y0 + u < NY; ++u) {
+        const long at = ((long)g * NY + y0 + u) * NZ + z0;
+        if (z0 + L <= NZ) {
+            vstore8(acc[u], 0, dst + at);
+        } else {
+            float t[L];
+            vstore8(acc[u], 0, t);
+            for (int l = 0; z0 + l < NZ; ++l) dst[at + l] = t[l];
+        }
+    }
+}
+
+/* Axis 2: a work-item a row of src (NG rows) into dst from float F, through the row extended
+ * by RW on each side (clamped) in line (local memory: NZ + 2 RW + L floats) */
+__kernel void gauss_z(__global const float *restrict src, const int NG, const int NY,
+                      const int NZ, __global const float *restrict wp, const int RW,
+                      __global float *restrict dst_all, const long F, __local float *line)
+{
+    const int y = (int)get_global_id(0), g = (int)get_global_id(1);
+    if (y >= NY || g >= NG) return;
+    const long at = ((long)g * NY + y) * NZ;
+    __global const float *p = src + at;
+    __global float *dst = dst_all + F + at;
+    for (int j = 0; j < NZ + 2 * RW + L; ++j) line[j] = p[clamp(j - RW, 0, NZ - 1)];
+    for (int z0 = 0; z0 < NZ; z0 += L) {
+        vf acc = 0.0f;
+#pragma unroll 4
+        for (int t = 0; t <= 2 * RW; ++t) acc += wp[U + t] * vload8(0, line + z0 + t);
+        if (z0 + L <= NZ) {
+            vstore8(acc, 0, dst + z0);
+        } else {
+            float t[L];
+            vstore8(acc, 0, t);
+            for (int l = 0; z0 + l < NZ; ++l) dst[z0 + l] = t[l];
+        }
+    }
+}

@@ -22,15 +22,14 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 
 # -- scikit-image ---------------------------------------------------------------------------
-@pytest.fixture(params=["rings", "passes"])
+@pytest.fixture(params=["rings", "rows"])
 def skimage_stage1(request, monkeypatch):
-    """skimage's stage 1 either way on every device: `NearestGaussians` (what GPUs run) and the
-    separable passes (CPUs)."""
+    """skimage's stage 1 either way on every device: `NearestGaussians` (what GPUs run) and
+    `RowGaussians` (CPUs)."""
     import volconv.engines.scales as scales
 
-    rings = request.param == "rings"
-    monkeypatch.setattr(scales, "on_rings", lambda preset, device: rings and preset.kind ==
-                        "skimage")  # fmt: skip
+    smoother = scales.NearestGaussians if request.param == "rings" else scales.RowGaussians
+    monkeypatch.setattr(scales, "skimage_smoother", lambda device: smoother)
     return request.param
 
 
