@@ -26,10 +26,12 @@ EPS32 = float(np.finfo(np.float32).eps)
 def skimage_stage1(request, monkeypatch):
     """skimage's stage 1 either way on every device: `NearestGaussians` (what GPUs run) and
     `RowGaussians` (CPUs)."""
+    import volconv.engines.preset_memory as memory
     import volconv.engines.scales as scales
 
     smoother = scales.NearestGaussians if request.param == "rings" else scales.RowGaussians
-    monkeypatch.setattr(scales, "skimage_smoother", lambda device: smoother)
+    for module in (scales, memory):  # the stage's and its memory model's
+        monkeypatch.setattr(module, "skimage_smoother", lambda device: smoother)
     return request.param
 
 
@@ -301,7 +303,7 @@ def test_each_scale_as_if_alone(device):
 @pytest.mark.parametrize("preset", ["skimage", "ilastik"])
 def test_the_memory_a_preset_takes(device, preset, skimage_stage1):
     """`preset_bytes` (what a pipeline's memory model counts) is what the stage allocates."""
-    from volconv.engines.scales import preset_bytes
+    from volconv.engines.preset_memory import preset_bytes
     from volconv.engines.separable import SeparableConvolver
 
     ex = expand([], build_features(None, preset=preset))
