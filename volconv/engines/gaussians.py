@@ -45,7 +45,7 @@ class RowGaussians:
         self.shape, self.rows = tuple(shape), min(rows, shape[0])
         n0, ny, nz = self.shape
         self.radii = [radius(s, truncate) for s in sigmas]
-        prog = build_with_features(ctx, "skimage_rows.cl", (("EV", LANES), ("U", ROWS)))
+        prog = build_with_features(ctx, "skimage_rows.cl", (("EV", 2 * LANES), ("U", ROWS)))
         self._k = {n: cl.Kernel(prog, n) for n in ("gauss_x", "gauss_y", "gauss_z")}
         mf, plane = cl.mem_flags, ny * nz
         pad = np.zeros(ROWS, np.float32)  # the taps between ROWS zeros on each side

@@ -29,7 +29,7 @@ from volconv.engines.smoothing import NearestGaussians
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
 SKIMAGE_ROWS = 16  # skimage_tile's and skimage_scale's rows per work-item (VX), at most
 SKIMAGE_TILE: tuple[int, int] | None = (32, 8)  # skimage_tile's group (TZ, TY); None: skimage_scale
-ROW_LANES = 8  # skimage_rows' voxels per work-item along axis 2 (kernels/skimage_rows.cl's L)
+ROW_LANES = 16  # skimage_rows' voxels per work-item along axis 2 (two float8 blocks; its EV)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
 
