@@ -74,24 +74,22 @@ inline void put8(__global float *p, const vf v, const int z0, const int NZ)
 }
 
 /* For a block of lanes at positions z0 .. z0 + 7 of axis 2 that leaves the row: each lane's
- * index (positions -E .. NZ - 1 + E extended through mz; others, never read: 0) into j, and
- * whether the mode gives cval there */
-inline vi edge_lanes(const int z0, const int NZ, const int E, __global const int *restrict mz,
-                     int j[L])
+ * index (positions -E .. NZ - 1 + E extended through mz; others, never read: 0) into j, -1
+ * where the mode gives cval */
+inline void edge_lanes(const int z0, const int NZ, const int E, __global const int *restrict mz,
+                       int j[L])
 {
-    int out[L];
     for (int l = 0; l < L; ++l) {
         const int m = z0 + l;
-        const int k = m >= 0 && m < NZ ? m : m >= -E && m < NZ + E ? mz[m + 2] : 0;
-        j[l] = max(k, 0), out[l] = k < 0 ? -1 : 0;
+        j[l] = m >= 0 && m < NZ ? m : m >= -E && m < NZ + E ? mz[m + 2] : 0;
     }
-    return vload8(0, out);
 }
 
-inline vf gather8(__global const float *row, const int j[L])
+/* the lanes of a row at the indices j (-1: c) */
+inline vf gather8(__global const float *row, const int j[L], const float c)
 {
     float g[L];
-    for (int l = 0; l < L; ++l) g[l] = row[j[l]];
+    for (int l = 0; l < L; ++l) g[l] = j[l] < 0 ? c : row[j[l]];
     return vload8(0, g);
 }
 
@@ -120,9 +118,9 @@ inline vf gather8(__global const float *row, const int j[L])
     }
 
 /* Y over the block at zb (-8 .. NZ - 1 + 8) into yv: where it leaves the row, its lanes
- * through mz, yc (Y over cval) where the mode gives cval */
+ * through mz, the sums over cval where the mode gives cval */
 #define LOAD_IN(row) vload8(0, (row) + zb)
-#define LOAD_EDGE(row) gather8(row, j)
+#define LOAD_EDGE(row) gather8(row, j, cval)
 #define Y_AT(yv, b)                                                                        \
     {                                                                                      \
         const int zb = (b);                                                                \
@@ -130,10 +128,8 @@ inline vf gather8(__global const float *row, const int j[L])
             Y_BLOCK(yv, LOAD_IN)                                                           \
         } else {                                                                           \
             int j[L];                                                                      \
-            const vi out = edge_lanes(zb, NZ, R, mz, j);                                   \
+            edge_lanes(zb, NZ, R, mz, j);                                                  \
             Y_BLOCK(yv, LOAD_EDGE)                                                         \
-            _Pragma("unroll") for (int f = 0; f < 7; ++f) yv[f] =                          \
-                select(yv[f], (vf)yc[f], out);                                             \
         }                                                                                  \
     }
 
@@ -160,20 +156,6 @@ __kernel void ilastik_yz(__global const float *restrict P_all, const int pp, con
             const int r = rq[2 + cx];
             src[cy + R][cx + R] = r < 0 || yy < 0 ? C : P + ((long)r * NY + yy) * NZ;
         }
-    }
-    /* Y where axis 2 gives cval: the passes along axes 0 and 1 over cval */
-    float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, cd = 0.0f;
-#pragma unroll
-    for (int cx = -R; cx <= R; ++cx) {
-        c0 += w0[cx] * cval, c1 += w1[cx] * cval, c2 += w2[cx] * cval;
-        if (cx >= -RD && cx <= RD) cd += wd[cx] * cval;
-    }
-    float yc[7] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int cy = -R; cy <= R; ++cy) {
-        yc[0] += w0[cy] * c0, yc[1] += w0[cy] * c1, yc[2] += w0[cy] * c2;
-        yc[3] += w1[cy] * c0, yc[4] += w1[cy] * c1, yc[5] += w2[cy] * c0;
-        if (cy >= -RD && cy <= RD) yc[6] += wd[cy] * cd;
     }
     const long plane = (long)NQ * NY * NZ, at = ((long)q * NY + y) * NZ;
     const int i = qout[q];
@@ -240,10 +222,8 @@ __kernel void ilastik_yz(__global const float *restrict P_all, const int pp, con
             V_BLOCK(vv, LOAD_IN)                                                           \
         } else {                                                                           \
             int j[L];                                                                      \
-            const vi out = edge_lanes(zb, NZ, 1, mz, j);                                   \
+            edge_lanes(zb, NZ, 1, mz, j);                                                  \
             V_BLOCK(vv, LOAD_EDGE)                                                         \
-            _Pragma("unroll") for (int p = 0; p < 6; ++p) vv[p] =                          \
-                select(vv[p], (vf)c2, out);                                                \
         }                                                                                  \
     }
 
@@ -261,11 +241,6 @@ __kernel void ilastik_st(__global const float *restrict T, const int NQ,
     const int y = (int)get_global_id(0), i = (int)get_global_id(1);
     if (y >= NY || i >= D) return;
     TAPS_OF(wt);
-    float c1 = 0.0f, c2 = 0.0f; /* cval along axis 0, then 1 */
-#pragma unroll
-    for (int cx = -RO; cx <= RO; ++cx) c1 += wo[cx] * cval;
-#pragma unroll
-    for (int cy = -RO; cy <= RO; ++cy) c2 += wo[cy] * c1;
     const long plane = (long)NQ * NY * NZ;
     __global const int *gr = grows + i * 3 + 1;
     __global const float *src[(2 * RO + 1) * (2 * RO + 1)]; /* T's rows (C: cval) */

@@ -204,16 +204,8 @@ __kernel void gauss_x(__global const float *restrict src, const int S0, const in
 #pragma unroll
         for (int u = 0; u < U; ++u) acc[u] += wp[j - u + U] * v; /* tap j - u */
     }
-    for (int u = 0; u < U && g0 + u < NG; ++u) {
-        const long at = (long)(g0 + u) * plane + (long)y * NZ + z0;
-        if (z0 + L <= NZ) {
-            vstore8(acc[u], 0, dst + at);
-        } else {
-            float t[L];
-            vstore8(acc[u], 0, t);
-            for (int l = 0; z0 + l < NZ; ++l) dst[at + l] = t[l];
-        }
-    }
+    for (int u = 0; u < U && g0 + u < NG; ++u)
+        put_row(dst + (long)(g0 + u) * plane + (long)y * NZ + z0, acc[u], z0, NZ);
 }
 
 /* Axis 1: over NG rows of src into dst, U consecutive rows of axis 1 a work-item (as
@@ -235,16 +227,8 @@ __kernel void gauss_y(__global const float *restrict src, const int NG, const in
 #pragma unroll
         for (int u = 0; u < U; ++u) acc[u] += wp[j - u + U] * v;
     }
-    for (int u = 0; u < U && y0 + u < NY; ++u) {
-        const long at = ((long)g * NY + y0 + u) * NZ + z0;
-        if (z0 + L <= NZ) {
-            vstore8(acc[u], 0, dst + at);
-        } else {
-            float t[L];
-            vstore8(acc[u], 0, t);
-            for (int l = 0; z0 + l < NZ; ++l) dst[at + l] = t[l];
-        }
-    }
+    for (int u = 0; u < U && y0 + u < NY; ++u)
+        put_row(dst + ((long)g * NY + y0 + u) * NZ + z0, acc[u], z0, NZ);
 }
 
 /* Axis 2: a work-item a row of src (NG rows) into dst from float F, through the row extended
@@ -263,12 +247,6 @@ __kernel void gauss_z(__global const float *restrict src, const int NG, const in
         vf acc = 0.0f;
 #pragma unroll 4
         for (int t = 0; t <= 2 * RW; ++t) acc += wp[U + t] * vload8(0, line + z0 + t);
-        if (z0 + L <= NZ) {
-            vstore8(acc, 0, dst + z0);
-        } else {
-            float t[L];
-            vstore8(acc, 0, t);
-            for (int l = 0; z0 + l < NZ; ++l) dst[z0 + l] = t[l];
-        }
+        put_row(dst + z0, acc, z0, NZ);
     }
 }

@@ -15,6 +15,7 @@ import pyopencl as cl
 from volconv.bank.features import radius
 from volconv.bank.kernels import gaussian_kernel1d
 from volconv.engines.clock import KernelClock
+from volconv.engines.smoothing import NearestGaussians
 
 LANES = 8  # voxels along axis 2 a work-item (kernels/skimage_rows.cl's L)
 ROWS = 8  # gauss_x's and gauss_y's outputs a work-item along their axis (U)
@@ -62,16 +63,13 @@ class RowGaussians:
     def device_bytes(self) -> int:
         return row_gaussians_bytes(self.radii, self.shape, self.rows)
 
-    def input_rows(self, g0: int, g1: int) -> tuple[int, int]:
-        """The input rows field rows ``[g0, g1)`` read."""
-        r = max(self.radii)
-        return max(0, g0 - r), min(self.shape[0], g1 + r)
+    input_rows = NearestGaussians.input_rows  # the input rows field rows [g0, g1) read
 
     def smooth(
         self, g0: int, g1: int, rows_of: Callable[[int, int], np.ndarray]
     ) -> tuple[list[cl.Event], list[cl.Event]]:
-        """Every scale's field rows ``[g0, g1)``; ``rows_of(lo, hi)`` gives the input's rows
-        ``[lo, hi)`` (`input_rows`). Returns the upload's events and the kernels'."""
+        """As `NearestGaussians.smooth`: every scale's field rows ``[g0, g1)`` from the input's
+        rows ``rows_of(*self.input_rows(g0, g1))``; the upload's events and the kernels'."""
         n0, ny, nz = self.shape
         lo, hi = self.input_rows(g0, g1)
         rows = np.ascontiguousarray(rows_of(lo, hi), np.float32)  # what the passes convert to
