@@ -232,7 +232,7 @@ __kernel void gauss_y(__global const float *restrict src, const int NG, const in
 }
 
 /* Axis 2: a work-item a row of src (NG rows) into dst from float F, through the row extended
- * by RW on each side (clamped) in line (local memory: NZ + 2 RW + L floats) */
+ * by RW on each side (clamped) in line (local memory: NZ + 2 RW + 4 L floats) */
 __kernel void gauss_z(__global const float *restrict src, const int NG, const int NY,
                       const int NZ, __global const float *restrict wp, const int RW,
                       __global float *restrict dst_all, const long F, __local float *line)
@@ -242,11 +242,16 @@ __kernel void gauss_z(__global const float *restrict src, const int NG, const in
     const long at = ((long)g * NY + y) * NZ;
     __global const float *p = src + at;
     __global float *dst = dst_all + F + at;
-    for (int j = 0; j < NZ + 2 * RW + L; ++j) line[j] = p[clamp(j - RW, 0, NZ - 1)];
-    for (int z0 = 0; z0 < NZ; z0 += L) {
-        vf acc = 0.0f;
-#pragma unroll 4
-        for (int t = 0; t <= 2 * RW; ++t) acc += wp[U + t] * vload8(0, line + z0 + t);
-        put_row(dst + z0, acc, z0, NZ);
+    for (int j = 0; j < NZ + 2 * RW + 4 * L; ++j) line[j] = p[clamp(j - RW, 0, NZ - 1)];
+    for (int z0 = 0; z0 < NZ; z0 += 4 * L) { /* four blocks a tap: its weight loaded once */
+        vf acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+        for (int t = 0; t <= 2 * RW; ++t) {
+            const float w = wp[U + t];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) acc[k] += w * vload8(0, line + z0 + k * L + t);
+        }
+        for (int k = 0; k < 4 && z0 + k * L < NZ; ++k)
+            put_row(dst + z0 + k * L, acc[k], z0 + k * L, NZ);
     }
 }

@@ -83,7 +83,7 @@ class RowGaussians:
             ky.set_args(self._a, i32(ng), i32(ny), i32(nz), self._w[s], i32(r), self._b)
             kz.set_args(self._b, i32(ng), i32(ny), i32(nz), self._w[s], i32(r), self.field,
                         np.int64(s * self.rows * ny * nz),
-                        cl.LocalMemory(4 * (nz + 2 * r + LANES)))  # fmt: skip
+                        cl.LocalMemory(4 * (nz + 2 * r + 4 * LANES)))  # fmt: skip
             for name, k, size in (("gauss_x", kx, (nb, ny, -(-ng // ROWS))),
                                   ("gauss_y", ky, (nb, -(-ny // ROWS), ng)),
                                   ("gauss_z", kz, (ny, ng))):  # fmt: skip
