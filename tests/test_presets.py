@@ -316,8 +316,9 @@ def test_the_memory_a_preset_takes(device, preset, skimage_stage1):
 
 
 def test_the_eigenvalues_in_the_stencils_as_on_gpus(device, monkeypatch):
-    """GPUs compute the eigenvalues in the stencils (one voxel per work-item), CPUs by eigen3
-    over the entries written out (its lanes): both paths give the same channels."""
+    """GPUs compute stage 2 by kernels/stencils.cl (one voxel per work-item), CPUs by
+    kernels/skimage_rows.cl and ilastik_rows.cl (vectors along axis 2), the eigenvalues in the
+    kernels either way: both paths give the same channels."""
     import volconv.engines.scales as scales
 
     volume = scene((12, 11, 10), seed=2)
