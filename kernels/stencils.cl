@@ -31,14 +31,9 @@
 #define VX 4 /* skimage_scale's rows per work-item */
 #endif
 
-/* The eigenvalues of (a00, .., a12) into planes p .. p + 2 of dst; with ENTRIES (CPUs) the
- * six entries into planes e .. e + 5 of E instead, for kernels/features.cl's eigen3, which runs
- * EV voxels per work-item in vectors. */
-#ifdef ENTRIES
-#define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
-    E[(e) * n + v] = a00, E[((e) + 1) * n + v] = a11, E[((e) + 2) * n + v] = a22,           \
-    E[((e) + 3) * n + v] = a01, E[((e) + 4) * n + v] = a02, E[((e) + 5) * n + v] = a12
-#elif defined(SK_NO_EIGEN) /* timing only: the diagonal, not the eigenvalues */
+/* The eigenvalues of (a00, .., a12) into planes p .. p + 2 of dst (e: unused; the kernels'
+ * argument E is not read: CPUs run kernels/skimage_rows.cl and ilastik_rows.cl instead). */
+#if defined(SK_NO_EIGEN) /* timing only: the diagonal, not the eigenvalues */
 #define EIGEN(a00, a11, a22, a01, a02, a12, p, e)                                          \
     dst[(p) * n + v] = a00 + a01, dst[((p) + 1) * n + v] = a11 + a02,                       \
     dst[((p) + 2) * n + v] = a22 + a12
@@ -97,8 +92,7 @@ inline float sobel_smoothing3(const float m, const float c, const float p)
 }
 
 /* One voxel's channels from G's 3x3x3 neighbourhood f (clamped at the volume's border), the
- * Hessian's diagonal and np.gradient's weights: into planes o .. o + 4 of dst at v (with
- * ENTRIES the entries into planes e .. e + 5 of E) */
+ * Hessian's diagonal and np.gradient's weights: into planes o .. o + 4 of dst at v */
 inline void skimage_channels(float f[3][3][3], const float h00, const float h11, const float h22,
                              const float wx, const float wy, const float wz, const float c,
                              __global float *restrict dst, const long n, const int o,
@@ -135,8 +129,8 @@ inline void skimage_channels(float f[3][3][3], const float h00, const float h11,
 
 /* The output rows A .. A + D - 1 of S scales, VX consecutive rows a work-item, scale s along
  * axis 2 of the range at s * ceil(D / VX): its field is plane gps[s] (of NR rows each) of G,
- * holding rows R0 .. of the volume (N0, NY, NZ), its channels planes os[s] .. os[s] + 4 of dst
- * (with ENTRIES its entries planes 6s .. of E). Where the VX voxels are 2 from every face, the
+ * holding rows R0 .. of the volume (N0, NY, NZ), its channels planes os[s] .. os[s] + 4 of dst.
+ * Where the VX voxels are 2 from every face, the
  * VX + 2 planes of their neighbourhoods are loaded once for all of them, and np.gradient's
  * taps are central; elsewhere each voxel takes its own, clamped. */
 __kernel void skimage_scale(__global const float *restrict G, __global const int *restrict gps,

@@ -63,7 +63,8 @@ defines = {
                    ("UA", 4), ("TY", 4), ("TZ", 16), ("UB", 2), ("VC", 4), ("PM", 19), ("TL", 1),
                    ("PREFETCH", 0), ("IN_T", "float"), ("MID_SLOT", 0), ("ROOT_MIDS", 1),
                    ("MAXM", 1), ("MG", 1), ("ROUNDS", 1), ("LBUF", 184)),
-    "skimage_rows.cl": (("EV", 8),),
+    "skimage_rows.cl": (("EV", 16),),
+    "ilastik_rows.cl": (("R", 2), ("RD", 1), ("RO", 1), ("EV", 8)),
     "structure.cl": (("KX", 3), ("KY", 3), ("KZ", 3), ("S0", 0), ("S1", 0), ("S2", 0),
                      ("WX", "0.5f,0.5f,0.5f"), ("WY", "1.0f,2.0f,1.0f"), ("WZ", "1.0f,0.0f,1.0f"),
                      ("UA", 2), ("TY", 4), ("TZ", 8), ("UY", 2), ("VC", 4), ("UB", 2), ("CH", 2)),
@@ -71,7 +72,7 @@ defines = {
 options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
 # built behind eigen.cl, as they run
 behind_eigen = ("features.cl", "stencils.cl", "fused.cl", "tree.cl", "tree_yz.cl", "columns.cl",
-                "structure.cl", "skimage_rows.cl")
+                "structure.cl", "skimage_rows.cl", "ilastik_rows.cl")
 for name in names:
     if name in behind_eigen:
         build_with_features(ctx, name, defines[name])

@@ -22,15 +22,16 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 
 # -- scikit-image ---------------------------------------------------------------------------
-@pytest.fixture(params=["rings", "passes"])
+@pytest.fixture(params=["rings", "rows"])
 def skimage_stage1(request, monkeypatch):
-    """skimage's stage 1 either way on every device: `NearestGaussians` (what GPUs run) and the
-    separable passes (CPUs)."""
+    """skimage's stage 1 either way on every device: `NearestGaussians` (what GPUs run) and
+    `RowGaussians` (CPUs)."""
+    import volconv.engines.preset_memory as memory
     import volconv.engines.scales as scales
 
-    rings = request.param == "rings"
-    monkeypatch.setattr(scales, "on_rings", lambda preset, device: rings and preset.kind ==
-                        "skimage")  # fmt: skip
+    smoother = scales.NearestGaussians if request.param == "rings" else scales.RowGaussians
+    for module in (scales, memory):  # the stage's and its memory model's
+        monkeypatch.setattr(module, "skimage_smoother", lambda device: smoother)
     return request.param
 
 
@@ -302,7 +303,7 @@ def test_each_scale_as_if_alone(device):
 @pytest.mark.parametrize("preset", ["skimage", "ilastik"])
 def test_the_memory_a_preset_takes(device, preset, skimage_stage1):
     """`preset_bytes` (what a pipeline's memory model counts) is what the stage allocates."""
-    from volconv.engines.scales import preset_bytes
+    from volconv.engines.preset_memory import preset_bytes
     from volconv.engines.separable import SeparableConvolver
 
     ex = expand([], build_features(None, preset=preset))
@@ -315,8 +316,9 @@ def test_the_memory_a_preset_takes(device, preset, skimage_stage1):
 
 
 def test_the_eigenvalues_in_the_stencils_as_on_gpus(device, monkeypatch):
-    """GPUs compute the eigenvalues in the stencils (one voxel per work-item), CPUs by eigen3
-    over the entries written out (its lanes): both paths give the same channels."""
+    """GPUs compute stage 2 by kernels/stencils.cl (one voxel per work-item), CPUs by
+    kernels/skimage_rows.cl and ilastik_rows.cl (vectors along axis 2), the eigenvalues in the
+    kernels either way: both paths give the same channels."""
     import volconv.engines.scales as scales
 
     volume = scene((12, 11, 10), seed=2)
@@ -332,23 +334,28 @@ def test_the_eigenvalues_in_the_stencils_as_on_gpus(device, monkeypatch):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * m)
 
 
-@pytest.mark.parametrize("per_item", [1, 3, 8])
+@pytest.mark.parametrize("per_item", [1, 3, 8, "rows"])
 def test_the_skimage_gaussians_over_slabs(device, per_item):
     """The skimage preset's stage 1 (`NearestGaussians`) at 1, 3 or 8 outputs per work-item
-    (GPUs take 8): each scale's Gaussian ('nearest') over consecutive slabs, rows reused from
-    its ring (sigma 16 overhangs the volume), then a changed input and a slab out of order,
-    smoothed afresh, each within SPEC's tolerance of scipy in float64."""
+    (GPUs take 8), or `RowGaussians` (CPUs; rows of 11 along axis 2: a partial block): each
+    scale's Gaussian ('nearest') over consecutive slabs, rows reused from its ring (sigma 16
+    overhangs the volume), then a changed input and a slab out of order, smoothed afresh, each
+    within SPEC's tolerance of scipy in float64."""
     import pyopencl as cl
 
     from volconv.device.programs import context_for
     from volconv.engines.clock import KernelClock
+    from volconv.engines.gaussians import RowGaussians
     from volconv.engines.smoothing import NearestGaussians
 
     ctx, queue = context_for(device)
     v = np.clip(scene((30, 13, 11), seed=4) * 2, 0, 255).astype(np.uint8)
     sigmas = (0.5, 2.0, 16.0)
-    stage = NearestGaussians(ctx, queue, sigmas, 4.0, v.shape, v.dtype, 9, KernelClock(),
-                             per_item=per_item)  # fmt: skip
+    if per_item == "rows":
+        stage = RowGaussians(ctx, queue, sigmas, 4.0, v.shape, 9, KernelClock())
+    else:
+        stage = NearestGaussians(ctx, queue, sigmas, 4.0, v.shape, v.dtype, 9, KernelClock(),
+                                 per_item=per_item)  # fmt: skip
     spans = [(0, 9), (7, 16), (16, 25), (25, 30)]
     for vol, at in ((v, spans), (v[::-1].copy(), spans[:2]), (v, [(20, 29), (2, 11)])):
         refs = [ndi.gaussian_filter(vol.astype(np.float64), s, mode="nearest") for s in sigmas]

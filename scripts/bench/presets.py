@@ -6,8 +6,7 @@ volconv.engines.smoothing's OUT_PER_ITEM and ROW_PER_ITEM (outputs per work-item
 Gaussians' passes), LINE_GROUP, BLOCKS, ROW_GROUP and ROW_LINES (their work-groups), UNROLL
 (their tap loops; rolled: one output per work-item), volconv.engines.scales' TILE (stage 2's
 work-groups), SKIMAGE_ROWS (skimage_scale's rows per work-item), XYZ_GROUP (ilastik_xyz's
-work-groups), SUB_ROWS (stage 2's rows at a time) and ENTRY_LANES (set: the eigenvalues'
-entries written out and eigen3 run apart, as on CPUs); records each one's kernel milliseconds
+work-groups) and SUB_ROWS (stage 2's rows at a time); records each one's kernel milliseconds
 by name and device bytes. JSON to --json.
 
     python3 scripts/bench/run.py presets --json $OUT/presets/variants.json
@@ -25,14 +24,12 @@ from volconv.bench import volume_record
 from volconv.device.devices import select_device
 from volconv.engines import scales, smoothing
 
-# the constants as the modules hold them (ENTRY_LANES None: the device's lanes)
+# the constants as the modules hold them
 BASE = {
     **{k: getattr(smoothing, k) for k in ("OUT_PER_ITEM", "ROW_PER_ITEM", "LINE_GROUP", "BLOCKS",
                                           "UNROLL", "ROW_GROUP", "ROW_LINES")},
     **{k: getattr(scales, k) for k in ("TILE", "SUB_ROWS", "XYZ_GROUP", "SKIMAGE_ROWS")},
-    "ENTRY_LANES": None,
 }  # fmt: skip
-LANES_FOR = scales.lanes_for
 # the constants only one preset's kernels read
 ONLY = {"OUT_PER_ITEM": "skimage", "ROW_PER_ITEM": "skimage", "LINE_GROUP": "skimage",
         "BLOCKS": "skimage", "UNROLL": "skimage", "XYZ_GROUP": "ilastik",
@@ -47,7 +44,6 @@ VARIANTS = [
     {**BASE, "SKIMAGE_ROWS": BASE["SKIMAGE_ROWS"] // 2},
     {**BASE, "SUB_ROWS": 64},
     {**BASE, "OUT_PER_ITEM": 8},
-    {**BASE, "ENTRY_LANES": 1},  # the eigenvalues by eigen3 apart: what they take
 ]
 
 
@@ -69,10 +65,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
     for variant in VARIANTS:
         for key, value in variant.items():  # the module constants the launches read
-            if key == "ENTRY_LANES":  # set: the entries written out, eigen3 (the device's lanes)
-                scales.lanes_for = LANES_FOR if value is None else (lambda device: 2)
-            else:
-                setattr(smoothing if hasattr(smoothing, key) else scales, key, value)
+            setattr(smoothing if hasattr(smoothing, key) else scales, key, value)
         changed = {k for k, v in variant.items() if BASE[k] != v}
         for name, (feats, mode) in sets.items():
             if changed and changed <= set(ONLY) and ONLY[min(changed)] != name:

@@ -1,7 +1,8 @@
 """The presets on the device, two stages per scale (`PresetStage`): one Gaussian smoothing of
-the input per scale (skimage: `volconv.engines.smoothing.NearestGaussians`; ilastik: the
-separable passes), then kernels/stencils.cl's kernels that write all of that scale's channels
-from the smoothed field."""
+the input per scale (skimage: `volconv.engines.smoothing.NearestGaussians` on GPUs,
+`volconv.engines.gaussians.RowGaussians` on CPUs; ilastik: the separable passes), then the
+kernels that write all of that scale's channels from the smoothed field (kernels/stencils.cl
+on GPUs; on CPUs, in vectors along axis 2, kernels/skimage_rows.cl and ilastik_rows.cl)."""
 
 from __future__ import annotations
 
@@ -10,117 +11,46 @@ import math
 import numpy as np
 import pyopencl as cl
 
-from volconv.bank.features import gaussian_filter_of
 from volconv.bank.presets import PresetPlan, skimage_scale
 from volconv.device.programs import context_for, device_seconds
 from volconv.engines.boundary import extend_indices, sources
 from volconv.engines.clock import KernelClock
-from volconv.engines.features import FeatureKernels, build_with_features, lanes_for
+from volconv.engines.features import build_with_features, lanes_for
+from volconv.engines.gaussians import RowGaussians
 from volconv.engines.nonfinite import has_nonfinite
-from volconv.engines.smoothing import NearestGaussians, nearest_gaussians_bytes
+from volconv.engines.preset_memory import (
+    SLACK,
+    SUB_ROWS,
+    buffer_bytes,
+    reach,
+    skimage_smoother,
+    smoothing_filters,
+)
+from volconv.engines.smoothing import NearestGaussians
 
-SUB_ROWS = 32  # output rows stage 2 writes at a time (its output buffer's depth)
 TILE = (32, 4, 2)  # stage 2's work-groups on GPUs (axes 2, 1, 0)
-SLACK = 32  # floats before and after ilastik's V (kernels/stencils.cl's SLACK)
 SKIMAGE_ROWS = 16  # skimage_tile's and skimage_scale's rows per work-item (VX), at most
 SKIMAGE_TILE: tuple[int, int] | None = (32, 8)  # skimage_tile's group (TZ, TY); None: skimage_scale
-ROW_LANES = 8  # skimage_rows' voxels per work-item along axis 2 (kernels/skimage_rows.cl's L)
+ROW_LANES = 16  # skimage_rows' voxels per work-item along axis 2 (two float8 blocks; its EV)
 XYZ_GROUP = (32, 8, 1)  # ilastik_xyz's work-groups (its local memory: 32 is its LZ)
 
 
 def stencil_program(
-    ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), entries: bool = False,
-    flat: bool = False, rows: int | None = None,
+    ctx: cl.Context, radii: tuple[int, int, int] = (2, 1, 1), flat: bool = False,
+    rows: int | None = None,
 ) -> cl.Program:  # fmt: skip
     """kernels/stencils.cl behind kernels/eigen.cl (its eigen_sym3 and magnitude3), the ilastik
     kernels built for the radii (inner, DoG's second, outer) of one scale and work-groups of
-    `XYZ_GROUP`; ``entries``: the eigenvalues' entries written out for kernels/features.cl's
-    eigen3 (CPUs: its lanes); ``flat``: eigen_sym3 takes diagonal matrices (skimage's flat
-    regions: a zero background) by a branch (EIG_FLAT); ``rows``: skimage's rows per work-item
-    (default `SKIMAGE_ROWS`)."""
+    `XYZ_GROUP`; ``flat``: eigen_sym3 takes diagonal matrices (skimage's flat regions: a zero
+    background) by a branch (EIG_FLAT); ``rows``: skimage's rows per work-item (default
+    `SKIMAGE_ROWS`)."""
     defines = (*zip(("R", "RD", "RO"), radii, strict=True), ("LY", XYZ_GROUP[1]),
                ("VX", SKIMAGE_ROWS if rows is None else rows))  # fmt: skip
     if SKIMAGE_TILE:
         defines += (("TZ", SKIMAGE_TILE[0]), ("TY", SKIMAGE_TILE[1]))
     if flat:
         defines += (("EIG_FLAT", 1),)
-    return build_with_features(ctx, "stencils.cl", defines + ((("ENTRIES", 1),) if entries
-                                                              else ()))  # fmt: skip
-
-
-def smoothing_filters(preset: PresetPlan) -> list:
-    """ilastik's stage 1's filters: every scale's Gaussian."""
-    return [gaussian_filter_of(f"smooth{i}", (s.smooth,) * 3, (0, 0, 0), s.truncate)
-            for i, s in enumerate(preset.scales)]  # fmt: skip
-
-
-def reach(preset: PresetPlan) -> int:
-    """Rows of stage 1 past a slab: np.gradient twice (skimage), the inner radius 2 and the
-    outer 1 (ilastik)."""
-    return 2 if preset.kind == "skimage" else 3
-
-
-def _buffer_bytes(
-    preset: PresetPlan, shape: tuple[int, int, int], depth: int, device: cl.Device
-) -> int:
-    """The stage's own device buffers: stage 1's field (ilastik: a copy, wrap's two runs),
-    the passes over the product rows (ilastik; wrap's two runs), stage 2's outputs and (CPUs)
-    the eigenvalues' entries."""
-    n0, ny, nz = shape
-    sub = min(depth, SUB_ROWS)
-    rows = min(n0, depth + 2 * reach(preset))
-    own = preset.n_outputs * sub * ny * nz
-    # the entries (CPUs, ilastik: two triples per scale; skimage's in its kernel)
-    own += 12 * sub * ny * nz if lanes_for(device) > 1 and preset.kind != "skimage" else 1
-    if preset.kind == "ilastik":
-        q = 2 * (sub + 2)
-        own += 2 * rows * len(preset.scales) * ny * nz  # field
-        own += (q + sub) * 6 * ny * nz + 2 * SLACK  # T, V
-    return own * 4
-
-
-def preset_bytes(
-    preset: PresetPlan, shape: tuple[int, int, int], dtype: np.dtype, mode: str, cval: float,
-    device: cl.Device, depth: int,
-) -> tuple[int, int]:  # fmt: skip
-    """The memory a `PresetStage` takes at slab depth ``depth``, as ``(host, device)``: on the
-    host the outputs of a slab and stage 1's field of a slab holding NaN or Inf; on the device
-    stage 1's convolver (`make_separable_plan`), its field, the gradients and stage 2's
-    outputs."""
-    from volconv.plan.separable import make_separable_plan, plan_bank
-
-    n0, ny, nz = shape
-    filters = smoothing_filters(preset)
-    rows = min(n0, depth + 2 * reach(preset))
-    own = _buffer_bytes(preset, shape, depth, device)
-    if on_rings(preset, device):  # the outputs of a slab, the input rows it reads
-        host = preset.n_outputs * depth * ny * nz * 4 + (rows + 2 * skimage_reach(preset)) * (
-            ny * nz * np.dtype(dtype).itemsize
-        )
-        return host, own + nearest_gaussians_bytes(skimage_radii(preset), shape, dtype, rows)
-    skimage = preset.kind == "skimage"
-    plan = make_separable_plan(
-        filters, shape, dtype, "nearest" if skimage else mode, 0.0 if skimage else cval, device,
-        choices=plan_bank(filters, force="separable"), slab_depth=rows, fused=False,
-    )  # fmt: skip
-    host = (preset.n_outputs * depth + len(filters) * rows) * ny * nz * 4
-    return host, plan.device_bytes + own
-
-
-def on_rings(preset: PresetPlan, device: cl.Device) -> bool:
-    """Whether skimage's stage 1 runs on `NearestGaussians` (GPUs), not on the separable
-    passes (CPUs, where those run in vectors along axis 2)."""
-    return preset.kind == "skimage" and not device.type & cl.device_type.CPU
-
-
-def skimage_radii(preset: PresetPlan) -> list[int]:
-    """The radii of skimage's Gaussians."""
-    return [s.smooth_radius for s in preset.scales]
-
-
-def skimage_reach(preset: PresetPlan) -> int:
-    """Input rows skimage's widest Gaussian reads past its field's."""
-    return max(skimage_radii(preset))
+    return build_with_features(ctx, "stencils.cl", defines)
 
 
 class PresetStage:
@@ -133,8 +63,8 @@ class PresetStage:
     skimage: the Gaussians take mode 'nearest' (skimage.filters.gaussian), over the slab's rows
     and 2 more on each side inside the volume (Sobel's 'reflect' and np.gradient's one-sided
     differences stay inside it): on GPUs by `NearestGaussians` (the rows smoothed along axes 2
-    and 1 kept for the next slab), on CPUs as ilastik's below (`on_rings`); one kernel per
-    scale writes its five channels. Slabs with NaN or Inf are refused.
+    and 1 kept for the next slab), on CPUs by `RowGaussians`; one kernel per scale writes its
+    five channels. Slabs with NaN or Inf are refused.
 
     ilastik: one `SeparableConvolver` (forced separable, the scales' Gaussians as its filters)
     over the rows stage 2 reads, in chunks of at most its slab depth. The presmoothing takes
@@ -143,7 +73,8 @@ class PresetStage:
     tables: ilastik_xyz (the passes along axes 0, 1 and 2 through local memory) gives the
     smoothing, DoG's second one, the gradients and the Hessian over the rows the outer
     smoothing reads and writes the structure tensor's products and every channel but its
-    eigenvalues, which ilastik_outer_xy and ilastik_outer write. A slab whose source holds NaN
+    eigenvalues, which ilastik_outer_xy and ilastik_outer write (CPUs: kernels/ilastik_rows.cl's
+    ilastik_yz and ilastik_st, the same sums in vectors along axis 2). A slab whose source holds NaN
     or Inf is smoothed through the convolver's host path (scipy's non-finite responses),
     uploaded, and goes through the same stage 2, whose sums take every tap as scipy's
     correlate1d does (0 * Inf is NaN there too).
@@ -173,14 +104,17 @@ class PresetStage:
         self.seconds = 0.0
         self.clock = KernelClock()  # the stencils' (and skimage's stage 1's) seconds by name
         self.timings = {"upload": 0.0, "download": 0.0}  # skimage's
-        self.rings = on_rings(preset, device)
-        if self.rings:
+        if self.skimage:
             self.conv = None
             self.ctx, self.queue = context_for(device)
-            self.smoother = NearestGaussians(
-                self.ctx, self.queue, [s.smooth for s in preset.scales], preset.scales[0].truncate,
-                shape, dtype, min(shape[0], slab_depth + 2 * self.reach), self.clock,
-            )  # fmt: skip
+            sigmas, truncate = [s.smooth for s in preset.scales], preset.scales[0].truncate
+            field = min(shape[0], slab_depth + 2 * self.reach)
+            if skimage_smoother(device) is RowGaussians:
+                self.smoother = RowGaussians(self.ctx, self.queue, sigmas, truncate, shape,
+                                             field, self.clock)  # fmt: skip
+            else:
+                self.smoother = NearestGaussians(self.ctx, self.queue, sigmas, truncate, shape,
+                                                 dtype, field, self.clock)  # fmt: skip
             self.convolvers = (self,)
         else:
             filters = smoothing_filters(preset)
@@ -191,11 +125,8 @@ class PresetStage:
             )  # fmt: skip
             self.convolvers = (self.conv,)
             self.ctx, self.queue = self.conv.ctx, self.conv.queue
-        # CPUs: skimage's channels in vectors along axis 2 (kernels/skimage_rows.cl); ilastik's
-        # eigenvalues by eigen3 over written-out entries, in vectors of its lanes
+        # CPUs: stage 2 in vectors along axis 2 (kernels/skimage_rows.cl, ilastik_rows.cl)
         self._vectors = lanes_for(device) > 1
-        entries = self._vectors and not self.skimage
-        self._eigen = FeatureKernels(self.ctx, self.queue) if entries else None
         if self.skimage and self._vectors:
             prog = build_with_features(self.ctx, "skimage_rows.cl", (("EV", ROW_LANES),))
             self._k = [cl.Kernel(prog, "skimage_rows")]
@@ -205,13 +136,18 @@ class PresetStage:
             self._vx = SKIMAGE_ROWS  # halved until skimage_tile's tile fits local memory
             while self._vx > 1 and (self._vx + 4) * (tz + 4) * (ty + 4) * 4 > device.local_mem_size:
                 self._vx //= 2
-            prog = stencil_program(self.ctx, entries=entries, flat=True, rows=self._vx)
+            prog = stencil_program(self.ctx, flat=True, rows=self._vx)
             self._k = [cl.Kernel(prog, name)]
         else:
             self._k = []
             for scale in preset.scales:
-                prog = stencil_program(self.ctx, scale.radii(), entries, rows=4)  # VX: unused
-                names = ("ilastik_xyz", "ilastik_outer_xy", "ilastik_outer")
+                if self._vectors:
+                    radii = (*zip(("R", "RD", "RO"), scale.radii(), strict=True), ("EV", 8))
+                    prog = build_with_features(self.ctx, "ilastik_rows.cl", radii)
+                    names = ("ilastik_yz", "ilastik_st")
+                else:
+                    prog = stencil_program(self.ctx, scale.radii(), rows=4)  # VX: unused
+                    names = ("ilastik_xyz", "ilastik_outer_xy", "ilastik_outer")
                 self._k.append(tuple(cl.Kernel(prog, name) for name in names))
             maps = [extend_indices(n, -2, n + 2, self.mode).astype(np.int32) for n in shape[1:]]
             self._maps = [cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
@@ -222,9 +158,8 @@ class PresetStage:
         self._tiles = not device.type & cl.device_type.CPU and (
             device.max_work_group_size >= TILE[0] * TILE[1] * TILE[2]
         )
-        # its `volconv.engines.clock.KernelClock`s: stage 1's, the stencils', eigen3's
+        # its `volconv.engines.clock.KernelClock`s: stage 1's, the stencils'
         self.clocks = [self.clock] if self.conv is None else [self.conv.clock, self.clock]
-        self.clocks += [self._eigen.clock] if self._eigen is not None else []
         self._smooth: cl.Buffer | None = None  # stage 1 over the rows stage 2 reads
         self._passes: dict[str, cl.Buffer] = {}  # stage 2's passes' planes
         self._dst: cl.Buffer | None = None  # the preset's planes of a slab
@@ -243,9 +178,10 @@ class PresetStage:
 
     @property
     def device_bytes(self) -> int:
-        """Device memory of the stage at its slab depth (`preset_bytes`)."""
+        """Device memory of the stage at its slab depth
+        (`volconv.engines.preset_memory.preset_bytes`)."""
         first = self.smoother.device_bytes if self.conv is None else self.conv.plan.device_bytes
-        return first + _buffer_bytes(self.preset, self.shape, self.depth, self.device)
+        return first + buffer_bytes(self.preset, self.shape, self.depth, self.device)
 
     @property
     def held_bytes(self) -> int:
@@ -283,7 +219,7 @@ class PresetStage:
     def source_rows(self, a: int, b: int) -> np.ndarray:
         """Sorted source rows of the volume that output rows ``[a, b)`` read."""
         rows, _ = self._rows(a, b)
-        if self.rings:
+        if self.skimage:
             return np.arange(*self.smoother.input_rows(int(rows[0]), int(rows[-1]) + 1))
         parts = [self.conv.source_rows(c0, c1) for c0, c1 in self._chunks(rows)]
         return sources(np.concatenate(parts))
@@ -308,7 +244,7 @@ class PresetStage:
         """The preset's outputs (n_outputs, b - a, ny, nz) float32 of output rows ``[a, b)``,
         from the volume's ``rows`` at ``needed`` (sorted, covering `source_rows`) or its whole
         ``frame``; downloaded into ``out`` if given (float32, each plane contiguous)."""
-        if self.rings:
+        if self.skimage:
             return self._compute_skimage(a, b, rows, needed, frame, out)
         conv, queue, mf = self.conv, self.queue, cl.mem_flags
         ny, nz = self.shape[1:]
@@ -328,12 +264,7 @@ class PresetStage:
             smooth = self._smooth
         at = 0
         for c0, c1 in chunks:
-            if rows is None:
-                own = frame[conv.source_rows(c0, c1)] if self.clip else None
-            else:
-                own = rows[np.searchsorted(needed, conv.source_rows(c0, c1))]
-            if own is not None and self.clip:
-                own = np.maximum(own, -np.iinfo(self.dtype).max).astype(self.dtype)
+            own = None if rows is None else rows[np.searchsorted(needed, conv.source_rows(c0, c1))]
             n = (c1 - c0) * plane
             if host:
                 field = np.ascontiguousarray(conv.convolve_slab(c0, c1, rows=own), np.float32)
@@ -364,12 +295,8 @@ class PresetStage:
         for a2 in range(a, b, self.sub):  # stage 2 by sub-slabs: its outputs' memory bounded
             b2 = min(a2 + self.sub, b)
             n = (b2 - a2) * plane
-            if self.skimage:
-                planes = [slots.index(s) for s in range(k)]
-                work += self._skimage(a2, b2, field, planes, int(srows[0]), len(srows))
-            else:
-                qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
-                work += self._ilastik(a2, b2, field, slots, srows, qrows)
+            qrows = sources(extend_indices(self.shape[0], a2 - 1, b2 + 1, self.mode))
+            work += self._ilastik(a2, b2, field, slots, srows, qrows)
             for o in range(n_out):  # in order after the kernels
                 downloads.append(cl.enqueue_copy(
                     queue, values[o, a2 - a : b2 - a], self._dst, src_offset=o * n * 4,
@@ -384,8 +311,8 @@ class PresetStage:
         self, a: int, b: int, rows: np.ndarray | None, needed: np.ndarray | None,
         frame: np.ndarray | None, out: np.ndarray | None,
     ) -> np.ndarray:  # fmt: skip
-        """`compute` for skimage: stage 1 by `NearestGaussians`, then `skimage_scale` per
-        scale and sub-slab."""
+        """`compute` for skimage: stage 1 by its smoother (`skimage_smoother`), then stage 2 per
+        sub-slab."""
         n0, ny, nz = self.shape
         g0, g1 = max(0, a - 2), min(n0, b + 2)
 
@@ -445,7 +372,7 @@ class PresetStage:
             nb = -(-nz // ROW_LANES)
             size, local = (nb, ny, k * (b - a)), (min(nb, 8), 1, 1)
         else:  # skimage_tile (a work-group a tile) or skimage_scale (`_launch_tiles`)
-            args.append(self._entries(6 * k))
+            args.append(self._entries())
             size = (nz, ny, k * -(-(b - a) // self._vx))
             local = (*SKIMAGE_TILE, 1) if SKIMAGE_TILE else None
         kernel.set_args(*args)
@@ -462,22 +389,12 @@ class PresetStage:
         glob = tuple(-(-n // t) * t for n, t in zip(size, tile, strict=True))
         return cl.enqueue_nd_range_kernel(self.queue, kernel, glob, tile)
 
-    def _entries(self, planes: int) -> cl.Buffer:
-        """The buffer of the eigenvalues' entries (CPUs), ``planes`` of a sub-slab."""
-        ny, nz = self.shape[1:]
-        size = (planes * self.sub * ny * nz if self._eigen is not None else 1) * 4
-        if "e" not in self._passes or self._passes["e"].size < size:
-            self._passes["e"] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+    def _entries(self) -> cl.Buffer:
+        """The stencils' argument for the eigenvalues' entries (kernels/stencils.cl's E, which
+        GPUs do not write): one float."""
+        if "e" not in self._passes:
+            self._passes["e"] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, 4)
         return self._passes["e"]
-
-    def _eigenvalues(self, planes: list[int], n: int) -> list[cl.Event]:
-        """eigen3 over the entries the stencils wrote (CPUs): six per output triple, into
-        ``planes`` of the outputs."""
-        if self._eigen is None:
-            return []
-        e = self._passes["e"]
-        return [self._eigen.launch("eigen3", e, range(6 * i, 6 * i + 6), self._dst, o, n)
-                for i, o in enumerate(planes)]  # fmt: skip
 
     def _ilastik(
         self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray,
@@ -493,10 +410,15 @@ class PresetStage:
         qout[tables[1][:, 1]] = np.arange(depth)  # each output row's own row among qrows
         rows, grows, qo = (cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=t)
                            for t in (*tables, qout))  # fmt: skip
-        sizes = {"t": 6 * nq * ny * nz, "v": 6 * depth * ny * nz + 2 * SLACK}
+        sizes = {"t": 6 * nq * ny * nz}
+        sizes["v" if not self._vectors else "c"] = (
+            6 * depth * ny * nz + 2 * SLACK if not self._vectors else nz
+        )
         for key, size in sizes.items():
             if key not in self._passes or self._passes[key].size < size * 4:
                 self._passes[key] = cl.Buffer(ctx, mf.READ_WRITE, size * 4)
+        if self._vectors:
+            return self._ilastik_rows(a, b, field, slots, srows, qrows, rows, grows, qo)
         bt, bv = self._passes["t"], self._passes["v"]
         i32, cval = np.int32, np.float32(self.cval)
         my, mz = self._maps
@@ -506,7 +428,7 @@ class PresetStage:
             kxyz, kxo, ko = self._k[s]
             taps = self._taps[s]
             os_, ol, om, od, ot, oh = map(i32, scale.at)
-            entries = self._entries(12)
+            entries = self._entries()
             kxyz.set_args(field, i32(slots.index(s)), i32(ns), rows, i32(nq), taps, my, mz, qo,
                           i32(ny), i32(nz), cval, bt, self._dst, n, os_, ol, om, od, oh,
                           entries)  # fmt: skip
@@ -518,5 +440,50 @@ class PresetStage:
                 self.queue, kxyz, glob, XYZ_GROUP)))  # fmt: skip
             for name, k in (("ilastik_outer_xy", kxo), ("ilastik_outer", ko)):
                 events.append(self.clock.add(name, self._launch_tiles(k, (nz, ny, depth))))
-            events += self._eigenvalues([scale.at[4], scale.at[5]], depth * ny * nz)
+        return events
+
+    def _ilastik_rows(
+        self, a: int, b: int, field: cl.Buffer, slots: list[int], srows: np.ndarray,
+        qrows: np.ndarray, rows: cl.Buffer, grows: cl.Buffer, qo: cl.Buffer,
+    ) -> list[cl.Event]:  # fmt: skip
+        """`_ilastik` on CPUs: kernels/ilastik_rows.cl, a work-item a row along axis 2."""
+        ny, nz = self.shape[1:]
+        depth, nq, ns = b - a, len(qrows), len(srows)
+        bt, bc = self._passes["t"], self._passes["c"]
+        i32, cval = np.int32, np.float32(self.cval)
+        my, mz = self._maps
+        n = np.int64(depth * ny * nz)
+        events = [cl.enqueue_fill_buffer(self.queue, bc, cval, 0, nz * 4)]
+        for s, scale in enumerate(self.preset.scales):
+            kyz, kst = self._k[s]
+            taps = self._taps[s]
+            os_, ol, om, od, ot, oh = map(i32, scale.at)
+            kyz.set_args(
+                field,
+                i32(slots.index(s)),
+                i32(ns),
+                rows,
+                i32(nq),
+                taps,
+                my,
+                mz,
+                qo,
+                i32(ny),
+                i32(nz),
+                cval,
+                bc,
+                bt,
+                self._dst,
+                n,
+                os_,
+                ol,
+                om,
+                od,
+                oh,
+            )
+            kst.set_args(bt, i32(nq), grows, taps, my, mz, i32(depth), i32(ny), i32(nz), cval,
+                         bc, self._dst, n, ot)  # fmt: skip
+            for name, k, m in (("ilastik_yz", kyz, nq), ("ilastik_st", kst, depth)):
+                event = cl.enqueue_nd_range_kernel(self.queue, k, (ny, m), None)
+                events.append(self.clock.add(name, event))
         return events

@@ -20,7 +20,7 @@ from volconv.engines.convert import device_encodes
 from volconv.engines.features import StructureTensorStage
 from volconv.engines.nonfinite import APPLY_BYTES, OverridePlan
 from volconv.engines.padder import frame_bytes
-from volconv.engines.scales import preset_bytes
+from volconv.engines.preset_memory import preset_bytes
 from volconv.output import backlog_bytes, slabs_in_flight
 from volconv.plan.direct import make_plan
 
