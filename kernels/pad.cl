@@ -14,7 +14,7 @@
  * are arguments, not build options: one program serves every volume's shape.
  *
  * Build options (-D): SRC_T the source element type, DST_T the padded element type; ROWS for
- * the row kernel (launched over (1, P1, P0)); else PAD_TILE and PAD_ROWS, pad_tiles' shape.
+ * the row kernel (launched over (1, P1, P0)); PAD_TILE and PAD_ROWS for pad_tiles (GPUs).
  */
 __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided */
                   __global DST_T *restrict dst,        /* (P0, P1, P2) padded slab */
@@ -60,7 +60,7 @@ __kernel void pad(__global const SRC_T *restrict src,  /* source rows, strided *
 #endif
 }
 
-#ifndef ROWS
+#ifdef PAD_TILE
 /* pad_tiles: pad for sources whose fastest axis is axis 0 (s0 == 1: NIfTI's x-fastest
  * layout) on GPUs, where pad's work-items along axis 2 would each read a memory sector of their
  * own (their elements s2 apart). A work-group moves a PAD_TILE x PAD_TILE tile of (axis 2,
