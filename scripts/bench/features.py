@@ -293,13 +293,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=("pocl", "gpu"), default="pocl")
     p.add_argument("--size", type=int, default=128)
-    p.add_argument(
-        "--sets",
-        "--only",
-        dest="only",
-        default="",
-        help="comma-separated feature sets (default: all)",
-    )
+    p.add_argument("--only", default="", help="comma-separated feature sets (default: all)")
     p.add_argument("--device", default=None, help="volconv's device (default: cpu / gpu)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--no-peers", action="store_true", help="volconv only")
