@@ -121,17 +121,19 @@ inline vf gather8(__global const float *row, const int j[L], const float c)
  * through mz, the sums over cval where the mode gives cval */
 #define LOAD_IN(row) vload8(0, (row) + zb)
 #define LOAD_EDGE(row) gather8(row, j, cval)
-#define Y_AT(yv, b)                                                                        \
+/* BLOCK (Y_BLOCK, V_BLOCK) of the block at (b) into out, its pass reaching r lanes past it */
+#define BLOCK_AT(BLOCK, out, b, r)                                                         \
     {                                                                                      \
         const int zb = (b);                                                                \
         if (zb >= 0 && zb + L <= NZ) {                                                     \
-            Y_BLOCK(yv, LOAD_IN)                                                           \
+            BLOCK(out, LOAD_IN)                                                            \
         } else {                                                                           \
             int j[L];                                                                      \
-            edge_lanes(zb, NZ, R, mz, j);                                                  \
-            Y_BLOCK(yv, LOAD_EDGE)                                                         \
+            edge_lanes(zb, NZ, r, mz, j);                                                  \
+            BLOCK(out, LOAD_EDGE)                                                          \
         }                                                                                  \
     }
+#define Y_AT(yv, b) BLOCK_AT(Y_BLOCK, yv, b, R)
 
 __kernel void ilastik_yz(__global const float *restrict P_all, const int pp, const int NP,
                          __global const int *restrict rows, const int NQ,
@@ -215,17 +217,7 @@ __kernel void ilastik_yz(__global const float *restrict P_all, const int pp, con
         }                                                                                  \
         vv[p] = w;                                                                         \
     }
-#define V_AT(vv, b)                                                                        \
-    {                                                                                      \
-        const int zb = (b);                                                                \
-        if (zb >= 0 && zb + L <= NZ) {                                                     \
-            V_BLOCK(vv, LOAD_IN)                                                           \
-        } else {                                                                           \
-            int j[L];                                                                      \
-            edge_lanes(zb, NZ, 1, mz, j);                                                  \
-            V_BLOCK(vv, LOAD_EDGE)                                                         \
-        }                                                                                  \
-    }
+#define V_AT(vv, b) BLOCK_AT(V_BLOCK, vv, b, 1)
 
 /* The structure tensor at output row i (grows: its neighbours among T's NQ rows by the mode,
  * -1: cval) and row y: the outer smoothing along axes 0 and 1 (where axis 2 leaves the
