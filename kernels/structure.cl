@@ -48,12 +48,7 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     const int base = column ? i1 * NZ + i2 : 0, row = NY * NZ; /* within a plane of g */
     const __global float *g0 = g, *g1 = g + G_PLANE, *g2 = g + 2 * G_PLANE;
     const __global int *rows = m0 + X0 + x + S0; /* m0 holds UA rows past the last it maps */
-    float acc[N_PROD][UA];
-#pragma unroll
-    for (int k = 0; k < N_PROD; ++k) {
-#pragma unroll
-        for (int u = 0; u < UA; ++u) acc[k][u] = 0.0f;
-    }
+    float acc[N_PROD][UA] = {{0.0f}};
 #pragma unroll
     for (int i = 0; i < UA + KX - 1; ++i) {
         const int i0 = rows[i]; /* past the block's rows: read, never stored */

@@ -188,12 +188,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #else
     const int ty = lid / (TZ / VC), c0 = lid % (TZ / VC) * VC;
 #endif
-    float acc[N_OUT][VC];
-#pragma unroll
-    for (int f = 0; f < N_OUT; ++f) {
-#pragma unroll
-        for (int l = 0; l < VC; ++l) acc[f][l] = 0.0f;
-    }
+    float acc[N_OUT][VC] = {{0.0f}};
 #if PREFETCH
     float pre[NL];
 #pragma unroll
@@ -226,12 +221,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
             /* 2. the mids on TY x LZ, UB rows a task */
             for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
                 const int r0 = t / LZ * UB, c = t % LZ;
-                float m[MG][UB];
-#pragma unroll
-                for (int s = 0; s < MG; ++s) {
-#pragma unroll
-                    for (int u = 0; u < UB; ++u) m[s][u] = 0.0f;
-                }
+                float m[MG][UB] = {{0.0f}};
 #pragma unroll
                 for (int j = 0; j < UB + KB - 1; ++j) {
                     const float v = la[(r0 + j) * LZ + c];
