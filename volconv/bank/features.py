@@ -140,6 +140,12 @@ class Feature:
             extents += [tuple(self.rho_filter.kernel.shape)] * len(PAIRS)
         return extents
 
+    @property
+    def outer_taps(self) -> int:
+        """Taps per voxel of a structure tensor's outer smoothing: three passes of ``rho``'s
+        Gaussian over each of its six products."""
+        return len(PAIRS) * 3 * self.rho_filter.kernel.shape[0]
+
     def describe(self) -> str:
         """One line, as ``volconv validate`` lists it."""
         keys = ", ".join(f"{k}={_show(v)}" for k, v in self.params.items())
@@ -393,8 +399,7 @@ class Expanded:
         """Taps per voxel that the stages beside the plan's passes run, three passes per
         filter: each structure tensor's gradients and its outer smoothing of six products, and
         a preset's smoothing (`PresetPlan.smoothing_taps`; its stencils uncounted)."""
-        taps = sum(3 * (sum(f.kernel.shape[0] for f in feat.inputs)
-                        + len(PAIRS) * feat.rho_filter.kernel.shape[0])
+        taps = sum(3 * sum(f.kernel.shape[0] for f in feat.inputs) + feat.outer_taps
                    for feat, _ in self.tensors)  # fmt: skip
         return taps + sum(plan.smoothing_taps() for plan, _ in self.presets)
 

@@ -334,8 +334,8 @@ class StructureTensorStage:
         """GFLOP its kernels compute for one volume: the gradients' passes, and the outer
         smoothing's three passes over each of the six products (the rows between slabs and the
         eigenvalues uncounted)."""
-        taps = len(PAIRS) * 3 * (2 * self.reach + 1)
-        return self.grad.executed_gflop + 2.0 * math.prod(self.shape) * taps / 1e9
+        outer = 2.0 * math.prod(self.shape) * self.feature.outer_taps / 1e9
+        return self.grad.executed_gflop + outer
 
     @property
     def convolvers(self) -> tuple:
