@@ -21,7 +21,9 @@
  * Build options (-D): KX, KY, KZ taps (WX, WY, WZ: each axis's factor, flipped, float32 hex)
  * from S0, S1, S2 of the maps' halo; CVAL_MAPS where the maps hold -1 (constant mode); UA;
  * TY, TZ, UY (output rows a work-item in st_yz), UB, VC (a multiple of 4: the loads go four at
- * a time), CH. The work-group of st_yz is (TZ / VC, TY / UY).
+ * a time), CH, ZERO_SKIP (st_yz skips the pass along axis 2 of a phase whose tile along axis 1
+ * is zero, a zero background: it would add exact zeros). The work-group of st_yz is
+ * (TZ / VC, TY / UY).
  */
 
 #define N_PROD 6
@@ -84,6 +86,9 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
 #define CH 1 /* products a phase (1, 2, 3 or 6): one barrier a phase */
 #endif
 #define NB (CH == N_PROD ? N_PROD : 2 * CH) /* local buffers: two phases' in turn */
+#ifndef ZERO_SKIP
+#define ZERO_SKIP 0
+#endif
 
 /* the eigenvalues of the six products smoothed along axes 1 and 2 at [X0 + x][y][z] */
 __kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
@@ -99,6 +104,11 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
     const int lid = ly * (TZ / VC) + lx;
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
+#if ZERO_SKIP
+    __local int live[N_PROD / CH]; /* a value of the phase's tile along axis 1 is not zero */
+    if (lid < N_PROD / CH) live[lid] = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     float acc[N_PROD][UY][VC];
 #pragma unroll
     for (int k0 = 0; k0 < N_PROD; k0 += CH) {
@@ -117,21 +127,34 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
                 SLIDE(m, wy, KY, UB, j, v)
             }
             __local float (*mid)[LP * 4] = (__local float (*)[LP * 4])lm[b0 + ch];
+            bool nonzero = false;
 #pragma unroll
-            for (int u = 0; u < UB; ++u) mid[r0 + u][c] = m[u];
+            for (int u = 0; u < UB; ++u) {
+                mid[r0 + u][c] = m[u];
+                nonzero |= m[u] != 0.0f;
+            }
+#if ZERO_SKIP
+            if (nonzero) live[k0 / CH] = 1; /* a benign race: every writer writes 1 */
+#endif
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* (also: the other buffers' reads are done) */
+#if ZERO_SKIP
+        const bool work = live[k0 / CH]; /* the same in every work-item */
+#else
+        const bool work = true;
+#endif
         /* 2. along axis 2: VC outputs of UY rows a work-item, each product of the phase */
 #pragma unroll
         for (int ch = 0; ch < CH; ++ch) {
 #pragma unroll
             for (int r = 0; r < UY; ++r) {
+#pragma unroll
+                for (int l = 0; l < VC; ++l) acc[k0 + ch][r][l] = 0.0f;
+                if (!work) continue; /* zero along axis 1: zero along axis 2 */
                 float w[LW];
                 const __local float4 *q = lm[b0 + ch][ly * UY + r] + lx * VC / 4;
 #pragma unroll
                 for (int j = 0; j < LW / 4; ++j) vstore4(q[j], j, w);
-#pragma unroll
-                for (int l = 0; l < VC; ++l) acc[k0 + ch][r][l] = 0.0f;
 #pragma unroll
                 for (int j = 0; j < VC + KZ - 1; ++j)
                     SLIDE(acc[k0 + ch][r], wz, KZ, VC, j, w[j])

@@ -29,8 +29,11 @@
  * Build options (-D): the tables (MID_SLOT: each mid's place among its root's mids,
  * ROOT_MIDS: each root's count, MAXM the most), N_OUT, UA, TY, TZ, UB, VC, MG, PM, TL,
  * PREFETCH, ROUNDS, LBUF, IN_T, FEATURES (as in kernels/fused.cl: kernels/eigen.cl's EIG3,
- * MAG2, MAG3, PICK, DIFF); last_yz's work-group is ITEMS = TY x TZ / VC work-items along
- * axis 0.
+ * MAG2, MAG3, PICK, DIFF), ZERO_SKIP; last_yz's work-group is ITEMS = TY x TZ / VC work-items
+ * along axis 0.
+ *
+ * ZERO_SKIP: last_yz skips the mids and combos of a root whose tile of A is zero (a zero
+ * background: its terms add exact zeros; NaN and Inf are not zero, so they still propagate).
  */
 
 #define LY (TY + KB - 1)
@@ -47,6 +50,9 @@
 #endif
 #ifndef ROUNDS
 #define ROUNDS 1
+#endif
+#ifndef ZERO_SKIP
+#define ZERO_SKIP 0
 #endif
 
 /* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
@@ -156,6 +162,11 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
  * while this root's combos are computed. The features' epilogue then takes the responses
  * through local memory in ROUNDS rounds (LBUF floats hold a round's). */
 #define NL ((LY * LZ + ITEMS - 1) / ITEMS) /* tile elements a work-item loads */
+#if ZERO_SKIP
+#define MARK(k, v) if ((v) != 0.0f) live[k] = 1; /* a benign race: every writer writes 1 */
+#else
+#define MARK(k, v)
+#endif
 #define IN_STEP(i) (mid_root[i] == k && mid_slot[i] >= g0 && mid_slot[i] < g0 + MG)
 #define TILE_AT(i) (min(y0 + (i) / LZ, PY - 1) * RZ + min(z0 + (i) % LZ, RZ - 1))
 
@@ -177,6 +188,11 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
     const float wb[N_MIDS * KB] = {WB};
     const float wc[N_COMBOS * KC] = {WC};
     const int lid = (int)get_local_id(0);
+#if ZERO_SKIP
+    __local int live[N_ROOTS]; /* a value of the root's tile is not zero */
+    if (lid < N_ROOTS) live[lid] = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
     const long root_size = (long)NX * PY * RZ;
@@ -206,11 +222,17 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #pragma unroll
             for (int l = 0; l < NL; ++l) {
                 const int i = lid + l * ITEMS;
-                if (i < LY * LZ) la[i] = pre[l];
+                if (i < LY * LZ) {
+                    la[i] = pre[l];
+                    MARK(0, pre[l])
+                }
             }
         }
 #else
-        for (int i = lid; i < LY * LZ; i += ITEMS) la[i] = a[k * root_size + TILE_AT(i)];
+        for (int i = lid; i < LY * LZ; i += ITEMS) {
+            la[i] = a[k * root_size + TILE_AT(i)];
+            MARK(k, la[i])
+        }
 #endif
         /* its mids MG at a time (slots [g0, g0 + MG) of the root's) */
 #pragma unroll
@@ -218,8 +240,13 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
             if (g0 >= root_mids[k]) break;
             const bool last = g0 + MG >= root_mids[k];
             barrier(CLK_LOCAL_MEM_FENCE); /* and the mids before are read */
+#if ZERO_SKIP
+            const bool work = live[k]; /* the same in every work-item */
+#else
+            const bool work = true;
+#endif
             /* 2. the mids on TY x LZ, UB rows a task */
-            for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
+            for (int t = lid; work && t < (TY / UB) * LZ; t += ITEMS) {
                 const int r0 = t / LZ * UB, c = t % LZ;
                 float m[MG][UB] = {{0.0f}};
 #pragma unroll
@@ -251,7 +278,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
             /* 3. the combos through them along axis 2, VC outputs a work-item */
 #pragma unroll
             for (int i = 0; i < N_MIDS; ++i) {
-                if (!IN_STEP(i)) continue;
+                if (!IN_STEP(i) || !work) continue;
                 const __local float *row = lm + ((mid_slot[i] - g0) * TY + ty) * PM + c0;
 #pragma unroll
                 for (int j = 0; j < VC + KC - 1; ++j) {
@@ -268,7 +295,10 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #pragma unroll
                 for (int l = 0; l < NL; ++l) {
                     const int i = lid + l * ITEMS;
-                    if (i < LY * LZ) la[i] = pre[l];
+                    if (i < LY * LZ) {
+                        la[i] = pre[l];
+                        MARK(k + 1, pre[l])
+                    }
                 }
             }
 #endif

@@ -299,12 +299,16 @@ def test_4d_and_float16_and_nonfinite(device, fused, tree):
     np.testing.assert_array_equal(half, out[..., 0].astype(np.float16))
 
 
-@pytest.mark.parametrize(("tree", "prefetch"), [("multi", 0), ("xfirst", 0), ("xfirst", 1)])
-def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, monkeypatch):
+@pytest.mark.parametrize(("tree", "prefetch", "flat"),
+                         [("multi", 0, 0), ("xfirst", 0, 0), ("xfirst", 1, 0), ("xfirst", 0, 1),
+                          ("xfirst", 1, 1)])  # fmt: skip
+def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, flat, monkeypatch):
     """The multi-output trees in the shapes GPUs take (work-groups past the edges, tiles
     wider than the volume's last axis, blocks of rows not dividing the slab; tree_yz.cl's
     warps of 4 rows; a root's mids at once, or one at a time with the next root's tile
-    prefetched and the responses staged in two rounds) against the float64 definition."""
+    prefetched and the responses staged in two rounds; FLAT: the roots of zero tiles skipped
+    and diagonal matrices by a branch, on a volume whose first rows are a zero background)
+    against the float64 definition."""
     from volconv.engines import tree as trees
     from volconv.engines import xfirst
 
@@ -313,9 +317,11 @@ def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, monkeypatch)
                                                   "tree_x": (8, 1, 4)})  # fmt: skip
     monkeypatch.setitem(xfirst.XFIRST_SHAPE, kind, {"TY": 8, "TZ": 32, "UB": 4, "VC": 4,
                                                    "UA": 8, "BLOCK": 7, "FX": (8, 2),
-                                                   "PREFETCH": prefetch,
+                                                   "PREFETCH": prefetch, "FLAT": flat,
                                                    "MG": 1 if prefetch else 0})  # fmt: skip
     volume = scene((23, 21, 20), seed=5)
+    if flat:  # A's first rows zero: their tiles' roots skipped, their matrices diagonal
+        volume[:13] = 0.0
     sigma = 2.0
     feats = build_features([{"type": "hessian_eigenvalues", "sigma": sigma, "name": "h"}])
     out = run(volume, [], feats, "nearest", 0.0, device, slab_depth=10, fused=False,

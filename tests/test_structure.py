@@ -14,13 +14,18 @@ from volconv.checks import SPEC_ATOL, SPEC_RTOL
 from volconv.engines.separable import SeparableConvolver
 
 
-@pytest.mark.parametrize(("kind", "mode", "rho", "block"),
-                         [("gpu", "reflect", 1.5, None), ("cpu", "constant", 1.0, 2)])  # fmt: skip
-def test_structure_kernels_in_each_shape(device, monkeypatch, kind, mode, rho, block):
+@pytest.mark.parametrize(
+    ("kind", "mode", "rho", "block", "flat"),
+    [("gpu", "reflect", 1.5, None, 1), ("gpu", "reflect", 1.5, None, 0),
+     ("cpu", "constant", 1.0, 2, 0), ("cpu", "constant", 1.0, 2, 1)],
+)  # fmt: skip
+def test_structure_kernels_in_each_shape(device, monkeypatch, kind, mode, rho, block, flat):
     """Tiles cut by the volume's edges along axes 1 and 2 (the GPU's 32 x 64 over 40 x 70),
-    slab seams every 5 rows, rho's reach past the slab, blocks of rows in a slab: within the
-    Weyl bound of the float64 definition's eigenvalues."""
-    shape = dict(st.ST_SHAPES[kind], XG=None)  # the driver's work-group for st_x on PoCL
+    slab seams every 5 rows, rho's reach past the slab, blocks of rows in a slab; FLAT: the
+    tiles of the zero background skipped along axis 2 and its diagonal matrices by a branch
+    (constant mode: a nonzero cval around them): within the Weyl bound of the float64
+    definition's eigenvalues."""
+    shape = dict(st.ST_SHAPES[kind], XG=None, FLAT=flat)  # XG: the driver's on PoCL
     if block is not None:
         shape["BLOCK"] = block
     monkeypatch.setitem(st.ST_SHAPES, "cpu", shape)

@@ -22,7 +22,7 @@ from features import feature_sets, volume_of
 from volconv.bank.features import expand
 from volconv.bench import volume_record
 from volconv.device.devices import select_device
-from volconv.engines import tree, xfirst
+from volconv.engines import structure, tree, xfirst
 from volconv.engines.separable import SeparableConvolver
 from volconv.plan import separable, trees
 from volconv.plan.separable import make_separable_plan, plan_paths
@@ -39,6 +39,7 @@ SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry), each from 
     "xf_no_prefetch": {**XF, "PREFETCH": 0},
     "xf_tz32_ty16": {**XF, "TZ": 32, "TY": 16},
     "xf_tz128_ty16": {**XF, "TZ": 128, "TY": 16},  # less of axis 2's halo recomputed
+    "xf_dense": {**XF, "FLAT": 0},  # zero tiles computed, diagonal matrices too
 }
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
@@ -62,16 +63,17 @@ STRUCTURE = {
     "fused": {"fused": True, "multi": False},
     "multi_v4": {"tree_shape": (4, 4)},
     "xfirst": {"multi": True, "xfirst": True},
+    "st_dense": {"st_shape": {"FLAT": 0}},  # kernels/structure.cl without ZERO_SKIP, EIG_FLAT
     **{k: {"multi": True, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "xf_block32", "xf_mg_all", "xf_no_prefetch", "xf_ub2",
-                   "xf_vc4", "xf_tz32_ty16", "xf_tz128_ty16", "multi_v2_u4",
+    "hessian_s3": ["passes", "default", "xf_dense", "xf_block32", "xf_mg_all", "xf_no_prefetch",
+                   "xf_ub2", "xf_vc4", "xf_tz32_ty16", "xf_tz128_ty16", "multi_v2_u4",
                    "multi_v2_u4_nogroups"],
-    "structure_s1": ["passes", "default", "multi_v4", "xfirst", "fused"],
-    "structure_s3": ["passes", "default", "multi_v4", "xfirst", "xf_mg_all"],
-    "hessian_s1": ["default", "fused_8x16x32", "fused_8x16x128", "fused_16x16x64",
+    "structure_s1": ["passes", "default", "st_dense", "multi_v4", "xfirst", "fused"],
+    "structure_s3": ["passes", "default", "st_dense", "multi_v4", "xfirst", "xf_mg_all"],
+    "hessian_s1": ["default", "xf_dense", "fused_8x16x32", "fused_8x16x128", "fused_16x16x64",
                    "fused_4x32x64", "xfirst"],
 }  # fmt: skip
 
@@ -91,10 +93,13 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     groups, uy = options.pop("groups", None), options.pop("uy", None)
     shape = options.pop("tree_shape", None)
     xf = options.pop("xfirst_shape", None)
+    st_changes = options.pop("st_shape", None)
     saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
-             dict(xfirst.XFIRST_SHAPE["gpu"]))  # fmt: skip
+             dict(xfirst.XFIRST_SHAPE["gpu"]), dict(structure.ST_SHAPES["gpu"]))  # fmt: skip
     if xf is not None:
         xfirst.XFIRST_SHAPE["gpu"].update(xf)
+    if st_changes is not None:
+        structure.ST_SHAPES["gpu"].update(st_changes)
     if shape is not None:
         separable.TREE_SHAPE.update(gpu=shape, cpu=shape)
     if groups is not None:
@@ -123,6 +128,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         tree.TREE_ROWS = saved[1]
         separable.TREE_SHAPE.update(saved[2])
         xfirst.XFIRST_SHAPE["gpu"].update(saved[3])
+        structure.ST_SHAPES["gpu"].update(saved[4])
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:
@@ -159,16 +165,21 @@ def main() -> None:
         "--only",
         default="hessian_s3,structure_s1,structure_s3,hessian_s1",
     )
+    p.add_argument("--variants", default="", help="only these labels (comma-separated)")
     p.add_argument("--device", default="gpu")
+    p.add_argument("--volume", choices=("scan", "dense"), default="scan",
+                   help="scan: the demo scan (a zero background); dense: features.py's "
+                        "synthetic volume (noise everywhere)")  # fmt: skip
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--budget", type=float, default=150.0, help="seconds; later variants skipped")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     trees.MAX_TREE_VALUES = 256  # the sweep's wider shapes
     device = select_device(args.device)
-    volume = volume_of(args.size)
+    volume = volume_of(args.size, synthetic=args.volume == "dense")
     result: dict = {
         **volume_record(volume, device),
+        "volume": args.volume,
         "sets": {},
     }
     start = time.perf_counter()
@@ -178,6 +189,8 @@ def main() -> None:
         feats, mode = sets[name.removesuffix("_raw")]
         entry, ref = {}, None
         for label, options in variants(name).items():
+            if args.variants and label not in args.variants.split(","):
+                continue
             if time.perf_counter() - start > args.budget:
                 entry[label] = {"skipped": "budget"}
                 continue

@@ -86,11 +86,11 @@ def feature_sets() -> dict[str, tuple[list, str]]:
     }  # fmt: skip
 
 
-def volume_of(size: int) -> np.ndarray:
-    """The demo scan (scripts/make_demo_volume.py) if present at this size, else a synthetic
-    uint8 volume: a smooth field, balls and noise."""
+def volume_of(size: int, synthetic: bool = False) -> np.ndarray:
+    """The demo scan (scripts/make_demo_volume.py) if present at this size (and not
+    ``synthetic``), else a synthetic uint8 volume: a smooth field, balls and noise."""
     scan = ROOT / "data" / "mni152_t1_256.nii"
-    if scan.exists():
+    if scan.exists() and not synthetic:
         import nibabel
 
         data = np.asarray(nibabel.load(scan).dataobj)

@@ -23,12 +23,15 @@ if TYPE_CHECKING:
 # on GPUs eight row blocks a work-group, which share the gradient rows they read in cache),
 # st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB rows a task
 # along axis 1, CH products a phase (1, 2, 3 or 6); RZ_ALIGN C's row length rounded up to it;
-# BLOCK the output rows both launches run over at a time (0: the slab), so that C stays in cache.
+# BLOCK the output rows both launches run over at a time (0: the slab), so that C stays in cache;
+# FLAT: st_yz skips the pass along axis 2 of the phases whose tile is zero (ZERO_SKIP) and
+# eigen_sym3 takes diagonal matrices by a branch (EIG_FLAT): a zero background (on CPUs, which
+# run work-items in SIMD lanes, neither).
 ST_SHAPES: dict[str, dict[str, object]] = {
     "gpu": {"UA": 8, "XG": (32, 1, 8), "TY": 16, "TZ": 64, "UY": 1, "VC": 4, "UB": 8,
-            "RZ_ALIGN": 32, "BLOCK": 0, "CH": 2},
+            "RZ_ALIGN": 32, "BLOCK": 0, "CH": 2, "FLAT": 1},
     "cpu": {"UA": 4, "XG": None, "TY": 8, "TZ": 16, "UY": 2, "VC": 4, "UB": 4, "RZ_ALIGN": 4,
-            "BLOCK": 0, "CH": 1},
+            "BLOCK": 0, "CH": 1, "FLAT": 0},
 }  # fmt: skip
 
 
@@ -81,6 +84,8 @@ class StructureKernels:
         )  # fmt: skip
         if plan.mode == "constant":  # the index maps hold -1 (cval)
             defines += (("CVAL_MAPS", 1),)
+        if s.get("FLAT"):
+            defines += (("ZERO_SKIP", 1), ("EIG_FLAT", 1))
         if s.get("NO_EIGEN"):  # scripts/bench/structure.py's timing of the epilogue
             defines += (("NO_EIGEN", 1),)
         prog = build_with_features(ctx, "structure.cl", defines)

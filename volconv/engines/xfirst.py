@@ -26,15 +26,17 @@ if TYPE_CHECKING:
 # a mid and VC outputs along axis 2 a work-item, MG mids at a time (0: a root's), PREFETCH
 # (the next root's tile loaded to registers while a root's combos are computed), first_x's UA
 # rows a work-item and its work-group (FX: along axes 2, 1; 0: the driver's), and the output
-# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab); XFIRST_SHORT: the
-# changes to it for trees whose windows are at most SHORT_TAPS long. The GPU's as measured
-# fastest on the H100 (benchmarks/results/h100-hessian-sweep-2.json: the Hessian at sigma 3,
-# and at sigma 1).
+# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), FLAT (last_yz
+# skips the roots whose tile is zero, ZERO_SKIP, and eigen_sym3 takes diagonal matrices by a
+# branch, EIG_FLAT: a zero background's work-groups and warps; on CPUs, which run work-items
+# in SIMD lanes, neither); XFIRST_SHORT: the changes to it for trees whose windows are at most
+# SHORT_TAPS long. The GPU's as measured fastest on the H100
+# (benchmarks/results/h100-hessian-sweep-2.json: the Hessian at sigma 3, and at sigma 1).
 XFIRST_SHAPE = {
     "gpu": {"TY": 32, "TZ": 64, "UB": 4, "VC": 8, "MG": 2, "UA": 8, "BLOCK": 64,
-            "PREFETCH": 1, "FX": (64, 4)},
+            "PREFETCH": 1, "FX": (64, 4), "FLAT": 1},
     "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "MG": 0, "UA": 4, "BLOCK": 0,
-            "PREFETCH": 0, "FX": 0},
+            "PREFETCH": 0, "FX": 0, "FLAT": 0},
 }  # fmt: skip
 SHORT_TAPS = 13
 XFIRST_SHORT: dict[str, dict[str, int]] = {"gpu": {"TY": 16, "VC": 4, "MG": 0}, "cpu": {}}
@@ -114,7 +116,7 @@ def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
     its tile's rows halved (down to UB) until last_yz's tiles fit the device's local memory
     and its work-group the device; None if they never do."""
     kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
-    shape = {"PREFETCH": 0, "FX": 0, **XFIRST_SHAPE[kind]}
+    shape = {"PREFETCH": 0, "FX": 0, "FLAT": 0, **XFIRST_SHAPE[kind]}
     if max(tree.taps) <= SHORT_TAPS:
         shape.update(XFIRST_SHORT[kind])
     while (xfirst_local_bytes(tree, shape) > device.local_mem_size
@@ -151,7 +153,10 @@ class XFirstTree(TreeKernels):
             ("UA", s["UA"]), ("TY", s["TY"]), ("TZ", s["TZ"]), ("UB", s["UB"]),
             ("VC", s["VC"]), ("PM", mid_pitch(tree, s)), ("TL", warp_rows(s)),
             ("PREFETCH", int(bool(s["PREFETCH"]))), ("IN_T", CL_TYPES[plan.pad_dtype]),
+            ("ZERO_SKIP", int(bool(s["FLAT"]))),
         )  # fmt: skip
+        if s["FLAT"]:
+            defines += (("EIG_FLAT", 1),)
         slots, counts = mid_slots(tree)
         rounds, lbuf = staged(tree, s)
         defines += (("MID_SLOT", ",".join(map(str, slots))),
