@@ -21,9 +21,11 @@
  * Build options (-D): KX, KY, KZ taps (WX, WY, WZ: each axis's factor, flipped, float32 hex)
  * from S0, S1, S2 of the maps' halo; CVAL_MAPS where the maps hold -1 (constant mode); UA;
  * TY, TZ, UY (output rows a work-item in st_yz), UB, VC (a multiple of 4: the loads go four at
- * a time), CH, ZERO_SKIP (st_yz skips the pass along axis 2 of a phase whose tile along axis 1
- * is zero, a zero background: it would add exact zeros). The work-group of st_yz is
- * (TZ / VC, TY / UY).
+ * a time), CH, ZERO_SKIP (a zero background, kernels/bands.cl: st_x marks the bands of C, UA
+ * rows, where it wrote a value other than zero; st_yz computes nothing over a tile whose bands
+ * are all unmarked, and skips the pass along axis 2 of a phase whose tile along axis 1 is zero:
+ * it would add exact zeros; the eigenvalues of zero matrices are zero, as EIG_FLAT takes them).
+ * The work-group of st_yz is (TZ / VC, TY / UY).
  */
 
 #define N_PROD 6
@@ -39,7 +41,8 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
                    __global const int *restrict m0, __global const int *restrict m1,
                    __global const int *restrict m2, const int X0, const int NX,
                    const int PY, const int PZ, const int NY, const int NZ, const int PYA,
-                   const int RZ, const float cval)
+                   const int RZ, const float cval,
+                   __global int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
@@ -69,13 +72,18 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     }
     __global float *d = dst + ((long)x * PYA + y) * RZ + z;
     const long plane = (long)NX * PYA * RZ;
+    bool nonzero = false;
 #pragma unroll
     for (int k = 0; k < N_PROD; ++k) {
 #pragma unroll
         for (int u = 0; u < UA; ++u) {
             if (x + u < NX) d[k * plane + u * PYA * RZ] = acc[k][u];
+            nonzero |= x + u < NX && acc[k][u] != 0.0f;
         }
     }
+#if ZERO_SKIP
+    if (nonzero) live[BAND_AT(x / UA, y, z, PYA, RZ)] = EPOCH;
+#endif
 }
 
 #define LZ (TZ + KZ - 1)                 /* the tile's columns along axis 2 */
@@ -95,7 +103,8 @@ __kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
 void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
            __global float *restrict feat,      /* (3, DEPTH, NY, NZ) */
            const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
-           const int PYA, const int RZ)
+           const int PYA, const int RZ,
+           __global const int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
 {
     __local float4 lm[NB][TY][LP];
     const float wy[KY] = {WY};
@@ -104,17 +113,24 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
     const int lid = ly * (TZ / VC) + lx;
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
-#if ZERO_SKIP
-    __local int live[N_PROD / CH]; /* a value of the phase's tile along axis 1 is not zero */
-    if (lid < N_PROD / CH) live[lid] = 0;
+    const long plane = (long)DEPTH * NY * NZ;
+    __local int marked; /* ZERO_SKIP: a band the tile reads is marked */
+    __local int phases[N_PROD / CH]; /* ZERO_SKIP: a phase's tile along axis 1 is not zero */
+#if ZERO_SKIP /* the tile reads C's rows [y0, y0 + TY + KY - 1), columns [z0, z0 + LZ) */
+    const bool tile = bands_marked(live, EPOCH, x / UA, y0, min(y0 + TY + KY - 1, PYA), z0,
+                                   min(z0 + LZ, RZ), PYA, RZ, &marked, lid, ITEMS);
+    if (lid < N_PROD / CH) phases[lid] = 0;
     barrier(CLK_LOCAL_MEM_FENCE);
+#else
+    const bool tile = true;
 #endif
     float acc[N_PROD][UY][VC];
 #pragma unroll
     for (int k0 = 0; k0 < N_PROD; k0 += CH) {
         const int b0 = k0 / CH % 2 * CH; /* this phase's first buffer */
         /* 1. along axis 1: the tile's TY rows of LZ columns of CH products, UB rows a task */
-        for (int t = lid; t < CH * (TY / UB) * LZ; t += ITEMS) {
+        const int tasks = tile ? CH * (TY / UB) * LZ : 0; /* none where C is zero */
+        for (int t = lid; t < tasks; t += ITEMS) {
             const int ch = t / ((TY / UB) * LZ), r0 = t / LZ % (TY / UB) * UB, c = t % LZ;
             const __global float *p =
                 src + ((long)(k0 + ch) * NX + x) * PYA * RZ + (y0 + r0) * RZ + z0 + c;
@@ -134,14 +150,14 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
                 nonzero |= m[u] != 0.0f;
             }
 #if ZERO_SKIP
-            if (nonzero) live[k0 / CH] = 1; /* a benign race: every writer writes 1 */
+            if (nonzero) phases[k0 / CH] = 1; /* a benign race: every writer writes 1 */
 #endif
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* (also: the other buffers' reads are done) */
 #if ZERO_SKIP
-        const bool work = live[k0 / CH]; /* the same in every work-item */
+        const bool work = phases[k0 / CH]; /* the same in every work-item */
 #else
-        const bool work = true;
+        const bool work = tile;
 #endif
         /* 2. along axis 2: VC outputs of UY rows a work-item, each product of the phase */
 #pragma unroll
@@ -161,7 +177,6 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
             }
         }
     }
-    const long plane = (long)DEPTH * NY * NZ;
 #pragma unroll
     for (int r = 0; r < UY; ++r) {
         const int y = y0 + ly * UY + r;

@@ -32,8 +32,10 @@
  * MAG2, MAG3, PICK, DIFF), ZERO_SKIP; last_yz's work-group is ITEMS = TY x TZ / VC work-items
  * along axis 0.
  *
- * ZERO_SKIP: last_yz skips the mids and combos of a root whose tile of A is zero (a zero
- * background: its terms add exact zeros; NaN and Inf are not zero, so they still propagate).
+ * ZERO_SKIP (a zero background, kernels/bands.cl): first_x marks the bands of A (UA rows) where
+ * it wrote a value other than zero, and last_yz neither loads nor filters a tile whose bands are
+ * all unmarked: its responses stay zero (and its features: EIG_FLAT takes zero matrices by a
+ * branch).
  */
 
 #define LY (TY + KB - 1)
@@ -54,6 +56,20 @@
 #ifndef ZERO_SKIP
 #define ZERO_SKIP 0
 #endif
+#if ZERO_SKIP /* first_x's band of column (y, z) marked where a value it wrote is not zero */
+#define MARK_ROWS                                                                             \
+    {                                                                                         \
+        bool nonzero = false;                                                                 \
+        _Pragma("unroll") for (int k = 0; k < N_ROOTS; ++k) {                                 \
+            _Pragma("unroll") for (int u = 0; u < UA; ++u) {                                  \
+                nonzero |= x + u < NX && acc[k][u] != 0.0f;                                   \
+            }                                                                                 \
+        }                                                                                     \
+        if (nonzero) live[BAND_AT(x / UA, y, z, PY, RZ)] = EPOCH;                             \
+    }
+#else
+#define MARK_ROWS
+#endif
 
 /* to[u] += w[t] * v for each of the U outputs u that the value v at position i of their run
  * reaches (tap t = i - u of K) */
@@ -68,7 +84,8 @@
 __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2) */
                       __global float *restrict dst,      /* A */
                       const int X0, const int NX, const int PY, const int PZ, const int P1,
-                      const int P2, const int RZ, const long IN_STRIDE)
+                      const int P2, const int RZ, const long IN_STRIDE,
+                      __global int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
@@ -80,18 +97,22 @@ __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2
     const __global IN_T *p = src + (long)(X0 + x + SA) * plane + (long)(y + SB) * P2 + z + SC;
     float acc[N_ROOTS][UA] = {{0.0f}};
     const int last = NX - x + KA - 2; /* the last row this work-item's outputs read */
-    #pragma unroll
-    for (int i = 0; i < UA + KA - 1; ++i) {
-#pragma unroll
-        for (int s = 0; s < N_ROOTS; ++s) {
-            if (!root_first[s]) continue; /* each input once, before its first root */
-            const float v = (float)p[root_in[s] * IN_STRIDE + min(i, last) * plane];
-#pragma unroll
-            for (int k = s; k < N_ROOTS; ++k) {
-                if (root_in[k] == root_in[s]) TAPS(k, i, v)
-            }
-        }
+#define FIRST_ROWS(ROW)                                                                    \
+    _Pragma("unroll") for (int i = 0; i < UA + KA - 1; ++i) {                              \
+        _Pragma("unroll") for (int s = 0; s < N_ROOTS; ++s) {                              \
+            if (!root_first[s]) continue; /* each input once, before its first root */     \
+            const float v = (float)p[root_in[s] * IN_STRIDE + (ROW) * plane];              \
+            _Pragma("unroll") for (int k = s; k < N_ROOTS; ++k) {                          \
+                if (root_in[k] == root_in[s]) TAPS(k, i, v)                                \
+            }                                                                              \
+        }                                                                                  \
     }
+    if (x + UA <= NX) { /* every row inside the slab: no clamp (all but the last rows) */
+        FIRST_ROWS(i)
+    } else {
+        FIRST_ROWS(min(i, last))
+    }
+#undef FIRST_ROWS
 #pragma unroll
     for (int k = 0; k < N_ROOTS; ++k) {
 #pragma unroll
@@ -99,6 +120,7 @@ __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2
             if (x + u < NX) dst[(((long)k * NX + x + u) * PY + y) * RZ + z] = acc[k][u];
         }
     }
+    MARK_ROWS
 }
 
 #ifdef PAIR_A
@@ -111,7 +133,8 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
                                __global const int *restrict m1,
                                __global const int *restrict m2, const int X0, const int NX,
                                const int PY, const int PZ, const int NY, const int NZ,
-                               const int RZ, const float cval)
+                               const int RZ, const float cval, __global int *restrict live,
+                               const int EPOCH)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
@@ -143,6 +166,7 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
             if (x + u < NX) dst[(((long)k * NX + x + u) * PY + y) * RZ + z] = acc[k][u];
         }
     }
+    MARK_ROWS
 }
 #endif
 
@@ -162,24 +186,19 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
  * while this root's combos are computed. The features' epilogue then takes the responses
  * through local memory in ROUNDS rounds (LBUF floats hold a round's). */
 #define NL ((LY * LZ + ITEMS - 1) / ITEMS) /* tile elements a work-item loads */
-#if ZERO_SKIP
-#define MARK(k, v) if ((v) != 0.0f) live[k] = 1; /* a benign race: every writer writes 1 */
-#else
-#define MARK(k, v)
-#endif
 #define IN_STEP(i) (mid_root[i] == k && mid_slot[i] >= g0 && mid_slot[i] < g0 + MG)
 #define TILE_AT(i) (min(y0 + (i) / LZ, PY - 1) * RZ + min(z0 + (i) % LZ, RZ - 1))
 
-__kernel __attribute__((reqd_work_group_size(ITEMS, 1, 1)))
-void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
-             __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
-             __global float *restrict feat,      /* (planes, DEPTH, NY, NZ) */
-             const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
-             const int PY, const int RZ,
-             const int N_STORED) /* responses written: the first N_STORED; < 0: every one */
+/* One root of last_yz, k a literal at each call (ROOT_STEPS): the tables fold to constants
+ * before the loops over mids and combos unroll, so that each root's code holds only its own
+ * mids and combos (a loop over the roots, left rolled by the compiler, computed every mid under
+ * a select in every step). */
+inline __attribute__((always_inline)) void root_step(
+    const int k, const bool tile, __local float *la, __local float *lm, float acc[N_OUT][VC],
+    float pre[NL],
+    const __global float *a, const long root_size, const int lid, const int ty, const int c0,
+    const int y0, const int z0, const int PY, const int RZ)
 {
-    __local float lbuf[LBUF]; /* a root's tile and MG mids; then the staged responses */
-    __local float *la = lbuf, *lm = lbuf + LY * LZ;
     const int mid_root[N_MIDS] = {MID_ROOT};
     const int mid_slot[N_MIDS] = {MID_SLOT}; /* its place among its root's mids */
     const int root_mids[N_ROOTS] = {ROOT_MIDS}; /* the mids of each root */
@@ -187,14 +206,136 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
     const int combo_out[N_COMBOS] = {COMBO_OUT};
     const float wb[N_MIDS * KB] = {WB};
     const float wc[N_COMBOS * KC] = {WC};
-    const int lid = (int)get_local_id(0);
-#if ZERO_SKIP
-    __local int live[N_ROOTS]; /* a value of the root's tile is not zero */
-    if (lid < N_ROOTS) live[lid] = 0;
-    barrier(CLK_LOCAL_MEM_FENCE);
+    /* 1. the root's tile (past A's columns: only outputs never stored read them); the
+     * last root's is no longer read (the barrier before its last combos) */
+#if PREFETCH
+    if (k == 0) {
+#pragma unroll
+        for (int l = 0; l < NL; ++l) {
+            const int i = lid + l * ITEMS;
+            if (i < LY * LZ) la[i] = pre[l];
+        }
+    }
+#else
+    for (int i = lid; tile && i < LY * LZ; i += ITEMS) la[i] = a[k * root_size + TILE_AT(i)];
 #endif
+    /* its mids MG at a time (slots [g0, g0 + MG) of the root's) */
+#pragma unroll
+    for (int g0 = 0; g0 < MAXM; g0 += MG) {
+        if (g0 >= root_mids[k]) break;
+        const bool last = g0 + MG >= root_mids[k];
+        barrier(CLK_LOCAL_MEM_FENCE); /* and the mids before are read */
+        /* 2. the mids on TY x LZ, UB rows a task (none where A is zero: ZERO_SKIP) */
+        const int tasks = tile ? (TY / UB) * LZ : 0;
+        for (int t = lid; t < tasks; t += ITEMS) {
+            const int r0 = t / LZ * UB, c = t % LZ;
+            float m[MG][UB] = {{0.0f}};
+#pragma unroll
+            for (int j = 0; j < UB + KB - 1; ++j) {
+                const float v = la[(r0 + j) * LZ + c];
+#pragma unroll
+                for (int i = 0; i < N_MIDS; ++i) {
+                    if (IN_STEP(i)) SLIDE(m[mid_slot[i] - g0], wb + i * KB, KB, UB, j, v)
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < N_MIDS; ++i) {
+                if (!IN_STEP(i)) continue;
+                __local float *to = lm + ((mid_slot[i] - g0) * TY + r0) * PM + c;
+#pragma unroll
+                for (int u = 0; u < UB; ++u) to[u * PM] = m[mid_slot[i] - g0][u];
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#if PREFETCH
+        if (last && k + 1 < N_ROOTS) {
+#pragma unroll
+            for (int l = 0; l < NL; ++l) {
+                const int i = lid + l * ITEMS;
+                pre[l] = tile && i < LY * LZ ? a[(k + 1) * root_size + TILE_AT(i)] : 0.0f;
+            }
+        }
+#endif
+        /* 3. the combos through them along axis 2, VC outputs a work-item */
+#pragma unroll
+        for (int i = 0; i < N_MIDS; ++i) {
+            if (!IN_STEP(i) || !tile) continue;
+            const __local float *row = lm + ((mid_slot[i] - g0) * TY + ty) * PM + c0;
+#pragma unroll
+            for (int j = 0; j < VC + KC - 1; ++j) {
+                const float v = row[j];
+#pragma unroll
+                for (int c = 0; c < N_COMBOS; ++c) {
+                    if (combo_mid[c] != i) continue;
+                    SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
+                }
+            }
+        }
+#if PREFETCH
+        if (last && k + 1 < N_ROOTS) { /* the root's tile is no longer read */
+#pragma unroll
+            for (int l = 0; l < NL; ++l) {
+                const int i = lid + l * ITEMS;
+                if (i < LY * LZ) la[i] = pre[l];
+            }
+        }
+#endif
+    }
+}
+
+#define ROOT_STEP(k) \
+    root_step(k, tile, la, lm, acc, pre, a, root_size, lid, ty, c0, y0, z0, PY, RZ);
+#define STEPS_1 ROOT_STEP(0)
+#define STEPS_2 STEPS_1 ROOT_STEP(1)
+#define STEPS_3 STEPS_2 ROOT_STEP(2)
+#define STEPS_4 STEPS_3 ROOT_STEP(3)
+#define STEPS_5 STEPS_4 ROOT_STEP(4)
+#define STEPS_6 STEPS_5 ROOT_STEP(5)
+#define STEPS_7 STEPS_6 ROOT_STEP(6)
+#define STEPS_8 STEPS_7 ROOT_STEP(7)
+#define STEPS_9 STEPS_8 ROOT_STEP(8)
+#define STEPS_10 STEPS_9 ROOT_STEP(9)
+#define STEPS_11 STEPS_10 ROOT_STEP(10)
+#define STEPS_12 STEPS_11 ROOT_STEP(11)
+#define STEPS_13 STEPS_12 ROOT_STEP(12)
+#define STEPS_14 STEPS_13 ROOT_STEP(13)
+#define STEPS_15 STEPS_14 ROOT_STEP(14)
+#define STEPS_16 STEPS_15 ROOT_STEP(15)
+#define STEPS_17 STEPS_16 ROOT_STEP(16)
+#define STEPS_18 STEPS_17 ROOT_STEP(17)
+#define STEPS_19 STEPS_18 ROOT_STEP(18)
+#define STEPS_20 STEPS_19 ROOT_STEP(19)
+#define STEPS_21 STEPS_20 ROOT_STEP(20)
+#define STEPS_22 STEPS_21 ROOT_STEP(21)
+#define STEPS_23 STEPS_22 ROOT_STEP(22)
+#define STEPS_24 STEPS_23 ROOT_STEP(23)
+#define TCAT(a, b) a##b
+#define XTCAT(a, b) TCAT(a, b)
+#if N_ROOTS > 24
+#error "last_yz: at most 24 roots (volconv.plan.trees.xfirst_fits)"
+#endif
+
+__kernel __attribute__((reqd_work_group_size(ITEMS, 1, 1)))
+void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
+             __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
+             __global float *restrict feat,      /* (planes, DEPTH, NY, NZ) */
+             const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
+             const int PY, const int RZ,
+             const int N_STORED, /* responses written: the first N_STORED; < 0: every one */
+             __global const int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
+{
+    __local float lbuf[LBUF]; /* a root's tile and MG mids; then the staged responses */
+    __local float *la = lbuf, *lm = lbuf + LY * LZ;
+    __local int marked; /* ZERO_SKIP: a band the tile reads is marked */
+    const int lid = (int)get_local_id(0);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
+#if ZERO_SKIP /* the tile reads A's rows [y0, y0 + LY) and columns [z0, z0 + LZ), clamped */
+    const bool tile = bands_marked(live, EPOCH, x / UA, y0, min(y0 + LY, PY), z0,
+                                   min(z0 + LZ, RZ), PY, RZ, &marked, lid, ITEMS);
+#else
+    const bool tile = true;
+#endif
     const long root_size = (long)NX * PY * RZ;
     const __global float *a = src + (long)x * PY * RZ;
 #if TL > 1
@@ -205,105 +346,15 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
     const int ty = lid / (TZ / VC), c0 = lid % (TZ / VC) * VC;
 #endif
     float acc[N_OUT][VC] = {{0.0f}};
+    float pre[NL]; /* PREFETCH: the next root's tile */
 #if PREFETCH
-    float pre[NL];
 #pragma unroll
     for (int l = 0; l < NL; ++l) {
         const int i = lid + l * ITEMS;
-        pre[l] = i < LY * LZ ? a[TILE_AT(i)] : 0.0f;
+        pre[l] = tile && i < LY * LZ ? a[TILE_AT(i)] : 0.0f;
     }
 #endif
-#pragma unroll
-    for (int k = 0; k < N_ROOTS; ++k) {
-        /* 1. the root's tile (past A's columns: only outputs never stored read them); the
-         * last root's is no longer read (the barrier before its last combos) */
-#if PREFETCH
-        if (k == 0) {
-#pragma unroll
-            for (int l = 0; l < NL; ++l) {
-                const int i = lid + l * ITEMS;
-                if (i < LY * LZ) {
-                    la[i] = pre[l];
-                    MARK(0, pre[l])
-                }
-            }
-        }
-#else
-        for (int i = lid; i < LY * LZ; i += ITEMS) {
-            la[i] = a[k * root_size + TILE_AT(i)];
-            MARK(k, la[i])
-        }
-#endif
-        /* its mids MG at a time (slots [g0, g0 + MG) of the root's) */
-#pragma unroll
-        for (int g0 = 0; g0 < MAXM; g0 += MG) {
-            if (g0 >= root_mids[k]) break;
-            const bool last = g0 + MG >= root_mids[k];
-            barrier(CLK_LOCAL_MEM_FENCE); /* and the mids before are read */
-#if ZERO_SKIP
-            const bool work = live[k]; /* the same in every work-item */
-#else
-            const bool work = true;
-#endif
-            /* 2. the mids on TY x LZ, UB rows a task */
-            for (int t = lid; work && t < (TY / UB) * LZ; t += ITEMS) {
-                const int r0 = t / LZ * UB, c = t % LZ;
-                float m[MG][UB] = {{0.0f}};
-#pragma unroll
-                for (int j = 0; j < UB + KB - 1; ++j) {
-                    const float v = la[(r0 + j) * LZ + c];
-#pragma unroll
-                    for (int i = 0; i < N_MIDS; ++i) {
-                        if (IN_STEP(i)) SLIDE(m[mid_slot[i] - g0], wb + i * KB, KB, UB, j, v)
-                    }
-                }
-#pragma unroll
-                for (int i = 0; i < N_MIDS; ++i) {
-                    if (!IN_STEP(i)) continue;
-                    __local float *to = lm + ((mid_slot[i] - g0) * TY + r0) * PM + c;
-#pragma unroll
-                    for (int u = 0; u < UB; ++u) to[u * PM] = m[mid_slot[i] - g0][u];
-                }
-            }
-            barrier(CLK_LOCAL_MEM_FENCE);
-#if PREFETCH
-            if (last && k + 1 < N_ROOTS) {
-#pragma unroll
-                for (int l = 0; l < NL; ++l) {
-                    const int i = lid + l * ITEMS;
-                    pre[l] = i < LY * LZ ? a[(k + 1) * root_size + TILE_AT(i)] : 0.0f;
-                }
-            }
-#endif
-            /* 3. the combos through them along axis 2, VC outputs a work-item */
-#pragma unroll
-            for (int i = 0; i < N_MIDS; ++i) {
-                if (!IN_STEP(i) || !work) continue;
-                const __local float *row = lm + ((mid_slot[i] - g0) * TY + ty) * PM + c0;
-#pragma unroll
-                for (int j = 0; j < VC + KC - 1; ++j) {
-                    const float v = row[j];
-#pragma unroll
-                    for (int c = 0; c < N_COMBOS; ++c) {
-                        if (combo_mid[c] != i) continue;
-                        SLIDE(acc[combo_out[c]], wc + c * KC, KC, VC, j, v)
-                    }
-                }
-            }
-#if PREFETCH
-            if (last && k + 1 < N_ROOTS) { /* the root's tile is no longer read */
-#pragma unroll
-                for (int l = 0; l < NL; ++l) {
-                    const int i = lid + l * ITEMS;
-                    if (i < LY * LZ) {
-                        la[i] = pre[l];
-                        MARK(k + 1, pre[l])
-                    }
-                }
-            }
-#endif
-        }
-    }
+    XTCAT(STEPS_, N_ROOTS)
     const int y = y0 + ty;
     const long plane = (long)DEPTH * NY * NZ;
     if (y < NY && N_STORED != 0) {

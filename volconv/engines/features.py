@@ -31,12 +31,24 @@ def lanes_for(device: cl.Device) -> int:
     return FEATURE_LANES["cpu" if device.type & cl.device_type.CPU else "gpu"]
 
 
+# kernels/bands.cl's columns a band (BAND_Y, BAND_Z): a zero background's tiles skipped by the
+# second launch of kernels/tree_yz.cl and structure.cl (ZERO_SKIP); along axis 2 a warp's
+ZERO_BANDS = (8, 32)
+
+
+def zero_bands(rows: int, band_rows: int, ny: int, nz: int) -> int:
+    """kernels/bands.cl's bands over ``rows`` rows of ``ny`` x ``nz`` columns, ``band_rows``
+    rows a band."""
+    return -(-rows // band_rows) * -(-ny // ZERO_BANDS[0]) * -(-nz // ZERO_BANDS[1])
+
+
 @cache
 def build_with_features(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]):
-    """kernels/``name`` built behind kernels/eigen.cl (the feature functions it calls), once
-    per process, through the binary cache."""
-    source = kernel_source("eigen.cl") + "\n" + kernel_source(name)
-    return binary_build(ctx, source, [f"-D{k}={v}" for k, v in defines])
+    """kernels/``name`` built behind kernels/eigen.cl (the feature functions it calls) and
+    kernels/bands.cl, once per process, through the binary cache."""
+    source = "\n".join(kernel_source(f) for f in ("eigen.cl", "bands.cl", name))
+    bands = (("BAND_Y", ZERO_BANDS[0]), ("BAND_Z", ZERO_BANDS[1]))
+    return binary_build(ctx, source, [f"-D{k}={v}" for k, v in (*bands, *defines)])
 
 
 class FeatureKernels:

@@ -11,7 +11,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.engines.clock import KernelClock
-from volconv.engines.features import build_with_features
+from volconv.engines.features import build_with_features, zero_bands
 from volconv.engines.passes import cl_table
 
 if TYPE_CHECKING:
@@ -51,12 +51,12 @@ def st_extent(plan: SeparablePlan, tree: FusedTree, shape: dict[str, object]) ->
 
 
 def st_bytes(plan: SeparablePlan, tree: FusedTree, device: cl.Device, depth: int) -> int:
-    """Device bytes of C (the six products along axis 0) for ``depth`` output rows (at most
-    a block of them)."""
+    """Device bytes of C (the six products along axis 0) and of its bands for ``depth`` output
+    rows (at most a block of them)."""
     shape = st_shape(device)
-    block = int(shape["BLOCK"]) or depth
+    rows = min(int(shape["BLOCK"]) or depth, depth)
     pya, rz = st_extent(plan, tree, shape)
-    return 6 * min(block, depth) * pya * rz * 4
+    return 6 * rows * pya * rz * 4 + 4 * zero_bands(rows, int(shape["UA"]), pya, rz)
 
 
 class StructureKernels:
@@ -96,11 +96,15 @@ class StructureKernels:
         self.block = min(int(s["BLOCK"]) or depth, depth)
         size = 6 * self.block * self.pya * self.rz * 4  # st_bytes of this shape
         self._c = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size)
+        bands = np.zeros(zero_bands(self.block, int(s["UA"]), self.pya, self.rz), np.int32)
+        self._live = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                               hostbuf=bands)  # fmt: skip
+        self._epoch = 0  # each block's st_x marks with its own: no clearing between
 
     @property
     def held_bytes(self) -> int:
         """Device memory it holds (C)."""
-        return self._c.size
+        return self._c.size + self._live.size
 
     def launch(self, g: cl.Buffer, g_plane: int, m0: np.ndarray, m1: cl.Buffer, m2: cl.Buffer,
                cval: float, feat: cl.Buffer, depth: int) -> list[cl.Event]:  # fmt: skip
@@ -119,11 +123,13 @@ class StructureKernels:
         events = []
         for x0 in range(0, depth, self.block):
             nx = min(self.block, depth - x0)
+            self._epoch = self._epoch % (2**31 - 1) + 1
+            epoch = i32(self._epoch)
             self._x.set_args(g, np.int64(g_plane), self._c, m0, m1, m2, i32(x0), i32(nx),
                              i32(self.py), i32(self.pz), i32(ny), i32(nz), i32(self.pya),
-                             i32(self.rz), np.float32(cval))  # fmt: skip
+                             i32(self.rz), np.float32(cval), self._live, epoch)  # fmt: skip
             self._yz.set_args(self._c, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
-                              i32(self.pya), i32(self.rz))  # fmt: skip
+                              i32(self.pya), i32(self.rz), self._live, epoch)  # fmt: skip
             glob = (self.pz, self.py, -(-nx // s["UA"]))
             if xg is not None:
                 glob = tuple(-(-n // g) * g for n, g in zip(glob, xg, strict=True))

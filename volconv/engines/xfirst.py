@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyopencl as cl
 
-from volconv.engines.features import build_with_features
+from volconv.engines.features import build_with_features, zero_bands
 from volconv.engines.tree import TreeKernels, tree_tables
 from volconv.plan.direct import CL_TYPES
 
@@ -26,12 +26,12 @@ if TYPE_CHECKING:
 # a mid and VC outputs along axis 2 a work-item, MG mids at a time (0: a root's), PREFETCH
 # (the next root's tile loaded to registers while a root's combos are computed), first_x's UA
 # rows a work-item and its work-group (FX: along axes 2, 1; 0: the driver's), and the output
-# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), FLAT (last_yz
-# skips the roots whose tile is zero, ZERO_SKIP, and eigen_sym3 takes diagonal matrices by a
-# branch, EIG_FLAT: a zero background's work-groups and warps; on CPUs, which run work-items
-# in SIMD lanes, neither); XFIRST_SHORT: the changes to it for trees whose windows are at most
-# SHORT_TAPS long. The GPU's as measured fastest on the H100
-# (benchmarks/results/h100-hessian-sweep-2.json: the Hessian at sigma 3, and at sigma 1).
+# rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), FLAT (a zero
+# background: last_yz skips the tiles where A is zero, ZERO_SKIP, and eigen_sym3 takes diagonal
+# matrices by a branch, EIG_FLAT; on CPUs, which run work-items in SIMD lanes, neither);
+# XFIRST_SHORT: the changes to it for trees whose windows are at most SHORT_TAPS long. The
+# GPU's as measured fastest on the H100 (benchmarks/results/h100-hessian-sweep-2.json: the
+# Hessian at sigma 3, and at sigma 1).
 XFIRST_SHAPE = {
     "gpu": {"TY": 32, "TZ": 64, "UB": 4, "VC": 8, "MG": 2, "UA": 8, "BLOCK": 64,
             "PREFETCH": 1, "FX": (64, 4), "FLAT": 1},
@@ -128,11 +128,12 @@ def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
 
 
 def xfirst_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> int:
-    """Device bytes of A for ``depth`` output rows (at most the plan's block of them)."""
-    block = plan.block_rows or depth
+    """Device bytes of A and of its bands for ``depth`` output rows (at most the plan's
+    block of them)."""
+    rows = min(plan.block_rows or depth, depth)
     ny, nz = plan.shape[1:]
     py, rz = ny + tree.taps[1] - 1, -(-(nz + tree.taps[0] - 1) // 4) * 4
-    return len(tree.wz) * min(block, depth) * py * rz * 4
+    return len(tree.wz) * rows * py * rz * 4 + 4 * zero_bands(rows, 1, py, rz)
 
 
 class XFirstTree(TreeKernels):
@@ -171,7 +172,12 @@ class XFirstTree(TreeKernels):
         ny, nz = plan.shape[1:]
         self.py, self.pz = ny + tree.taps[1] - 1, nz + tree.taps[0] - 1
         self.rz = -(-self.pz // 4) * 4
-        self._a = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, xfirst_bytes(plan, tree, depth))
+        a_bytes = len(tree.wz) * self.block * self.py * self.rz * 4  # xfirst_bytes's A
+        self._a = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, a_bytes)
+        bands = np.zeros(zero_bands(self.block, s["UA"], self.py, self.rz), np.int32)
+        self._live = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                               hostbuf=bands)  # fmt: skip
+        self._epoch = 0  # each launch of first_x marks with its own: no clearing between
 
     def launch(self, padded: cl.Buffer, out: cl.Buffer, feat: cl.Buffer, depth: int,
                every: bool, in_stride: int = 0) -> list[cl.Event]:  # fmt: skip
@@ -183,7 +189,8 @@ class XFirstTree(TreeKernels):
         def first(x0: int, nx: int) -> None:
             self._k["first_x"].set_args(padded, self._a, i32(x0), i32(nx), i32(self.py),
                                         i32(self.pz), i32(p1), i32(p2), i32(self.rz),
-                                        np.int64(in_stride))  # fmt: skip
+                                        np.int64(in_stride), self._live,
+                                        i32(self._epoch))  # fmt: skip
 
         return self._launch("first_x", first, out, feat, depth, every)
 
@@ -197,7 +204,8 @@ class XFirstTree(TreeKernels):
         def first(x0: int, nx: int) -> None:
             self._k["first_x_products"].set_args(
                 g, np.int64(g_plane), self._a, m0, m1, m2, i32(x0), i32(nx), i32(self.py),
-                i32(self.pz), i32(ny), i32(nz), i32(self.rz), np.float32(cval),
+                i32(self.pz), i32(ny), i32(nz), i32(self.rz), np.float32(cval), self._live,
+                i32(self._epoch),
             )  # fmt: skip
 
         return self._launch("first_x_products", first, out, feat, depth, False)
@@ -216,6 +224,7 @@ class XFirstTree(TreeKernels):
         events = []
         for x0 in range(0, depth, self.block):
             nx = min(self.block, depth - x0)
+            self._epoch = self._epoch % (2**31 - 1) + 1
             first(x0, nx)
             glob = (self.pz, self.py, -(-nx // s["UA"]))
             if fx is not None:  # whole groups: the kernel skips what lies past the edges
@@ -223,7 +232,8 @@ class XFirstTree(TreeKernels):
             event = cl.enqueue_nd_range_kernel(queue, self._k[name], glob, fx)
             events.append(self.clock.add(name, event))
             last.set_args(self._a, out, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
-                          i32(self.py), i32(self.rz), i32(n_stored))  # fmt: skip
+                          i32(self.py), i32(self.rz), i32(n_stored), self._live,
+                          i32(self._epoch))  # fmt: skip
             glob = (-(-nz // s["TZ"]) * items, -(-ny // s["TY"]), nx)
             event = cl.enqueue_nd_range_kernel(queue, last, glob, (items, 1, 1))
             events.append(self.clock.add("last_yz", event))
