@@ -33,9 +33,8 @@
  * along axis 0.
  *
  * ZERO_SKIP (a zero background, kernels/bands.cl): first_x marks the bands of A (UA rows) where
- * it wrote a value other than zero, and last_yz neither loads nor filters a tile whose bands are
- * all unmarked: its responses stay zero (and its features: EIG_FLAT takes zero matrices by a
- * branch).
+ * it wrote a value other than zero, and last_yz writes zeros over a tile whose bands are all
+ * unmarked (FEATURE_PLANES: its feature planes) and returns (the whole group).
  */
 
 #define LY (TY + KB - 1)
@@ -59,13 +58,11 @@
 #if ZERO_SKIP /* first_x's band of column (y, z) marked where a value it wrote is not zero */
 #define MARK_ROWS                                                                             \
     {                                                                                         \
-        bool nonzero = false;                                                                 \
+        uint bits = 0; /* past the sign (-0 is zero); rows past NX may mark it too */         \
         _Pragma("unroll") for (int k = 0; k < N_ROOTS; ++k) {                                 \
-            _Pragma("unroll") for (int u = 0; u < UA; ++u) {                                  \
-                nonzero |= x + u < NX && acc[k][u] != 0.0f;                                   \
-            }                                                                                 \
+            _Pragma("unroll") for (int u = 0; u < UA; ++u) bits |= as_uint(acc[k][u]) << 1;   \
         }                                                                                     \
-        if (nonzero) live[BAND_AT(x / UA, y, z, PY, RZ)] = EPOCH;                             \
+        if (bits != 0) live[BAND_AT(x / UA, y, z, PY, RZ)] = EPOCH;                           \
     }
 #else
 #define MARK_ROWS
@@ -194,8 +191,7 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
  * mids and combos (a loop over the roots, left rolled by the compiler, computed every mid under
  * a select in every step). */
 inline __attribute__((always_inline)) void root_step(
-    const int k, const bool tile, __local float *la, __local float *lm, float acc[N_OUT][VC],
-    float pre[NL],
+    const int k, __local float *la, __local float *lm, float acc[N_OUT][VC], float pre[NL],
     const __global float *a, const long root_size, const int lid, const int ty, const int c0,
     const int y0, const int z0, const int PY, const int RZ)
 {
@@ -217,7 +213,7 @@ inline __attribute__((always_inline)) void root_step(
         }
     }
 #else
-    for (int i = lid; tile && i < LY * LZ; i += ITEMS) la[i] = a[k * root_size + TILE_AT(i)];
+    for (int i = lid; i < LY * LZ; i += ITEMS) la[i] = a[k * root_size + TILE_AT(i)];
 #endif
     /* its mids MG at a time (slots [g0, g0 + MG) of the root's) */
 #pragma unroll
@@ -225,9 +221,8 @@ inline __attribute__((always_inline)) void root_step(
         if (g0 >= root_mids[k]) break;
         const bool last = g0 + MG >= root_mids[k];
         barrier(CLK_LOCAL_MEM_FENCE); /* and the mids before are read */
-        /* 2. the mids on TY x LZ, UB rows a task (none where A is zero: ZERO_SKIP) */
-        const int tasks = tile ? (TY / UB) * LZ : 0;
-        for (int t = lid; t < tasks; t += ITEMS) {
+        /* 2. the mids on TY x LZ, UB rows a task */
+        for (int t = lid; t < (TY / UB) * LZ; t += ITEMS) {
             const int r0 = t / LZ * UB, c = t % LZ;
             float m[MG][UB] = {{0.0f}};
 #pragma unroll
@@ -252,14 +247,14 @@ inline __attribute__((always_inline)) void root_step(
 #pragma unroll
             for (int l = 0; l < NL; ++l) {
                 const int i = lid + l * ITEMS;
-                pre[l] = tile && i < LY * LZ ? a[(k + 1) * root_size + TILE_AT(i)] : 0.0f;
+                pre[l] = i < LY * LZ ? a[(k + 1) * root_size + TILE_AT(i)] : 0.0f;
             }
         }
 #endif
         /* 3. the combos through them along axis 2, VC outputs a work-item */
 #pragma unroll
         for (int i = 0; i < N_MIDS; ++i) {
-            if (!IN_STEP(i) || !tile) continue;
+            if (!IN_STEP(i)) continue;
             const __local float *row = lm + ((mid_slot[i] - g0) * TY + ty) * PM + c0;
 #pragma unroll
             for (int j = 0; j < VC + KC - 1; ++j) {
@@ -283,8 +278,7 @@ inline __attribute__((always_inline)) void root_step(
     }
 }
 
-#define ROOT_STEP(k) \
-    root_step(k, tile, la, lm, acc, pre, a, root_size, lid, ty, c0, y0, z0, PY, RZ);
+#define ROOT_STEP(k) root_step(k, la, lm, acc, pre, a, root_size, lid, ty, c0, y0, z0, PY, RZ);
 #define STEPS_1 ROOT_STEP(0)
 #define STEPS_2 STEPS_1 ROOT_STEP(1)
 #define STEPS_3 STEPS_2 ROOT_STEP(2)
@@ -330,12 +324,6 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
     const int lid = (int)get_local_id(0);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
-#if ZERO_SKIP /* the tile reads A's rows [y0, y0 + LY) and columns [z0, z0 + LZ), clamped */
-    const bool tile = bands_marked(live, EPOCH, x / UA, y0, min(y0 + LY, PY), z0,
-                                   min(z0 + LZ, RZ), PY, RZ, &marked, lid, ITEMS);
-#else
-    const bool tile = true;
-#endif
     const long root_size = (long)NX * PY * RZ;
     const __global float *a = src + (long)x * PY * RZ;
 #if TL > 1
@@ -351,7 +339,24 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
 #pragma unroll
     for (int l = 0; l < NL; ++l) {
         const int i = lid + l * ITEMS;
-        pre[l] = tile && i < LY * LZ ? a[TILE_AT(i)] : 0.0f;
+        pre[l] = i < LY * LZ ? a[TILE_AT(i)] : 0.0f;
+    }
+#endif
+#if ZERO_SKIP /* the tile reads A's rows [y0, y0 + LY) and columns [z0, z0 + LZ), clamped (its
+              * first root's tile already on its way: the check's latency hidden) */
+    if (!bands_marked(live, EPOCH, x / UA, y0, min(y0 + LY, PY), z0, min(z0 + LZ, RZ), PY, RZ,
+                      &marked, lid, ITEMS)) { /* A is zero there: zero responses and features */
+        const long plane = (long)DEPTH * NY * NZ;
+        for (int v = lid; v < TY * TZ; v += ITEMS) {
+            const int yy = y0 + v / TZ, zz = z0 + v % TZ;
+            if (yy >= NY || zz >= NZ) continue;
+            const long at = ((long)(X0 + x) * NY + yy) * NZ + zz;
+            for (int f = 0; f < N_OUT; ++f) {
+                if (N_STORED < 0 || f < N_STORED) out[f * plane + at] = 0.0f;
+            }
+            for (int o = 0; o < FEATURE_PLANES && N_STORED >= 0; ++o) feat[o * plane + at] = 0.0f;
+        }
+        return; /* the whole group */
     }
 #endif
     XTCAT(STEPS_, N_ROOTS)

@@ -40,9 +40,7 @@ SHAPES = {  # kernels/tree_yz.cl's shapes (XFIRST_SHAPE's GPU entry), each from 
     "xf_tz32_ty16": {**XF, "TZ": 32, "TY": 16},
     "xf_tz128_ty16": {**XF, "TZ": 128, "TY": 16},  # less of axis 2's halo recomputed
     "xf_dense": {**XF, "FLAT": 0},  # zero tiles computed, diagonal matrices too
-    "xf_mg_all_vc4": {**XF, "MG": 0, "VC": 4},
-    "xf_mg_all_ty32": {**XF, "MG": 0, "TY": 32, "VC": 8, "UB": 8},
-    "xf_ua16": {**XF, "UA": 16},
+    "xf_mg2_vc8": {**XF, "TY": 32, "VC": 8, "MG": 2},  # the shape before h100-feature-sweep-7
 }
 HESSIAN = {
     "passes": {"fused": False, "multi": False},
@@ -71,13 +69,13 @@ STRUCTURE = {
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
 ORDER = {
-    "hessian_s3": ["passes", "default", "xf_dense", "xf_block32", "xf_mg_all", "xf_mg_all_vc4",
-                   "xf_mg_all_ty32", "xf_ua16", "xf_no_prefetch", "xf_ub2", "xf_vc4",
-                   "xf_tz32_ty16", "xf_tz128_ty16", "multi_v2_u4", "multi_v2_u4_nogroups"],
+    "hessian_s3": ["passes", "default", "xf_dense", "xf_mg2_vc8", "xf_block32", "xf_mg_all",
+                   "xf_no_prefetch", "xf_ub2", "xf_vc4", "xf_tz32_ty16", "xf_tz128_ty16",
+                   "multi_v2_u4", "multi_v2_u4_nogroups"],
     "structure_s1": ["passes", "default", "st_dense", "multi_v4", "xfirst", "fused"],
     "structure_s3": ["passes", "default", "st_dense", "multi_v4", "xfirst", "xf_mg_all"],
-    "hessian_s1": ["default", "xf_dense", "fused_8x16x32", "fused_8x16x128", "fused_16x16x64",
-                   "fused_4x32x64", "xfirst"],
+    "hessian_s1": ["default", "xf_dense", "xf_mg2_vc8", "fused_8x16x32", "fused_8x16x128",
+                   "fused_16x16x64", "fused_4x32x64", "xfirst"],
 }  # fmt: skip
 
 

@@ -170,9 +170,8 @@ def main() -> None:
             result["variants"][name] = {"skipped": "budget"}
             continue
         saved, saved_epilogue = xfirst.XFIRST_SHAPE[kind], SeparableConvolver._epilogue
-        saved_short = xfirst.XFIRST_SHORT[kind]
-        if xshape is not None:  # the variant's shape whatever the windows
-            xfirst.XFIRST_SHAPE[kind], xfirst.XFIRST_SHORT[kind] = xshape, {}
+        if xshape is not None:  # the variant's shape
+            xfirst.XFIRST_SHAPE[kind] = xshape
         try:
             record, full = run_variant(volume, feature, options, args.repeat, device)
             ref = refs.setdefault(feature, full)
@@ -181,7 +180,7 @@ def main() -> None:
         except Exception as e:  # a variant that does not build or fit: recorded
             record = {"error": f"{type(e).__name__}: {e}"[:2000]}
         finally:
-            xfirst.XFIRST_SHAPE[kind], xfirst.XFIRST_SHORT[kind] = saved, saved_short
+            xfirst.XFIRST_SHAPE[kind] = saved
             SeparableConvolver._epilogue = saved_epilogue
         result["variants"][name] = record
         brief = {k: record.get(k) for k in ("kernel_ms", "kernel_ms_by_name", "max_abs_diff",

@@ -28,18 +28,15 @@ if TYPE_CHECKING:
 # rows a work-item and its work-group (FX: along axes 2, 1; 0: the driver's), and the output
 # rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), FLAT (a zero
 # background: last_yz skips the tiles where A is zero, ZERO_SKIP, and eigen_sym3 takes diagonal
-# matrices by a branch, EIG_FLAT; on CPUs, which run work-items in SIMD lanes, neither);
-# XFIRST_SHORT: the changes to it for trees whose windows are at most SHORT_TAPS long. The
-# GPU's as measured fastest on the H100 (benchmarks/results/h100-hessian-sweep-2.json: the
-# Hessian at sigma 3, and at sigma 1).
+# matrices by a branch, EIG_FLAT; on CPUs, which run work-items in SIMD lanes, neither). The
+# GPU's as measured fastest on the H100 (benchmarks/results/h100-feature-sweep-8-*.json: the
+# Hessian at sigma 3 and 1 on the demo scan).
 XFIRST_SHAPE = {
-    "gpu": {"TY": 32, "TZ": 64, "UB": 4, "VC": 8, "MG": 2, "UA": 8, "BLOCK": 64,
+    "gpu": {"TY": 16, "TZ": 64, "UB": 4, "VC": 4, "MG": 0, "UA": 8, "BLOCK": 64,
             "PREFETCH": 1, "FX": (64, 4), "FLAT": 1},
     "cpu": {"TY": 4, "TZ": 16, "UB": 2, "VC": 4, "MG": 0, "UA": 4, "BLOCK": 0,
             "PREFETCH": 0, "FX": 0, "FLAT": 0},
 }  # fmt: skip
-SHORT_TAPS = 13
-XFIRST_SHORT: dict[str, dict[str, int]] = {"gpu": {"TY": 16, "VC": 4, "MG": 0}, "cpu": {}}
 
 
 def reversed_tree(choices: Sequence, halo_lo: tuple[int, int, int]) -> FusedTree | None:
@@ -112,13 +109,11 @@ def xfirst_local_bytes(tree: FusedTree, shape: dict[str, int]) -> int:
 
 
 def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
-    """`XFIRST_SHAPE` of ``device``'s kind (with `XFIRST_SHORT`'s changes for short windows),
-    its tile's rows halved (down to UB) until last_yz's tiles fit the device's local memory
-    and its work-group the device; None if they never do."""
+    """`XFIRST_SHAPE` of ``device``'s kind, its tile's rows halved (down to UB) until
+    last_yz's tiles fit the device's local memory and its work-group the device; None if they
+    never do."""
     kind = "cpu" if device.type & cl.device_type.CPU else "gpu"
     shape = {"PREFETCH": 0, "FX": 0, "FLAT": 0, **XFIRST_SHAPE[kind]}
-    if max(tree.taps) <= SHORT_TAPS:
-        shape.update(XFIRST_SHORT[kind])
     while (xfirst_local_bytes(tree, shape) > device.local_mem_size
            or shape["TY"] * shape["TZ"] // shape["VC"] > device.max_work_group_size):  # fmt: skip
         if shape["TY"] // 2 < shape["UB"] or shape["TY"] % (2 * shape["UB"]):
@@ -155,6 +150,7 @@ class XFirstTree(TreeKernels):
             ("VC", s["VC"]), ("PM", mid_pitch(tree, s)), ("TL", warp_rows(s)),
             ("PREFETCH", int(bool(s["PREFETCH"]))), ("IN_T", CL_TYPES[plan.pad_dtype]),
             ("ZERO_SKIP", int(bool(s["FLAT"]))),
+            ("FEATURE_PLANES", self.feature_planes if self.epilogue else 0),
         )  # fmt: skip
         if s["FLAT"]:
             defines += (("EIG_FLAT", 1),)
