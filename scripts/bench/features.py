@@ -105,17 +105,23 @@ def volume_of(size: int, synthetic: bool = False) -> np.ndarray:
     return np.clip(v, 0, 255).astype(np.uint8)
 
 
-def run_volconv(volume: np.ndarray, feats: list, mode: str, device, repeat: int = 1) -> dict:
-    """One feature set as `volconv run` runs it: its plan's slab depth (streamed); the wall
-    and device seconds the median of ``repeat`` timed passes."""
+def convolver_for(volume: np.ndarray, feats: list, mode: str, device) -> SeparableConvolver:
+    """The convolver `volconv run` makes for a feature set: its plan's paths and slab depth
+    (streamed)."""
     ex = expand([], feats)
-    t0 = time.perf_counter()
     choices = plan_paths(ex.filters, device, separable=ex.separable)
     plan = make_separable_plan(ex.filters, volume.shape, volume.dtype, mode, 0.0, device,
                                choices=choices, stream=True, **ex.plan_sizes())  # fmt: skip
-    conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, 0.0, device=device,
+    return SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, 0.0, device=device,
                               expanded=ex, choices=choices,
                               slab_depth=plan.slab_depth)  # fmt: skip
+
+
+def run_volconv(volume: np.ndarray, feats: list, mode: str, device, repeat: int = 1) -> dict:
+    """One feature set as `volconv run` runs it: its plan's slab depth (streamed); the wall
+    and device seconds the median of ``repeat`` timed passes."""
+    t0 = time.perf_counter()
+    conv = convolver_for(volume, feats, mode, device)
     build = time.perf_counter() - t0
     pinned = conv.pinned_slab()
 
@@ -143,7 +149,7 @@ def run_volconv(volume: np.ndarray, feats: list, mode: str, device, repeat: int 
     stage_bytes = sum(getattr(s, "held_bytes", 0) for s, _ in conv._tensors)
     return {
         "outputs": conv.plan.n_outputs,
-        "filters": len(ex.filters),
+        "filters": conv.plan.n_filters,
         "engines": conv.engines,
         "fused": conv.plan.fused,
         "slab_depth": conv.plan.slab_depth,

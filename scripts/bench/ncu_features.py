@@ -19,14 +19,11 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 import pyopencl as cl
-from features import feature_sets, volume_of
+from features import convolver_for, feature_sets, volume_of
 from ncu import cuda_launchable
 
-from volconv.bank.features import expand
 from volconv.device.devices import select_device
 from volconv.engines import structure, xfirst
-from volconv.engines.separable import SeparableConvolver
-from volconv.plan.separable import make_separable_plan, plan_paths
 
 
 class Recorded:
@@ -61,13 +58,7 @@ def main() -> None:
     device = select_device(args.device)
     volume = volume_of(args.size, synthetic=args.dense)
     feats, mode = feature_sets()[args.set]
-    ex = expand([], feats)
-    choices = plan_paths(ex.filters, device, separable=ex.separable)
-    plan = make_separable_plan(ex.filters, volume.shape, volume.dtype, mode, 0.0, device,
-                               choices=choices, stream=True, **ex.plan_sizes())  # fmt: skip
-    conv = SeparableConvolver(ex.filters, volume.shape, volume.dtype, mode, 0.0, device=device,
-                              expanded=ex, choices=choices,
-                              slab_depth=plan.slab_depth)  # fmt: skip
+    conv = convolver_for(volume, feats, mode, device)
     holders = [conv._passes]  # the engines' objects that hold kernels (a dict or attributes)
     for stage, _ in conv._tensors:
         holders += [getattr(stage, "_st", None), getattr(getattr(stage, "grad", None),
