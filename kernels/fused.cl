@@ -29,6 +29,9 @@
  * the host asks for every response, N_STORED < 0 at run time: a slab whose source holds NaN
  * or Inf, whose features the host computes).
  *
+ * ZERO_SKIP (a zero background): a plane whose input tile is zero adds exact zeros (its roots
+ * and mids are zero; NaN and Inf are not zero), so its steps 2-4 are skipped.
+ *
  * Build options (-D): KX, KY, KZ window taps; TY, TZ the tile; CX output rows per work-group;
  * N_ROOTS, N_MIDS, N_COMBOS, N_OUT the table sizes; MID_ROOT, COMBO_MID, COMBO_OUT the tables
  * (comma-separated indices); WZ (N_ROOTS x KZ), WY (N_MIDS x KY), WX (N_COMBOS x KX) the taps
@@ -43,6 +46,9 @@
 #define RESP(f) acc[f][0]
 #define FEAT_STORE(o, v) feat[(long)(o) * DEPTH * plane_size + at] = (v);
 
+#ifndef ZERO_SKIP
+#define ZERO_SKIP 0
+#endif
 #define TILE_Y (TY + KY - 1)
 #define TILE_Z (TZ + KZ - 1)
 #define LOADS ((TILE_Y * TILE_Z + TY * TZ - 1) / (TY * TZ)) /* tile elements per work-item */
@@ -59,6 +65,7 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
      * rows are still read, so one barrier fewer per plane */
     __local float tile[2][TILE_Y][TILE_Z];
     __local float rows[2][N_ROOTS][TILE_Y][TZ];
+    __local int live[2]; /* ZERO_SKIP: a value of the plane's tile is not zero */
     const int mid_root[N_MIDS] = {MID_ROOT};
     const int combo_mid[N_COMBOS] = {COMBO_MID};
     const int combo_out[N_COMBOS] = {COMBO_OUT};
@@ -96,21 +103,35 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
         for (int i = 0; i < KX; ++i) acc[f][i] = 0.0f;
     }
 
+#if ZERO_SKIP
+    if (lid < 2) live[lid] = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
     for (int p = 0; p < planes; ++p) {
         const int b = p & 1;
         __local float *t = &tile[b][0][0];
+        uint bits = 0; /* past the sign: -0 is zero */
 #pragma unroll
         for (int l = 0; l < LOADS; ++l) {
             const int i = lid + l * TY * TZ;
             if (i < TILE_Y * TILE_Z) t[i] = next[l];
+            bits |= as_uint(next[l]) << 1; /* 0 past the tile */
         }
+#if ZERO_SKIP
+        if (bits != 0) live[b] = 1; /* a benign race: every writer writes 1 */
+#endif
         if (p + 1 < planes) {
             in += (long)P1 * P2;
 #pragma unroll
             for (int l = 0; l < LOADS; ++l) next[l] = at[l] < 0 ? 0.0f : (float)in[at[l]];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int i = lid; i < TILE_Y * TZ; i += TY * TZ) {
+#if ZERO_SKIP
+        const bool work = live[b]; /* the same in every work-item */
+#else
+        const bool work = true;
+#endif
+        for (int i = lid; work && i < TILE_Y * TZ; i += TY * TZ) {
             const int r = i / TZ, c = i % TZ;
             float a[N_ROOTS];
 #pragma unroll
@@ -125,18 +146,24 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
             for (int k = 0; k < N_ROOTS; ++k) rows[b][k][r][c] = a[k];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        float m[N_MIDS];
+#if ZERO_SKIP
+        if (lid == 0) live[b] = 0; /* read by all before the barrier above; next set at p + 2 */
+#endif
+        if (work) {
+            float m[N_MIDS];
 #pragma unroll
-        for (int k = 0; k < N_MIDS; ++k) {
-            m[k] = 0.0f;
+            for (int k = 0; k < N_MIDS; ++k) {
+                m[k] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < KY; ++j) m[k] += wy[k * KY + j] * rows[b][mid_root[k]][ty + j][tz];
-        }
+                for (int j = 0; j < KY; ++j)
+                    m[k] += wy[k * KY + j] * rows[b][mid_root[k]][ty + j][tz];
+            }
 #pragma unroll
-        for (int c = 0; c < N_COMBOS; ++c) {
+            for (int c = 0; c < N_COMBOS; ++c) {
 #pragma unroll
-            for (int i = 0; i < KX; ++i)
-                acc[combo_out[c]][i] += wx[c * KX + KX - 1 - i] * m[combo_mid[c]];
+                for (int i = 0; i < KX; ++i)
+                    acc[combo_out[c]][i] += wx[c * KX + KX - 1 - i] * m[combo_mid[c]];
+            }
         }
         if (p >= KX - 1 && stored) {
             const long at = ((long)(x0 + p - (KX - 1)) * NY + y) * NZ + z;

@@ -160,6 +160,37 @@ def test_eigenvalues_of_degenerate_and_nonfinite_matrices(device, lanes):
     np.testing.assert_array_equal(values[:, 4], [np.float32(1e-40), 0, 0])
 
 
+@pytest.mark.parametrize("mode", ["reflect", "constant"])
+@pytest.mark.parametrize("flat", [False, True])
+def test_fused_kernel_with_a_zero_background(device, mode, flat, monkeypatch):
+    """kernels/fused.cl's ZERO_SKIP (planes of a tile whose input is zero skip their passes,
+    as GPUs run it): a zero background beside the ball, a plane of zeros inside the volume
+    and a NaN, constant mode with cval != 0 (the padding not zero), against float64."""
+    from volconv.engines import passes
+
+    monkeypatch.setitem(passes.FUSED_FLAT, "cpu", flat)
+    monkeypatch.setitem(passes.FUSED_FLAT, "gpu", flat)
+    volume = np.zeros((20, 16, 14), np.float32)
+    volume[12:18] = scene((6, 16, 14), seed=2)
+    volume[14] = 0.0
+    nan = volume.copy()
+    nan[15, 3, 4] = np.nan
+    cval = 7.5 if mode == "constant" else 0.0
+    sigma = 1.0
+    feats = build_features([{"type": "hessian_eigenvalues", "sigma": sigma, "name": "h"}])
+    out = run(volume, [], feats, mode, cval, device, slab_depth=7, fused=True, multi=False,
+              xfirst=False)  # fmt: skip
+    m = max(float(np.abs(volume).max()), abs(cval))
+    orders = [tuple(x + y for x, y in zip(AXES[a], AXES[b], strict=True)) for a, b in PAIRS]
+    ref = eig_ref([gauss(volume, sigma, o, mode, cval) for o in orders])
+    assert np.abs(out - ref).max() <= weyl([tol(kernel_l1(sigma, o), m) for o in orders])
+    if mode == "reflect":  # exact zeros far from the ball; NaN where the NaN reaches
+        assert np.all(out[:, :6] == 0.0)
+        got = run(nan, [], feats, mode, cval, device, slab_depth=7, fused=True, multi=False,
+                  xfirst=False)  # fmt: skip
+        assert np.isnan(got[:, 15, 3, 4]).all() and not np.isnan(got[:, :6]).any()
+
+
 @pytest.mark.parametrize(("mode", "fused", "tree"), [
     ("reflect", False, "passes"), ("constant", False, "passes"), ("wrap", False, "passes"),
     ("wrap", True, "passes"), ("reflect", False, "multi"), ("constant", False, "multi"),

@@ -22,6 +22,7 @@ from features import feature_sets, volume_of
 from volconv.bank.features import expand
 from volconv.bench import volume_record
 from volconv.device.devices import select_device
+from volconv.engines import passes as fused_passes
 from volconv.engines import structure, tree, xfirst
 from volconv.engines.separable import SeparableConvolver
 from volconv.plan import separable, trees
@@ -65,6 +66,8 @@ STRUCTURE = {
     "multi_v4": {"tree_shape": (4, 4)},
     "xfirst": {"multi": True, "xfirst": True},
     "st_dense": {"st_shape": {"FLAT": 0}},  # kernels/structure.cl without ZERO_SKIP, EIG_FLAT
+    "fused_dense": {"fused_flat": False},  # the gradients' kernels/fused.cl without ZERO_SKIP
+    "all_dense": {"st_shape": {"FLAT": 0}, "fused_flat": False},
     **{k: {"multi": True, "xfirst": True, "xfirst_shape": v} for k, v in SHAPES.items()},
 }
 # the variants each set runs, in order (the sweep's budget cuts the tail)
@@ -72,8 +75,10 @@ ORDER = {
     "hessian_s3": ["passes", "default", "xf_dense", "xf_mg2_vc8", "xf_block32", "xf_mg_all",
                    "xf_no_prefetch", "xf_ub2", "xf_vc4", "xf_tz32_ty16", "xf_tz128_ty16",
                    "multi_v2_u4", "multi_v2_u4_nogroups"],
-    "structure_s1": ["passes", "default", "st_dense", "multi_v4", "xfirst", "fused"],
-    "structure_s3": ["passes", "default", "st_dense", "multi_v4", "xfirst", "xf_mg_all"],
+    "structure_s1": ["passes", "default", "st_dense", "fused_dense", "all_dense", "multi_v4",
+                     "xfirst", "fused"],
+    "structure_s3": ["passes", "default", "st_dense", "fused_dense", "all_dense", "multi_v4",
+                     "xfirst", "xf_mg_all"],
     "hessian_s1": ["default", "xf_dense", "xf_mg2_vc8", "fused_8x16x32", "fused_8x16x128",
                    "fused_16x16x64", "fused_4x32x64", "xfirst"],
 }  # fmt: skip
@@ -95,8 +100,12 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
     shape = options.pop("tree_shape", None)
     xf = options.pop("xfirst_shape", None)
     st_changes = options.pop("st_shape", None)
+    fused_flat = options.pop("fused_flat", None)
     saved = (dict(tree.TREE_GROUPS["gpu"]), tree.TREE_ROWS, dict(separable.TREE_SHAPE),
-             dict(xfirst.XFIRST_SHAPE["gpu"]), dict(structure.ST_SHAPES["gpu"]))  # fmt: skip
+             dict(xfirst.XFIRST_SHAPE["gpu"]), dict(structure.ST_SHAPES["gpu"]),
+             dict(fused_passes.FUSED_FLAT))  # fmt: skip
+    if fused_flat is not None:
+        fused_passes.FUSED_FLAT.update(gpu=fused_flat, cpu=fused_flat)
     if xf is not None:
         xfirst.XFIRST_SHAPE["gpu"].update(xf)
     if st_changes is not None:
@@ -130,6 +139,7 @@ def run_variant(volume: np.ndarray, feats: list, mode: str, device, options: dic
         separable.TREE_SHAPE.update(saved[2])
         xfirst.XFIRST_SHAPE["gpu"].update(saved[3])
         structure.ST_SHAPES["gpu"].update(saved[4])
+        fused_passes.FUSED_FLAT.update(saved[5])
     out = np.empty((conv.plan.n_outputs, *volume.shape), np.float32)
 
     def one_pass() -> dict[str, float]:

@@ -303,6 +303,12 @@ def fused_defines(tree: FusedTree, pad_dtype: object) -> tuple[tuple[str, object
     )  # fmt: skip
 
 
+# kernels/fused.cl's ZERO_SKIP per kind of device: a plane of a tile whose input is zero (a
+# zero background) skips its passes; on CPUs, which run work-items in SIMD lanes, not
+# (benchmarks/results/h100-feature-sweep-11-*.json)
+FUSED_FLAT = {"gpu": True, "cpu": False}
+
+
 class FusedKernel:
     """kernels/fused.cl built for a plan's tree, with ``epilogue`` (its FEATURES: the device
     features, reading responses by slot) and the first ``n_stored`` responses written; every
@@ -317,6 +323,8 @@ class FusedKernel:
         defines = (
             *fused_defines(tree, plan.pad_dtype),
             ("TY", plan.tile[0]), ("TZ", plan.tile[1]), ("CX", plan.tile[2]),
+            ("ZERO_SKIP", int(FUSED_FLAT[
+                "cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"])),
         )  # fmt: skip
         if epilogue:
             defines += (("FEATURES", epilogue),)
