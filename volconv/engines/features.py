@@ -193,7 +193,7 @@ class StructureTensorStage:
         self.grad = SeparableConvolver(
             grads, shape, dtype, mode, cval, device=device,
             slab_depth=min(n0, slab_depth + 2 * self.reach),
-            choices=plan_bank(grads, force="separable"),
+            choices=plan_bank(grads, force="separable"), zero_skip=True,  # they feed a feature
             **{"fused": fused, **self.GRAD_OPTIONS},
         )  # fmt: skip
         if self.grad._slots != [0, 1, 2]:

@@ -303,27 +303,31 @@ def fused_defines(tree: FusedTree, pad_dtype: object) -> tuple[tuple[str, object
     )  # fmt: skip
 
 
-# kernels/fused.cl's ZERO_SKIP per kind of device: a plane of a tile whose input is zero (a
-# zero background) skips its passes; on CPUs, which run work-items in SIMD lanes, not
-# (benchmarks/results/h100-feature-sweep-11-*.json)
+# Whether kernels/fused.cl may skip the passes of a plane of a tile whose input is zero (a zero
+# background; ZERO_SKIP) per kind of device: on GPUs, for the kernels that feed derived
+# features (`FusedKernel`'s zero_skip); on CPUs, which run work-items in SIMD lanes, not. On the
+# H100 it took the structure tensor's gradients from 0.30 to 0.20 ms on the demo scan and a
+# bank's responses on random data from 0.39 to 0.45 ms
+# (benchmarks/results/h100-feature-sweep-11-*.json, h100-separable-fused-flat-*.json).
 FUSED_FLAT = {"gpu": True, "cpu": False}
 
 
 class FusedKernel:
     """kernels/fused.cl built for a plan's tree, with ``epilogue`` (its FEATURES: the device
     features, reading responses by slot) and the first ``n_stored`` responses written; every
-    response when there is no epilogue."""
+    response when there is no epilogue; ``zero_skip``: the planes of a zero background skipped
+    where the device's kind may (`FUSED_FLAT`)."""
 
     def __init__(self, ctx: cl.Context, queue: cl.CommandQueue, plan: SeparablePlan,
                  tree: FusedTree, epilogue: str, n_stored: int, feature_planes: int,
-                 clock: KernelClock) -> None:  # fmt: skip
+                 clock: KernelClock, zero_skip: bool = False) -> None:  # fmt: skip
         self.plan, self.queue, self.tree, self.clock = plan, queue, tree, clock
         self.epilogue, self.n_stored, self.feature_planes = epilogue, n_stored, feature_planes
 
         defines = (
             *fused_defines(tree, plan.pad_dtype),
             ("TY", plan.tile[0]), ("TZ", plan.tile[1]), ("CX", plan.tile[2]),
-            ("ZERO_SKIP", int(FUSED_FLAT[
+            ("ZERO_SKIP", int(zero_skip and FUSED_FLAT[
                 "cpu" if ctx.devices[0].type & cl.device_type.CPU else "gpu"])),
         )  # fmt: skip
         if epilogue:

@@ -125,6 +125,9 @@ class SeparableConvolver(SlabConvolver):
         only features read), the first ``expanded.n_stored`` responses are given, then each
         feature's outputs (`plan.n_outputs` volumes in all). The filters the device features
         read must be on the separable path (`plan_paths`' ``separable``).
+    zero_skip : bool, optional
+        The fused kernel skips the planes of a zero background where the device allows
+        (`volconv.engines.passes.FUSED_FLAT`; default: where the bank feeds device features).
     **overrides
         Plan knobs for the direct groups (see `volconv.plan.direct.make_plan`).
     plan : SeparablePlan, optional
@@ -156,6 +159,7 @@ class SeparableConvolver(SlabConvolver):
         multi: bool | None = None,
         xfirst: bool | None = None,
         columns: bool | None = None,
+        zero_skip: bool | None = None,
         **overrides: object,
     ) -> None:
         self.device = device if isinstance(device, cl.Device) else select_device(device)
@@ -193,6 +197,7 @@ class SeparableConvolver(SlabConvolver):
         if any(f >= plan.stored for idx in self._groups for f in idx):
             raise ValueError("expanded: every filter only features read must be separable")
         self._features: list[DeviceFeature] = list(expanded.device) if expanded else []
+        self._zero_skip = bool(self._features) if zero_skip is None else zero_skip
         self._feature_kernels: FeatureKernels | None = None
         self._tensors: list[tuple[StructureTensorStage | PresetStage, tuple[int, ...]]] = []
         if expanded is not None and (self._features or expanded.tensors or expanded.presets):
@@ -231,7 +236,8 @@ class SeparableConvolver(SlabConvolver):
         n_stored = sum(f < plan.stored for f in self._slots)
         if plan.fused:
             self._passes = FusedKernel(ctx, self.queue, plan, self._tree, self._epilogue(),
-                                       n_stored, plan.feature_planes, self.clock)  # fmt: skip
+                                       n_stored, plan.feature_planes, self.clock,
+                                       self._zero_skip)  # fmt: skip
         elif plan.xfirst:
             self._passes = XFirstTree(ctx, self.queue, plan, reversed_tree(plan.choices, lo),
                                       self._epilogue(), n_stored, plan.feature_planes,
