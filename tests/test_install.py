@@ -70,13 +70,13 @@ defines = {
                      ("UA", 2), ("TY", 4), ("TZ", 8), ("UY", 2), ("VC", 4), ("UB", 2), ("CH", 2)),
 }
 options = {"convert.cl": ("-cl-fp32-correctly-rounded-divide-sqrt",)}
-# built behind eigen.cl, as they run
+# built behind eigen.cl and bands.cl, as they run
 behind_eigen = ("features.cl", "stencils.cl", "fused.cl", "tree.cl", "tree_yz.cl", "columns.cl",
                 "structure.cl", "skimage_rows.cl", "ilastik_rows.cl")
 for name in names:
     if name in behind_eigen:
         build_with_features(ctx, name, defines[name])
-    elif name != "eigen.cl":  # functions only: built in front of each of behind_eigen
+    elif name not in ("eigen.cl", "bands.cl"):  # built in front of each of behind_eigen
         build(ctx, name, defines[name], options.get(name, ()))
 out = volconv.convolve_bank(np.arange(60, dtype=np.uint8).reshape(3, 4, 5), np.ones((2, 3, 3, 3)),
                             device=device)
