@@ -110,14 +110,15 @@ void fused(__global const IN_T *restrict src,  /* (P0, P1, P2) padded slab */
     for (int p = 0; p < planes; ++p) {
         const int b = p & 1;
         __local float *t = &tile[b][0][0];
-        uint bits = 0; /* past the sign: -0 is zero */
 #pragma unroll
         for (int l = 0; l < LOADS; ++l) {
             const int i = lid + l * TY * TZ;
             if (i < TILE_Y * TILE_Z) t[i] = next[l];
-            bits |= as_uint(next[l]) << 1; /* 0 past the tile */
         }
 #if ZERO_SKIP
+        uint bits = 0; /* past the sign: -0 is zero */
+#pragma unroll
+        for (int l = 0; l < LOADS; ++l) bits |= as_uint(next[l]) << 1; /* 0 past the tile */
         if (bits != 0) live[b] = 1; /* a benign race: every writer writes 1 */
 #endif
         if (p + 1 < planes) {

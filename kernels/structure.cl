@@ -72,16 +72,20 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     }
     __global float *d = dst + ((long)x * PYA + y) * RZ + z;
     const long plane = (long)NX * PYA * RZ;
-    uint bits = 0; /* ZERO_SKIP: past the sign (-0 is zero); rows past NX may mark it too */
 #pragma unroll
     for (int k = 0; k < N_PROD; ++k) {
 #pragma unroll
         for (int u = 0; u < UA; ++u) {
             if (x + u < NX) d[k * plane + u * PYA * RZ] = acc[k][u];
-            bits |= as_uint(acc[k][u]) << 1;
         }
     }
 #if ZERO_SKIP
+    uint bits = 0; /* past the sign (-0 is zero); rows past NX may mark it too */
+#pragma unroll
+    for (int k = 0; k < N_PROD; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) bits |= as_uint(acc[k][u]) << 1;
+    }
     if (bits != 0) live[BAND_AT(x / UA, y, z, PYA, RZ)] = EPOCH;
 #endif
 }
