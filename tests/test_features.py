@@ -337,8 +337,8 @@ def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, flat, monkey
     """The multi-output trees in the shapes GPUs take (work-groups past the edges, tiles
     wider than the volume's last axis, blocks of rows not dividing the slab; tree_yz.cl's
     warps of 4 rows; a root's mids at once, or one at a time with the next root's tile
-    prefetched and the responses staged in two rounds; FLAT: the roots of zero tiles skipped
-    and diagonal matrices by a branch, on a volume whose first rows are a zero background)
+    prefetched and the responses staged in two rounds; FLAT: the tiles of a zero background
+    skipped and diagonal matrices by a branch, on a volume whose first rows are zero)
     against the float64 definition."""
     from volconv.engines import tree as trees
     from volconv.engines import xfirst
@@ -351,7 +351,7 @@ def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, flat, monkey
                                                    "PREFETCH": prefetch, "FLAT": flat,
                                                    "MG": 1 if prefetch else 0})  # fmt: skip
     volume = scene((23, 21, 20), seed=5)
-    if flat:  # A's first rows zero: their tiles' roots skipped, their matrices diagonal
+    if flat:  # A's first rows zero: their tiles skipped, their matrices diagonal
         volume[:13] = 0.0
     sigma = 2.0
     feats = build_features([{"type": "hessian_eigenvalues", "sigma": sigma, "name": "h"}])

@@ -22,7 +22,8 @@ from volconv.engines.separable import SeparableConvolver
 def test_structure_kernels_in_each_shape(device, monkeypatch, kind, mode, rho, block, flat):
     """Tiles cut by the volume's edges along axes 1 and 2 (the GPU's 32 x 64 over 40 x 70),
     slab seams every 5 rows, rho's reach past the slab, blocks of rows in a slab; FLAT: the
-    tiles of the zero background skipped along axis 2 and its diagonal matrices by a branch
+    tiles of the zero background skipped (or their pass along axis 2) and its diagonal
+    matrices by a branch
     (constant mode: a nonzero cval around them): within the Weyl bound of the float64
     definition's eigenvalues."""
     shape = dict(st.ST_SHAPES[kind], XG=None, FLAT=flat)  # XG: the driver's on PoCL

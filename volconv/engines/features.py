@@ -42,6 +42,22 @@ def zero_bands(rows: int, band_rows: int, ny: int, nz: int) -> int:
     return -(-rows // band_rows) * -(-ny // ZERO_BANDS[0]) * -(-nz // ZERO_BANDS[1])
 
 
+class ZeroBands:
+    """kernels/bands.cl's marks on the device (`zero_bands` of them, zeroed once): each launch
+    of a tree's first kernel marks with a new epoch (`advance`), so they are never cleared."""
+
+    def __init__(self, ctx: cl.Context, rows: int, band_rows: int, ny: int, nz: int) -> None:
+        marks = np.zeros(zero_bands(rows, band_rows, ny, nz), np.int32)
+        self.buffer = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                                hostbuf=marks)  # fmt: skip
+        self.epoch = np.int32(0)
+
+    def advance(self) -> np.int32:
+        """The next launch's epoch (1 after 2**31 - 1: never 0, the zeroed marks')."""
+        self.epoch = np.int32(int(self.epoch) % (2**31 - 1) + 1)
+        return self.epoch
+
+
 @cache
 def build_with_features(ctx: cl.Context, name: str, defines: tuple[tuple[str, object], ...]):
     """kernels/``name`` built behind kernels/eigen.cl (the feature functions it calls) and

@@ -11,7 +11,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.engines.clock import KernelClock
-from volconv.engines.features import build_with_features, zero_bands
+from volconv.engines.features import ZeroBands, build_with_features, zero_bands
 from volconv.engines.passes import cl_table
 
 if TYPE_CHECKING:
@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 # st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB rows a task
 # along axis 1, CH products a phase (1, 2, 3 or 6); RZ_ALIGN C's row length rounded up to it;
 # BLOCK the output rows both launches run over at a time (0: the slab), so that C stays in cache;
-# FLAT: st_yz skips the pass along axis 2 of the phases whose tile is zero (ZERO_SKIP) and
-# eigen_sym3 takes diagonal matrices by a branch (EIG_FLAT): a zero background (on CPUs, which
-# run work-items in SIMD lanes, neither).
+# FLAT (a zero background): st_yz computes nothing over a tile whose bands st_x left unmarked
+# and skips the pass along axis 2 of a phase whose tile is zero (ZERO_SKIP), and eigen_sym3
+# takes diagonal matrices by a branch (EIG_FLAT); on CPUs, which run work-items in SIMD lanes,
+# neither.
 ST_SHAPES: dict[str, dict[str, object]] = {
     "gpu": {"UA": 8, "XG": (32, 1, 8), "TY": 16, "TZ": 64, "UY": 1, "VC": 4, "UB": 8,
             "RZ_ALIGN": 32, "BLOCK": 0, "CH": 2, "FLAT": 1},
@@ -96,15 +97,12 @@ class StructureKernels:
         self.block = min(int(s["BLOCK"]) or depth, depth)
         size = 6 * self.block * self.pya * self.rz * 4  # st_bytes of this shape
         self._c = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, size)
-        bands = np.zeros(zero_bands(self.block, int(s["UA"]), self.pya, self.rz), np.int32)
-        self._live = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                               hostbuf=bands)  # fmt: skip
-        self._epoch = 0  # each block's st_x marks with its own: no clearing between
+        self._bands = ZeroBands(ctx, self.block, int(s["UA"]), self.pya, self.rz)
 
     @property
     def held_bytes(self) -> int:
-        """Device memory it holds (C)."""
-        return self._c.size + self._live.size
+        """Device memory it holds (C and its bands)."""
+        return self._c.size + self._bands.buffer.size
 
     def launch(self, g: cl.Buffer, g_plane: int, m0: np.ndarray, m1: cl.Buffer, m2: cl.Buffer,
                cval: float, feat: cl.Buffer, depth: int) -> list[cl.Event]:  # fmt: skip
@@ -123,13 +121,14 @@ class StructureKernels:
         events = []
         for x0 in range(0, depth, self.block):
             nx = min(self.block, depth - x0)
-            self._epoch = self._epoch % (2**31 - 1) + 1
-            epoch = i32(self._epoch)
+            epoch = self._bands.advance()
             self._x.set_args(g, np.int64(g_plane), self._c, m0, m1, m2, i32(x0), i32(nx),
                              i32(self.py), i32(self.pz), i32(ny), i32(nz), i32(self.pya),
-                             i32(self.rz), np.float32(cval), self._live, epoch)  # fmt: skip
+                             i32(self.rz), np.float32(cval), self._bands.buffer,
+                             epoch)  # fmt: skip
             self._yz.set_args(self._c, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
-                              i32(self.pya), i32(self.rz), self._live, epoch)  # fmt: skip
+                              i32(self.pya), i32(self.rz), self._bands.buffer,
+                              epoch)  # fmt: skip
             glob = (self.pz, self.py, -(-nx // s["UA"]))
             if xg is not None:
                 glob = tuple(-(-n // g) * g for n, g in zip(glob, xg, strict=True))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyopencl as cl
 
-from volconv.engines.features import build_with_features, zero_bands
+from volconv.engines.features import ZeroBands, build_with_features, zero_bands
 from volconv.engines.tree import TreeKernels, tree_tables
 from volconv.plan.direct import CL_TYPES
 
@@ -123,8 +123,8 @@ def xfirst_shape(tree: FusedTree, device: cl.Device) -> dict[str, int] | None:
 
 
 def xfirst_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> int:
-    """Device bytes of A and of its bands for ``depth`` output rows (at most the plan's
-    block of them)."""
+    """Device bytes of A and of its bands (at most: a band a row) for ``depth`` output rows (at
+    most the plan's block of them)."""
     rows = min(plan.block_rows or depth, depth)
     ny, nz = plan.shape[1:]
     py, rz = ny + tree.taps[1] - 1, -(-(nz + tree.taps[0] - 1) // 4) * 4
@@ -170,10 +170,7 @@ class XFirstTree(TreeKernels):
         self.rz = -(-self.pz // 4) * 4
         a_bytes = len(tree.wz) * self.block * self.py * self.rz * 4  # xfirst_bytes's A
         self._a = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, a_bytes)
-        bands = np.zeros(zero_bands(self.block, s["UA"], self.py, self.rz), np.int32)
-        self._live = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                               hostbuf=bands)  # fmt: skip
-        self._epoch = 0  # each launch of first_x marks with its own: no clearing between
+        self._bands = ZeroBands(ctx, self.block, s["UA"], self.py, self.rz)
 
     def launch(self, padded: cl.Buffer, out: cl.Buffer, feat: cl.Buffer, depth: int,
                every: bool, in_stride: int = 0) -> list[cl.Event]:  # fmt: skip
@@ -185,8 +182,8 @@ class XFirstTree(TreeKernels):
         def first(x0: int, nx: int) -> None:
             self._k["first_x"].set_args(padded, self._a, i32(x0), i32(nx), i32(self.py),
                                         i32(self.pz), i32(p1), i32(p2), i32(self.rz),
-                                        np.int64(in_stride), self._live,
-                                        i32(self._epoch))  # fmt: skip
+                                        np.int64(in_stride), self._bands.buffer,
+                                        self._bands.epoch)  # fmt: skip
 
         return self._launch("first_x", first, out, feat, depth, every)
 
@@ -200,8 +197,8 @@ class XFirstTree(TreeKernels):
         def first(x0: int, nx: int) -> None:
             self._k["first_x_products"].set_args(
                 g, np.int64(g_plane), self._a, m0, m1, m2, i32(x0), i32(nx), i32(self.py),
-                i32(self.pz), i32(ny), i32(nz), i32(self.rz), np.float32(cval), self._live,
-                i32(self._epoch),
+                i32(self.pz), i32(ny), i32(nz), i32(self.rz), np.float32(cval),
+                self._bands.buffer, self._bands.epoch,
             )  # fmt: skip
 
         return self._launch("first_x_products", first, out, feat, depth, False)
@@ -220,7 +217,7 @@ class XFirstTree(TreeKernels):
         events = []
         for x0 in range(0, depth, self.block):
             nx = min(self.block, depth - x0)
-            self._epoch = self._epoch % (2**31 - 1) + 1
+            self._bands.advance()
             first(x0, nx)
             glob = (self.pz, self.py, -(-nx // s["UA"]))
             if fx is not None:  # whole groups: the kernel skips what lies past the edges
@@ -228,8 +225,8 @@ class XFirstTree(TreeKernels):
             event = cl.enqueue_nd_range_kernel(queue, self._k[name], glob, fx)
             events.append(self.clock.add(name, event))
             last.set_args(self._a, out, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
-                          i32(self.py), i32(self.rz), i32(n_stored), self._live,
-                          i32(self._epoch))  # fmt: skip
+                          i32(self.py), i32(self.rz), i32(n_stored), self._bands.buffer,
+                          self._bands.epoch)  # fmt: skip
             glob = (-(-nz // s["TZ"]) * items, -(-ny // s["TY"]), nx)
             event = cl.enqueue_nd_range_kernel(queue, last, glob, (items, 1, 1))
             events.append(self.clock.add("last_yz", event))
