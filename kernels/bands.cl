@@ -7,6 +7,11 @@
  * responses (eigenvalues, magnitudes, picks, differences). volconv/engines/features.py builds
  * this file in front of the kernels (`ZERO_BANDS` its BAND_Y, BAND_Z); each launch marks with a
  * new epoch, so the bands are never cleared.
+ *
+ * The first launch also stores no column of zeros where its intermediate already holds zeros:
+ * each column of UA rows (a work-item's) has a byte, held, set where the intermediate may hold
+ * a value other than zero there (every column, as allocated); the second launch reads it as
+ * ever.
  */
 
 /* the band of band row xb (rows [xb * BAND_X, ...)) holding column (y, z) */
@@ -31,3 +36,13 @@ inline bool bands_marked(__global const int *live, const int epoch, const int xb
     barrier(CLK_LOCAL_MEM_FENCE);
     return *marked != 0;
 }
+
+/* The first launch's column at held[at]: bits, its values' bits past the sign (-0 is zero);
+ * tail, whether rows past its block (not stored) keep what they held. The work-item returns
+ * where its values are zero and the column holds zeros already. */
+#define KEEP_ZEROS(held, at, bits, tail)                                                      \
+    {                                                                                         \
+        const bool held_ = held[at];                                                          \
+        held[at] = (bits) != 0 || (held_ && (tail));                                          \
+        if ((bits) == 0 && !held_) return;                                                    \
+    }

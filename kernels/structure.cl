@@ -3,9 +3,10 @@
  * st_x forms the six products g_a * g_b (a <= b) of the three gradient planes g as it reads
  * them, through the index maps of the padded rows (m0, rows of g), columns (m1) and row
  * positions (m2), -1 meaning cval (the product field extended by the bank's mode), and filters
- * them along axis 0 into C (6, NX, PYA, RZ): NX output rows from X0 (a block of the slab's,
- * so that C stays in cache between the two launches), the PY x PZ padded columns (PYA >= PY
- * rows, RZ >= PZ columns: st_yz's last tiles read past them without a bound test). A
+ * them along axis 0 into C (6, ROWS, PYA, RZ): NX <= ROWS output rows from X0 (a block of the
+ * slab's, so that C stays in cache between the two launches; ROWS the same in every launch, so
+ * that a row's place in C does not depend on the block's rows), the PY x PZ padded columns
+ * (PYA >= PY rows, RZ >= PZ columns: st_yz's last tiles read past them without a bound test). A
  * work-item computes UA consecutive rows of one column of the six, so each value it loads
  * feeds up to UA outputs, and the products are formed once per value read.
  *
@@ -21,14 +22,19 @@
  * Build options (-D): KX, KY, KZ taps (WX, WY, WZ: each axis's factor, flipped, float32 hex)
  * from S0, S1, S2 of the maps' halo; CVAL_MAPS where the maps hold -1 (constant mode); UA;
  * TY, TZ, UY (output rows a work-item in st_yz), UB, VC (a multiple of 4: the loads go four at
- * a time), CH, ZERO_SKIP (a zero background, kernels/bands.cl: st_x marks the bands of C, UA
- * rows, where it wrote a value other than zero; st_yz computes nothing over a tile whose bands
- * are all unmarked, and skips the pass along axis 2 of a phase whose tile along axis 1 is zero:
- * it would add exact zeros; the eigenvalues of zero matrices are zero, as EIG_FLAT takes them).
+ * a time), CH, ZERO_SKIP (a zero background, kernels/bands.cl: st_x computes nothing where
+ * the values it reads are zero, marks the bands of C, UA rows, where it computed a value other than zero, and
+ * stores no column of zeros where C holds zeros already; st_yz computes nothing over a tile
+ * whose bands are all unmarked, and skips the pass along axis 2 of a phase whose tile along
+ * axis 1 is zero: it would add exact zeros; the eigenvalues of zero matrices are zero, as
+ * EIG_FLAT takes them).
  * The work-group of st_yz is (TZ / VC, TY / UY).
  */
 
 #define N_PROD 6
+#ifndef ZERO_SKIP
+#define ZERO_SKIP 0
+#endif
 #define SLIDE(to, w, K, U, i, v)                                                         \
     _Pragma("unroll") for (int u_ = 0; u_ < U; ++u_) {                                   \
         if ((i) - u_ >= 0 && (i) - u_ < K) to[u_] += (w)[(i) - u_] * (v);                \
@@ -39,10 +45,11 @@
 __kernel void st_x(__global const float *restrict g, const long G_PLANE,
                    __global float *restrict dst, /* C */
                    __global const int *restrict m0, __global const int *restrict m1,
-                   __global const int *restrict m2, const int X0, const int NX,
+                   __global const int *restrict m2, const int X0, const int NX, const int ROWS,
                    const int PY, const int PZ, const int NY, const int NZ, const int PYA,
                    const int RZ, const float cval,
-                   __global int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
+                   __global int *restrict live, const int EPOCH, /* ZERO_SKIP's bands */
+                   __global uchar *restrict held)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
@@ -54,14 +61,25 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
     const __global float *g0 = g, *g1 = g + G_PLANE, *g2 = g + 2 * G_PLANE;
     const __global int *rows = m0 + X0 + x + S0; /* m0 holds UA rows past the last it maps */
     float acc[N_PROD][UA] = {{0.0f}};
+#ifdef CVAL_MAPS
+#define INSIDE(i0) (column && (i0) >= 0)
+#else
+#define INSIDE(i0) true /* the maps hold -1 (cval) in constant mode only */
+#endif
+#if ZERO_SKIP /* the products are zero where the values read are: acc stays zero */
+    uint seen = 0; /* past the sign (-0 is zero) */
+#pragma unroll
+    for (int i = 0; i < UA + KX - 1; ++i) {
+        const int i0 = rows[i];
+        const int at = INSIDE(i0) ? i0 * row + base : 0;
+        seen |= INSIDE(i0) ? as_uint(g0[at]) | as_uint(g1[at]) | as_uint(g2[at]) : as_uint(cval);
+    }
+    if ((seen << 1) != 0)
+#endif
 #pragma unroll
     for (int i = 0; i < UA + KX - 1; ++i) {
         const int i0 = rows[i]; /* past the block's rows: read, never stored */
-#ifdef CVAL_MAPS
-        const bool inside = column && i0 >= 0;
-#else
-        const bool inside = true; /* the maps hold -1 (cval) in constant mode only */
-#endif
+        const bool inside = INSIDE(i0);
         const int at = inside ? i0 * row + base : 0;
         const float a = g0[at], b = g1[at], c = g2[at];
         const float p[N_PROD] = {inside ? a * a : cval, inside ? b * b : cval,
@@ -69,15 +87,6 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
                                  inside ? a * c : cval, inside ? b * c : cval};
 #pragma unroll
         for (int k = 0; k < N_PROD; ++k) SLIDE(acc[k], wx, KX, UA, i, p[k])
-    }
-    __global float *d = dst + ((long)x * PYA + y) * RZ + z;
-    const long plane = (long)NX * PYA * RZ;
-#pragma unroll
-    for (int k = 0; k < N_PROD; ++k) {
-#pragma unroll
-        for (int u = 0; u < UA; ++u) {
-            if (x + u < NX) d[k * plane + u * PYA * RZ] = acc[k][u];
-        }
     }
 #if ZERO_SKIP
     uint bits = 0; /* past the sign (-0 is zero); rows past NX may mark it too */
@@ -87,7 +96,17 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
         for (int u = 0; u < UA; ++u) bits |= as_uint(acc[k][u]) << 1;
     }
     if (bits != 0) live[BAND_AT(x / UA, y, z, PYA, RZ)] = EPOCH;
+    KEEP_ZEROS(held, ((long)(x / UA) * PYA + y) * RZ + z, bits, x + UA > NX)
 #endif
+    __global float *d = dst + ((long)x * PYA + y) * RZ + z;
+    const long plane = (long)ROWS * PYA * RZ;
+#pragma unroll
+    for (int k = 0; k < N_PROD; ++k) {
+#pragma unroll
+        for (int u = 0; u < UA; ++u) {
+            if (x + u < NX) d[k * plane + u * PYA * RZ] = acc[k][u];
+        }
+    }
 }
 
 #define LZ (TZ + KZ - 1)                 /* the tile's columns along axis 2 */
@@ -98,15 +117,13 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
 #define CH 1 /* products a phase (1, 2, 3 or 6): one barrier a phase */
 #endif
 #define NB (CH == N_PROD ? N_PROD : 2 * CH) /* local buffers: two phases' in turn */
-#ifndef ZERO_SKIP
-#define ZERO_SKIP 0
-#endif
 
 /* the eigenvalues of the six products smoothed along axes 1 and 2 at [X0 + x][y][z] */
 __kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
 void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
            __global float *restrict feat,      /* (3, DEPTH, NY, NZ) */
-           const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
+           const int X0, const int NX, const int ROWS, const int DEPTH, const int NY,
+           const int NZ,
            const int PYA, const int RZ,
            __global const int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
 {
@@ -137,14 +154,20 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
         for (int t = lid; t < tasks; t += ITEMS) {
             const int ch = t / ((TY / UB) * LZ), r0 = t / LZ % (TY / UB) * UB, c = t % LZ;
             const __global float *p =
-                src + ((long)(k0 + ch) * NX + x) * PYA * RZ + (y0 + r0) * RZ + z0 + c;
+                src + ((long)(k0 + ch) * ROWS + x) * PYA * RZ + (y0 + r0) * RZ + z0 + c;
             float m[UB];
 #pragma unroll
             for (int u = 0; u < UB; ++u) m[u] = 0.0f;
+            float v[UB + KY - 1]; /* past PY or PZ: never stored outputs read them */
+            uint seen = 0;
 #pragma unroll
             for (int j = 0; j < UB + KY - 1; ++j) {
-                const float v = p[j * RZ]; /* past PY or PZ: never stored outputs read it */
-                SLIDE(m, wy, KY, UB, j, v)
+                v[j] = p[j * RZ];
+                seen |= as_uint(v[j]);
+            }
+            if (!ZERO_SKIP || (seen << 1) != 0) { /* zero values add nothing */
+#pragma unroll
+                for (int j = 0; j < UB + KY - 1; ++j) SLIDE(m, wy, KY, UB, j, v[j])
             }
             __local float (*mid)[LP * 4] = (__local float (*)[LP * 4])lm[b0 + ch];
             bool nonzero = false;
@@ -173,8 +196,14 @@ void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
                 if (!work) continue; /* zero along axis 1: zero along axis 2 */
                 float w[LW];
                 const __local float4 *q = lm[b0 + ch][ly * UY + r] + lx * VC / 4;
+                uint seen = 0;
 #pragma unroll
-                for (int j = 0; j < LW / 4; ++j) vstore4(q[j], j, w);
+                for (int j = 0; j < LW / 4; ++j) {
+                    const float4 t = q[j];
+                    vstore4(t, j, w);
+                    seen |= as_uint(t.x) | as_uint(t.y) | as_uint(t.z) | as_uint(t.w);
+                }
+                if (ZERO_SKIP && (seen << 1) == 0) continue; /* zero values add nothing */
 #pragma unroll
                 for (int j = 0; j < VC + KZ - 1; ++j)
                     SLIDE(acc[k0 + ch][r], wz, KZ, VC, j, w[j])

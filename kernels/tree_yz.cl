@@ -12,8 +12,9 @@
  * to their axis's window, immediate operands after unrolling.
  *
  * first_x: a work-item computes UA consecutive rows (axis 0) of one column of every root, so
- * each value it loads feeds up to UA outputs. A is (N_ROOTS, rows, PY, RZ): PY = NY + KB - 1
- * columns along axis 1, RZ >= NZ + KC - 1 along axis 2.
+ * each value it loads feeds up to UA outputs. A is (N_ROOTS, ROWS, PY, RZ): ROWS >= NX rows a
+ * block (the same in every launch: a row's place in A does not depend on the block's rows),
+ * PY = NY + KB - 1 columns along axis 1, RZ >= NZ + KC - 1 along axis 2.
  *
  * last_yz: a work-group owns a TY x TZ tile of one row (axis 0) and takes the roots one at a
  * time: it loads the root's (TY + KB - 1) x (TZ + KC - 1) tile of A to local memory; then, MG
@@ -33,8 +34,9 @@
  * along axis 0.
  *
  * ZERO_SKIP (a zero background, kernels/bands.cl): first_x marks the bands of A (UA rows) where
- * it wrote a value other than zero, and last_yz writes zeros over a tile whose bands are all
- * unmarked (FEATURE_PLANES: its feature planes) and returns (the whole group).
+ * it computed a value other than zero, and stores no column of zeros where A holds zeros
+ * already; last_yz writes zeros over a tile whose bands are all unmarked (FEATURE_PLANES: its
+ * feature planes) and returns (the whole group).
  */
 
 #define LY (TY + KB - 1)
@@ -55,7 +57,7 @@
 #ifndef ZERO_SKIP
 #define ZERO_SKIP 0
 #endif
-#if ZERO_SKIP /* first_x's band of column (y, z) marked where a value it wrote is not zero */
+#if ZERO_SKIP /* first_x's band of column (y, z) marked where a value it computed is not zero */
 #define MARK_ROWS                                                                             \
     {                                                                                         \
         uint bits = 0; /* past the sign (-0 is zero); rows past NX may mark it too */         \
@@ -63,6 +65,7 @@
             _Pragma("unroll") for (int u = 0; u < UA; ++u) bits |= as_uint(acc[k][u]) << 1;   \
         }                                                                                     \
         if (bits != 0) live[BAND_AT(x / UA, y, z, PY, RZ)] = EPOCH;                           \
+        KEEP_ZEROS(held, ((long)(x / UA) * PY + y) * RZ + z, bits, x + UA > NX)                \
     }
 #else
 #define MARK_ROWS
@@ -80,9 +83,11 @@
  * slab ROOT_IN[k] (IN_STRIDE elements apart) */
 __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2) */
                       __global float *restrict dst,      /* A */
-                      const int X0, const int NX, const int PY, const int PZ, const int P1,
+                      const int X0, const int NX, const int ROWS, const int PY, const int PZ,
+                      const int P1,
                       const int P2, const int RZ, const long IN_STRIDE,
-                      __global int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
+                      __global int *restrict live, const int EPOCH, /* ZERO_SKIP's bands */
+                      __global uchar *restrict held)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
@@ -110,14 +115,14 @@ __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2
         FIRST_ROWS(min(i, last))
     }
 #undef FIRST_ROWS
+    MARK_ROWS /* (ZERO_SKIP: returns where the values are zero and A holds zeros) */
 #pragma unroll
     for (int k = 0; k < N_ROOTS; ++k) {
 #pragma unroll
         for (int u = 0; u < UA; ++u) {
-            if (x + u < NX) dst[(((long)k * NX + x + u) * PY + y) * RZ + z] = acc[k][u];
+            if (x + u < NX) dst[(((long)k * ROWS + x + u) * PY + y) * RZ + z] = acc[k][u];
         }
     }
-    MARK_ROWS
 }
 
 #ifdef PAIR_A
@@ -129,9 +134,9 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
                                __global const int *restrict m0,
                                __global const int *restrict m1,
                                __global const int *restrict m2, const int X0, const int NX,
-                               const int PY, const int PZ, const int NY, const int NZ,
+                               const int ROWS, const int PY, const int PZ, const int NY, const int NZ,
                                const int RZ, const float cval, __global int *restrict live,
-                               const int EPOCH)
+                               const int EPOCH, __global uchar *restrict held)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
@@ -156,14 +161,14 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
             TAPS(k, i, p)
         }
     }
+    MARK_ROWS /* (ZERO_SKIP: returns where the values are zero and A holds zeros) */
 #pragma unroll
     for (int k = 0; k < N_ROOTS; ++k) {
 #pragma unroll
         for (int u = 0; u < UA; ++u) {
-            if (x + u < NX) dst[(((long)k * NX + x + u) * PY + y) * RZ + z] = acc[k][u];
+            if (x + u < NX) dst[(((long)k * ROWS + x + u) * PY + y) * RZ + z] = acc[k][u];
         }
     }
-    MARK_ROWS
 }
 #endif
 
@@ -313,7 +318,8 @@ __kernel __attribute__((reqd_work_group_size(ITEMS, 1, 1)))
 void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
              __global float *restrict out,       /* (N_OUT, DEPTH, NY, NZ) */
              __global float *restrict feat,      /* (planes, DEPTH, NY, NZ) */
-             const int X0, const int NX, const int DEPTH, const int NY, const int NZ,
+             const int X0, const int NX, const int ROWS, const int DEPTH, const int NY,
+             const int NZ,
              const int PY, const int RZ,
              const int N_STORED, /* responses written: the first N_STORED; < 0: every one */
              __global const int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
@@ -324,7 +330,7 @@ void last_yz(__global const float *restrict src, /* A of rows [X0, X0 + NX) */
     const int lid = (int)get_local_id(0);
     const int z0 = (int)get_group_id(0) * TZ, y0 = (int)get_group_id(1) * TY;
     const int x = (int)get_group_id(2);
-    const long root_size = (long)NX * PY * RZ;
+    const long root_size = (long)ROWS * PY * RZ;
     const __global float *a = src + (long)x * PY * RZ;
 #if TL > 1
     const int lane = lid & 31, w = lid >> 5;

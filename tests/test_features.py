@@ -363,6 +363,38 @@ def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, flat, monkey
     assert np.abs(out - ref).max() <= weyl([tol(kernel_l1(sigma, o), m) for o in orders])
 
 
+@pytest.mark.parametrize("kind", ["hessian", "structure"])
+def test_an_intermediate_reused_by_the_next_frame_holds_no_stale_values(device, monkeypatch,
+                                                                          kind):  # fmt: skip
+    """FLAT: the first launch of kernels/tree_yz.cl (a Hessian) and of structure.cl stores no
+    column of zeros where its intermediate holds zeros already (kernels/bands.cl's KEEP_ZEROS).
+    A frame whose blob has moved along axis 2, after one whose columns held values there (in
+    rows past the last block's end too: slabs of 8 rows over 13, 4 rows a column), gives the
+    same bits as alone."""
+    from volconv.engines import structure as st
+    from volconv.engines import xfirst
+
+    kind_ = "cpu" if device.type & 2 else "gpu"  # CL_DEVICE_TYPE_CPU
+    monkeypatch.setitem(xfirst.XFIRST_SHAPE, kind_, {**xfirst.XFIRST_SHAPE["cpu"], "UA": 4,
+                                                     "FLAT": 1})  # fmt: skip
+    monkeypatch.setitem(st.ST_SHAPES, kind_, {**st.ST_SHAPES["cpu"], "UA": 4, "FLAT": 1})
+    if kind == "hessian":
+        feats = build_features([{"type": "hessian_eigenvalues", "sigma": 1.0, "name": "h"}])
+        options, row = {"fused": False, "xfirst": True}, 3
+    else:  # the gradients zero at the second slab's first row (rows past its end read it)
+        feats = build_features([{"type": "structure_tensor_eigenvalues", "sigma": 0.5,
+                                 "rho": 1.0, "name": "st"}])  # fmt: skip
+        options, row = {"multi": True, "xfirst": False}, 0
+    frames = np.zeros((2, 13, 24, 24), np.float32)
+    frames[0, row, 10:14, 4:8] = 100.0
+    frames[1, row, 10:14, 16:20] = 100.0
+    series = run(np.moveaxis(frames, 0, -1), [], feats, "reflect", 0.0, device, slab_depth=8,
+                 **options)  # fmt: skip
+    alone = run(frames[1], [], feats, "reflect", 0.0, device, slab_depth=8, **options)
+    assert np.abs(alone).max() > 0
+    np.testing.assert_array_equal(series[..., 1], alone)
+
+
 def test_feature_tables_are_validated():
     def fails(tables, match):
         with pytest.raises(BankError, match=match):

@@ -42,15 +42,29 @@ def zero_bands(rows: int, band_rows: int, ny: int, nz: int) -> int:
     return -(-rows // band_rows) * -(-ny // ZERO_BANDS[0]) * -(-nz // ZERO_BANDS[1])
 
 
+def zero_bands_bytes(rows: int, band_rows: int, ny: int, nz: int) -> int:
+    """Device bytes of `ZeroBands` over ``rows`` rows of ``ny`` x ``nz`` columns."""
+    return 4 * zero_bands(rows, band_rows, ny, nz) + -(-rows // band_rows) * ny * nz
+
+
 class ZeroBands:
     """kernels/bands.cl's marks on the device (`zero_bands` of them, zeroed once): each launch
-    of a tree's first kernel marks with a new epoch (`advance`), so they are never cleared."""
+    of a tree's first kernel marks with a new epoch (`advance`), so they are never cleared;
+    and its ``held`` bytes, one a column of ``band_rows`` rows, all set at first (the
+    intermediate, not yet written, may hold anything)."""
 
     def __init__(self, ctx: cl.Context, rows: int, band_rows: int, ny: int, nz: int) -> None:
+        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
         marks = np.zeros(zero_bands(rows, band_rows, ny, nz), np.int32)
-        self.buffer = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
-                                hostbuf=marks)  # fmt: skip
+        self.buffer = cl.Buffer(ctx, flags, hostbuf=marks)
+        held = np.ones(-(-rows // band_rows) * ny * nz, np.uint8)
+        self.held = cl.Buffer(ctx, flags, hostbuf=held)
         self.epoch = np.int32(0)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes it holds (`zero_bands_bytes`)."""
+        return self.buffer.size + self.held.size
 
     def advance(self) -> np.int32:
         """The next launch's epoch (1 after 2**31 - 1: never 0, the zeroed marks')."""

@@ -11,7 +11,7 @@ import numpy as np
 import pyopencl as cl
 
 from volconv.engines.clock import KernelClock
-from volconv.engines.features import ZeroBands, build_with_features, zero_bands
+from volconv.engines.features import ZeroBands, build_with_features, zero_bands_bytes
 from volconv.engines.passes import cl_table
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def st_bytes(plan: SeparablePlan, tree: FusedTree, device: cl.Device, depth: int
     shape = st_shape(device)
     rows = min(int(shape["BLOCK"]) or depth, depth)
     pya, rz = st_extent(plan, tree, shape)
-    return 6 * rows * pya * rz * 4 + 4 * zero_bands(rows, int(shape["UA"]), pya, rz)
+    return 6 * rows * pya * rz * 4 + zero_bands_bytes(rows, int(shape["UA"]), pya, rz)
 
 
 class StructureKernels:
@@ -102,7 +102,7 @@ class StructureKernels:
     @property
     def held_bytes(self) -> int:
         """Device memory it holds (C and its bands)."""
-        return self._c.size + self._bands.buffer.size
+        return self._c.size + self._bands.nbytes
 
     def launch(self, g: cl.Buffer, g_plane: int, m0: np.ndarray, m1: cl.Buffer, m2: cl.Buffer,
                cval: float, feat: cl.Buffer, depth: int) -> list[cl.Event]:  # fmt: skip
@@ -123,11 +123,11 @@ class StructureKernels:
             nx = min(self.block, depth - x0)
             epoch = self._bands.advance()
             self._x.set_args(g, np.int64(g_plane), self._c, m0, m1, m2, i32(x0), i32(nx),
-                             i32(self.py), i32(self.pz), i32(ny), i32(nz), i32(self.pya),
-                             i32(self.rz), np.float32(cval), self._bands.buffer,
-                             epoch)  # fmt: skip
-            self._yz.set_args(self._c, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
-                              i32(self.pya), i32(self.rz), self._bands.buffer,
+                             i32(self.block), i32(self.py), i32(self.pz), i32(ny), i32(nz),
+                             i32(self.pya), i32(self.rz), np.float32(cval), self._bands.buffer,
+                             epoch, self._bands.held)  # fmt: skip
+            self._yz.set_args(self._c, feat, i32(x0), i32(nx), i32(self.block), i32(depth),
+                              i32(ny), i32(nz), i32(self.pya), i32(self.rz), self._bands.buffer,
                               epoch)  # fmt: skip
             glob = (self.pz, self.py, -(-nx // s["UA"]))
             if xg is not None:

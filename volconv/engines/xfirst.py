@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyopencl as cl
 
-from volconv.engines.features import ZeroBands, build_with_features, zero_bands
+from volconv.engines.features import ZeroBands, build_with_features, zero_bands_bytes
 from volconv.engines.tree import TreeKernels, tree_tables
 from volconv.plan.direct import CL_TYPES
 
@@ -128,7 +128,7 @@ def xfirst_bytes(plan: SeparablePlan, tree: FusedTree, depth: int) -> int:
     rows = min(plan.block_rows or depth, depth)
     ny, nz = plan.shape[1:]
     py, rz = ny + tree.taps[1] - 1, -(-(nz + tree.taps[0] - 1) // 4) * 4
-    return len(tree.wz) * rows * py * rz * 4 + 4 * zero_bands(rows, 1, py, rz)
+    return len(tree.wz) * rows * py * rz * 4 + zero_bands_bytes(rows, 1, py, rz)
 
 
 class XFirstTree(TreeKernels):
@@ -180,10 +180,10 @@ class XFirstTree(TreeKernels):
         i32 = np.int32
 
         def first(x0: int, nx: int) -> None:
-            self._k["first_x"].set_args(padded, self._a, i32(x0), i32(nx), i32(self.py),
-                                        i32(self.pz), i32(p1), i32(p2), i32(self.rz),
-                                        np.int64(in_stride), self._bands.buffer,
-                                        self._bands.epoch)  # fmt: skip
+            self._k["first_x"].set_args(padded, self._a, i32(x0), i32(nx), i32(self.block),
+                                        i32(self.py), i32(self.pz), i32(p1), i32(p2),
+                                        i32(self.rz), np.int64(in_stride), self._bands.buffer,
+                                        self._bands.epoch, self._bands.held)  # fmt: skip
 
         return self._launch("first_x", first, out, feat, depth, every)
 
@@ -196,9 +196,9 @@ class XFirstTree(TreeKernels):
 
         def first(x0: int, nx: int) -> None:
             self._k["first_x_products"].set_args(
-                g, np.int64(g_plane), self._a, m0, m1, m2, i32(x0), i32(nx), i32(self.py),
-                i32(self.pz), i32(ny), i32(nz), i32(self.rz), np.float32(cval),
-                self._bands.buffer, self._bands.epoch,
+                g, np.int64(g_plane), self._a, m0, m1, m2, i32(x0), i32(nx), i32(self.block),
+                i32(self.py), i32(self.pz), i32(ny), i32(nz), i32(self.rz), np.float32(cval),
+                self._bands.buffer, self._bands.epoch, self._bands.held,
             )  # fmt: skip
 
         return self._launch("first_x_products", first, out, feat, depth, False)
@@ -224,9 +224,9 @@ class XFirstTree(TreeKernels):
                 glob = tuple(-(-n // g) * g for n, g in zip(glob, fx, strict=True))
             event = cl.enqueue_nd_range_kernel(queue, self._k[name], glob, fx)
             events.append(self.clock.add(name, event))
-            last.set_args(self._a, out, feat, i32(x0), i32(nx), i32(depth), i32(ny), i32(nz),
-                          i32(self.py), i32(self.rz), i32(n_stored), self._bands.buffer,
-                          self._bands.epoch)  # fmt: skip
+            last.set_args(self._a, out, feat, i32(x0), i32(nx), i32(self.block), i32(depth),
+                          i32(ny), i32(nz), i32(self.py), i32(self.rz), i32(n_stored),
+                          self._bands.buffer, self._bands.epoch)  # fmt: skip
             glob = (-(-nz // s["TZ"]) * items, -(-ny // s["TY"]), nx)
             event = cl.enqueue_nd_range_kernel(queue, last, glob, (items, 1, 1))
             events.append(self.clock.add("last_yz", event))
