@@ -365,10 +365,16 @@ def test_rerun_skips_complete_outputs_and_overwrite_recomputes(tmp_path, capsys,
     assert code == 0 and out.count("complete: skipped") == 2
 
 
-def test_slabs_stream_unless_the_depth_is_forced(tmp_path, capsys, device_spec):
-    """Several slabs per frame, so reading, computing and writing overlap; run.slab_depth wins."""
+def test_slabs_stream_unless_the_depth_is_forced(tmp_path, capsys, device_spec, monkeypatch):
+    """Several slabs per frame, so reading, computing and writing overlap, where the frame
+    holds enough voxels (MIN_STREAM_VOXELS; a smaller one is one slab); run.slab_depth wins."""
+    from volconv.plan import direct
+
     np.save(tmp_path / "v.npy", random_volume((70, 4, 5), "uint8"))
     pipeline = write_pipeline(tmp_path, BOX_FILTERS, device=device_spec)
+    code, out, _ = volconv("validate", pipeline, capsys=capsys)
+    assert code == 0 and "slab depth 70 (1 slabs)" in out
+    monkeypatch.setattr(direct, "MIN_STREAM_VOXELS", 4 * 5)
     code, out, _ = volconv("validate", pipeline, capsys=capsys)
     assert code == 0 and "slab depth 32 (3 slabs)" in out
     code, out, _ = volconv("validate", pipeline, "--set", "run.slab_depth=70", capsys=capsys)

@@ -14,6 +14,7 @@ import pytest
 from volconv.plan.direct import (
     MAX_UNROLLED_FMAS,
     MIN_STREAM_DEPTH,
+    MIN_STREAM_VOXELS,
     STREAM_SLABS,
     make_plan,
     pad_dtype_for,
@@ -189,6 +190,8 @@ def test_streaming_plans_several_slabs_per_frame():
     p = plan(stream=True)
     assert p.slab_depth == max(MIN_STREAM_DEPTH, math.ceil(256 / STREAM_SLABS))
     assert plan(shape=(20, 64, 64), stream=True).slab_depth == 20  # shallow: one slab
+    assert plan(shape=(128, 128, 128), stream=True).slab_depth == 128  # small: one slab
+    assert plan(shape=(200, 128, 128), stream=True).slab_depth == MIN_STREAM_VOXELS // 128**2
     assert plan(stream=True, slab_depth=7).slab_depth == 7  # forced depth wins
 
 

@@ -188,6 +188,28 @@ def test_the_fused_kernel_is_the_gpus_for_banks_that_fit():
         make_separable_plan(large, shape, np.uint8, "reflect", 0.0, fake_device(), fused=True)
 
 
+def test_streamed_slabs_are_twice_what_they_compute_again():
+    """A streamed slab (four a frame) is at least twice the rows it computes again: the halo
+    along axis 0 of a sigma 3 Hessian (24 rows), and a structure tensor's gradients and products
+    over its outer reach on both sides (rho 3: 24 rows more)."""
+    from test_plan import fake_device
+
+    from volconv.bank.features import build_features, expand
+    from volconv.plan.separable import make_separable_plan
+
+    def depth(tables: list[dict]) -> int:
+        ex = expand([], build_features(tables))
+        plan = make_separable_plan(ex.filters, (128, 256, 256), np.uint8, "reflect", 0.0,
+                                   fake_device(), stream=True, **ex.plan_sizes())  # fmt: skip
+        return plan.slab_depth
+
+    assert depth([{"type": "gradient_magnitude", "sigma": 1.0, "name": "g"}]) == 32  # 128 / 4
+    assert depth([{"type": "hessian_eigenvalues", "sigma": 3.0, "name": "h"}]) == 48
+    st = {"type": "structure_tensor_eigenvalues", "sigma": 1.0, "name": "st"}
+    assert depth([{**st, "rho": 1.0}]) == 32
+    assert depth([{**st, "rho": 3.0}]) == 2 * (8 + 24)
+
+
 def test_4d_volume_as_independent_frames(device):
     specs = [
         {"type": "log", "sigma": 1.0, "size": 7},

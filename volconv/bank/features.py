@@ -388,11 +388,16 @@ class Expanded:
         return [o.name for o in self.outputs]
 
     def plan_sizes(self) -> dict[str, int]:
-        """`volconv.plan.separable.make_separable_plan`'s sizes of the outputs."""
+        """`volconv.plan.separable.make_separable_plan`'s sizes of the outputs, and the rows
+        a structure tensor's slab computes again (``stage_halo``: its outer reach on both
+        sides)."""
         return {
             "n_stored": self.n_stored,
             "feature_planes": sum(len(f.at) for f in self.device),
             "n_tensor": sum(len(at) for _, at in [*self.tensors, *self.presets]),
+            "stage_halo": max(
+                (f.rho_filter.kernel.shape[0] - 1 for f, _ in self.tensors), default=0
+            ),
         }
 
     def stage_taps(self) -> int:

@@ -165,7 +165,8 @@ class DigitConvolver(BankConvolver):
         )  # fmt: skip
         if depth is None:
             depth = _deepest_slab(plan, device, budget)  # with the digits' buffers
-            depth = min(depth, streaming_depth(plan.shape[0])) if stream else depth
+            if stream:
+                depth = min(depth, streaming_depth(plan.shape[0], math.prod(plan.shape[1:])))
             plan = replace(plan, slab_depth=depth)
         return plan
 

@@ -73,14 +73,17 @@ DEFAULT_ROWS_CPU = {1: 1, 2: 1, 4: 1, 8: 1, 16: 1}
 
 # Slabs per frame a streamed run aims for: with one slab nothing overlaps (read, then compute,
 # then write); with several, reading slab i + 1, computing slab i and writing slab i - 1 run
-# at once. Smaller slabs cost only the halo rows read twice and more launches.
+# at once. Smaller slabs cost the halo rows read twice and more launches, transfers and host
+# work between them: below MIN_STREAM_VOXELS (128^3) a frame is one slab, whose launches keep
+# a CPU's cores evenly busy (benchmarks/README.md, "Features").
 STREAM_SLABS = 4
 MIN_STREAM_DEPTH = 32
+MIN_STREAM_VOXELS = 1 << 21
 
 
-def streaming_depth(rows: int) -> int:
-    """The deepest slab a streamed run of ``rows`` rows per frame takes."""
-    return max(MIN_STREAM_DEPTH, math.ceil(rows / STREAM_SLABS))
+def streaming_depth(rows: int, plane: int) -> int:
+    """The deepest slab a streamed run of ``rows`` rows of ``plane`` voxels per frame takes."""
+    return max(MIN_STREAM_DEPTH, math.ceil(rows / STREAM_SLABS), -(-MIN_STREAM_VOXELS // plane))
 
 
 # Element types the kernels read natively; anything else is converted to float32 on the host.
@@ -292,7 +295,8 @@ def make_plan(
     the hot loop).
 
     ``stream`` asks for slabs shallow enough that reading, computing and writing overlap
-    (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows), as a pipeline run wants;
+    (`STREAM_SLABS` per frame, at least `MIN_STREAM_DEPTH` rows and `MIN_STREAM_VOXELS`
+    voxels), as a pipeline run wants;
     the whole-array API takes the deepest slab that fits.
     """
     check_knobs(device, unroll, vector_width, local_size, rows)
@@ -345,7 +349,7 @@ def make_plan(
     if slab_depth is None:
         slab_depth = _deepest_slab(plan, device, memory_budget)
         if stream:
-            slab_depth = min(slab_depth, streaming_depth(shape[0]))
+            slab_depth = min(slab_depth, streaming_depth(shape[0], shape[1] * shape[2]))
     slab_depth = max(1, min(int(slab_depth), shape[0]))
     return replace(plan, slab_depth=slab_depth)
 

@@ -371,6 +371,7 @@ def make_separable_plan(
     n_stored: int | None = None,
     feature_planes: int = 0,
     n_tensor: int = 0,
+    stage_halo: int = 0,
     engine: str | None = None,
     multi: bool | None = None,
     xfirst: bool | None = None,
@@ -381,7 +382,10 @@ def make_separable_plan(
     the paths (`plan_bank` unless ``choices`` are given), the common halo, the direct groups
     and the deepest slab whose buffers fit ``memory_budget`` (default: a quarter of the
     device's memory, at most 2 GiB) and the device's largest allocation; ``stream`` caps it
-    so that reading, computing and writing overlap, as `volconv.plan.direct.make_plan` does.
+    so that reading, computing and writing overlap, as `volconv.plan.direct.make_plan` does,
+    but not below twice the rows a slab computes again (the halo along axis 0, and
+    ``stage_halo``: a structure tensor's gradients and products over its outer reach on both
+    sides), so that at most a third of the rows a slab computes are another slab's.
 
     ``fused`` (default: on GPUs) runs the separable filters in one kernel when their tree fits
     it (`fused_fits`); else, or when it is False, as the pass tree (the paths, if not given,
@@ -496,8 +500,10 @@ def make_separable_plan(
                 f"memory_budget: {budget} bytes hold no slab of a {shape} volume "
                 f"(one output row needs {per_row} bytes)"
             )
-        if stream:  # at least the halo deep: wide filters would redo it more than once
-            slab_depth = min(slab_depth, max(streaming_depth(shape[0]), lo[0] + hi[0]))
+        if stream:  # twice what is computed again: wide filters would redo a slab's rows
+            redone = lo[0] + hi[0] + stage_halo
+            streamed = streaming_depth(shape[0], shape[1] * shape[2])
+            slab_depth = min(slab_depth, max(streamed, 2 * redone))
     return replace(plan, slab_depth=max(1, min(int(slab_depth), shape[0])))
 
 
