@@ -23,11 +23,11 @@
  * from S0, S1, S2 of the maps' halo; CVAL_MAPS where the maps hold -1 (constant mode); UA;
  * TY, TZ, UY (output rows a work-item in st_yz), UB, VC (a multiple of 4: the loads go four at
  * a time), CH, ZERO_SKIP (a zero background, kernels/bands.cl: st_x computes nothing where
- * the values it reads are zero, marks the bands of C, UA rows, where it computed a value other than zero, and
- * stores no column of zeros where C holds zeros already; st_yz computes nothing over a tile
- * whose bands are all unmarked, and skips the pass along axis 2 of a phase whose tile along
- * axis 1 is zero: it would add exact zeros; the eigenvalues of zero matrices are zero, as
- * EIG_FLAT takes them).
+ * the values it reads are zero, marks the bands of C, UA rows, where it computed a value other
+ * than zero, and stores no column of zeros where C holds zeros already; st_yz computes nothing
+ * over a tile whose bands are all unmarked, skips the pass along axis 2 of a phase whose tile
+ * along axis 1 is zero, and the taps of a task's or a row's zero values: they would add exact
+ * zeros; the eigenvalues of zero matrices are zero, as EIG_FLAT takes them).
  * The work-group of st_yz is (TZ / VC, TY / UY).
  */
 

@@ -134,9 +134,10 @@ __kernel void first_x_products(__global const float *restrict g, const long G_PL
                                __global const int *restrict m0,
                                __global const int *restrict m1,
                                __global const int *restrict m2, const int X0, const int NX,
-                               const int ROWS, const int PY, const int PZ, const int NY, const int NZ,
-                               const int RZ, const float cval, __global int *restrict live,
-                               const int EPOCH, __global uchar *restrict held)
+                               const int ROWS, const int PY, const int PZ, const int NY,
+                               const int NZ, const int RZ, const float cval,
+                               __global int *restrict live, const int EPOCH,
+                               __global uchar *restrict held)
 {
     const int z = (int)get_global_id(0), y = (int)get_global_id(1);
     const int x = (int)get_global_id(2) * UA;
