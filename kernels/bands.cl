@@ -1,7 +1,7 @@
 /* A zero background's bands, for the two launches of a tree whose first writes an intermediate
  * volume (kernels/tree_yz.cl's A, kernels/structure.cl's C) and whose second filters its tiles:
  * with ZERO_SKIP the first marks with its launch's epoch each band (BAND_X rows: the rows of a
- * work-item; BAND_Y x BAND_Z columns of a row of NY x NZ) where it wrote a value other than zero
+ * work-item; BAND_Y x BAND_Z columns of a row of NY x NZ) where it computed a value other than zero
  * (NaN and Inf are not zero), and the second skips a tile whose bands are all unmarked: the
  * intermediate is zero there, so are the tile's responses, and so is every feature of zero
  * responses (eigenvalues, magnitudes, picks, differences). volconv/engines/features.py builds
@@ -37,12 +37,20 @@ inline bool bands_marked(__global const int *live, const int epoch, const int xb
     return *marked != 0;
 }
 
-/* The first launch's column at held[at]: bits, its values' bits past the sign (-0 is zero);
- * tail, whether rows past its block (not stored) keep what they held. The work-item returns
- * where its values are zero and the column holds zeros already. */
-#define KEEP_ZEROS(held, at, bits, tail)                                                      \
+/* The first launch's bookkeeping for a work-item's K x U values acc at column (y, z) of row
+ * block xb (of ny x nz columns): its band marked with epoch where a value is not zero (past the
+ * sign: -0 is zero); its held byte kept, where tail says that rows past its block (not stored)
+ * keep what they held; and a return where the values are zero and the column holds zeros
+ * already (nothing to store). */
+#define MARK_COLUMN(acc, K, U, live, epoch, held, xb, y, z, ny, nz, tail)                       \
     {                                                                                         \
-        const bool held_ = held[at];                                                          \
-        held[at] = (bits) != 0 || (held_ && (tail));                                          \
-        if ((bits) == 0 && !held_) return;                                                    \
+        uint bits_ = 0;                                                                       \
+        _Pragma("unroll") for (int k_ = 0; k_ < (K); ++k_) {                                  \
+            _Pragma("unroll") for (int u_ = 0; u_ < (U); ++u_) bits_ |= as_uint(acc[k_][u_]) << 1; \
+        }                                                                                     \
+        if (bits_ != 0) live[BAND_AT(xb, y, z, ny, nz)] = epoch;                              \
+        const long at_ = ((long)(xb) * (ny) + (y)) * (nz) + (z);                               \
+        const bool held_ = held[at_];                                                         \
+        held[at_] = bits_ != 0 || (held_ && (tail));                                          \
+        if (bits_ == 0 && !held_) return;                                                     \
     }

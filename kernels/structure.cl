@@ -88,15 +88,8 @@ __kernel void st_x(__global const float *restrict g, const long G_PLANE,
 #pragma unroll
         for (int k = 0; k < N_PROD; ++k) SLIDE(acc[k], wx, KX, UA, i, p[k])
     }
-#if ZERO_SKIP
-    uint bits = 0; /* past the sign (-0 is zero); rows past NX may mark it too */
-#pragma unroll
-    for (int k = 0; k < N_PROD; ++k) {
-#pragma unroll
-        for (int u = 0; u < UA; ++u) bits |= as_uint(acc[k][u]) << 1;
-    }
-    if (bits != 0) live[BAND_AT(x / UA, y, z, PYA, RZ)] = EPOCH;
-    KEEP_ZEROS(held, ((long)(x / UA) * PYA + y) * RZ + z, bits, x + UA > NX)
+#if ZERO_SKIP /* rows past NX may mark the band too */
+    MARK_COLUMN(acc, N_PROD, UA, live, EPOCH, held, x / UA, y, z, PYA, RZ, x + UA > NX)
 #endif
     __global float *d = dst + ((long)x * PYA + y) * RZ + z;
     const long plane = (long)ROWS * PYA * RZ;
@@ -123,8 +116,7 @@ __kernel __attribute__((reqd_work_group_size(TZ / VC, TY / UY, 1)))
 void st_yz(__global const float *restrict src, /* C of rows [X0, X0 + NX) */
            __global float *restrict feat,      /* (3, DEPTH, NY, NZ) */
            const int X0, const int NX, const int ROWS, const int DEPTH, const int NY,
-           const int NZ,
-           const int PYA, const int RZ,
+           const int NZ, const int PYA, const int RZ,
            __global const int *restrict live, const int EPOCH) /* ZERO_SKIP's bands */
 {
     __local float4 lm[NB][TY][LP];

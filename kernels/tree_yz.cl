@@ -57,16 +57,9 @@
 #ifndef ZERO_SKIP
 #define ZERO_SKIP 0
 #endif
-#if ZERO_SKIP /* first_x's band of column (y, z) marked where a value it computed is not zero */
-#define MARK_ROWS                                                                             \
-    {                                                                                         \
-        uint bits = 0; /* past the sign (-0 is zero); rows past NX may mark it too */         \
-        _Pragma("unroll") for (int k = 0; k < N_ROOTS; ++k) {                                 \
-            _Pragma("unroll") for (int u = 0; u < UA; ++u) bits |= as_uint(acc[k][u]) << 1;   \
-        }                                                                                     \
-        if (bits != 0) live[BAND_AT(x / UA, y, z, PY, RZ)] = EPOCH;                           \
-        KEEP_ZEROS(held, ((long)(x / UA) * PY + y) * RZ + z, bits, x + UA > NX)                \
-    }
+#if ZERO_SKIP /* first_x's band and held byte of column (y, z); rows past NX may mark it too */
+#define MARK_ROWS \
+    MARK_COLUMN(acc, N_ROOTS, UA, live, EPOCH, held, x / UA, y, z, PY, RZ, x + UA > NX)
 #else
 #define MARK_ROWS
 #endif
@@ -84,8 +77,7 @@
 __kernel void first_x(__global const IN_T *restrict src, /* slabs of (P0, P1, P2) */
                       __global float *restrict dst,      /* A */
                       const int X0, const int NX, const int ROWS, const int PY, const int PZ,
-                      const int P1,
-                      const int P2, const int RZ, const long IN_STRIDE,
+                      const int P1, const int P2, const int RZ, const long IN_STRIDE,
                       __global int *restrict live, const int EPOCH, /* ZERO_SKIP's bands */
                       __global uchar *restrict held)
 {

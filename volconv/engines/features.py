@@ -42,9 +42,15 @@ def zero_bands(rows: int, band_rows: int, ny: int, nz: int) -> int:
     return -(-rows // band_rows) * -(-ny // ZERO_BANDS[0]) * -(-nz // ZERO_BANDS[1])
 
 
+def zero_held(rows: int, band_rows: int, ny: int, nz: int) -> int:
+    """kernels/bands.cl's held bytes over ``rows`` rows of ``ny`` x ``nz`` columns, one a
+    column of ``band_rows`` rows."""
+    return -(-rows // band_rows) * ny * nz
+
+
 def zero_bands_bytes(rows: int, band_rows: int, ny: int, nz: int) -> int:
     """Device bytes of `ZeroBands` over ``rows`` rows of ``ny`` x ``nz`` columns."""
-    return 4 * zero_bands(rows, band_rows, ny, nz) + -(-rows // band_rows) * ny * nz
+    return 4 * zero_bands(rows, band_rows, ny, nz) + zero_held(rows, band_rows, ny, nz)
 
 
 class ZeroBands:
@@ -57,7 +63,7 @@ class ZeroBands:
         flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
         marks = np.zeros(zero_bands(rows, band_rows, ny, nz), np.int32)
         self.buffer = cl.Buffer(ctx, flags, hostbuf=marks)
-        held = np.ones(-(-rows // band_rows) * ny * nz, np.uint8)
+        held = np.ones(zero_held(rows, band_rows, ny, nz), np.uint8)
         self.held = cl.Buffer(ctx, flags, hostbuf=held)
         self.epoch = np.int32(0)
 

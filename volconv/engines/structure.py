@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 # st_yz's TY x TZ tile, UY rows and VC columns (a multiple of 4) a work-item, UB rows a task
 # along axis 1, CH products a phase (1, 2, 3 or 6); RZ_ALIGN C's row length rounded up to it;
 # BLOCK the output rows both launches run over at a time (0: the slab), so that C stays in cache;
-# FLAT (a zero background): st_yz computes nothing over a tile whose bands st_x left unmarked
-# and skips the pass along axis 2 of a phase whose tile is zero (ZERO_SKIP), and eigen_sym3
-# takes diagonal matrices by a branch (EIG_FLAT); on CPUs, which run work-items in SIMD lanes,
-# neither.
+# FLAT (a zero background, ZERO_SKIP): st_x computes nothing over zero values and stores no
+# column of zeros where C holds zeros already, st_yz computes nothing over a tile whose bands
+# st_x left unmarked, nor over zero values, and eigen_sym3 takes diagonal matrices by a branch
+# (EIG_FLAT); on CPUs, which run work-items in SIMD lanes, none of it.
 ST_SHAPES: dict[str, dict[str, object]] = {
     "gpu": {"UA": 8, "XG": (32, 1, 8), "TY": 16, "TZ": 64, "UY": 1, "VC": 4, "UB": 8,
             "RZ_ALIGN": 32, "BLOCK": 0, "CH": 2, "FLAT": 1},

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 # (the next root's tile loaded to registers while a root's combos are computed), first_x's UA
 # rows a work-item and its work-group (FX: along axes 2, 1; 0: the driver's), and the output
 # rows both run over at a time (BLOCK, the plan's block_rows; 0: the slab), FLAT (a zero
-# background: last_yz skips the tiles where A is zero, ZERO_SKIP, and eigen_sym3 takes diagonal
-# matrices by a branch, EIG_FLAT; on CPUs, which run work-items in SIMD lanes, neither). The
+# background, ZERO_SKIP: first_x stores no column of zeros where A holds zeros already, last_yz
+# skips the tiles where A is zero; eigen_sym3 takes diagonal matrices by a branch, EIG_FLAT; on
+# CPUs, which run work-items in SIMD lanes, none of it). The
 # GPU's as measured fastest on the H100 (benchmarks/results/h100-feature-sweep-8-*.json: the
 # Hessian at sigma 3 and 1 on the demo scan).
 XFIRST_SHAPE = {
