@@ -367,7 +367,7 @@ def test_pass_tree_shapes_blocks_and_groups(device, tree, prefetch, flat, monkey
 def test_an_intermediate_reused_by_the_next_frame_holds_no_stale_values(device, monkeypatch,
                                                                           kind):  # fmt: skip
     """FLAT: the first launch of kernels/tree_yz.cl (a Hessian) and of structure.cl stores no
-    column of zeros where its intermediate holds zeros already (kernels/bands.cl's KEEP_ZEROS).
+    column of zeros where its intermediate holds zeros already (kernels/bands.cl's MARK_COLUMN).
     A frame whose blob has moved along axis 2, after one whose columns held values there (in
     rows past the last block's end too: slabs of 8 rows over 13, 4 rows a column), gives the
     same bits as alone."""
